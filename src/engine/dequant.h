@@ -1,0 +1,18 @@
+// Expands GGUF tensor blocks (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) to
+// float. Layouts are ggml's, documented in docs/ENGINE.md.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf.h"
+
+namespace tqkv::engine {
+
+// Dequantizes n elements (a multiple of the type's block size) from src into dst.
+// Throws tqkv::Error(Format) for a type this reader does not know.
+void dequantize(uint32_t type, const uint8_t* src, float* dst, int64_t n);
+
+// Whole tensor -> float vector of n_elements() (row-major, ne[0] contiguous).
+void dequantize_tensor(const GgufTensor& t, float* dst);
+
+}  // namespace tqkv::engine

@@ -1,0 +1,47 @@
+#include "generate.h"
+
+#include <chrono>
+
+#include "tqkv/error.h"
+
+namespace tqkv::engine {
+
+GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache& cache,
+                       const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+                       const std::function<void(int32_t)>& on_token) {
+  using clock = std::chrono::steady_clock;
+  const int n_prompt = static_cast<int>(prompt.size());
+  if (n_prompt == 0) throw Error(ErrorCode::InvalidArgument, "the prompt is empty");
+  if (n_prompt >= cache.capacity())
+    throw Error(ErrorCode::InvalidArgument, "the prompt has " + std::to_string(n_prompt) +
+                                                " tokens but the context holds " + std::to_string(cache.capacity()) +
+                                                "; shorten it or raise --ctx");
+  if (cache.seq_len() != 0) throw Error(ErrorCode::InvalidArgument, "generate needs an empty cache");
+  GenerateStats st;
+  st.n_prompt = n_prompt;
+  const int V = model.config().n_vocab;
+  std::vector<float> logits(V);
+  Sampler sampler(opt.sampler);
+
+  auto t0 = clock::now();
+  model.forward(prompt.data(), n_prompt, 0, cache, logits.data(), false);
+  st.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+
+  int64_t pos = n_prompt;
+  for (int i = 0; i < opt.n_predict; ++i) {
+    const int32_t id = sampler.sample(logits.data(), V);
+    if (opt.stop_at_end_of_generation && tok.is_end_of_generation(id)) break;
+    ++st.n_decoded;
+    on_token(id);
+    if (i + 1 == opt.n_predict || pos >= cache.capacity()) break;  // no need to run the last token
+    t0 = clock::now();
+    model.forward(&id, 1, pos, cache, logits.data(), false);
+    st.decode_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+    ++pos;
+  }
+  st.kv_bytes_per_token = cache.bytes_per_token();
+  st.kv_bytes = st.kv_bytes_per_token * static_cast<size_t>(cache.seq_len() - cache.first_pos());
+  return st;
+}
+
+}  // namespace tqkv::engine

@@ -1,0 +1,89 @@
+#include "perplexity.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "sampler.h"
+#include "tqkv/error.h"
+
+namespace tqkv::engine {
+namespace {
+
+// Runs one chunk through a fresh cache in micro-batches; logits [n, V].
+void run_chunk(const Model& model, const int32_t* toks, int n, const std::string& format, int skip, int batch,
+               std::vector<float>& logits, size_t& bytes_per_token) {
+  const int V = model.config().n_vocab;
+  ContiguousCache cache = model.make_cache(format, n, skip);
+  bytes_per_token = cache.bytes_per_token();
+  logits.resize(static_cast<size_t>(n) * V);
+  for (int p = 0; p < n; p += batch) {
+    const int m = std::min(batch, n - p);
+    model.forward(toks + p, m, p, cache, logits.data() + static_cast<size_t>(p) * V, true);
+  }
+}
+
+// log-softmax of one row, in place, computed in double for the sums.
+void log_softmax(float* v, int n) {
+  float mx = v[0];
+  for (int i = 1; i < n; ++i) mx = std::max(mx, v[i]);
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += std::exp(static_cast<double>(v[i] - mx));
+  const float lse = mx + static_cast<float>(std::log(s));
+  for (int i = 0; i < n; ++i) v[i] -= lse;
+}
+
+}  // namespace
+
+PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& tokens, const PerplexityOptions& opt,
+                            const std::function<void(int, int, double)>& progress) {
+  if (opt.ctx < 16) throw Error(ErrorCode::InvalidArgument, "--ctx must be at least 16");
+  if (opt.batch < 1) throw Error(ErrorCode::InvalidArgument, "batch must be >= 1");
+  const int64_t n_chunks_avail = static_cast<int64_t>(tokens.size()) / opt.ctx;
+  if (n_chunks_avail == 0)
+    throw Error(ErrorCode::InvalidArgument, "the text has " + std::to_string(tokens.size()) +
+                                                " tokens, fewer than one chunk of --ctx " + std::to_string(opt.ctx));
+  const int n_chunks =
+      static_cast<int>(opt.max_chunks > 0 ? std::min<int64_t>(opt.max_chunks, n_chunks_avail) : n_chunks_avail);
+  find_format(opt.format);  // fail on a bad name before any work
+  const bool compare = opt.compare_to_f32 && opt.format != "f32";
+  const int V = model.config().n_vocab, ctx = opt.ctx, first = ctx / 2;
+  auto t0 = std::chrono::steady_clock::now();
+
+  PerplexityResult r;
+  double nll = 0, kl = 0;
+  int64_t agree = 0;
+  std::vector<float> lt, lb;
+  std::vector<int32_t> chunk(ctx);
+  size_t bpt = 0, bpt_base = 0;
+  for (int c = 0; c < n_chunks; ++c) {
+    std::copy_n(tokens.begin() + static_cast<int64_t>(c) * ctx, ctx, chunk.begin());
+    if (opt.bos >= 0) chunk[0] = opt.bos;
+    run_chunk(model, chunk.data(), ctx, opt.format, opt.skip_layers, opt.batch, lt, bpt);
+    if (compare) run_chunk(model, chunk.data(), ctx, "f32", -1, opt.batch, lb, bpt_base);
+    for (int j = first; j < ctx - 1; ++j) {
+      float* pt = lt.data() + static_cast<size_t>(j) * V;
+      log_softmax(pt, V);
+      nll -= pt[chunk[j + 1]];
+      if (compare) {
+        float* pb = lb.data() + static_cast<size_t>(j) * V;
+        log_softmax(pb, V);
+        double k = 0;
+        for (int i = 0; i < V; ++i) k += std::exp(static_cast<double>(pb[i])) * (pb[i] - pt[i]);
+        kl += k;
+        agree += argmax(pb, V) == argmax(pt, V);
+      }
+      ++r.tokens;
+    }
+    if (progress) progress(c + 1, n_chunks, std::exp(nll / r.tokens));
+  }
+  r.chunks = n_chunks;
+  r.ppl = std::exp(nll / r.tokens);
+  r.kld = compare ? kl / r.tokens : 0.0;
+  r.top1 = compare ? static_cast<double>(agree) / r.tokens : 1.0;
+  r.kv_bytes_per_token = static_cast<double>(bpt);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace tqkv::engine

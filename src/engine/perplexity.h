@@ -1,0 +1,41 @@
+// Perplexity of a model on a token stream with a given KV-cache format, and how far its
+// next-token distributions move from those of an uncompressed (f32) cache: mean KL divergence
+// KL(p_f32 || p_format) and top-1 agreement, over the same scored positions.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model.h"
+
+namespace tqkv::engine {
+
+struct PerplexityOptions {
+  int ctx = 512;            // tokens per chunk; chunks do not overlap and start with an empty cache
+  int max_chunks = 0;       // 0: every full chunk of the text
+  std::string format = "f32";
+  int skip_layers = -1;     // uncompressed boundary layers; < 0: the formats' default
+  bool compare_to_f32 = true;
+  int batch = 512;          // prefill micro-batch: later batches attend to earlier ones through the cache
+  int32_t bos = -1;         // when >= 0, each chunk's first token is replaced by it (models that want BOS)
+};
+
+struct PerplexityResult {
+  double ppl = 0;
+  double kld = 0;    // mean KL(f32 || format), nats per token; 0 when format is f32
+  double top1 = 1;   // fraction of scored positions whose argmax matches the f32 run
+  int64_t tokens = 0;  // scored tokens
+  int chunks = 0;
+  double kv_bytes_per_token = 0;
+  double seconds = 0;
+};
+
+// Scores the second half of each chunk (positions ctx/2 .. ctx-2 predicting the next token),
+// so that every scored token has at least ctx/2 tokens of context, as llama.cpp's
+// perplexity tool does. Throws tqkv::Error(InvalidArgument) when the text is shorter than
+// one chunk. progress(chunks_done, chunks_total, ppl_so_far) is called after each chunk.
+PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& tokens, const PerplexityOptions& opt,
+                            const std::function<void(int, int, double)>& progress = {});
+
+}  // namespace tqkv::engine

@@ -1,0 +1,87 @@
+// tqkv generate [-m MODEL] [-p PROMPT] [-n N] [--kv-cache-dtype T]: runs a GGUF model with the
+// KV cache in any tqkv format, streams the answer, then reports prompt and decode speed and
+// the cache's size. With no -m / -p it uses the default model (scripts/fetch_model.sh) and a
+// default question, so it works right after the set-up.
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "commands.h"
+#include "engine/generate.h"
+#include "engine/gguf.h"
+#include "engine/paths.h"
+#include "tqkv/format.h"
+
+namespace {
+constexpr const char* kDefaultPrompt = "What are the three primary colors? Answer briefly.";
+}
+
+void register_generate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Generate text with a GGUF model, the KV cache in any tqkv format");
+  struct Opts {
+    std::string model, prompt = kDefaultPrompt, format = tqkv::kDefaultFormat;
+    int n = 128, ctx = 2048, skip = -1, threads = 0, top_k = 40;
+    float temp = 0.0f, top_p = 0.95f;
+    uint64_t seed = 1;
+    bool raw = false, quiet = false;
+  };
+  static Opts o;
+  cmd->add_option("-m,--model", o.model, "GGUF model (default: $TQKV_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  cmd->add_option("-p,--prompt", o.prompt, "prompt text (wrapped in the model's chat template unless --raw)")
+      ->capture_default_str();
+  cmd->add_option("-n,--n-predict", o.n, "tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o.format, "KV-cache format: " + tqkv::format_names_joined())
+      ->capture_default_str();
+  cmd->add_option("--kv-skip-layers", o.skip,
+                  "first and last N layers keep an f16 cache (default: 2 for compressed formats, capped at half)");
+  cmd->add_option("-c,--ctx", o.ctx, "context length (cache capacity), capped at the model's")
+      ->check(CLI::Range(16, 1 << 20))->capture_default_str();
+  cmd->add_option("--temp", o.temp, "sampling temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", o.top_k, "top-k cut when sampling")->capture_default_str();
+  cmd->add_option("--top-p", o.top_p, "nucleus cut when sampling")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "sampling seed")->capture_default_str();
+  cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_flag("--raw", o.raw, "feed the prompt as is, without the chat template");
+  cmd->add_flag("-q,--quiet", o.quiet, "print only the generated text and the stats line");
+  cmd->callback([] {
+    using namespace tqkv::engine;
+    tqkv::find_format(o.format);  // a bad name fails before the model loads
+    set_num_threads(o.threads);
+    const std::string path = o.model.empty() ? default_model_path() : o.model;
+    GgufFile file = GgufFile::open(path);
+    Tokenizer tok = Tokenizer::from_gguf(file);
+    Model model = Model::load(file);
+    const ModelConfig& c = model.config();
+    const int ctx = std::min(o.ctx, c.ctx_train);
+    tqkv::ContiguousCache cache = model.make_cache(o.format, ctx, o.skip);
+    std::string text = o.raw ? o.prompt : tok.apply_chat_template({{"user", o.prompt}}, true);
+    const std::vector<int32_t> prompt = tok.encode(text, true, tok.add_bos());
+    if (!o.quiet) {
+      int compressed = 0;
+      for (int l = 0; l < c.n_layers; ++l) compressed += cache.format(l).compressed();
+      std::fprintf(stderr, "model: %s (%s, %d layers, %d/%d heads, head_dim %d), weights %.0f MiB as f32\n",
+                   path.c_str(), c.arch.c_str(), c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
+                   model.weight_bytes() / 1048576.0);
+      std::fprintf(stderr, "kv cache: %s in %d of %d layers (others %s), ctx %d\n\n", o.format.c_str(), compressed,
+                   c.n_layers, cache.format(0).name, ctx);
+      if (!o.raw) std::printf("%s\n\n", o.prompt.c_str());
+      std::fflush(stdout);
+    }
+    GenerateOptions g;
+    g.n_predict = o.n;
+    g.sampler = {o.temp, o.top_k, o.top_p, o.seed};
+    const GenerateStats st = generate(model, tok, cache, prompt, g, [&](int32_t id) {
+      if (tok.is_control(id)) return;
+      const std::string p = tok.piece(id);
+      std::fwrite(p.data(), 1, p.size(), stdout);
+      std::fflush(stdout);
+    });
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "\nprompt: %d tokens, %.1f tokens/s | decode: %d tokens, %.1f tokens/s | kv cache (%s): %zu bytes "
+                 "(%zu bytes/token)\n",
+                 st.n_prompt, st.prompt_tokens_per_second(), st.n_decoded, st.decode_tokens_per_second(),
+                 o.format.c_str(), st.kv_bytes, st.kv_bytes_per_token);
+  });
+}

@@ -1,0 +1,86 @@
+// tqkv perplexity [-m MODEL] [-f TEXT] [--ctx N] [--kv-cache-dtype T] [--json]: perplexity of
+// a GGUF model on a text with the KV cache in a tqkv format, plus KL divergence and top-1
+// agreement against the f32-cache run of the same model on the same text.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "commands.h"
+#include "engine/gguf.h"
+#include "engine/paths.h"
+#include "engine/perplexity.h"
+#include "engine/tokenizer.h"
+#include "tqkv/error.h"
+#include "tqkv/format.h"
+
+void register_perplexity(CLI::App& app) {
+  auto* cmd = app.add_subcommand("perplexity", "Perplexity and KL/top-1 vs the f32 cache of a GGUF model on a text");
+  struct Opts {
+    std::string model, text, format = "f32";
+    int ctx = 512, chunks = 0, skip = -1, threads = 0, batch = 512;
+    bool json = false, no_compare = false;
+  };
+  static Opts o;
+  cmd->add_option("-m,--model", o.model, "GGUF model (default: $TQKV_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  cmd->add_option("-f,--file", o.text, "text file (default: $TQKV_TEXT or data/kjv-genesis.txt)");
+  cmd->add_option("-c,--ctx", o.ctx, "tokens per chunk")->check(CLI::Range(16, 1 << 20))->capture_default_str();
+  cmd->add_option("--chunks", o.chunks, "score at most this many chunks (0: all)")->capture_default_str();
+  cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o.format, "KV-cache format: " + tqkv::format_names_joined())
+      ->capture_default_str();
+  cmd->add_option("--kv-skip-layers", o.skip, "first and last N layers keep an f16 cache (default: the formats')");
+  cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_flag("--no-compare", o.no_compare, "skip the f32-cache run (no KL / top-1)");
+  cmd->add_flag("--json", o.json, "print one JSON object: ppl, kld, top1, tokens, kv_bytes_per_token");
+  cmd->callback([] {
+    using namespace tqkv::engine;
+    tqkv::find_format(o.format);
+    set_num_threads(o.threads);
+    const std::string mpath = o.model.empty() ? default_model_path() : o.model;
+    const std::string tpath = o.text.empty() ? default_text_path() : o.text;
+    std::ifstream in(tpath, std::ios::binary);
+    if (!in) throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "cannot read text '" + tpath + "' (run scripts/fetch_text.sh)");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    GgufFile file = GgufFile::open(mpath);
+    Tokenizer tok = Tokenizer::from_gguf(file);
+    Model model = Model::load(file);
+    // The text is data, not a prompt: special-token markup in it stays plain text.
+    const std::vector<int32_t> tokens = tok.encode(ss.str(), false, false);
+    PerplexityOptions p;
+    p.ctx = std::min(o.ctx, model.config().ctx_train);
+    p.max_chunks = o.chunks;
+    p.format = o.format;
+    p.skip_layers = o.skip;
+    p.compare_to_f32 = !o.no_compare;
+    p.batch = o.batch;
+    p.bos = tok.add_bos() ? tok.bos() : -1;
+    const PerplexityResult r = perplexity(model, tokens, p, [](int done, int total, double ppl) {
+      const int width = 30, fill = done * width / total;
+      std::fprintf(stderr, "\r[%s%s] %d/%d chunks  ppl %.4f", std::string(fill, '#').c_str(),
+                   std::string(width - fill, ' ').c_str(), done, total, ppl);
+      if (done == total) std::fputc('\n', stderr);
+      std::fflush(stderr);
+    });
+    if (o.json) {
+      nlohmann::json j = {{"ppl", r.ppl},
+                          {"kld", r.kld},
+                          {"top1", r.top1},
+                          {"tokens", r.tokens},
+                          {"kv_bytes_per_token", r.kv_bytes_per_token},
+                          {"format", o.format},
+                          {"ctx", p.ctx},
+                          {"chunks", r.chunks},
+                          {"seconds", r.seconds}};
+      std::cout << j.dump() << "\n";
+    } else {
+      std::printf("format %s  ctx %d  chunks %d  scored tokens %lld (of %zu in the text)\n", o.format.c_str(), p.ctx,
+                  r.chunks, static_cast<long long>(r.tokens), tokens.size());
+      std::printf("perplexity %.4f  KL vs f32 %.6f  top-1 agreement %.4f  kv bytes/token %.0f  (%.1f s)\n", r.ppl,
+                  r.kld, r.top1, r.kv_bytes_per_token, r.seconds);
+    }
+  });
+}
