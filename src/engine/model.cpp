@@ -1,7 +1,6 @@
 #include "model.h"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +8,7 @@
 
 #include "dequant.h"
 #include "gguf.h"
+#include "thread_pool.h"
 #include "tqkv/attention.h"
 #include "tqkv/error.h"
 
@@ -31,8 +31,11 @@ std::vector<float> load(const GgufFile& f, const std::string& name, int64_t cols
   std::vector<float> v(static_cast<size_t>(want));
   const TensorTypeTraits* tr = tensor_type_traits(t.type);
   const size_t row_bytes = static_cast<size_t>(cols / tr->block_elems * tr->block_bytes);
-#pragma omp parallel for schedule(static) if (rows >= 64)
-  for (int64_t r = 0; r < rows; ++r) dequantize(t.type, t.data + r * row_bytes, v.data() + r * cols, cols);
+  const int parts = rows >= 256 ? pool_threads() : 1;
+  parallel_for(parts, [&](int p) {
+    for (int64_t r = rows * p / parts; r < rows * (p + 1) / parts; ++r)
+      dequantize(t.type, t.data + r * row_bytes, v.data() + r * cols, cols);
+  });
   return v;
 }
 
@@ -41,7 +44,6 @@ std::vector<float> load_optional(const GgufFile& f, const std::string& name, int
 }
 
 void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) {
-#pragma omp parallel for schedule(static) if (n >= 16)
   for (int t = 0; t < n; ++t) {
     const float* xi = x + static_cast<size_t>(t) * d;
     float* yi = y + static_cast<size_t>(t) * d;
@@ -58,7 +60,6 @@ void rope(float* x, int n, int heads, int head_dim, int n_rot, int64_t pos0, flo
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i)
     inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(base), -2.0 * i / n_rot));
-#pragma omp parallel for schedule(static) if (n >= 16)
   for (int t = 0; t < n; ++t) {
     const double pos = static_cast<double>(pos0 + t);
     for (int i = 0; i < half; ++i) {
@@ -79,21 +80,34 @@ void rope(float* x, int n, int heads, int head_dim, int n_rot, int64_t pos0, flo
 
 }  // namespace
 
-void set_num_threads(int n) {
-  if (n <= 0) return;
-  openblas_set_num_threads(n);
-  omp_set_num_threads(n);
-}
+void set_num_threads(int n) { set_pool_threads(n); }
 
+// OpenBLAS runs single-threaded inside our blocking pool (thread_pool.h), whose workers
+// split the output features: OpenBLAS's own spinning threads next to anyone else's spinning
+// OpenMP workers made prefill 5x slower on two cores.
 void matmul(const float* x, int n, int in, const float* w, int out, float* y, const float* bias) {
-  if (n == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
-  }
-  if (bias)
-    for (int t = 0; t < n; ++t)
-      for (int o = 0; o < out; ++o) y[static_cast<size_t>(t) * out + o] += bias[o];
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+  // Slices of at least 64 output rows, so small matrices are not split into tiny GEMMs.
+  const int parts = std::max(1, std::min(pool_threads(), out / 64));
+  parallel_for(parts, [&](int p) {
+    const int o0 = static_cast<int>(static_cast<int64_t>(out) * p / parts);
+    const int o1 = static_cast<int>(static_cast<int64_t>(out) * (p + 1) / parts);
+    const int m = o1 - o0;
+    if (m <= 0) return;
+    const float* wp = w + static_cast<size_t>(o0) * in;
+    if (n == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, m, in, 1.0f, wp, in, x, 1, 0.0f, y + o0, 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, in, 1.0f, x, in, wp, in, 0.0f, y + o0, out);
+    }
+    if (bias)
+      for (int t = 0; t < n; ++t)
+        for (int o = o0; o < o1; ++o) y[static_cast<size_t>(t) * out + o] += bias[o];
+  });
 }
 
 Model Model::load(const GgufFile& f) {
@@ -213,7 +227,6 @@ void Model::forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache&
     rmsnorm(x.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data());
     matmul(xn.data(), n, d, L.w_gate.data(), ff, gate.data());
     matmul(xn.data(), n, d, L.w_up.data(), ff, up.data());
-#pragma omp parallel for schedule(static) if (N * ff >= 65536)
     for (size_t i = 0; i < N * ff; ++i) {
       const float g = gate[i];
       gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SwiGLU: silu(gate) * up
