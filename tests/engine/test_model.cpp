@@ -1,0 +1,265 @@
+// The forward pass on the real model (SmolLM2-135M-Instruct; skipped when absent): logits
+// against the independent NumPy reference, f32 vs f16 cache greedy equality, batched prefill
+// vs token-by-token decode, every cache format, boundary layers, perplexity and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+#include "engine/generate.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "engine/perplexity.h"
+#include "engine/tokenizer.h"
+#include "gguf_builder.h"
+#include "tqkv/error.h"
+#include "tqkv/format.h"
+
+namespace tqkv::engine {
+namespace {
+
+const std::string kRepo = TQKV_REPO_DIR;
+const std::string kModel = kRepo + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+class Smol : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(kModel)) return;
+    file_ = new GgufFile(GgufFile::open(kModel));
+    tok_ = new Tokenizer(Tokenizer::from_gguf(*file_));
+    model_ = new Model(Model::load(*file_));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete tok_;
+    delete file_;
+    model_ = nullptr;
+    tok_ = nullptr;
+    file_ = nullptr;
+  }
+  void SetUp() override {
+    if (!model_) GTEST_SKIP() << "model not found at " << kModel << " (run scripts/fetch_model.sh)";
+  }
+  std::vector<int32_t> chat(const std::string& q) const {
+    return tok_->encode(tok_->apply_chat_template({{"user", q}}, true));
+  }
+  std::vector<float> run_all(const std::vector<int32_t>& ids, const std::string& format) const {
+    ContiguousCache cache = model_->make_cache(format, 256);
+    std::vector<float> logits(ids.size() * model_->config().n_vocab);
+    model_->forward(ids.data(), static_cast<int>(ids.size()), 0, cache, logits.data(), true);
+    return logits;
+  }
+  std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, const std::string& format, int n) const {
+    ContiguousCache cache = model_->make_cache(format, 512);
+    GenerateOptions g;
+    g.n_predict = n;
+    g.stop_at_end_of_generation = false;
+    std::vector<int32_t> out;
+    generate(*model_, *tok_, cache, prompt, g, [&](int32_t id) { out.push_back(id); });
+    return out;
+  }
+  static GgufFile* file_;
+  static Tokenizer* tok_;
+  static Model* model_;
+};
+GgufFile* Smol::file_ = nullptr;
+Tokenizer* Smol::tok_ = nullptr;
+Model* Smol::model_ = nullptr;
+
+TEST_F(Smol, Config) {
+  const ModelConfig& c = model_->config();
+  EXPECT_EQ(c.arch, "llama");
+  EXPECT_EQ(c.n_layers, 30);
+  EXPECT_EQ(c.n_heads, 9);
+  EXPECT_EQ(c.n_kv_heads, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.n_vocab, 49152);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_EQ(c.rope, RopeLayout::Adjacent);
+}
+
+// Logits for a fixed prompt against tests/integration/reference_forward.py (NumPy + the PyPI
+// gguf package). Needs python3 with numpy and gguf; skipped without them unless
+// TQKV_REQUIRE_REFERENCE=1 (CI sets it, so there a missing dependency fails).
+TEST_F(Smol, LogitsMatchNumpyReference) {
+  const bool required = std::getenv("TQKV_REQUIRE_REFERENCE") && std::string(std::getenv("TQKV_REQUIRE_REFERENCE")) == "1";
+  if (std::system("python3 -c 'import numpy, gguf' >/dev/null 2>&1") != 0) {
+    if (required) FAIL() << "python3 with numpy and gguf is required (pip install numpy gguf)";
+    GTEST_SKIP() << "python3 with numpy + gguf not available";
+  }
+  const std::vector<int32_t> ids = chat("What is the capital of France?");
+  ASSERT_GT(ids.size(), 20u);
+  const std::string out = (std::filesystem::temp_directory_path() / ("tqkv_ref_" + std::to_string(::getpid()) + ".f32")).string();
+  std::string cmd = "python3 " + kRepo + "/tests/integration/reference_forward.py " + kModel;
+  for (int32_t id : ids) cmd += " " + std::to_string(id);
+  cmd += " -o " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const int V = model_->config().n_vocab;
+  std::vector<float> ref(ids.size() * V);
+  {
+    std::ifstream in(out, std::ios::binary);
+    in.read(reinterpret_cast<char*>(ref.data()), static_cast<std::streamsize>(ref.size() * 4));
+    ASSERT_TRUE(in.good()) << "short reference output";
+  }
+  std::remove(out.c_str());
+  const std::vector<float> got = run_all(ids, "f32");
+  for (size_t t = 0; t < ids.size(); ++t) {
+    double err = 0, mag = 0;
+    for (int i = 0; i < V; ++i) {
+      err = std::max(err, std::fabs(static_cast<double>(got[t * V + i]) - ref[t * V + i]));
+      mag = std::max(mag, std::fabs(static_cast<double>(ref[t * V + i])));
+    }
+    EXPECT_LE(err, 1e-3 * mag) << "position " << t << ": max |diff| " << err << ", max |logit| " << mag;
+  }
+  // And the answer is the one a working model gives.
+  const float* last = got.data() + (ids.size() - 1) * V;
+  EXPECT_EQ(tok_->piece(static_cast<int32_t>(std::max_element(last, last + V) - last)), "The");
+}
+
+TEST_F(Smol, GreedyIdenticalWithF32AndF16Cache) {
+  const std::vector<int32_t> prompt = chat("Tell me a short story about a robot who learns to paint.");
+  const auto a = greedy(prompt, "f32", 32);
+  const auto b = greedy(prompt, "f16", 32);
+  ASSERT_EQ(a.size(), 32u);
+  EXPECT_EQ(a, b) << "f32: " << tok_->decode(a) << "\nf16: " << tok_->decode(b);
+}
+
+TEST_F(Smol, BatchedPrefillEqualsTokenByTokenDecode) {
+  const std::vector<int32_t> ids = chat("Name three rivers.");
+  const int V = model_->config().n_vocab, n = static_cast<int>(ids.size());
+  const std::vector<float> batched = run_all(ids, "f32");
+  ContiguousCache cache = model_->make_cache("f32", 256);
+  std::vector<float> step(V);
+  for (int t = 0; t < n; ++t) {
+    model_->forward(&ids[t], 1, t, cache, step.data(), false);
+    double err = 0, mag = 0;
+    for (int i = 0; i < V; ++i) {
+      err = std::max(err, std::fabs(static_cast<double>(step[i]) - batched[static_cast<size_t>(t) * V + i]));
+      mag = std::max(mag, std::fabs(static_cast<double>(step[i])));
+    }
+    ASSERT_LE(err, 1e-4 * mag) << "position " << t;
+  }
+}
+
+TEST_F(Smol, EveryCacheFormatRuns) {
+  const std::vector<int32_t> ids = chat("Hello!");
+  const int V = model_->config().n_vocab;
+  const size_t f16_bytes = model_->make_cache("f16", 16).bytes_per_token();
+  const std::vector<float> base = run_all(ids, "f32");
+  const float* bl = base.data() + (ids.size() - 1) * V;
+  const int32_t base_top = static_cast<int32_t>(std::max_element(bl, bl + V) - bl);
+  for (const Format& f : all_formats()) {
+    SCOPED_TRACE(f.name);
+    const std::vector<float> l = run_all(ids, f.name);
+    const float* last = l.data() + (ids.size() - 1) * V;
+    for (int i = 0; i < V; ++i) ASSERT_TRUE(std::isfinite(last[i]));
+    // A short chat prompt's next token is confident enough for every 3+ bit format to agree.
+    if (std::min(f.key_bits, f.value_bits) >= 3) {
+      EXPECT_EQ(std::max_element(last, last + V) - last, base_top);
+    }
+    if (f.compressed()) {
+      EXPECT_LT(model_->make_cache(f.name, 16).bytes_per_token(), f16_bytes);
+    }
+  }
+}
+
+TEST_F(Smol, BoundaryLayers) {
+  const int L = model_->config().n_layers;
+  auto count_inner = [&](const ContiguousCache& c) {
+    int n = 0;
+    for (int l = 0; l < L; ++l) n += std::string(c.format(l).name) == "tq-k4v2";
+    return n;
+  };
+  ContiguousCache def = model_->make_cache("tq-k4v2", 16);
+  EXPECT_EQ(count_inner(def), L - 4);
+  EXPECT_STREQ(def.format(0).name, "f16");
+  EXPECT_STREQ(def.format(L - 1).name, "f16");
+  EXPECT_EQ(count_inner(model_->make_cache("tq-k4v2", 16, 0)), L);
+  EXPECT_EQ(count_inner(model_->make_cache("tq-k4v2", 16, 5)), L - 10);
+  EXPECT_EQ(count_inner(model_->make_cache("f32", 16)), 0);
+}
+
+TEST_F(Smol, PerplexityAndKl) {
+  std::string path = kRepo + "/data/kjv-genesis.txt";
+  if (!std::filesystem::exists(path)) path = "/usr/share/common-licenses/GPL-3";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no real text found";
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::vector<int32_t> toks = tok_->encode(ss.str().substr(0, 4000), false);
+  PerplexityOptions o;
+  o.ctx = 128;
+  o.max_chunks = 2;
+  o.batch = 48;  // later micro-batches attend to earlier ones through the cache
+  const PerplexityResult f32 = perplexity(*model_, toks, o);
+  EXPECT_EQ(f32.tokens, 2 * 63);
+  EXPECT_GT(f32.ppl, 1.5);
+  EXPECT_LT(f32.ppl, 60.0);
+  EXPECT_EQ(f32.kld, 0.0);
+  o.format = "tq-k4v4";
+  const PerplexityResult q = perplexity(*model_, toks, o);
+  EXPECT_GT(q.kld, 0.0);
+  EXPECT_LT(q.kld, 0.5);
+  EXPECT_GT(q.top1, 0.6);
+  EXPECT_LE(q.top1, 1.0);
+  EXPECT_LT(q.kv_bytes_per_token, f32.kv_bytes_per_token / 3);
+  o.ctx = static_cast<int>(toks.size()) + 1;
+  EXPECT_THROW(perplexity(*model_, toks, o), Error);
+}
+
+TEST_F(Smol, BadInputGivesClearErrors) {
+  ContiguousCache small = model_->make_cache("f16", 8);
+  const std::vector<int32_t> long_prompt = chat("This prompt is longer than eight tokens for sure.");
+  try {
+    GenerateOptions g;
+    generate(*model_, *tok_, small, long_prompt, g, [](int32_t) {});
+    FAIL() << "a prompt longer than the context was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("context"), std::string::npos);
+  }
+  try {
+    model_->make_cache("q3_turbo", 16);
+    FAIL() << "unknown format accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tq-k4v2"), std::string::npos) << "should list valid names";
+  }
+  ContiguousCache c = model_->make_cache("f32", 16);
+  std::vector<float> logits(model_->config().n_vocab);
+  const int32_t bad = 1 << 20, ok = 5;
+  EXPECT_THROW(model_->forward(&bad, 1, 0, c, logits.data(), false), Error);
+  EXPECT_THROW(model_->forward(&ok, 1, 3, c, logits.data(), false), Error);  // gap
+  EXPECT_EQ(c.seq_len(), 0);
+}
+
+TEST(Model, MissingTensorsAreFormatErrors) {
+  const std::vector<uint8_t> bytes = test::GgufBuilder()
+                                         .str("general.architecture", "llama")
+                                         .u32("llama.block_count", 1)
+                                         .u32("llama.embedding_length", 8)
+                                         .u32("llama.attention.head_count", 2)
+                                         .u32("llama.feed_forward_length", 16)
+                                         .u32("llama.context_length", 64)
+                                         .f32_tensor("token_embd.weight", {8, 4}, std::vector<float>(32, 0.1f))
+                                         .f32_tensor("output_norm.weight", {8}, std::vector<float>(8, 1.0f))
+                                         .build();
+  GgufFile f = GgufFile::parse(bytes);
+  try {
+    Model::load(f);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Format);
+    EXPECT_NE(std::string(e.what()).find("blk.0.attn_norm.weight"), std::string::npos) << e.what();
+  }
+  const std::vector<uint8_t> gemma = test::GgufBuilder().str("general.architecture", "bert").build();
+  GgufFile g = GgufFile::parse(gemma);
+  EXPECT_THROW(Model::load(g), Error);
+}
+
+}  // namespace
+}  // namespace tqkv::engine
