@@ -44,8 +44,15 @@ class ContiguousCache {
   int n_kv_heads() const { return config_.n_kv_heads; }
   int head_dim() const { return config_.head_dim; }
   int capacity() const { return config_.capacity; }
-  const Format& format(int layer) const { return *config_.layer_formats.at(layer); }
-  const SlotCodec& codec(int layer) const { return *codecs_[layer]; }
+  // Both throw tqkv::Error(OutOfRange) for a bad layer.
+  const Format& format(int layer) const {
+    check_layer(layer);
+    return *config_.layer_formats[layer];
+  }
+  const SlotCodec& codec(int layer) const {
+    check_layer(layer);
+    return *codecs_[layer];
+  }
 
   // Window of positions held, shared by all layers: [first_pos, seq_len).
   int64_t seq_len() const { return seq_len_; }

@@ -1,6 +1,6 @@
 // FP8 E4M3 ("e4m3fn": bias 7, no infinities, 0x7f/0xff are NaN, max 448).
-// Encoding rounds to nearest even and saturates to +-448 (as vLLM's fp8 cache does);
-// NaN encodes to 0x7f. Decoding is exact.
+// Encoding rounds to nearest even and saturates to +-448 (the cache codecs reject inputs
+// beyond 448 before they get here); NaN encodes to 0x7f. Decoding is exact.
 #pragma once
 #include <bit>
 #include <cmath>

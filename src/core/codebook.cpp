@@ -2,6 +2,7 @@
 
 #include <boost/math/special_functions/beta.hpp>
 #include <boost/math/special_functions/erf.hpp>
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -63,11 +64,20 @@ struct LawMoments {
   double first_moment(double lo, double hi) const {
     return first_moment_antiderivative(hi) - first_moment_antiderivative(lo);
   }
+  double density(double t) const {
+    if (law == Law::Gauss) return std::exp(-0.5 * t * t / (sigma * sigma)) / (sigma * std::sqrt(2 * M_PI));
+    if (t <= -1 || t >= 1) return 0;
+    return std::exp(log_norm + (a - 1) * std::log1p(-t * t));
+  }
   double lower() const { return law == Law::Gauss ? -INFINITY : -1.0; }
   double upper() const { return law == Law::Gauss ? INFINITY : 1.0; }
-  // Quantile of N(0, 1/d): a good starting point for either law.
-  double initial_quantile(double p) const {
-    return std::sqrt(2.0 / dim) * boost::math::erf_inv(2 * p - 1);
+  // Starting levels: quantiles of the high-rate optimal point density, proportional to
+  // f^(1/3) (Panter-Dite); for N(0, 1/d) that is N(0, 3/d). Starting close to the optimum
+  // matters: Lloyd's algorithm converges slowly at 7-8 bits.
+  double initial_level(double p, int bits) const {
+    const double spread = bits >= 3 ? 3.0 : 1.0;
+    const double t = std::sqrt(2.0 * spread / dim) * boost::math::erf_inv(2 * p - 1);
+    return law == Law::Sphere ? std::clamp(t, -0.999, 0.999) : t;
   }
 };
 
@@ -80,25 +90,86 @@ Codebook solve_codebook(Law law, int dim, int bits) {
   const LawMoments law_m(law, dim);
   const int n = 1 << bits;
   std::vector<double> c(n), t(n - 1), p(n);
-  for (int i = 0; i < n; ++i) c[i] = law_m.initial_quantile((i + 0.5) / n);
+  for (int i = 0; i < n; ++i) c[i] = law_m.initial_level((i + 0.5) / n, bits);
 
-  // Lloyd's algorithm: thresholds at midpoints, levels at conditional means. Symmetry is kept
-  // exactly by solving the upper half and mirroring.
+  // Lloyd's algorithm (thresholds at midpoints, levels at conditional means) to get close,
+  // then Newton's method on the same fixed-point equations c_i = E[X | t_{i-1} <= X < t_i],
+  // whose Jacobian is tridiagonal; plain Lloyd needs ~1e5 iterations at 8 bits. Only the
+  // upper half is solved; the lower half is its mirror image, so symmetry is exact.
+  const int half = n / 2;
+  const double tol = 1e-14 / std::sqrt(static_cast<double>(dim));
+  auto cell = [&](int i, double& lo, double& hi) {  // i in [half, n)
+    lo = i == half ? 0.0 : 0.5 * (c[i - 1] + c[i]);
+    hi = i == n - 1 ? law_m.upper() : 0.5 * (c[i] + c[i + 1]);
+  };
+  auto conditional_mean = [&](double lo, double hi, double& mass) {
+    mass = law_m.mass(lo, hi);
+    return mass > 1e-300 ? law_m.first_moment(lo, hi) / mass : 0.5 * (lo + (std::isinf(hi) ? lo : hi));
+  };
+  auto mirror = [&] {
+    for (int i = half; i < n; ++i) c[n - 1 - i] = -c[i];
+  };
   int it = 0;
-  const int max_iterations = 100000;
-  for (; it < max_iterations; ++it) {
-    for (int i = 0; i + 1 < n; ++i) t[i] = 0.5 * (c[i] + c[i + 1]);
+  for (; it < 300; ++it) {
     double change = 0;
-    for (int i = n / 2; i < n; ++i) {
-      const double lo = i == n / 2 ? 0.0 : t[i - 1];
-      const double hi = i == n - 1 ? law_m.upper() : t[i];
-      const double m = law_m.mass(lo, hi);
-      const double next = m > 1e-300 ? law_m.first_moment(lo, hi) / m : 0.5 * (lo + (std::isinf(hi) ? lo : hi));
-      change = std::max(change, std::abs(next - c[i]));
-      c[i] = next;
-      c[n - 1 - i] = -next;
+    std::vector<double> next(n);
+    for (int i = half; i < n; ++i) {
+      double lo, hi, m;
+      cell(i, lo, hi);
+      next[i] = conditional_mean(lo, hi, m);
+      change = std::max(change, std::abs(next[i] - c[i]));
     }
-    if (change < 1e-13 * std::sqrt(1.0 / dim)) break;
+    for (int i = half; i < n; ++i) c[i] = next[i];
+    mirror();
+    if (change < tol) break;
+  }
+  // Newton on F_i(c) = c_i - m_i(c) for the upper half (n/2 unknowns; c_{half-1} = -c_half).
+  const int m_count = n - half;
+  for (int newton = 0; newton < 60 && n > 2; ++newton, ++it) {
+    std::vector<double> F(m_count), diag(m_count), lower(m_count, 0.0), upper(m_count, 0.0);
+    double worst = 0;
+    for (int j = 0; j < m_count; ++j) {
+      const int i = half + j;
+      double lo, hi, mass;
+      cell(i, lo, hi);
+      const double mean = conditional_mean(lo, hi, mass);
+      F[j] = c[i] - mean;
+      worst = std::max(worst, std::abs(F[j]));
+      // d mean / d lo = f(lo) (mean - lo) / mass ; d mean / d hi = f(hi) (hi - mean) / mass
+      const double dlo = mass > 1e-300 ? law_m.density(lo) * (mean - lo) / mass : 0.0;
+      const double dhi = mass > 1e-300 && !std::isinf(hi) ? law_m.density(hi) * (hi - mean) / mass : 0.0;
+      diag[j] = 1.0 - 0.5 * dhi - (j == 0 ? 0.0 : 0.5 * dlo);  // lo = (c_{i-1} + c_i) / 2
+      if (j == 0) {
+        // lo = (c_{half-1} + c_half) / 2 = 0 by symmetry: no dependence.
+      } else {
+        lower[j] = -0.5 * dlo;
+      }
+      if (j + 1 < m_count) upper[j] = -0.5 * dhi;
+    }
+    if (worst < tol) break;
+    // Thomas algorithm for the tridiagonal system J delta = F.
+    std::vector<double> cp(m_count), dp(m_count);
+    cp[0] = upper[0] / diag[0];
+    dp[0] = F[0] / diag[0];
+    for (int j = 1; j < m_count; ++j) {
+      const double den = diag[j] - lower[j] * cp[j - 1];
+      cp[j] = upper[j] / den;
+      dp[j] = (F[j] - lower[j] * dp[j - 1]) / den;
+    }
+    std::vector<double> delta(m_count);
+    delta[m_count - 1] = dp[m_count - 1];
+    for (int j = m_count - 2; j >= 0; --j) delta[j] = dp[j] - cp[j] * delta[j + 1];
+    // Damped step that keeps the levels strictly increasing (and inside the support).
+    double step = 1.0;
+    for (int tries = 0; tries < 30; ++tries, step *= 0.5) {
+      bool ok = c[half] - step * delta[0] > 0;
+      for (int j = 1; j < m_count && ok; ++j)
+        ok = c[half + j] - step * delta[j] > c[half + j - 1] - step * delta[j - 1];
+      if (law == Law::Sphere) ok = ok && c[n - 1] - step * delta[m_count - 1] < 1.0;
+      if (ok) break;
+    }
+    for (int j = 0; j < m_count; ++j) c[half + j] -= step * delta[j];
+    mirror();
   }
   for (int i = 0; i + 1 < n; ++i) t[i] = 0.5 * (c[i] + c[i + 1]);
 

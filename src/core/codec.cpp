@@ -55,10 +55,13 @@ void decode_plain(int codec, const uint8_t* in, int n, float* out) {
   }
 }
 
-void check_half_range(int codec, const float* x, int n, const char* what) {
-  if (codec != 1) return;
+// F16 and FP8 elements beyond the type's range are an error, not a silent clip.
+void check_plain_range(int codec, const float* x, int n, const char* what) {
+  const float limit = codec == 1 ? kHalfMax : codec == 3 ? kFp8E4m3Max : INFINITY;
   for (int i = 0; i < n; ++i)
-    if (std::abs(x[i]) > kHalfMax) overflow(what, x[i]);
+    if (std::abs(x[i]) > limit)
+      throw Error(ErrorCode::Overflow, std::string(what) + " " + std::to_string(x[i]) + " exceeds the range (" +
+                                           std::to_string(limit) + ") of this format");
 }
 
 }  // namespace
@@ -127,7 +130,7 @@ void SlotCodec::encode_key(const float* k, uint8_t* out) const {
   if (f.key == KeyCodec::Mse) {
     encode_mse(k, *key_cb_, f.key_bits, out);
   } else {
-    check_half_range(static_cast<int>(f.key), k, dim_, "key element");
+    check_plain_range(static_cast<int>(f.key), k, dim_, "key element");
     encode_plain(static_cast<int>(f.key), k, dim_, out);
   }
 }
@@ -153,7 +156,7 @@ void SlotCodec::encode_value(const float* v, uint8_t* out) const {
       return;
     }
     default:
-      check_half_range(static_cast<int>(f.value), v, dim_, "value element");
+      check_plain_range(static_cast<int>(f.value), v, dim_, "value element");
       encode_plain(static_cast<int>(f.value), v, dim_, out);
       return;
   }

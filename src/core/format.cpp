@@ -83,7 +83,8 @@ const Format& mse_pair_format(int key_bits, int value_bits) {
   if (key_bits < 2 || key_bits > 4 || value_bits < 2 || value_bits > 4)
     throw std::invalid_argument("tq pair bits must be in 2..4, got K" + std::to_string(key_bits) + "/V" +
                                 std::to_string(value_bits));
-  return kPairs[(key_bits - 2) * 3 + (value_bits - 2)];
+  // Prefer the entry of the named table, so that a format has one address.
+  return *try_find_format(kPairs[(key_bits - 2) * 3 + (value_bits - 2)].name);
 }
 
 }  // namespace tqkv

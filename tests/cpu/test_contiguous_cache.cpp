@@ -1,0 +1,91 @@
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "tqkv/contiguous_cache.h"
+#include "tqkv/error.h"
+
+namespace tqkv {
+namespace {
+
+std::vector<float> gaussian(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g;
+  std::vector<float> v(n);
+  for (auto& x : v) x = g(rng);
+  return v;
+}
+
+TEST(BoundaryLayers, DefaultSkipsTwoCappedAtHalf) {
+  const Format& tq = find_format("turboquant_4bit_nc");
+  auto f = boundary_layer_formats(30, tq);
+  EXPECT_STREQ(f[0]->name, "f16");
+  EXPECT_STREQ(f[1]->name, "f16");
+  EXPECT_STREQ(f[2]->name, "turboquant_4bit_nc");
+  EXPECT_STREQ(f[27]->name, "turboquant_4bit_nc");
+  EXPECT_STREQ(f[28]->name, "f16");
+  EXPECT_STREQ(f[29]->name, "f16");
+  auto g = boundary_layer_formats(3, tq);  // capped at 3 / 2 = 1
+  EXPECT_STREQ(g[0]->name, "f16");
+  EXPECT_STREQ(g[1]->name, "turboquant_4bit_nc");
+  EXPECT_STREQ(g[2]->name, "f16");
+  auto h = boundary_layer_formats(6, tq, 0);
+  for (auto* x : h) EXPECT_EQ(x, &tq);
+  auto u = boundary_layer_formats(6, find_format("f16"));
+  for (auto* x : u) EXPECT_STREQ(x->name, "f16");
+}
+
+TEST(ContiguousCache, WriteDecodeAndWindow) {
+  ContiguousCacheConfig cfg;
+  cfg.n_layers = 2;
+  cfg.n_kv_heads = 3;
+  cfg.head_dim = 64;
+  cfg.capacity = 5;
+  cfg.layer_formats = {&find_format("f32"), &find_format("tq-k4v4")};
+  ContiguousCache cache(cfg);
+  const auto k = gaussian(7 * 3 * 64, 1), v = gaussian(7 * 3 * 64, 2);
+  cache.write(0, 0, 4, k.data(), v.data());
+  cache.write(1, 0, 4, k.data(), v.data());
+  EXPECT_EQ(cache.seq_len(), 4);
+  std::vector<float> out(4 * 3 * 64);
+  cache.decode(0, 0, 4, true, out.data());
+  EXPECT_EQ(std::vector<float>(k.begin(), k.begin() + out.size()), out);  // f32 layer is exact
+  cache.write(0, 4, 3, k.data() + 4 * 3 * 64, v.data() + 4 * 3 * 64);     // wraps: evicts 0, 1
+  EXPECT_EQ(cache.first_pos(), 2);
+  EXPECT_EQ(cache.seq_len(), 7);
+  std::vector<float> one(3 * 64);
+  cache.decode(0, 6, 1, false, one.data());
+  EXPECT_EQ(std::vector<float>(v.begin() + 6 * 3 * 64, v.end()), one);
+  EXPECT_THROW(cache.decode(0, 1, 1, true, one.data()), Error);
+  EXPECT_EQ(cache.bytes_per_token(), 3 * (512 + find_format("tq-k4v4").slot_bytes(64)));
+}
+
+TEST(ContiguousCache, BadWritesChangeNothing) {
+  ContiguousCacheConfig cfg;
+  cfg.n_layers = 1;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.capacity = 4;
+  ContiguousCache cache(cfg);
+  auto k = gaussian(3 * 2 * 64, 3), v = gaussian(3 * 2 * 64, 4);
+  cache.write(0, 0, 1, k.data(), v.data());
+  std::vector<float> before(2 * 64), after(2 * 64);
+  cache.decode(0, 0, 1, true, before.data());
+  k[2 * 64 + 7] = std::numeric_limits<float>::quiet_NaN();  // token 1 of the batch is bad
+  EXPECT_THROW(cache.write(0, 0, 3, k.data(), v.data()), Error);
+  EXPECT_EQ(cache.seq_len(), 1);
+  cache.decode(0, 0, 1, true, after.data());
+  EXPECT_EQ(before, after);
+  EXPECT_THROW(cache.write(1, 1, 1, k.data(), v.data()), Error);
+  EXPECT_THROW(cache.write(0, 3, 1, k.data(), v.data()), Error);
+  EXPECT_THROW(cache.write(0, 1, 5, k.data(), v.data()), Error);
+  EXPECT_THROW(cache.evict_oldest(2), Error);
+  ContiguousCacheConfig bad = cfg;
+  bad.layer_formats = {&find_format("f16"), &find_format("f16")};
+  EXPECT_THROW(ContiguousCache{bad}, Error);
+}
+
+}  // namespace
+}  // namespace tqkv

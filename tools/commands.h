@@ -1,0 +1,12 @@
+// Registration functions of the tqkv subcommands (one file each). A subcommand's callback
+// throws std::exception on error; main() prints it and exits 1.
+#pragma once
+#include <CLI/CLI.hpp>
+
+void register_formats(CLI::App& app);
+void register_codebook(CLI::App& app);
+void register_quality(CLI::App& app);
+#ifdef TQKV_HAVE_ENGINE
+void register_generate(CLI::App& app);
+void register_perplexity(CLI::App& app);
+#endif

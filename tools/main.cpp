@@ -1,0 +1,28 @@
+// The `tqkv` command-line program: one subcommand per file (cmd_<name>.cpp), each registered
+// here through its register_<name>(CLI::App&).
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <iostream>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tqkv: TurboQuant-style compressed KV caches — formats, codebooks, quality, engine"};
+  app.require_subcommand(1);
+  register_formats(app);
+  register_codebook(app);
+  register_quality(app);
+#ifdef TQKV_HAVE_ENGINE
+  register_generate(app);
+  register_perplexity(app);
+#endif
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::cerr << "tqkv: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
