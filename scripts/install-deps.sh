@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs everything tqkv needs to build, test and run on a Debian 12 machine (as root, or
+# through sudo): compilers and libraries from Debian, the evaluation text package, and the
+# Python packages of the reference tests. Idempotent and quiet.
+set -euo pipefail
+
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+
+PACKAGES=(
+  build-essential cmake pkg-config unzip ca-certificates
+  clang libclang-rt-14-dev                  # libFuzzer target for the GGUF reader
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev libboost-dev libopenblas-dev
+  python3 python3-pip
+  bible-kjv bible-kjv-text                  # real evaluation text (scripts/fetch_text.sh)
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The NumPy reference forward pass (tests/integration/reference_forward.py).
+if ! python3 -c "import numpy, gguf" >/dev/null 2>&1; then
+  echo "install-deps: pip install numpy gguf"
+  python3 -m pip install --quiet numpy gguf || python3 -m pip install --quiet --break-system-packages numpy gguf
+fi
