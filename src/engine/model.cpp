@@ -8,6 +8,7 @@
 
 #include "dequant.h"
 #include "gguf.h"
+#include "qgemv.h"
 #include "thread_pool.h"
 #include "tqkv/attention.h"
 #include "tqkv/error.h"
@@ -37,6 +38,19 @@ std::vector<float> load(const GgufFile& f, const std::string& name, int64_t cols
       dequantize(t.type, t.data + r * row_bytes, v.data() + r * cols, cols);
   });
   return v;
+}
+
+Weight load_weight(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) {
+  Weight w;
+  w.rows = static_cast<int>(rows);
+  w.cols = static_cast<int>(cols);
+  w.f32 = load(f, name, cols, rows);
+  const GgufTensor& t = f.tensor(name);
+  if (qgemv_supported(t.type)) {
+    w.qtype = t.type;
+    w.q.assign(t.data, t.data + t.nbytes);
+  }
+  return w;
 }
 
 std::vector<float> load_optional(const GgufFile& f, const std::string& name, int64_t cols) {
@@ -85,24 +99,31 @@ void set_num_threads(int n) { set_pool_threads(n); }
 // OpenBLAS runs single-threaded inside our blocking pool (thread_pool.h), whose workers
 // split the output features: OpenBLAS's own spinning threads next to anyone else's spinning
 // OpenMP workers made prefill 5x slower on two cores.
-void matmul(const float* x, int n, int in, const float* w, int out, float* y, const float* bias) {
+void matmul(const float* x, int n, const Weight& w, float* y, const float* bias) {
   static const bool once = [] {
     openblas_set_num_threads(1);
     return true;
   }();
   (void)once;
-  // Slices of at least 64 output rows, so small matrices are not split into tiny GEMMs.
+  const int in = w.cols, out = w.rows;
+  const bool quantized = n <= kQuantizedMaxTokens && !w.q.empty();
+  // Slices of at least 64 output rows, so small matrices are not split into tiny products.
   const int parts = std::max(1, std::min(pool_threads(), out / 64));
   parallel_for(parts, [&](int p) {
     const int o0 = static_cast<int>(static_cast<int64_t>(out) * p / parts);
     const int o1 = static_cast<int>(static_cast<int64_t>(out) * (p + 1) / parts);
     const int m = o1 - o0;
     if (m <= 0) return;
-    const float* wp = w + static_cast<size_t>(o0) * in;
-    if (n == 1) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, m, in, 1.0f, wp, in, x, 1, 0.0f, y + o0, 1);
+    if (quantized) {
+      for (int t = 0; t < n; ++t)
+        qgemv(w.qtype, w.q.data(), in, o0, o1, x + static_cast<size_t>(t) * in, y + static_cast<size_t>(t) * out + o0);
     } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, in, 1.0f, x, in, wp, in, 0.0f, y + o0, out);
+      const float* wp = w.f32.data() + static_cast<size_t>(o0) * in;
+      if (n == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, m, in, 1.0f, wp, in, x, 1, 0.0f, y + o0, 1);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, in, 1.0f, x, in, wp, in, 0.0f, y + o0, out);
+      }
     }
     if (bias)
       for (int t = 0; t < n; ++t)
@@ -140,38 +161,39 @@ Model Model::load(const GgufFile& f) {
   c.n_vocab = static_cast<int>(emb.shape[1]);
 
   const int d = c.d_model, hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
-  m.tok_embd_ = engine::load(f, "token_embd.weight", d, c.n_vocab);
+  m.tok_embd_ = load_weight(f, "token_embd.weight", d, c.n_vocab);
   m.out_norm_ = engine::load(f, "output_norm.weight", d);
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
-  if (!c.tied_embeddings) m.output_ = engine::load(f, "output.weight", d, c.n_vocab);
+  if (!c.tied_embeddings) m.output_ = load_weight(f, "output.weight", d, c.n_vocab);
   m.layers_.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     Layer& L = m.layers_[l];
     L.attn_norm = engine::load(f, p + "attn_norm.weight", d);
-    L.wq = engine::load(f, p + "attn_q.weight", d, q_dim);
-    L.wk = engine::load(f, p + "attn_k.weight", d, kv_dim);
-    L.wv = engine::load(f, p + "attn_v.weight", d, kv_dim);
-    L.wo = engine::load(f, p + "attn_output.weight", q_dim, d);
+    L.wq = load_weight(f, p + "attn_q.weight", d, q_dim);
+    L.wk = load_weight(f, p + "attn_k.weight", d, kv_dim);
+    L.wv = load_weight(f, p + "attn_v.weight", d, kv_dim);
+    L.wo = load_weight(f, p + "attn_output.weight", q_dim, d);
     L.bq = load_optional(f, p + "attn_q.bias", q_dim);
     L.bk = load_optional(f, p + "attn_k.bias", kv_dim);
     L.bv = load_optional(f, p + "attn_v.bias", kv_dim);
     if (!L.bq.empty()) c.qkv_bias = true;
     L.ffn_norm = engine::load(f, p + "ffn_norm.weight", d);
-    L.w_gate = engine::load(f, p + "ffn_gate.weight", d, c.d_ff);
-    L.w_up = engine::load(f, p + "ffn_up.weight", d, c.d_ff);
-    L.w_down = engine::load(f, p + "ffn_down.weight", c.d_ff, d);
+    L.w_gate = load_weight(f, p + "ffn_gate.weight", d, c.d_ff);
+    L.w_up = load_weight(f, p + "ffn_up.weight", d, c.d_ff);
+    L.w_down = load_weight(f, p + "ffn_down.weight", c.d_ff, d);
   }
   return m;
 }
 
 size_t Model::weight_bytes() const {
-  size_t n = tok_embd_.size() + out_norm_.size() + output_.size();
-  for (const Layer& L : layers_)
-    for (const auto* v : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv, &L.ffn_norm, &L.w_gate,
-                          &L.w_up, &L.w_down})
-      n += v->size();
-  return n * sizeof(float);
+  auto wb = [](const Weight& w) { return w.f32.size() * sizeof(float) + w.q.size(); };
+  size_t n = wb(tok_embd_) + out_norm_.size() * sizeof(float) + wb(output_);
+  for (const Layer& L : layers_) {
+    for (const auto* v : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.ffn_norm}) n += v->size() * sizeof(float);
+    for (const auto* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += wb(*w);
+  }
+  return n;
 }
 
 ContiguousCache Model::make_cache(const std::string& format, int capacity, int skip_layers) const {
@@ -204,7 +226,7 @@ void Model::forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache&
   std::vector<float> x(N * d), xn(N * d), q(N * q_dim), k(N * kv_dim), v(N * kv_dim), att(N * q_dim),
       gate(N * ff), up(N * ff);
   for (int t = 0; t < n; ++t)
-    std::memcpy(&x[t * static_cast<size_t>(d)], &tok_embd_[static_cast<size_t>(tokens[t]) * d], d * sizeof(float));
+    std::memcpy(&x[t * static_cast<size_t>(d)], &tok_embd_.f32[static_cast<size_t>(tokens[t]) * d], d * sizeof(float));
 
   AttentionParams ap;
   ap.n_q_heads = c.n_heads;
@@ -212,36 +234,36 @@ void Model::forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache&
   for (int l = 0; l < c.n_layers; ++l) {
     const Layer& L = layers_[l];
     rmsnorm(x.data(), L.attn_norm.data(), n, d, c.rms_eps, xn.data());
-    matmul(xn.data(), n, d, L.wq.data(), q_dim, q.data(), L.bq.empty() ? nullptr : L.bq.data());
-    matmul(xn.data(), n, d, L.wk.data(), kv_dim, k.data(), L.bk.empty() ? nullptr : L.bk.data());
-    matmul(xn.data(), n, d, L.wv.data(), kv_dim, v.data(), L.bv.empty() ? nullptr : L.bv.data());
+    matmul(xn.data(), n, L.wq, q.data(), L.bq.empty() ? nullptr : L.bq.data());
+    matmul(xn.data(), n, L.wk, k.data(), L.bk.empty() ? nullptr : L.bk.data());
+    matmul(xn.data(), n, L.wv, v.data(), L.bv.empty() ? nullptr : L.bv.data());
     rope(q.data(), n, c.n_heads, hd, c.n_rot, pos0, c.rope_base, c.rope);
     rope(k.data(), n, c.n_kv_heads, hd, c.n_rot, pos0, c.rope_base, c.rope);
     // The new keys/values go into the (possibly compressed) cache first; attention then reads
     // every position, the new ones included, from the cache, exactly as decode will later.
     cache.write(l, pos0, n, k.data(), v.data());
     tqkv::attention(cache, l, q.data(), n, pos0, ap, att.data());
-    matmul(att.data(), n, q_dim, L.wo.data(), d, xn.data());
+    matmul(att.data(), n, L.wo, xn.data());
     for (size_t i = 0; i < N * d; ++i) x[i] += xn[i];
 
     rmsnorm(x.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data());
-    matmul(xn.data(), n, d, L.w_gate.data(), ff, gate.data());
-    matmul(xn.data(), n, d, L.w_up.data(), ff, up.data());
+    matmul(xn.data(), n, L.w_gate, gate.data());
+    matmul(xn.data(), n, L.w_up, up.data());
     for (size_t i = 0; i < N * ff; ++i) {
       const float g = gate[i];
       gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SwiGLU: silu(gate) * up
     }
-    matmul(gate.data(), n, ff, L.w_down.data(), d, xn.data());
+    matmul(gate.data(), n, L.w_down, xn.data());
     for (size_t i = 0; i < N * d; ++i) x[i] += xn[i];
   }
 
-  const float* head = c.tied_embeddings ? tok_embd_.data() : output_.data();
+  const Weight& head = c.tied_embeddings ? tok_embd_ : output_;
   if (all_logits) {
     rmsnorm(x.data(), out_norm_.data(), n, d, c.rms_eps, xn.data());
-    matmul(xn.data(), n, d, head, c.n_vocab, logits);
+    matmul(xn.data(), n, head, logits);
   } else {
     rmsnorm(x.data() + (N - 1) * d, out_norm_.data(), 1, d, c.rms_eps, xn.data());
-    matmul(xn.data(), 1, d, head, c.n_vocab, logits);
+    matmul(xn.data(), 1, head, logits);
   }
 }
 

@@ -1,12 +1,14 @@
 // A Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral-style GGUFs) whose attention runs on
 // a tqkv::ContiguousCache, so every KV-cache format tqkv offers is usable.
 //
-// Weights are expanded to float32 at load time. Why: the prefill is a batch of GEMMs that
-// OpenBLAS runs near peak on float32, and the result is bit-for-bit the dequantized model the
-// independent NumPy reference computes (tests/integration/reference_forward.py), which is what
-// the KV-cache quality numbers must be measured against. The price is memory (4 bytes per
-// weight: ~0.54 GB for SmolLM2-135M) and decode speed, which is bound by streaming those
-// weights once per token; quantized dot kernels would cut that ~7x and are the next step.
+// Weights are held twice. (1) Expanded to float32 at load: a batch of tokens (prefill,
+// perplexity) is a GEMM that OpenBLAS runs near peak on float32, and its result is the
+// dequantized model that the independent NumPy reference computes
+// (tests/integration/reference_forward.py). (2) The GGUF blocks as stored, for Q4_0, Q4_1 and
+// Q8_0 matrices: decoding one token streams every weight once, so it is memory-bound, and
+// qgemv.h's kernels read 0.6-1.1 bytes per weight instead of 4 (decode ~3x faster on two
+// cores). Both compute the same products up to float summation order. The price is memory:
+// ~0.54 GB + the file's size for SmolLM2-135M.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -41,6 +43,18 @@ struct ModelConfig {
   bool qkv_bias = false;
 };
 
+// One weight matrix [rows (outputs), cols (inputs)].
+struct Weight {
+  int rows = 0, cols = 0;
+  std::vector<float> f32;  // [rows, cols]
+  uint32_t qtype = 0;      // GGUF tensor type of q
+  std::vector<uint8_t> q;  // the GGUF blocks, when qgemv supports the type; else empty
+};
+
+// Up to this many tokens a product reads the quantized blocks once per token; beyond it one
+// float32 GEMM is cheaper.
+inline constexpr int kQuantizedMaxTokens = 2;
+
 class Model {
  public:
   // Reads the config and expands every weight. Throws tqkv::Error(Format) for a missing or
@@ -62,19 +76,21 @@ class Model {
 
  private:
   struct Layer {
-    std::vector<float> attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
+    std::vector<float> attn_norm, bq, bk, bv, ffn_norm;
+    Weight wq, wk, wv, wo, w_gate, w_up, w_down;
   };
   ModelConfig cfg_;
-  std::vector<float> tok_embd_;  // [n_vocab, d_model]
+  Weight tok_embd_;               // [n_vocab, d_model]
   std::vector<float> out_norm_;  // [d_model]
-  std::vector<float> output_;    // [n_vocab, d_model]; empty when tied to tok_embd_
+  Weight output_;                // [n_vocab, d_model]; empty when tied to tok_embd_
   std::vector<Layer> layers_;
 };
 
 // Threads for BLAS and the OpenMP loops; n <= 0 keeps the libraries' defaults (all cores).
 void set_num_threads(int n);
 
-// y[n, out] = x[n, in] * W[out, in]^T (+ bias), on OpenBLAS.
-void matmul(const float* x, int n, int in, const float* w, int out, float* y, const float* bias = nullptr);
+// y[n, out] = x[n, in] * W[out, in]^T (+ bias): OpenBLAS on the float32 copy, or the
+// quantized kernels for n <= kQuantizedMaxTokens. Rows are split over the thread pool.
+void matmul(const float* x, int n, const Weight& w, float* y, const float* bias = nullptr);
 
 }  // namespace tqkv::engine

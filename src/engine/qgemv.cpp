@@ -1,0 +1,133 @@
+#include "qgemv.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "gguf.h"
+#include "qgemv_kernels.h"
+#include "tqkv/error.h"
+#include "tqkv/half.h"
+
+namespace tqkv::engine {
+namespace detail {
+namespace {
+
+float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return half_to_float(h);
+}
+
+// Scalar references: the block layouts are those of dequant.cpp.
+void q4_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
+  const int nb = cols / 32;
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * 18;
+    float acc = 0;
+    for (int i = 0; i < nb; ++i, b += 18) {
+      const float* xb = x + 32 * i;
+      float s = 0;
+      for (int j = 0; j < 16; ++j) s += static_cast<float>(b[2 + j] & 0x0f) * xb[j] + static_cast<float>(b[2 + j] >> 4) * xb[j + 16];
+      acc += f16(b) * (s - 8.0f * xsum[i]);
+    }
+    y[r - r0] = acc;
+  }
+}
+
+void q4_1(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
+  const int nb = cols / 32;
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * 20;
+    float acc = 0;
+    for (int i = 0; i < nb; ++i, b += 20) {
+      const float* xb = x + 32 * i;
+      float s = 0;
+      for (int j = 0; j < 16; ++j) s += static_cast<float>(b[4 + j] & 0x0f) * xb[j] + static_cast<float>(b[4 + j] >> 4) * xb[j + 16];
+      acc += f16(b) * s + f16(b + 2) * xsum[i];
+    }
+    y[r - r0] = acc;
+  }
+}
+
+void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float*, float* y) {
+  const int nb = cols / 32;
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * 34;
+    float acc = 0;
+    for (int i = 0; i < nb; ++i, b += 34) {
+      const auto* q = reinterpret_cast<const int8_t*>(b + 2);
+      float s = 0;
+      for (int j = 0; j < 32; ++j) s += static_cast<float>(q[j]) * x[32 * i + j];
+      acc += f16(b) * s;
+    }
+    y[r - r0] = acc;
+  }
+}
+
+}  // namespace
+
+QgemvKernels qgemv_scalar() { return {q4_0, q4_1, q8_0}; }
+
+}  // namespace detail
+
+namespace {
+
+const detail::QgemvKernels& kernels_for(const std::string& isa) {
+  static const detail::QgemvKernels scalar = detail::qgemv_scalar();
+  static const detail::QgemvKernels avx2 = detail::qgemv_avx2_available() ? detail::qgemv_avx2() : scalar;
+  if (isa == "scalar") return scalar;
+  if (isa == "avx2") {
+    if (!detail::qgemv_avx2_available()) throw Error(ErrorCode::InvalidArgument, "this CPU lacks AVX2/FMA/F16C");
+    return avx2;
+  }
+  throw Error(ErrorCode::InvalidArgument, "unknown qgemv ISA '" + isa + "' (scalar, avx2)");
+}
+
+const std::string& active_isa() {
+  static const std::string isa = [] {
+    const char* e = std::getenv("TQKV_ENGINE_SIMD");
+    if (e && std::string(e) == "scalar") return std::string("scalar");
+    return std::string(detail::qgemv_avx2_available() ? "avx2" : "scalar");
+  }();
+  return isa;
+}
+
+void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
+         float* y) {
+  if (cols % 32 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: cols must be a multiple of 32");
+  const int nb = cols / 32;
+  thread_local std::vector<float> xsum;
+  xsum.resize(nb);
+  for (int i = 0; i < nb; ++i) {
+    float s = 0;
+    for (int j = 0; j < 32; ++j) s += x[32 * i + j];
+    xsum[i] = s;
+  }
+  switch (static_cast<TensorType>(type)) {
+    case TensorType::Q4_0: k.q4_0(w, cols, r0, r1, x, xsum.data(), y); break;
+    case TensorType::Q4_1: k.q4_1(w, cols, r0, r1, x, xsum.data(), y); break;
+    case TensorType::Q8_0: k.q8_0(w, cols, r0, r1, x, xsum.data(), y); break;
+    default: throw Error(ErrorCode::InvalidArgument, "qgemv: unsupported type " + tensor_type_name(type));
+  }
+}
+
+}  // namespace
+
+bool qgemv_supported(uint32_t type) {
+  const auto t = static_cast<TensorType>(type);
+  return t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q8_0;
+}
+
+const char* qgemv_isa() { return active_isa().c_str(); }
+
+void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y) {
+  run(kernels_for(active_isa()), type, w, cols, r0, r1, x, y);
+}
+
+void qgemv_with(const std::string& isa, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
+                float* y) {
+  run(kernels_for(isa), type, w, cols, r0, r1, x, y);
+}
+
+}  // namespace tqkv::engine

@@ -1,0 +1,30 @@
+// Matrix-vector products straight from GGUF quantized blocks, for decode: one token streams
+// the weights once, so reading 0.56-1.06 bytes per weight (Q4_0/Q4_1/Q8_0) instead of 4
+// (expanded float32) is what sets decode speed.
+//
+// The result equals the float32 product with the dequantized matrix up to summation order:
+// each block's scale and offset are factored out of the dot product,
+//   Q4_1: sum_j (d q_j + m) x_j = d * sum_j q_j x_j + m * sum_j x_j,
+// with the per-block sums of x computed once per vector.
+//
+// Kernels: a scalar reference (always compiled, the oracle) and AVX2+FMA+F16C
+// (qgemv_avx2.cpp), picked at run time; TQKV_ENGINE_SIMD=scalar forces the reference.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace tqkv::engine {
+
+bool qgemv_supported(uint32_t type);
+
+// y[r - r0] = sum_c W[r, c] x[c] for rows r in [r0, r1); W: rows of `cols` elements in `type`
+// blocks, row stride = cols / block_elems * block_bytes; cols a multiple of 32; y: [r1 - r0].
+void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y);
+
+// The same, forced to one implementation ("scalar" or "avx2"), for parity tests.
+void qgemv_with(const std::string& isa, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
+                float* y);
+// The implementation qgemv uses on this machine.
+const char* qgemv_isa();
+
+}  // namespace tqkv::engine

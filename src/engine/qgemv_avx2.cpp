@@ -1,0 +1,96 @@
+// qgemv kernels for AVX2 + FMA + F16C (this file alone is compiled with those flags; the
+// dispatcher in qgemv.cpp calls it only when the CPU has them).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "qgemv_kernels.h"
+
+namespace tqkv::engine::detail {
+namespace {
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// sum_j q_j x_j over one block of 32 4-bit codes (low nibbles: elements 0-15, high: 16-31).
+inline __m256 dot_nibbles(const uint8_t* qs, const float* xb) {
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i lo = _mm_and_si128(q, m4);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+  const __m256 l0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  const __m256 l1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  const __m256 h0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+  const __m256 h1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  __m256 s = _mm256_mul_ps(l0, _mm256_loadu_ps(xb));
+  s = _mm256_fmadd_ps(l1, _mm256_loadu_ps(xb + 8), s);
+  s = _mm256_fmadd_ps(h0, _mm256_loadu_ps(xb + 16), s);
+  return _mm256_fmadd_ps(h1, _mm256_loadu_ps(xb + 24), s);
+}
+
+void q4_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
+  const int nb = cols / 32;
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * 18;
+    __m256 acc = _mm256_setzero_ps();
+    float corr = 0;
+    for (int i = 0; i < nb; ++i, b += 18) {
+      const float d = f16(b);
+      acc = _mm256_fmadd_ps(dot_nibbles(b + 2, x + 32 * i), _mm256_set1_ps(d), acc);
+      corr += d * xsum[i];
+    }
+    y[r - r0] = hsum(acc) - 8.0f * corr;
+  }
+}
+
+void q4_1(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
+  const int nb = cols / 32;
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * 20;
+    __m256 acc = _mm256_setzero_ps();
+    float off = 0;
+    for (int i = 0; i < nb; ++i, b += 20) {
+      acc = _mm256_fmadd_ps(dot_nibbles(b + 4, x + 32 * i), _mm256_set1_ps(f16(b)), acc);
+      off += f16(b + 2) * xsum[i];
+    }
+    y[r - r0] = hsum(acc) + off;
+  }
+}
+
+void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float*, float* y) {
+  const int nb = cols / 32;
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * 34;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < nb; ++i, b += 34) {
+      const float* xb = x + 32 * i;
+      __m256 s = _mm256_setzero_ps();
+      for (int k = 0; k < 4; ++k) {
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * k));
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_loadu_ps(xb + 8 * k), s);
+      }
+      acc = _mm256_fmadd_ps(s, _mm256_set1_ps(f16(b)), acc);
+    }
+    y[r - r0] = hsum(acc);
+  }
+}
+
+}  // namespace
+
+bool qgemv_avx2_available() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+QgemvKernels qgemv_avx2() { return {q4_0, q4_1, q8_0}; }
+
+}  // namespace tqkv::engine::detail

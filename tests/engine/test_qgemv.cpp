@@ -1,0 +1,65 @@
+// Quantized matrix-vector kernels: every ISA against the float32 product of the dequantized
+// matrix (dequant.cpp is itself checked against the gguf package in test_gguf.cpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "engine/dequant.h"
+#include "engine/gguf.h"
+#include "engine/qgemv.h"
+#include "tqkv/half.h"
+
+namespace tqkv::engine {
+namespace {
+
+std::vector<uint8_t> random_blocks(TensorType type, int rows, int cols, std::mt19937& rng) {
+  const TensorTypeTraits* tr = tensor_type_traits(static_cast<uint32_t>(type));
+  const int nb = rows * cols / 32;
+  std::vector<uint8_t> b(static_cast<size_t>(nb) * tr->block_bytes);
+  for (auto& x : b) x = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+  const int n_scales = type == TensorType::Q4_1 ? 2 : 1;  // fp16 fields at the block start
+  for (int i = 0; i < nb; ++i)
+    for (int s = 0; s < n_scales; ++s) {
+      const uint16_t h = float_to_half(scale(rng));
+      std::memcpy(&b[static_cast<size_t>(i) * tr->block_bytes + 2 * s], &h, 2);
+    }
+  return b;
+}
+
+TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
+  std::mt19937 rng(3);
+  const int rows = 70, cols = 576;
+  std::vector<float> x(cols);
+  std::normal_distribution<float> nd;
+  for (auto& v : x) v = nd(rng);
+  std::vector<std::string> isas = {"scalar"};
+  if (std::string(qgemv_isa()) == "avx2") isas.push_back("avx2");
+  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
+    const uint32_t t = static_cast<uint32_t>(type);
+    ASSERT_TRUE(qgemv_supported(t));
+    const std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);
+    std::vector<float> wf(static_cast<size_t>(rows) * cols);
+    dequantize(t, w.data(), wf.data(), static_cast<int64_t>(wf.size()));
+    for (const std::string& isa : isas) {
+      SCOPED_TRACE(tensor_type_name(t) + " " + isa);
+      std::vector<float> y(rows - 5);
+      qgemv_with(isa, t, w.data(), cols, 5, rows, x.data(), y.data());  // a row range not starting at 0
+      for (int r = 5; r < rows; ++r) {
+        double ref = 0, mag = 0;
+        for (int c = 0; c < cols; ++c) {
+          ref += static_cast<double>(wf[static_cast<size_t>(r) * cols + c]) * x[c];
+          mag += std::fabs(static_cast<double>(wf[static_cast<size_t>(r) * cols + c]) * x[c]);
+        }
+        EXPECT_NEAR(y[r - 5], ref, 1e-5 * mag + 1e-7) << "row " << r;
+      }
+    }
+  }
+  EXPECT_FALSE(qgemv_supported(static_cast<uint32_t>(TensorType::Q6_K)));
+  EXPECT_THROW(qgemv_with("neon", 2, nullptr, 32, 0, 0, x.data(), nullptr), std::exception);
+}
+
+}  // namespace
+}  // namespace tqkv::engine
