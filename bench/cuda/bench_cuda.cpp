@@ -1,0 +1,263 @@
+// GPU benchmark of the compressed paged cache: store (4,096-token chunk) and split-KV decode
+// for every format, on the shapes, with the L2 flushed before every timed launch.
+// Prints one table: times, cache bytes read per second, fraction of the measured
+// device-to-device copy bandwidth, and ratios to PyTorch bf16 SDPA (--sdpa CSV from
+// sdpa_bench.py) and to tqkv's own bf16 paged decode.
+//
+//   tqkv_cuda_bench [--sdpa FILE] [--reps N] [--formats a,b] [--d D] [--batch B] [--ctx T]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tqkv/cuda.h"
+#include "tqkv/format.h"
+#include "tqkv/half.h"
+
+namespace {
+
+using tqkv::cuda::DType;
+using tqkv::cuda::PageLayout;
+
+#define CK(expr)                                                                                      \
+  do {                                                                                                \
+    const cudaError_t e_ = (expr);                                                                    \
+    if (e_ != cudaSuccess) {                                                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_));      \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+struct Shape {
+  int d, hq, hkv, batch, ctx;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+};
+
+uint8_t* g_flush = nullptr;
+constexpr size_t kFlushBytes = 256u << 20;
+void flush_l2() { CK(cudaMemsetAsync(g_flush, 0x5a, kFlushBytes)); }
+
+template <typename F>
+double time_us(F&& fn, int reps, bool flush = true) {
+  Timer t;
+  for (int i = 0; i < 3; ++i) fn();
+  CK(cudaDeviceSynchronize());
+  std::vector<double> us;
+  for (int i = 0; i < reps; ++i) {
+    if (flush) flush_l2();
+    CK(cudaEventRecord(t.a));
+    fn();
+    CK(cudaEventRecord(t.b));
+    CK(cudaEventSynchronize(t.b));
+    CK(cudaGetLastError());
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, t.a, t.b));
+    us.push_back(ms * 1000.0);
+  }
+  return median(us);
+}
+
+double copy_bandwidth_gbs() {
+  const size_t bytes = 2ull << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  CK(cudaMemset(a, 1, bytes));
+  const double us = time_us([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 10, false);
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  return 2.0 * bytes / (us * 1e3);  // read + write, GB/s
+}
+
+std::map<std::tuple<int, int, int, int, int>, double> read_sdpa(const std::string& path) {
+  std::map<std::tuple<int, int, int, int, int>, double> m;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::stringstream ss(line);
+    int d, hq, hkv, b, ctx;
+    double us;
+    char c;
+    if (ss >> d >> c >> hq >> c >> hkv >> c >> b >> c >> ctx >> c >> us) m[{d, hq, hkv, b, ctx}] = us;
+  }
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string sdpa_path, only_formats;
+  int reps = 15, only_batch = 0, only_ctx = 0, only_d = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--sdpa" && i + 1 < argc) sdpa_path = argv[++i];
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--formats" && i + 1 < argc) only_formats = "," + std::string(argv[++i]) + ",";
+    else if (a == "--batch" && i + 1 < argc) only_batch = std::atoi(argv[++i]);
+    else if (a == "--ctx" && i + 1 < argc) only_ctx = std::atoi(argv[++i]);
+    else if (a == "--d" && i + 1 < argc) only_d = std::atoi(argv[++i]);
+  }
+  const auto sdpa = read_sdpa(sdpa_path);
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  CK(cudaMalloc(reinterpret_cast<void**>(&g_flush), kFlushBytes));
+  const double copy_gbs = copy_bandwidth_gbs();
+  std::printf("GPU: %s, %d SMs; device-to-device copy: %.0f GB/s (read + write)\n", prop.name,
+              prop.multiProcessorCount, copy_gbs);
+
+  std::vector<Shape> shapes;
+  for (auto [d, hq, hkv] : {std::tuple{128, 32, 8}, std::tuple{64, 9, 3}})
+    for (int b : {1, 16, 64})
+      for (int ctx : {4096, 32768})
+        if ((!only_d || d == only_d) && (!only_batch || b == only_batch) && (!only_ctx || ctx == only_ctx))
+          shapes.push_back({d, hq, hkv, b, ctx});
+  const std::vector<std::string> formats = {"bf16",          "fp8",     "turboquant_k8v4", "turboquant_4bit_nc",
+                                            "turboquant_k3v4_nc", "turboquant_3bit_nc", "tq-k4v2",
+                                            "tq-k3v2",       "tq-k4v3", "tq-k4v4"};
+  const int bs = 16, chunk = 4096;
+
+  size_t pool_bytes = 0;
+  for (const auto& s : shapes)
+    pool_bytes = std::max(pool_bytes, static_cast<size_t>(s.batch) * s.ctx * s.hkv * tqkv::find_format("bf16").slot_bytes(s.d));
+  uint8_t* pool;
+  CK(cudaMalloc(reinterpret_cast<void**>(&pool), pool_bytes));
+  std::mt19937_64 rng(std::random_device{}());
+
+  std::printf("\n| d | Hq:Hkv | batch | ctx | format | B/slot | store us (4096 tok) | decode us | cache GB/s | %% of copy BW | vs SDPA | vs tqkv bf16 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::map<std::pair<int, int>, std::pair<void*, void*>> inputs;  // (hkv, d) -> random bf16 K, V chunk
+  for (const auto& s : shapes) {
+    auto key = std::make_pair(s.hkv, s.d);
+    if (!inputs.count(key)) {
+      const size_t n = static_cast<size_t>(chunk) * s.hkv * s.d;
+      std::vector<uint16_t> h(n);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      void *k, *v;
+      CK(cudaMalloc(&k, n * 2));
+      CK(cudaMalloc(&v, n * 2));
+      for (auto& x : h) x = tqkv::float_to_bf16(nd(rng) * 2.0f);
+      CK(cudaMemcpy(k, h.data(), n * 2, cudaMemcpyHostToDevice));
+      for (auto& x : h) x = tqkv::float_to_bf16(nd(rng) * 0.5f + 0.1f);
+      CK(cudaMemcpy(v, h.data(), n * 2, cudaMemcpyHostToDevice));
+      inputs[key] = {k, v};
+    }
+    const auto [dk, dv] = inputs[key];
+    const int pages_per_seq = s.ctx / bs, num_blocks = s.batch * pages_per_seq;
+    std::vector<int32_t> perm(num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int64_t> slots(static_cast<size_t>(s.batch) * s.ctx);
+    for (int b = 0; b < s.batch; ++b)
+      for (int t = 0; t < s.ctx; ++t)
+        slots[static_cast<size_t>(b) * s.ctx + t] = static_cast<int64_t>(perm[b * pages_per_seq + t / bs]) * bs + t % bs;
+    int32_t *dbt, *dlens;
+    int64_t* dslots;
+    CK(cudaMalloc(reinterpret_cast<void**>(&dbt), perm.size() * 4));
+    CK(cudaMalloc(reinterpret_cast<void**>(&dlens), s.batch * 4));
+    CK(cudaMalloc(reinterpret_cast<void**>(&dslots), slots.size() * 8));
+    CK(cudaMemcpy(dbt, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));  // row b = perm[b*pps ...]
+    std::vector<int32_t> lens(s.batch, s.ctx);
+    CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dslots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice));
+    std::vector<uint16_t> qh(static_cast<size_t>(s.batch) * s.hq * s.d);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : qh) x = tqkv::float_to_bf16(nd(rng));
+    void *dq, *dout;
+    CK(cudaMalloc(&dq, qh.size() * 2));
+    CK(cudaMalloc(&dout, qh.size() * 2));
+    CK(cudaMemcpy(dq, qh.data(), qh.size() * 2, cudaMemcpyHostToDevice));
+    double bf16_us = 0;
+    const auto it = sdpa.find({s.d, s.hq, s.hkv, s.batch, s.ctx});
+    const double sdpa_us = it == sdpa.end() ? 0 : it->second;
+    for (const auto& name : formats) {
+      if (!only_formats.empty() && name != "bf16" && only_formats.find("," + name + ",") == std::string::npos) continue;
+      const tqkv::Format& f = tqkv::find_format(name);
+      const tqkv::cuda::CacheCodec codec(f, s.d);
+      tqkv::cuda::PagedKv kv{pool, num_blocks, bs, s.hkv, PageLayout::Page};
+      // Fill every sequence (the same random 4096-token chunk, stored at different pages).
+      const int64_t total = static_cast<int64_t>(s.batch) * s.ctx;
+      for (int64_t t0 = 0; t0 < total; t0 += chunk) {
+        tqkv::cuda::StoreArgs a;
+        a.k = dk;
+        a.v = dv;
+        a.dtype = DType::BF16;
+        a.slot_mapping = dslots + t0;
+        a.n_tokens = static_cast<int>(std::min<int64_t>(chunk, total - t0));
+        tqkv::cuda::store(codec, kv, a);
+      }
+      CK(cudaDeviceSynchronize());
+      tqkv::cuda::StoreArgs sa;
+      sa.k = dk;
+      sa.v = dv;
+      sa.dtype = DType::BF16;
+      sa.slot_mapping = dslots;
+      sa.n_tokens = std::min<int64_t>(chunk, total);
+      const double store_us = time_us([&] { tqkv::cuda::store(codec, kv, sa); }, reps);
+
+      const auto plan = tqkv::cuda::plan_decode(codec, kv, s.batch, s.hq, s.ctx);
+      void* ws;
+      CK(cudaMalloc(&ws, plan.workspace_bytes));
+      tqkv::cuda::DecodeArgs da;
+      da.q = dq;
+      da.q_dtype = DType::BF16;
+      da.out = dout;
+      da.out_dtype = DType::BF16;
+      da.block_tables = dbt;
+      da.block_table_stride = pages_per_seq;
+      da.seq_lens = dlens;
+      da.batch = s.batch;
+      da.n_q_heads = s.hq;
+      da.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+      const double dec_us = time_us([&] { tqkv::cuda::run_decode(codec, kv, da, plan, ws); }, reps);
+      CK(cudaFree(ws));
+      if (name == "bf16") bf16_us = dec_us;
+      const double bytes = static_cast<double>(total) * s.hkv * f.slot_bytes(s.d);
+      const double gbs = bytes / (dec_us * 1e3);
+      char vs_sdpa[32] = "-";
+      if (sdpa_us > 0) std::snprintf(vs_sdpa, sizeof vs_sdpa, "%.2fx", sdpa_us / dec_us);
+      std::printf("| %d | %d:%d | %d | %dK | %s | %zu | %.1f | %.1f | %.0f | %.0f%% | %s | %.2fx |\n", s.d, s.hq, s.hkv,
+                  s.batch, s.ctx / 1024, name.c_str(), f.slot_bytes(s.d), store_us, dec_us, gbs,
+                  100.0 * gbs / copy_gbs, vs_sdpa, bf16_us / dec_us);
+      std::fflush(stdout);
+    }
+    if (sdpa_us > 0) {
+      const double bytes = 2.0 * s.batch * s.ctx * s.hkv * s.d * 2;
+      std::printf("| %d | %d:%d | %d | %dK | torch SDPA bf16 | %d | - | %.1f | %.0f | %.0f%% | 1.00x | %.2fx |\n", s.d,
+                  s.hq, s.hkv, s.batch, s.ctx / 1024, 4 * s.d, sdpa_us, bytes / (sdpa_us * 1e3),
+                  100.0 * bytes / (sdpa_us * 1e3) / copy_gbs, bf16_us / sdpa_us);
+    }
+    CK(cudaFree(dbt));
+    CK(cudaFree(dlens));
+    CK(cudaFree(dslots));
+    CK(cudaFree(dq));
+    CK(cudaFree(dout));
+  }
+  return 0;
+}

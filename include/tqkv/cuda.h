@@ -1,0 +1,118 @@
+// CUDA kernels for the compressed paged KV cache (sm_90): a fused store (rotate, normalise,
+// quantize, pack, scatter through a slot mapping), a split-KV decode attention with a merge
+// step (plan/run), and a dequantize kernel (paged -> contiguous fp16/bf16).
+//
+// The bytes written and read are exactly those of docs/FORMAT.md ("Slot" and "Paged cache").
+// All pointers in these structs are device pointers unless noted; every function is
+// asynchronous on `stream` and throws tqkv::Error on bad arguments or a CUDA error.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tqkv/format.h"
+#include "tqkv/rotation.h"
+
+namespace tqkv::cuda {
+
+enum class DType : uint8_t { F32, F16, BF16 };
+enum class PageLayout : uint8_t { Slot, Page };  // FORMAT.md "slot layout" (vLLM AoS) / "page layout" (SoA)
+
+// Host-side constants of one (format, head_dim, seed), passed to kernels by value: the
+// float-rounded codebook levels and thresholds, the SRHT signs as a bit mask, 1/sqrt(d).
+struct CodecTables {
+  float k_levels[16];
+  float k_thresholds[16];
+  float v_levels[16];
+  float v_thresholds[16];
+  uint32_t sign_bits[8];  // bit i set: sign_i = -1 (Srht); all zero for Hadamard
+  float rot_scale;        // 1/sqrt(d), rounded as the CPU reference rounds it
+};
+
+// A format at one head dimension. head_dim is 64, 128 or 256 (power-of-two rotations only).
+class CacheCodec {
+ public:
+  CacheCodec(const Format& format, int head_dim, uint64_t seed = kDefaultSeed);
+  const Format& format() const { return *format_; }
+  int head_dim() const { return head_dim_; }
+  uint64_t seed() const { return seed_; }
+  size_t slot_bytes() const { return format_->slot_bytes(head_dim_); }
+  const CodecTables& tables() const { return tables_; }
+  // True where run_decode has a kernel for this format (all named formats but f32).
+  bool decode_supported() const;
+
+ private:
+  const Format* format_;
+  int head_dim_;
+  uint64_t seed_;
+  CodecTables tables_;
+};
+
+// One layer's page pool. page_bytes = block_size * n_kv_heads * slot_bytes.
+struct PagedKv {
+  uint8_t* pages = nullptr;  // [num_blocks, page_bytes]
+  int num_blocks = 0;
+  int block_size = 16;  // tokens per page: 16, 32, 64 or 128
+  int n_kv_heads = 0;
+  PageLayout layout = PageLayout::Page;
+};
+size_t page_bytes(const CacheCodec& codec, const PagedKv& kv);
+
+// Store a batch of new tokens. k, v: [n_tokens, n_kv_heads, head_dim] (row stride
+// token_stride elements between tokens, heads contiguous), slot_mapping: [n_tokens]
+// (slot = page * block_size + offset; negative = skip). Inputs must be finite and in the
+// format's range (the CPU codec's Overflow/NonFinite checks are not repeated on the GPU).
+struct StoreArgs {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType dtype = DType::BF16;
+  int64_t token_stride = 0;  // 0: n_kv_heads * head_dim
+  const int64_t* slot_mapping = nullptr;
+  int n_tokens = 0;
+};
+void store(const CacheCodec& codec, const PagedKv& kv, const StoreArgs& args, cudaStream_t stream = nullptr);
+
+// Split-KV decode attention, one query token per sequence, GQA (query head h uses kv head
+// h / (n_q_heads / n_kv_heads)). Needs the page layout.
+struct DecodeArgs {
+  const void* q = nullptr;  // [batch, n_q_heads, head_dim], original domain
+  DType q_dtype = DType::BF16;
+  void* out = nullptr;  // [batch, n_q_heads, head_dim]
+  DType out_dtype = DType::F32;
+  float* lse = nullptr;                  // optional [batch, n_q_heads], natural log of the softmax denominator
+  const int32_t* block_tables = nullptr;  // [batch, block_table_stride]
+  int block_table_stride = 0;
+  const int32_t* seq_lens = nullptr;  // [batch]
+  int batch = 0;
+  int n_q_heads = 0;
+  float scale = 0;  // softmax scale (usually 1/sqrt(head_dim))
+};
+// Host decisions, fixed for a CUDA graph: how many splits each (sequence, kv head) gets and
+// the workspace the partial outputs need. max_seq_len bounds every seq_lens[b].
+struct DecodePlan {
+  int num_splits = 0;
+  int batch = 0;
+  int n_q_heads = 0;
+  int max_seq_len = 0;
+  size_t workspace_bytes = 0;
+};
+DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, int n_q_heads, int max_seq_len,
+                       int num_splits = 0 /* 0: choose from the device */);
+// workspace: device memory of plan.workspace_bytes (256-byte aligned).
+void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& args, const DecodePlan& plan,
+                void* workspace, cudaStream_t stream = nullptr);
+
+// Dequantize tokens [start, start + n_tokens) of one sequence into contiguous
+// k_out, v_out: [n_tokens, n_kv_heads, head_dim] in the original domain (fp16/bf16/f32).
+struct DequantArgs {
+  const int32_t* block_table = nullptr;  // the sequence's pages
+  int start = 0;
+  int n_tokens = 0;
+  void* k_out = nullptr;
+  void* v_out = nullptr;
+  DType out_dtype = DType::BF16;
+};
+void dequantize(const CacheCodec& codec, const PagedKv& kv, const DequantArgs& args, cudaStream_t stream = nullptr);
+
+}  // namespace tqkv::cuda

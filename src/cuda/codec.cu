@@ -1,0 +1,77 @@
+// Host side of the CUDA backend: codec tables, layout descriptors, error helpers.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "common.cuh"
+#include "tqkv/codebook.h"
+
+namespace tqkv::cuda {
+namespace detail {
+
+void throw_cuda(cudaError_t err, const char* expr, const char* file, int line) {
+  throw Error(ErrorCode::InvalidArgument, std::string("CUDA error ") + cudaGetErrorName(err) + " (" +
+                                              cudaGetErrorString(err) + ") in " + expr + " at " + file + ":" +
+                                              std::to_string(line));
+}
+
+void throw_arg(const std::string& what) { throw Error(ErrorCode::InvalidArgument, "tqkv::cuda: " + what); }
+
+Layout make_layout(const CacheCodec& codec, const PagedKv& kv) {
+  const Format& f = codec.format();
+  const int d = codec.head_dim();
+  if (kv.pages == nullptr) throw_arg("null page pool");
+  if (kv.block_size != 16 && kv.block_size != 32 && kv.block_size != 64 && kv.block_size != 128)
+    throw_arg("block_size must be 16, 32, 64 or 128, got " + std::to_string(kv.block_size));
+  if (kv.n_kv_heads <= 0) throw_arg("n_kv_heads must be positive");
+  Layout L{};
+  L.pages = kv.pages;
+  L.page_bytes = static_cast<int64_t>(page_bytes(codec, kv));
+  L.block_size = kv.block_size;
+  L.n_kv_heads = kv.n_kv_heads;
+  L.slot_bytes = static_cast<int>(f.slot_bytes(d));
+  L.kcb = static_cast<int>(f.key_code_bytes(d));
+  L.kmb = static_cast<int>(f.key_meta_bytes());
+  L.vcb = static_cast<int>(f.value_code_bytes(d));
+  L.vmb = static_cast<int>(f.value_meta_bytes());
+  L.page_layout = kv.layout == PageLayout::Page;
+  L.kcodec = static_cast<uint8_t>(f.key);
+  L.kbits = f.key_bits;
+  L.vcodec = static_cast<uint8_t>(f.value);
+  L.vbits = f.value_bits;
+  L.nc = f.norm_correction;
+  return L;
+}
+
+}  // namespace detail
+
+CacheCodec::CacheCodec(const Format& format, int head_dim, uint64_t seed)
+    : format_(&format), head_dim_(head_dim), seed_(seed), tables_{} {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    detail::throw_arg("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
+  const bool kmse = format.key == KeyCodec::Mse, vmse = format.value == ValueCodec::Mse;
+  if ((kmse && (format.key_bits < 2 || format.key_bits > 4)) || (vmse && (format.value_bits < 2 || format.value_bits > 4)) ||
+      (format.value == ValueCodec::Uniform && (format.value_bits < 2 || format.value_bits > 4)))
+    detail::throw_arg(std::string("format ") + format.name + ": CUDA kernels support 2..4-bit codes");
+  auto fill = [&](int bits, float* levels, float* thresholds) {
+    const Codebook& cb = get_codebook(format.law, head_dim, bits);
+    for (int i = 0; i < cb.size(); ++i) levels[i] = cb.levels_f32[i];
+    for (int i = 0; i + 1 < cb.size(); ++i) thresholds[i] = cb.thresholds_f32[i];
+    for (int i = cb.size() - 1; i < 16; ++i) thresholds[i] = INFINITY;
+  };
+  if (kmse) fill(format.key_bits, tables_.k_levels, tables_.k_thresholds);
+  if (vmse) fill(format.value_bits, tables_.v_levels, tables_.v_thresholds);
+  if (format.uses_rotation()) {
+    const Rotation rot(format.rotation, head_dim, seed);
+    if (rot.kind() == RotationKind::Srht)
+      for (int i = 0; i < head_dim; ++i)
+        if (rot.signs()[i] < 0) tables_.sign_bits[i >> 5] |= 1u << (i & 31);
+  }
+  tables_.rot_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+size_t page_bytes(const CacheCodec& codec, const PagedKv& kv) {
+  return static_cast<size_t>(kv.block_size) * kv.n_kv_heads * codec.slot_bytes();
+}
+
+}  // namespace tqkv::cuda

@@ -1,0 +1,672 @@
+// Split-KV decode attention on the compressed paged cache (page layout), tensor-core based.
+//
+// One warp owns one split (a contiguous range of 16-token tiles) of one (sequence, kv head)
+// and serves all `group` query heads of that kv head, so each page is read once per kv head.
+// Per tile:
+//   S = Q K^T  with mma.m16n8k16 (M = query heads, N = 8 tokens, K = 16 dims), keys decoded
+//              from their codes straight into the B fragment (thread (g, c) owns token g and
+//              a contiguous d/4-dim chunk c of it, so a warp reads a tile with 16-byte loads);
+//   online softmax in fp32 (log2 domain);
+//   O^T += V^T P^T  (M = 16 dims, N = query heads, K = 16 tokens); the S accumulator's layout
+//              is the P^T B fragment, and the value codes are decoded into the A fragment
+//              (thread (g, c) owns tokens 2c, 2c+1, 2c+8, 2c+9 and a d/8-dim chunk g).
+// Dims are permuted consistently between Q and K (and between V rows and the output), which
+// is what lets every thread read contiguous code bytes. Per-token scales (MSE norms, uniform
+// scale) are folded into the scores / into P; the uniform zero point adds sum_t p_t z_t.
+// Code -> value lookups use a shared-memory table replicated per lane (entry e of lane l at
+// word e*32 + l), so a warp's 32 random lookups never conflict on a bank.
+#include <algorithm>
+#include <string>
+
+#include "decode.cuh"
+
+namespace tqkv::cuda {
+namespace detail {
+namespace {
+
+enum KKind : int { K_MSE4, K_MSE3, K_FP8, K_F16, K_BF16 };
+enum VKind : int { V_U4, V_U3, V_M2, V_M3, V_M4, V_FP8, V_F16, V_BF16 };
+
+__host__ __device__ constexpr int kbits_of(int kk) { return kk == K_MSE4 ? 4 : kk == K_MSE3 ? 3 : kk == K_FP8 ? 8 : 16; }
+__host__ __device__ constexpr int vbits_of(int vk) {
+  return (vk == V_U4 || vk == V_M4) ? 4 : (vk == V_U3 || vk == V_M3) ? 3 : vk == V_M2 ? 2 : vk == V_FP8 ? 8 : 16;
+}
+__host__ __device__ constexpr int klut_entries(int kk) { return kk == K_MSE4 ? 256 : kk == K_MSE3 ? 64 : 0; }
+__host__ __device__ constexpr int vlut_entries(int vk) {
+  return vk == V_M4 ? 256 : (vk == V_M3 || vk == V_U3) ? 64 : vk == V_M2 ? 16 : 0;
+}
+__host__ __device__ constexpr bool is_uniform(int vk) { return vk == V_U4 || vk == V_U3; }
+__host__ __device__ constexpr bool is_vmse(int vk) { return vk == V_M2 || vk == V_M3 || vk == V_M4; }
+
+struct DecodeParams {
+  const uint8_t* pages;
+  int64_t page_bytes;
+  int block_size;
+  int tpp_log2;  // log2(tiles per page) = log2(block_size / 16)
+  int n_kv_heads;
+  int slot_bytes;
+  const void* q;
+  DType q_dtype;
+  const int32_t* block_tables;
+  int bt_stride;
+  const int32_t* seq_lens;
+  int n_q_heads;
+  int group;
+  int num_splits;
+  float scale_log2;  // softmax scale * log2(e)
+  bool keys_rotated;
+  float* o_part;
+  float* lse_part;
+  CodecTables tab;
+};
+
+__device__ __forceinline__ uint32_t pack_h2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack_b2(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <bool BF>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (BF) return pack_b2(a, b);
+  else return pack_h2(a, b);
+}
+
+template <bool BF>
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (BF) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// n-bit field at bit `off` of a little-endian word array (offsets are compile-time after unrolling).
+template <int NW>
+__device__ __forceinline__ uint32_t field(const uint32_t (&w)[NW], int off, int n) {
+  const int i = off >> 5, sh = off & 31;
+  uint32_t v = w[i] >> sh;
+  if (sh + n > 32) v |= w[i + 1] << (32 - sh);
+  return v & ((1u << n) - 1u);
+}
+
+// The same field times 128 (the byte stride of one entry of a lane-replicated table): ORed with
+// lane * 4 it is the entry's shared-memory byte offset, so a lookup costs a shift, a LOP3, an LDS.
+template <int NW>
+__device__ __forceinline__ uint32_t field_x128(const uint32_t (&w)[NW], int off, int n) {
+  const int i = off >> 5, sh = off & 31;
+  uint32_t v;
+  if (sh + n <= 32) v = sh >= 7 ? w[i] >> (sh - 7) : w[i] << (7 - sh);
+  else v = __funnelshift_r(w[i], w[i + 1], sh) << 7;
+  return v & (((1u << n) - 1u) << 7);
+}
+
+__device__ __forceinline__ uint32_t lut_ld(const char* base, uint32_t x128, uint32_t lane4) {
+  return *reinterpret_cast<const uint32_t*>(base + (x128 | lane4));
+}
+
+// Reads BYTES bytes at p (aligned to BYTES' lowest set bit, at most 16) into words.
+template <int BYTES>
+__device__ __forceinline__ void load_chunk(uint32_t (&w)[(BYTES + 3) / 4], const uint8_t* p) {
+  constexpr int A = (BYTES & -BYTES) >= 16 ? 16 : (BYTES & -BYTES);
+  if constexpr (A == 16) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 16; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (A == 8) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 8; ++i) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+      w[2 * i] = v.x, w[2 * i + 1] = v.y;
+    }
+  } else if constexpr (A == 4) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 4; ++i) w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
+  } else if constexpr (A == 2) {
+#pragma unroll
+    for (int i = 0; i < (BYTES + 3) / 4; ++i) w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < BYTES / 2; ++i)
+      w[i / 2] |= static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(p) + i)) << (16 * (i & 1));
+  } else {
+#pragma unroll
+    for (int i = 0; i < (BYTES + 3) / 4; ++i) w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < BYTES; ++i) w[i / 4] |= static_cast<uint32_t>(__ldg(p + i)) << (8 * (i & 3));
+  }
+}
+
+__device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t two) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+}
+
+template <int D, int KK, int VK>
+struct Traits {
+  static constexpr bool BF = KK == K_BF16;
+  static constexpr int KCB = D * kbits_of(KK) / 8;  // key code bytes per token
+  static constexpr int VCB = D * vbits_of(VK) / 8;
+  static constexpr int KMB = (KK == K_MSE4 || KK == K_MSE3) ? 2 : 0;
+  static constexpr int KCH = KCB / 4;  // bytes of one thread's key chunk (d/4 dims)
+  static constexpr int VCH = VCB / 8;  // bytes of one thread's value chunk (d/8 dims)
+  static constexpr int KW = (KCH + 3) / 4;
+  static constexpr int VW = (VCH + 3) / 4;
+  static constexpr int KLUT = klut_entries(KK) * 32;
+  static constexpr int VLUT = vlut_entries(VK) * 32;
+  static constexpr int SMEM = (KLUT + VLUT) * 4 + kMaxGroup * D * 4;
+  static constexpr int RAW_WORDS = 2 * KW + 4 * VW + 6;
+  static constexpr bool PREFETCH = RAW_WORDS <= 40;
+};
+
+template <int D, int KK, int VK>
+struct Raw {
+  uint32_t k[2][Traits<D, KK, VK>::KW];  // tokens g, 8+g
+  uint32_t v[4][Traits<D, KK, VK>::VW];  // tokens 2c, 2c+1, 2c+8, 2c+9
+  uint32_t kn[2];                        // key norms (half2) of tokens (2c, 2c+1), (2c+8, 2c+9)
+  uint32_t vs[2];                        // value scale or norm, same tokens
+  uint32_t vz[2];                        // value zero, same tokens
+};
+
+// Per-thread byte offsets inside one page section, fixed for the whole kernel.
+struct ThreadOffsets {
+  int k[2];   // key chunks of tokens g, 8+g
+  int v[4];   // value chunks of tokens 2c, 2c+1, 2c+8, 2c+9
+  int km[2];  // key-norm pairs (2c, 2c+1), (2c+8, 2c+9)
+  int vm[2];  // value scale/norm pairs
+  int vz[2];  // value zero pairs
+};
+
+// Loads one 16-token tile starting at token `off` of the page section `sec`.
+template <int D, int KK, int VK>
+__device__ __forceinline__ void load_tile(Raw<D, KK, VK>& r, const uint8_t* sec, int off, const ThreadOffsets& o) {
+  using T = Traits<D, KK, VK>;
+  const uint8_t* kp = sec + off * T::KCB;
+  load_chunk<T::KCH>(r.k[0], kp + o.k[0]);
+  load_chunk<T::KCH>(r.k[1], kp + o.k[1]);
+  const uint8_t* vp = sec + off * T::VCB;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) load_chunk<T::VCH>(r.v[i], vp + o.v[i]);
+  const uint8_t* mp = sec + off * 2;
+  if constexpr (T::KMB) {
+    r.kn[0] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.km[0]));
+    r.kn[1] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.km[1]));
+  }
+  if constexpr (is_uniform(VK) || is_vmse(VK)) {
+    r.vs[0] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.vm[0]));
+    r.vs[1] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.vm[1]));
+  }
+  if constexpr (is_uniform(VK)) {
+    r.vz[0] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.vz[0]));
+    r.vz[1] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.vz[1]));
+  }
+}
+
+// Key B fragment for k-step s: dims 4s..4s+3 of the thread's chunk.
+template <int D, int KK, int VK>
+__device__ __forceinline__ void key_frag(const uint32_t (&w)[Traits<D, KK, VK>::KW], int s, const char* klut,
+                                         uint32_t lane4, uint32_t& b0, uint32_t& b1) {
+  if constexpr (KK == K_MSE4) {
+    b0 = lut_ld(klut, field_x128(w, 16 * s, 8), lane4);
+    b1 = lut_ld(klut, field_x128(w, 16 * s + 8, 8), lane4);
+  } else if constexpr (KK == K_MSE3) {
+    b0 = lut_ld(klut, field_x128(w, 12 * s, 6), lane4);
+    b1 = lut_ld(klut, field_x128(w, 12 * s + 6, 6), lane4);
+  } else if constexpr (KK == K_FP8) {
+    b0 = fp8x2_to_h2(w[s]);
+    b1 = fp8x2_to_h2(w[s] >> 16);
+  } else {
+    b0 = w[2 * s];
+    b1 = w[2 * s + 1];
+  }
+}
+
+// Value pair (dims 2m, 2m+1 of the thread's chunk) of one token, as two 16-bit values.
+template <int D, int KK, int VK>
+__device__ __forceinline__ uint32_t value_pair(const uint32_t (&w)[Traits<D, KK, VK>::VW], int m,
+                                               const char* vlut, uint32_t lane4) {
+  if constexpr (VK == V_M4) return lut_ld(vlut, field_x128(w, 8 * m, 8), lane4);
+  else if constexpr (VK == V_M3 || VK == V_U3) return lut_ld(vlut, field_x128(w, 6 * m, 6), lane4);
+  else if constexpr (VK == V_M2) return lut_ld(vlut, field_x128(w, 4 * m, 4), lane4);
+  else if constexpr (VK == V_FP8) return fp8x2_to_h2(field(w, 16 * m, 16));
+  else return w[m];
+}
+
+// Value A fragment of m-tile m for the token pair (t0, t1): rows dim 2m (a_lo) and 2m+1 (a_hi).
+template <int D, int KK, int VK>
+__device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK>::VW],
+                                           const uint32_t (&w1)[Traits<D, KK, VK>::VW], int m, const char* vlut,
+                                           uint32_t lane4, uint32_t& a_lo, uint32_t& a_hi) {
+  if constexpr (VK == V_U4) {
+    // Byte m of each token's chunk holds the codes of dims 2m (low nibble) and 2m+1. Put the two
+    // tokens' bytes at bytes 0 and 2, then OR in fp16 1024 so each nibble becomes an exact half.
+    const int b = m & 3;
+    const uint32_t x = __byte_perm(w0[m >> 2], w1[m >> 2], b | ((4 + b) << 8));
+    const uint32_t lo = (x & 0x000f000fu) | 0x64006400u;  // 1024 + c
+    const uint32_t hi = (x & 0x00f000f0u) | 0x64006400u;  // 1024 + 16 c
+    const __half2 l2 = __hsub2(*reinterpret_cast<const __half2*>(&lo), __float2half2_rn(1024.0f));
+    const __half2 h2 = __hfma2(*reinterpret_cast<const __half2*>(&hi), __float2half2_rn(0.0625f),
+                               __float2half2_rn(-64.0f));
+    a_lo = *reinterpret_cast<const uint32_t*>(&l2);
+    a_hi = *reinterpret_cast<const uint32_t*>(&h2);
+  } else {
+    const uint32_t p0 = value_pair<D, KK, VK>(w0, m, vlut, lane4), p1 = value_pair<D, KK, VK>(w1, m, vlut, lane4);
+    a_lo = __byte_perm(p0, p1, 0x5410);
+    a_hi = __byte_perm(p0, p1, 0x7632);
+  }
+}
+
+__device__ __forceinline__ float h_lo(uint32_t x) { return __half2float(__ushort_as_half(x & 0xffffu)); }
+__device__ __forceinline__ float h_hi(uint32_t x) { return __half2float(__ushort_as_half(x >> 16)); }
+
+template <int D, int KK, int VK>
+__global__ void __launch_bounds__(kDecodeWarps * 32, D <= 128 ? 4 : 1) decode_kernel(const __grid_constant__ DecodeParams p) {
+  using T = Traits<D, KK, VK>;
+  constexpr bool BF = T::BF;
+  constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T, and m-tiles of O^T
+  extern __shared__ __align__(16) uint32_t smem[];
+  uint32_t* klut_all = smem;
+  uint32_t* vlut_all = smem + T::KLUT;
+  float* qs = reinterpret_cast<float*>(smem + T::KLUT + T::VLUT);  // [kMaxGroup][D]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int hkv = blockIdx.y, b = blockIdx.z;
+  const int split = blockIdx.x * kDecodeWarps + warp;
+  const int group = p.group;
+
+  // Lookup tables (replicated per lane).
+  for (int e = tid; e < T::KLUT; e += blockDim.x) {
+    const int x = e >> 5;
+    if constexpr (KK == K_MSE4) klut_all[e] = pack_h2(p.tab.k_levels[x & 15], p.tab.k_levels[x >> 4]);
+    else if constexpr (KK == K_MSE3) klut_all[e] = pack_h2(p.tab.k_levels[x & 7], p.tab.k_levels[x >> 3]);
+  }
+  for (int e = tid; e < T::VLUT; e += blockDim.x) {
+    const int x = e >> 5;
+    if constexpr (VK == V_M4) vlut_all[e] = pack_h2(p.tab.v_levels[x & 15], p.tab.v_levels[x >> 4]);
+    else if constexpr (VK == V_M3) vlut_all[e] = pack_h2(p.tab.v_levels[x & 7], p.tab.v_levels[x >> 3]);
+    else if constexpr (VK == V_U3) vlut_all[e] = pack_h2(static_cast<float>(x & 7), static_cast<float>(x >> 3));
+    else if constexpr (VK == V_M2) vlut_all[e] = pack_h2(p.tab.v_levels[x & 3], p.tab.v_levels[x >> 2]);
+  }
+  // Queries of this kv head's group: rotate (keys live in the rotated domain), scale, keep in smem.
+  for (int e = tid; e < group * D; e += blockDim.x) {
+    const int j = e / D, i = e % D;
+    float x = load_elem(p.q, p.q_dtype, (static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j) * D + i);
+    if (p.keys_rotated && sign_negative(p.tab, i)) x = -x;
+    qs[j * D + i] = x;
+  }
+  __syncthreads();
+  if (p.keys_rotated) {
+    for (int len = 1; len < D; len <<= 1) {
+      for (int e = tid; e < group * D / 2; e += blockDim.x) {
+        const int j = e / (D / 2), r = e % (D / 2);
+        const int i = (r / len) * 2 * len + (r % len);
+        const float u = qs[j * D + i], v = qs[j * D + i + len];
+        qs[j * D + i] = u + v;
+        qs[j * D + i + len] = u - v;
+      }
+      __syncthreads();
+    }
+  }
+  const float qscale = p.scale_log2 * (p.keys_rotated ? p.tab.rot_scale : 1.0f);
+  uint32_t qa[KSTEPS][2];
+#pragma unroll
+  for (int s = 0; s < KSTEPS; ++s) {
+    const float* qr = qs + g * D + (D / 4) * c + 4 * s;
+    qa[s][0] = g < group ? pack2<BF>(qr[0] * qscale, qr[1] * qscale) : 0u;
+    qa[s][1] = g < group ? pack2<BF>(qr[2] * qscale, qr[3] * qscale) : 0u;
+  }
+  const char* klut = reinterpret_cast<const char*>(klut_all);
+  const char* vlut = reinterpret_cast<const char*>(vlut_all);
+  const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+
+  // This warp's range of tiles.
+  const int len = p.seq_lens[b];
+  const int ntiles = (len + kTileTokens - 1) / kTileTokens;
+  const int per = (ntiles + p.num_splits - 1) / p.num_splits;
+  const int t_begin = min(ntiles, split * per), t_end = min(ntiles, t_begin + per);
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.bt_stride;
+  const int64_t sec_off = static_cast<int64_t>(hkv) * p.block_size * p.slot_bytes;
+  const int bs = p.block_size;
+
+  float o[KSTEPS][4];
+#pragma unroll
+  for (int m = 0; m < KSTEPS; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.0f;
+  float m_run = -INFINITY, l_run = 0.0f, z_run = 0.0f;
+
+  ThreadOffsets to;
+  to.k[0] = g * T::KCB + c * T::KCH;
+  to.k[1] = (8 + g) * T::KCB + c * T::KCH;
+  {
+    const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) to.v[i] = bs * T::KCB + toks[i] * T::VCB + g * T::VCH;
+  }
+  to.km[0] = bs * (T::KCB + T::VCB) + 4 * c;
+  to.km[1] = to.km[0] + 16;
+  to.vm[0] = bs * (T::KCB + T::VCB + T::KMB) + 4 * c;
+  to.vm[1] = to.vm[0] + 16;
+  to.vz[0] = to.vm[0] + 2 * bs;
+  to.vz[1] = to.vm[1] + 2 * bs;
+  const int tpp_mask = (1 << p.tpp_log2) - 1;
+  auto section = [&](int tile, int& off) {
+    off = (tile & tpp_mask) * kTileTokens;
+    return p.pages + static_cast<int64_t>(__ldg(bt + (tile >> p.tpp_log2))) * p.page_bytes + sec_off;
+  };
+
+  Raw<D, KK, VK> cur, nxt;
+  if (t_begin < t_end) {
+    int off;
+    const uint8_t* sec = section(t_begin, off);
+    load_tile(cur, sec, off, to);
+  }
+  for (int tile = t_begin; tile < t_end; ++tile) {
+    if constexpr (T::PREFETCH) {
+      if (tile + 1 < t_end) {
+        int off;
+        const uint8_t* sec = section(tile + 1, off);
+        load_tile(nxt, sec, off, to);
+      }
+    }
+    const int nv = min(kTileTokens, len - tile * kTileTokens);  // valid tokens in this tile
+
+    // S = Q K^T for the two 8-token halves.
+    float sacc[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sacc[h][0] = sacc[h][1] = sacc[h][2] = sacc[h][3] = 0.0f;
+#pragma unroll
+      for (int s = 0; s < KSTEPS; ++s) {
+        uint32_t b0, b1;
+        key_frag<D, KK, VK>(cur.k[h], s, klut, lane4, b0, b1);
+        mma<BF>(sacc[h], qa[s][0], 0u, qa[s][1], 0u, b0, b1);
+      }
+    }
+    float sc[4] = {sacc[0][0], sacc[0][1], sacc[1][0], sacc[1][1]};  // tokens 2c, 2c+1, 8+2c, 9+2c
+    if constexpr (T::KMB) {
+      sc[0] *= h_lo(cur.kn[0]);
+      sc[1] *= h_hi(cur.kn[0]);
+      sc[2] *= h_lo(cur.kn[1]);
+      sc[3] *= h_hi(cur.kn[1]);
+    }
+    const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+    if (nv < kTileTokens) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (toks[i] >= nv) {
+          sc[i] = -INFINITY;
+#pragma unroll
+          for (int w = 0; w < T::VW; ++w) cur.v[i][w] = 0u;
+        }
+      if (nv <= 2 * c) cur.vs[0] = cur.vz[0] = 0u;
+      else if (nv <= 2 * c + 1) cur.vs[0] &= 0xffffu, cur.vz[0] &= 0xffffu;
+      if (nv <= 2 * c + 8) cur.vs[1] = cur.vz[1] = 0u;
+      else if (nv <= 2 * c + 9) cur.vs[1] &= 0xffffu, cur.vz[1] &= 0xffffu;
+    }
+    float tmax = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+    const float m_new = fmaxf(m_run, tmax);
+    const float alpha = exp2f(m_run - m_new);
+    float pr[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pr[i] = exp2f(sc[i] - m_new);
+    m_run = m_new;
+    l_run = l_run * alpha + (pr[0] + pr[1]) + (pr[2] + pr[3]);
+    float w[4] = {pr[0], pr[1], pr[2], pr[3]};
+    if constexpr (is_uniform(VK) || is_vmse(VK)) {
+      w[0] *= h_lo(cur.vs[0]);
+      w[1] *= h_hi(cur.vs[0]);
+      w[2] *= h_lo(cur.vs[1]);
+      w[3] *= h_hi(cur.vs[1]);
+    }
+    if constexpr (is_uniform(VK)) {
+      z_run = z_run * alpha + (pr[0] * h_lo(cur.vz[0]) + pr[1] * h_hi(cur.vz[0])) +
+              (pr[2] * h_lo(cur.vz[1]) + pr[3] * h_hi(cur.vz[1]));
+    }
+    const uint32_t pb0 = pack2<BF>(w[0], w[1]), pb1 = pack2<BF>(w[2], w[3]);
+    // Rescale O: its columns are query heads 2c and 2c+1, whose alpha lives in lanes 8c, 8c+4.
+    // The running max rarely moves after the first tiles: skip the rescale when no head's did.
+    if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+      const float al0 = __shfl_sync(0xffffffffu, alpha, 8 * c), al1 = __shfl_sync(0xffffffffu, alpha, 8 * c + 4);
+#pragma unroll
+      for (int m = 0; m < KSTEPS; ++m) {
+        o[m][0] *= al0;
+        o[m][1] *= al1;
+        o[m][2] *= al0;
+        o[m][3] *= al1;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < KSTEPS; ++m) {
+      uint32_t a0, a1, a2, a3;
+      value_frag<D, KK, VK>(cur.v[0], cur.v[1], m, vlut, lane4, a0, a1);
+      value_frag<D, KK, VK>(cur.v[2], cur.v[3], m, vlut, lane4, a2, a3);
+      mma<BF>(o[m], a0, a1, a2, a3, pb0, pb1);
+    }
+    if constexpr (T::PREFETCH) {
+      cur = nxt;
+    } else if (tile + 1 < t_end) {
+      int off;
+      const uint8_t* sec = section(tile + 1, off);
+      load_tile(cur, sec, off, to);
+    }
+  }
+
+  // Finalise: per-head sums over the quad, then normalised partial outputs and log2-sum-exp.
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  z_run += __shfl_xor_sync(0xffffffffu, z_run, 1);
+  z_run += __shfl_xor_sync(0xffffffffu, z_run, 2);
+  const int64_t row = (static_cast<int64_t>(b) * p.n_kv_heads + hkv) * p.num_splits + split;
+  const bool empty = t_begin >= t_end;
+  if (c == 0 && g < group) p.lse_part[row * group + g] = empty ? -INFINITY : m_run + log2f(l_run);
+  const float l0 = __shfl_sync(0xffffffffu, l_run, 8 * c), l1 = __shfl_sync(0xffffffffu, l_run, 8 * c + 4);
+  const float z0 = __shfl_sync(0xffffffffu, z_run, 8 * c), z1 = __shfl_sync(0xffffffffu, z_run, 8 * c + 4);
+  const float inv0 = empty ? 0.0f : 1.0f / l0, inv1 = empty ? 0.0f : 1.0f / l1;
+  const int h0 = 2 * c, h1 = 2 * c + 1;
+#pragma unroll
+  for (int m = 0; m < KSTEPS; ++m) {
+    const int dim = (D / 8) * g + 2 * m;
+    if (h0 < group)
+      *reinterpret_cast<float2*>(p.o_part + (row * group + h0) * D + dim) =
+          make_float2((o[m][0] + z0) * inv0, (o[m][2] + z0) * inv0);
+    if (h1 < group)
+      *reinterpret_cast<float2*>(p.o_part + (row * group + h1) * D + dim) =
+          make_float2((o[m][1] + z1) * inv1, (o[m][3] + z1) * inv1);
+  }
+}
+
+using KernelFn = void (*)(DecodeParams);
+
+struct Entry {
+  const char* format;
+  int kk, vk;
+};
+constexpr Entry kEntries[] = {
+    {"f16", K_F16, V_F16},
+    {"bf16", K_BF16, V_BF16},
+    {"fp8", K_FP8, V_FP8},
+    {"turboquant_k8v4", K_FP8, V_U4},
+    {"turboquant_4bit_nc", K_MSE4, V_U4},
+    {"turboquant_k3v4_nc", K_MSE3, V_U4},
+    {"turboquant_3bit_nc", K_MSE3, V_U3},
+    {"tq-k4v2", K_MSE4, V_M2},
+    {"tq-k3v2", K_MSE3, V_M2},
+    {"tq-k4v3", K_MSE4, V_M3},
+    {"tq-k4v4", K_MSE4, V_M4},
+};
+
+int kind_of_key(const Format& f) {
+  switch (f.key) {
+    case KeyCodec::Mse: return f.key_bits == 4 ? K_MSE4 : f.key_bits == 3 ? K_MSE3 : -1;
+    case KeyCodec::Fp8: return K_FP8;
+    case KeyCodec::F16: return K_F16;
+    case KeyCodec::BF16: return K_BF16;
+    default: return -1;
+  }
+}
+int kind_of_value(const Format& f) {
+  switch (f.value) {
+    case ValueCodec::Uniform: return f.value_bits == 4 ? V_U4 : f.value_bits == 3 ? V_U3 : -1;
+    case ValueCodec::Mse: return f.value_bits == 4 ? V_M4 : f.value_bits == 3 ? V_M3 : f.value_bits == 2 ? V_M2 : -1;
+    case ValueCodec::Fp8: return V_FP8;
+    case ValueCodec::F16: return V_F16;
+    case ValueCodec::BF16: return V_BF16;
+    default: return -1;
+  }
+}
+
+struct Kernel {
+  KernelFn fn = nullptr;
+  int smem = 0;
+};
+
+template <int D, int KK, int VK>
+Kernel make_kernel() {
+  return Kernel{&decode_kernel<D, KK, VK>, Traits<D, KK, VK>::SMEM};
+}
+
+template <int D>
+Kernel pick_d(int kk, int vk) {
+#define TQKV_DECODE_CASE(K, V) \
+  if (kk == K && vk == V) return make_kernel<D, K, V>();
+  TQKV_DECODE_CASE(K_F16, V_F16)
+  TQKV_DECODE_CASE(K_BF16, V_BF16)
+  TQKV_DECODE_CASE(K_FP8, V_FP8)
+  TQKV_DECODE_CASE(K_FP8, V_U4)
+  TQKV_DECODE_CASE(K_MSE4, V_U4)
+  TQKV_DECODE_CASE(K_MSE3, V_U4)
+  TQKV_DECODE_CASE(K_MSE3, V_U3)
+  TQKV_DECODE_CASE(K_MSE4, V_M2)
+  TQKV_DECODE_CASE(K_MSE3, V_M2)
+  TQKV_DECODE_CASE(K_MSE4, V_M3)
+  TQKV_DECODE_CASE(K_MSE4, V_M4)
+#undef TQKV_DECODE_CASE
+  return Kernel{};
+}
+
+Kernel pick(const CacheCodec& codec) {
+  const int kk = kind_of_key(codec.format()), vk = kind_of_value(codec.format());
+  Kernel k;
+  if (kk >= 0 && vk >= 0) {
+    switch (codec.head_dim()) {
+      case 64: k = pick_d<64>(kk, vk); break;
+      case 128: k = pick_d<128>(kk, vk); break;
+      default: k = pick_d<256>(kk, vk); break;
+    }
+  }
+  if (!k.fn) throw_arg(std::string("decode: no kernel for format ") + codec.format().name);
+  return k;
+}
+
+size_t align256(size_t x) { return (x + 255) & ~size_t{255}; }
+
+}  // namespace
+}  // namespace detail
+
+bool CacheCodec::decode_supported() const {
+  const int kk = detail::kind_of_key(*format_), vk = detail::kind_of_value(*format_);
+  for (const auto& e : detail::kEntries)
+    if (e.kk == kk && e.vk == vk) return true;
+  return false;
+}
+
+DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, int n_q_heads, int max_seq_len,
+                       int num_splits) {
+  using namespace detail;
+  if (batch <= 0 || n_q_heads <= 0 || kv.n_kv_heads <= 0 || n_q_heads % kv.n_kv_heads)
+    throw_arg("decode: n_q_heads must be a positive multiple of n_kv_heads");
+  const int group = n_q_heads / kv.n_kv_heads;
+  if (group > kMaxGroup) throw_arg("decode: at most 8 query heads per kv head");
+  const Kernel k = pick(codec);
+  if (num_splits <= 0) {
+    int dev = 0, sms = 0, per_sm = 0;
+    TQKV_CUDA_CHECK(cudaGetDevice(&dev));
+    TQKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+    TQKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, kDecodeWarps * 32, k.smem));
+    const int64_t slots = static_cast<int64_t>(sms) * std::max(per_sm, 1);
+    const int64_t units = static_cast<int64_t>(batch) * kv.n_kv_heads;
+    int64_t ctas = std::max<int64_t>(1, (slots + units / 2) / units);  // CTAs per (sequence, kv head)
+    const int64_t tiles = (std::max(max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
+    const int64_t max_ctas = std::max<int64_t>(1, tiles / (4 * kDecodeWarps));  // >= 4 tiles per warp
+    ctas = std::min({ctas, max_ctas, static_cast<int64_t>(kMaxSplits / kDecodeWarps)});
+    num_splits = static_cast<int>(ctas) * kDecodeWarps;
+  }
+  num_splits = (num_splits + kDecodeWarps - 1) / kDecodeWarps * kDecodeWarps;
+  if (num_splits > kMaxSplits) throw_arg("decode: at most " + std::to_string(kMaxSplits) + " splits");
+  DecodePlan plan;
+  plan.num_splits = num_splits;
+  plan.batch = batch;
+  plan.n_q_heads = n_q_heads;
+  plan.max_seq_len = max_seq_len;
+  const size_t rows = static_cast<size_t>(batch) * kv.n_kv_heads * num_splits * group;
+  plan.workspace_bytes = align256(rows * codec.head_dim() * sizeof(float)) + align256(rows * sizeof(float));
+  return plan;
+}
+
+void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& a, const DecodePlan& plan,
+                void* workspace, cudaStream_t stream) {
+  using namespace detail;
+  if (kv.layout != PageLayout::Page) throw_arg("decode needs the page layout");
+  if (a.batch != plan.batch || a.n_q_heads != plan.n_q_heads) throw_arg("decode: arguments do not match the plan");
+  if (!a.q || !a.out || !a.block_tables || !a.seq_lens || !workspace) throw_arg("decode: null argument");
+  const Layout L = make_layout(codec, kv);
+  const Kernel k = pick(codec);
+  const int D = codec.head_dim();
+  const int group = a.n_q_heads / kv.n_kv_heads;
+  const size_t rows = static_cast<size_t>(a.batch) * kv.n_kv_heads * plan.num_splits * group;
+  DecodeParams p{};
+  p.pages = kv.pages;
+  p.page_bytes = L.page_bytes;
+  p.block_size = kv.block_size;
+  p.tpp_log2 = kv.block_size == 16 ? 0 : kv.block_size == 32 ? 1 : kv.block_size == 64 ? 2 : 3;
+  p.n_kv_heads = kv.n_kv_heads;
+  p.slot_bytes = L.slot_bytes;
+  p.q = a.q;
+  p.q_dtype = a.q_dtype;
+  p.block_tables = a.block_tables;
+  p.bt_stride = a.block_table_stride;
+  p.seq_lens = a.seq_lens;
+  p.n_q_heads = a.n_q_heads;
+  p.group = group;
+  p.num_splits = plan.num_splits;
+  p.scale_log2 = a.scale * 1.4426950408889634f;
+  p.keys_rotated = codec.format().keys_rotated();
+  p.o_part = static_cast<float*>(workspace);
+  p.lse_part = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + align256(rows * D * sizeof(float)));
+  p.tab = codec.tables();
+  TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+  const dim3 grid(plan.num_splits / kDecodeWarps, kv.n_kv_heads, a.batch);
+  k.fn<<<grid, kDecodeWarps * 32, k.smem, stream>>>(p);
+  TQKV_CUDA_CHECK(cudaGetLastError());
+
+  MergeParams m{};
+  m.o_part = p.o_part;
+  m.lse_part = p.lse_part;
+  m.out = a.out;
+  m.out_dtype = a.out_dtype;
+  m.lse = a.lse;
+  m.n_kv_heads = kv.n_kv_heads;
+  m.group = group;
+  m.num_splits = plan.num_splits;
+  m.head_dim = D;
+  m.values_rotated = codec.format().values_rotated();
+  m.tab = codec.tables();
+  launch_merge(m, a.batch, a.n_q_heads, stream);
+}
+
+}  // namespace tqkv::cuda

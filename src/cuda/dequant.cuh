@@ -1,0 +1,3 @@
+// Dequantize kernel (see dequant.cu): tqkv::cuda::dequantize in include/tqkv/cuda.h is its entry.
+#pragma once
+#include "tqkv/cuda.h"

@@ -1,0 +1,583 @@
+// CUDA kernels vs the scalar CPU reference (SlotCodec, reference_attention), on random data
+// drawn fresh each run (the seed is printed), with outputs poisoned before every launch.
+// Every test skips when no CUDA device is present.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tqkv/codec.h"
+#include "tqkv/error.h"
+#include "tqkv/cuda.h"
+#include "tqkv/format.h"
+#include "tqkv/half.h"
+#include "tqkv/reference_attention.h"
+
+namespace {
+
+using namespace tqkv;
+using tqkv::cuda::DType;
+using tqkv::cuda::PageLayout;
+
+#define CK(expr) ASSERT_EQ(cudaSuccess, (expr)) << #expr << ": " << cudaGetErrorString(expr)
+
+bool have_device() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!have_device()) GTEST_SKIP() << "no CUDA device"
+
+uint64_t fresh_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+  }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  size_t bytes() const { return n * sizeof(T); }
+};
+
+// Random vectors with varied scales and a few outliers (never all zero).
+void fill_vectors(std::mt19937_64& rng, std::vector<float>& x, int d) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.05f, 4.0f);
+  for (size_t v = 0; v < x.size() / d; ++v) {
+    const float s = ud(rng);
+    const float bias = 0.3f * nd(rng);
+    for (int i = 0; i < d; ++i) x[v * d + i] = s * (nd(rng) + bias);
+    x[v * d + rng() % d] *= 6.0f;
+  }
+}
+
+// Writes one CPU-encoded slot into a page pool, following docs/FORMAT.md "Paged cache".
+void put_slot(std::vector<uint8_t>& pool, PageLayout layout, const Format& f, int d, int bs, int H, int64_t page,
+              int off, int h, const uint8_t* slot) {
+  const size_t sb = f.slot_bytes(d), pb = static_cast<size_t>(bs) * H * sb;
+  uint8_t* base = pool.data() + page * pb;
+  if (layout == PageLayout::Slot) {
+    std::memcpy(base + (static_cast<size_t>(off) * H + h) * sb, slot, sb);
+    return;
+  }
+  const size_t kcb = f.key_code_bytes(d), kmb = f.key_meta_bytes(), vcb = f.value_code_bytes(d),
+               vmb = f.value_meta_bytes();
+  uint8_t* sec = base + static_cast<size_t>(h) * bs * sb;
+  std::memcpy(sec + off * kcb, slot, kcb);
+  std::memcpy(sec + bs * kcb + off * vcb, slot + kcb + kmb, vcb);
+  if (kmb) std::memcpy(sec + bs * (kcb + vcb) + off * 2, slot + kcb, 2);
+  uint8_t* vm = sec + bs * (kcb + vcb + kmb);
+  if (vmb) std::memcpy(vm + off * 2, slot + kcb + kmb + vcb, 2);
+  if (vmb == 4) std::memcpy(vm + 2 * bs + off * 2, slot + kcb + kmb + vcb + 2, 2);
+  if ((kcb + kmb + vcb + vmb) & 1) sec[bs * (kcb + kmb + vcb + vmb) + off] = 0;
+}
+
+// The inverse of put_slot: gathers one slot's bytes back from a pool.
+void get_slot(const std::vector<uint8_t>& pool, PageLayout layout, const Format& f, int d, int bs, int H, int64_t page,
+              int off, int h, uint8_t* slot) {
+  const size_t sb = f.slot_bytes(d), pb = static_cast<size_t>(bs) * H * sb;
+  const uint8_t* base = pool.data() + page * pb;
+  if (layout == PageLayout::Slot) {
+    std::memcpy(slot, base + (static_cast<size_t>(off) * H + h) * sb, sb);
+    return;
+  }
+  const size_t kcb = f.key_code_bytes(d), kmb = f.key_meta_bytes(), vcb = f.value_code_bytes(d),
+               vmb = f.value_meta_bytes();
+  const uint8_t* sec = base + static_cast<size_t>(h) * bs * sb;
+  std::memcpy(slot, sec + off * kcb, kcb);
+  std::memcpy(slot + kcb + kmb, sec + bs * kcb + off * vcb, vcb);
+  if (kmb) std::memcpy(slot + kcb, sec + bs * (kcb + vcb) + off * 2, 2);
+  const uint8_t* vm = sec + bs * (kcb + vcb + kmb);
+  if (vmb) std::memcpy(slot + kcb + kmb + vcb, vm + off * 2, 2);
+  if (vmb == 4) std::memcpy(slot + kcb + kmb + vcb + 2, vm + 2 * bs + off * 2, 2);
+  if ((kcb + kmb + vcb + vmb) & 1) slot[sb - 1] = sec[bs * (kcb + kmb + vcb + vmb) + off];
+}
+
+std::vector<const Format*> store_formats() {
+  std::vector<const Format*> v;
+  for (const auto& f : all_formats()) v.push_back(&f);
+  return v;
+}
+
+std::vector<const Format*> decode_formats() {
+  std::vector<const Format*> v;
+  for (const auto& f : all_formats())
+    if (tqkv::cuda::CacheCodec(f, 128).decode_supported()) v.push_back(&f);
+  return v;
+}
+
+uint16_t to_bf16(float x) { return float_to_bf16(x); }
+
+// ---------------------------------------------------------------------------------------------
+// Store: byte-identical to SlotCodec::encode, for every format, dim and page arrangement.
+
+void run_store_case(const Format& f, int d, PageLayout layout, DType dtype, uint64_t seed, size_t& slots_total,
+                    size_t& slots_diff) {
+  std::mt19937_64 rng(seed);
+  const int H = 3, bs = 16, num_blocks = 11, n_tokens = 150;
+  const tqkv::cuda::CacheCodec codec(f, d);
+  const SlotCodec cpu(f, d);
+  const size_t sb = f.slot_bytes(d);
+  const size_t pool_bytes = static_cast<size_t>(num_blocks) * bs * H * sb;
+
+  std::vector<float> k(static_cast<size_t>(n_tokens) * H * d), v(k.size());
+  fill_vectors(rng, k, d);
+  fill_vectors(rng, v, d);
+  std::vector<int64_t> slots(static_cast<size_t>(num_blocks) * bs);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(n_tokens);
+  for (auto& s : slots)
+    if (rng() % 10 == 0) s = -1;
+
+  // Inputs as the kernel sees them, and as float for the CPU reference.
+  std::vector<uint16_t> k16(k.size()), v16(v.size());
+  if (dtype == DType::BF16) {
+    for (size_t i = 0; i < k.size(); ++i) {
+      k16[i] = to_bf16(k[i]);
+      v16[i] = to_bf16(v[i]);
+      k[i] = bf16_to_float(k16[i]);
+      v[i] = bf16_to_float(v16[i]);
+    }
+  }
+  std::vector<uint8_t> poison(pool_bytes);
+  for (auto& b : poison) b = static_cast<uint8_t>(rng());
+
+  DevBuf<uint8_t> pool(pool_bytes);
+  DevBuf<float> dk(k.size()), dv(v.size());
+  DevBuf<int64_t> dslots(slots.size());
+  ASSERT_TRUE(pool.p && dk.p && dv.p && dslots.p);
+  CK(cudaMemcpy(pool.p, poison.data(), pool_bytes, cudaMemcpyHostToDevice));
+  if (dtype == DType::BF16) {
+    CK(cudaMemcpy(dk.p, k16.data(), k16.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv.p, v16.data(), v16.size() * 2, cudaMemcpyHostToDevice));
+  } else {
+    CK(cudaMemcpy(dk.p, k.data(), k.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv.p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  }
+  CK(cudaMemcpy(dslots.p, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice));
+
+  tqkv::cuda::PagedKv kv{pool.p, num_blocks, bs, H, layout};
+  tqkv::cuda::StoreArgs args;
+  args.k = dk.p;
+  args.v = dv.p;
+  args.dtype = dtype;
+  args.slot_mapping = dslots.p;
+  args.n_tokens = n_tokens;
+  tqkv::cuda::store(codec, kv, args);
+  CK(cudaDeviceSynchronize());
+  std::vector<uint8_t> got(pool_bytes);
+  CK(cudaMemcpy(got.data(), pool.p, pool_bytes, cudaMemcpyDeviceToHost));
+
+  std::vector<uint8_t> want = poison, slot(sb);
+  for (int t = 0; t < n_tokens; ++t) {
+    if (slots[t] < 0) continue;
+    for (int h = 0; h < H; ++h) {
+      const float* kp = &k[(static_cast<size_t>(t) * H + h) * d];
+      const float* vp = &v[(static_cast<size_t>(t) * H + h) * d];
+      cpu.encode(kp, vp, slot.data());
+      put_slot(want, layout, f, d, bs, H, slots[t] / bs, slots[t] % bs, h, slot.data());
+    }
+  }
+  // Compare slot by slot, each gathered back through the reference layout.
+  std::vector<uint8_t> got_slot(sb), want_slot(sb);
+  for (int t = 0; t < n_tokens; ++t) {
+    if (slots[t] < 0) continue;
+    for (int h = 0; h < H; ++h) {
+      ++slots_total;
+      get_slot(got, layout, f, d, bs, H, slots[t] / bs, slots[t] % bs, h, got_slot.data());
+      get_slot(want, layout, f, d, bs, H, slots[t] / bs, slots[t] % bs, h, want_slot.data());
+      if (got_slot != want_slot) {
+        if (slots_diff == 0) {  // show the first difference of this case
+          std::string msg;
+          for (size_t i = 0, shown = 0; i < sb && shown < 8; ++i)
+            if (got_slot[i] != want_slot[i]) {
+              msg += " [" + std::to_string(i) + "] got " + std::to_string(got_slot[i]) + " want " +
+                     std::to_string(want_slot[i]);
+              ++shown;
+            }
+          std::printf("[store] %s d=%d: first differing slot (t=%d h=%d):%s\n", f.name, d, t, h, msg.c_str());
+        }
+        ++slots_diff;
+      }
+    }
+  }
+  // Bytes that no stored slot covers must keep their poison.
+  std::vector<uint8_t> covered(pool_bytes, 0), ones(sb, 1);
+  for (int t = 0; t < n_tokens; ++t)
+    if (slots[t] >= 0)
+      for (int h = 0; h < H; ++h) put_slot(covered, layout, f, d, bs, H, slots[t] / bs, slots[t] % bs, h, ones.data());
+  // The page layout's pad byte lies outside the slot's own fields: put_slot writes it as 0, so
+  // `covered` marks it too.
+  size_t untouched_bad = 0;
+  for (size_t i = 0; i < pool_bytes; ++i)
+    if (!covered[i] && got[i] != poison[i]) ++untouched_bad;
+  EXPECT_EQ(untouched_bad, 0u) << f.name << " d=" << d << ": bytes outside stored slots were modified";
+}
+
+TEST(CudaStore, ByteIdenticalToCpuReference) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  size_t total_all = 0, diff_all = 0;
+  for (const Format* f : store_formats())
+    for (int d : {64, 128, 256})
+      for (PageLayout layout : {PageLayout::Slot, PageLayout::Page}) {
+        size_t total = 0, diff = 0;
+        run_store_case(*f, d, layout, DType::F32, seed + d + static_cast<int>(layout), total, diff);
+        if (HasFatalFailure()) return;
+        total_all += total;
+        diff_all += diff;
+        // Ties between an element and a threshold (and double sums rounded differently) may flip
+        // a code; they are rare. More than 1% of slots different is a bug.
+        EXPECT_LE(diff * 100, total) << f->name << " d=" << d << " layout=" << static_cast<int>(layout) << ": "
+                                     << diff << " of " << total << " slots differ";
+      }
+  std::printf("[store] %zu of %zu slots differ from the CPU reference (ties)\n", diff_all, total_all);
+}
+
+TEST(CudaStore, Bf16InputsMatchCpuReference) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (const char* name : {"turboquant_4bit_nc", "tq-k4v2", "bf16", "turboquant_k8v4"}) {
+    size_t total = 0, diff = 0;
+    run_store_case(find_format(name), 128, PageLayout::Page, DType::BF16, seed, total, diff);
+    if (HasFatalFailure()) return;
+    EXPECT_LE(diff * 100, total) << name << ": " << diff << " of " << total << " slots differ";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared fixture data for decode and dequantize: a page pool filled by the CPU codec.
+
+struct PagedCase {
+  int d, H, group, bs, batch;
+  std::vector<int> lens;
+  std::vector<int32_t> block_tables;  // [batch, max_blocks]
+  int max_blocks = 0, num_blocks = 0;
+  std::vector<uint8_t> pool;
+  std::vector<std::vector<uint8_t>> slots;  // [b][t * H + h] -> slot bytes
+};
+
+PagedCase make_case(const Format& f, int d, int H, int group, int bs, std::vector<int> lens, PageLayout layout,
+                    std::mt19937_64& rng) {
+  PagedCase c;
+  c.d = d, c.H = H, c.group = group, c.bs = bs, c.batch = static_cast<int>(lens.size());
+  c.lens = lens;
+  for (int L : lens) c.max_blocks = std::max(c.max_blocks, (L + bs - 1) / bs);
+  c.max_blocks = std::max(c.max_blocks, 1);
+  int total_blocks = 0;
+  for (int L : lens) total_blocks += (L + bs - 1) / bs;
+  c.num_blocks = total_blocks + 3;  // a few pages nobody owns
+  std::vector<int32_t> ids(c.num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  c.block_tables.assign(static_cast<size_t>(c.batch) * c.max_blocks, -1);
+  int next = 0;
+  for (int b = 0; b < c.batch; ++b)
+    for (int i = 0; i < (lens[b] + bs - 1) / bs; ++i) c.block_tables[b * c.max_blocks + i] = ids[next++];
+  const size_t sb = f.slot_bytes(d);
+  c.pool.resize(static_cast<size_t>(c.num_blocks) * bs * H * sb);
+  for (auto& x : c.pool) x = static_cast<uint8_t>(rng());  // garbage, NaN patterns included
+  const SlotCodec cpu(f, d);
+  std::vector<float> k(d), v(d);
+  c.slots.resize(c.batch);
+  for (int b = 0; b < c.batch; ++b) {
+    c.slots[b].resize(static_cast<size_t>(lens[b]) * H * sb);
+    for (int t = 0; t < lens[b]; ++t)
+      for (int h = 0; h < H; ++h) {
+        fill_vectors(rng, k, d);
+        fill_vectors(rng, v, d);
+        uint8_t* s = &c.slots[b][(static_cast<size_t>(t) * H + h) * sb];
+        cpu.encode(k.data(), v.data(), s);
+        put_slot(c.pool, layout, f, d, bs, H, c.block_tables[b * c.max_blocks + t / bs], t % bs, h, s);
+      }
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode: split-KV attention vs reference_attention.
+
+struct DecodeShape {
+  int d, H, group, bs;
+  std::vector<int> lens;
+  int forced_splits;
+};
+
+void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool graph = false) {
+  std::mt19937_64 rng(seed);
+  const PagedCase c = make_case(f, s.d, s.H, s.group, s.bs, s.lens, PageLayout::Page, rng);
+  const int Hq = s.H * s.group, d = s.d;
+  const tqkv::cuda::CacheCodec codec(f, d);
+  const SlotCodec cpu(f, d);
+  std::vector<float> q(static_cast<size_t>(c.batch) * Hq * d);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& x : q) x = nd(rng);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+  DevBuf<uint8_t> pool(c.pool.size());
+  DevBuf<float> dq(q.size()), dout(q.size()), dlse(static_cast<size_t>(c.batch) * Hq);
+  DevBuf<int32_t> dbt(c.block_tables.size()), dlens(c.batch);
+  ASSERT_TRUE(pool.p && dq.p && dout.p && dlse.p && dbt.p && dlens.p);
+  CK(cudaMemcpy(pool.p, c.pool.data(), c.pool.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dq.p, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dbt.p, c.block_tables.data(), c.block_tables.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<int32_t> lens32(c.lens.begin(), c.lens.end());
+  CK(cudaMemcpy(dlens.p, lens32.data(), lens32.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(dout.p, 0xff, dout.bytes()));  // NaN poison
+  CK(cudaMemset(dlse.p, 0xff, dlse.bytes()));
+
+  tqkv::cuda::PagedKv kv{pool.p, c.num_blocks, c.bs, c.H, PageLayout::Page};
+  const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
+  const auto plan = tqkv::cuda::plan_decode(codec, kv, c.batch, Hq, max_len, s.forced_splits);
+  DevBuf<uint8_t> ws(plan.workspace_bytes);
+  ASSERT_TRUE(ws.p);
+  CK(cudaMemset(ws.p, 0xff, ws.bytes()));
+  tqkv::cuda::DecodeArgs a;
+  a.q = dq.p;
+  a.q_dtype = DType::F32;
+  a.out = dout.p;
+  a.out_dtype = DType::F32;
+  a.lse = dlse.p;
+  a.block_tables = dbt.p;
+  a.block_table_stride = c.max_blocks;
+  a.seq_lens = dlens.p;
+  a.batch = c.batch;
+  a.n_q_heads = Hq;
+  a.scale = scale;
+  if (graph) {
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    // Warm-up launch outside the capture (sets the kernel's shared-memory attribute).
+    tqkv::cuda::run_decode(codec, kv, a, plan, ws.p, st);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemset(dout.p, 0xff, dout.bytes()));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    tqkv::cuda::run_decode(codec, kv, a, plan, ws.p, st);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(st));
+  } else {
+    tqkv::cuda::run_decode(codec, kv, a, plan, ws.p);
+  }
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<float> out(q.size()), lse(static_cast<size_t>(c.batch) * Hq);
+  CK(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(lse.data(), dlse.p, lse.size() * 4, cudaMemcpyDeviceToHost));
+
+  // fp16 tensor-core inputs (bf16 for the bf16 cache): errors of a few 1e-3 are expected.
+  const double tol = f.key == KeyCodec::BF16 ? 2.5e-2 : 1e-2;
+  const size_t sb = f.slot_bytes(d);
+  double worst = 0;
+  for (int b = 0; b < c.batch; ++b) {
+    const int L = c.lens[b];
+    for (int h = 0; h < s.H; ++h) {
+      std::vector<const uint8_t*> ptrs(L);
+      for (int t = 0; t < L; ++t) ptrs[t] = &c.slots[b][(static_cast<size_t>(t) * s.H + h) * sb];
+      std::vector<float> ref(static_cast<size_t>(s.group) * d), rlse(s.group);
+      reference_attention(cpu, ptrs.data(), L, &q[(static_cast<size_t>(b) * Hq + h * s.group) * d], s.group, scale,
+                          ref.data(), rlse.data());
+      for (int j = 0; j < s.group; ++j) {
+        const float* o = &out[(static_cast<size_t>(b) * Hq + h * s.group + j) * d];
+        const float* r = &ref[static_cast<size_t>(j) * d];
+        double num = 0, den = 0;
+        for (int i = 0; i < d; ++i) {
+          ASSERT_TRUE(std::isfinite(o[i])) << f.name << " b=" << b << " head " << h * s.group + j << " dim " << i;
+          num += (o[i] - r[i]) * static_cast<double>(o[i] - r[i]);
+          den += static_cast<double>(r[i]) * r[i];
+        }
+        const float gl = lse[static_cast<size_t>(b) * Hq + h * s.group + j];
+        if (L == 0) {
+          EXPECT_EQ(num, 0.0) << "empty sequence must give zeros";
+          EXPECT_TRUE(std::isinf(gl) && gl < 0);
+          continue;
+        }
+        const double rel = std::sqrt(num / std::max(den, 1e-30));
+        worst = std::max(worst, rel);
+        EXPECT_LT(rel, tol) << f.name << " d=" << d << " b=" << b << " len=" << L << " q head " << h * s.group + j;
+        EXPECT_NEAR(gl, rlse[j], 2e-2 + 2e-3 * std::abs(rlse[j])) << f.name << " lse, b=" << b;
+      }
+    }
+  }
+  std::printf("[decode] %-20s d=%3d group=%d bs=%3d splits=%3d worst rel err %.2e\n", f.name, d, s.group, s.bs,
+              plan.num_splits, worst);
+}
+
+TEST(CudaDecode, MatchesReferenceAllFormatsAndDims) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const Format* f : decode_formats())
+    for (int d : {64, 128, 256}) {
+      const int l0 = 1 + static_cast<int>(rng() % 15), l1 = 200 + static_cast<int>(rng() % 300);
+      DecodeShape s{d, 2, 4, 16, {l0, l1, 37}, 0};
+      run_decode_case(*f, s, rng());
+      if (HasFatalFailure()) return;
+    }
+}
+
+TEST(CudaDecode, GqaGroupsBlockSizesSplitsAndEmptySequences) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const char* name : {"turboquant_4bit_nc", "tq-k4v2", "bf16", "turboquant_3bit_nc"}) {
+    const Format& f = find_format(name);
+    // SmolLM2's 3:1, a full group of 8, block sizes 32 and 128, many (partly empty) splits.
+    run_decode_case(f, DecodeShape{64, 3, 3, 32, {700 + static_cast<int>(rng() % 100), 0, 5}, 0}, rng());
+    if (HasFatalFailure()) return;
+    run_decode_case(f, DecodeShape{128, 1, 8, 128, {1000 + static_cast<int>(rng() % 500), 17}, 64}, rng());
+    if (HasFatalFailure()) return;
+    run_decode_case(f, DecodeShape{128, 2, 1, 16, {33, 2000}, 12}, rng());
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(CudaDecode, CapturedInCudaGraph) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  run_decode_case(find_format("turboquant_4bit_nc"), DecodeShape{128, 2, 4, 16, {900, 64, 3}, 0}, seed, true);
+}
+
+TEST(CudaDecode, RejectsSlotLayoutAndBadGroups) {
+  SKIP_WITHOUT_GPU();
+  const tqkv::cuda::CacheCodec codec(find_format("turboquant_4bit_nc"), 128);
+  uint8_t* fake = reinterpret_cast<uint8_t*>(16);
+  tqkv::cuda::PagedKv kv{fake, 4, 16, 2, PageLayout::Page};
+  EXPECT_THROW(tqkv::cuda::plan_decode(codec, kv, 1, 3, 100), tqkv::Error);   // 3 % 2 != 0
+  EXPECT_THROW(tqkv::cuda::plan_decode(codec, kv, 1, 32, 100), tqkv::Error);  // group 16 > 8
+  const tqkv::cuda::CacheCodec f32(find_format("f32"), 128);
+  EXPECT_FALSE(f32.decode_supported());
+  EXPECT_THROW(tqkv::cuda::CacheCodec(find_format("tq-k4v2"), 96), tqkv::Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantize: paged -> contiguous, vs SlotCodec::decode_key / decode_value.
+
+TEST(CudaDequant, MatchesCpuDecodeAllFormatsDimsLayouts) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  size_t total = 0, differ = 0;
+  for (const Format* f : store_formats())
+    for (int d : {64, 128, 256})
+      for (PageLayout layout : {PageLayout::Slot, PageLayout::Page}) {
+        const int H = 2, bs = 32, len = 40 + static_cast<int>(rng() % 60);
+        const PagedCase c = make_case(*f, d, H, 1, bs, {len}, layout, rng);
+        const tqkv::cuda::CacheCodec codec(*f, d);
+        const SlotCodec cpu(*f, d);
+        const int start = static_cast<int>(rng() % 10), n = len - start;
+        DevBuf<uint8_t> pool(c.pool.size());
+        DevBuf<int32_t> dbt(c.block_tables.size());
+        DevBuf<float> dk(static_cast<size_t>(n) * H * d), dv(dk.n);
+        ASSERT_TRUE(pool.p && dbt.p && dk.p && dv.p);
+        CK(cudaMemcpy(pool.p, c.pool.data(), c.pool.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dbt.p, c.block_tables.data(), c.block_tables.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dk.p, 0xff, dk.bytes()));
+        CK(cudaMemset(dv.p, 0xff, dv.bytes()));
+        tqkv::cuda::PagedKv kv{pool.p, c.num_blocks, bs, H, layout};
+        tqkv::cuda::DequantArgs a;
+        a.block_table = dbt.p;
+        a.start = start;
+        a.n_tokens = n;
+        a.k_out = dk.p;
+        a.v_out = dv.p;
+        a.out_dtype = DType::F32;
+        tqkv::cuda::dequantize(codec, kv, a);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        std::vector<float> gk(dk.n), gv(dv.n), rk(d), rv(d);
+        CK(cudaMemcpy(gk.data(), dk.p, dk.bytes(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(gv.data(), dv.p, dv.bytes(), cudaMemcpyDeviceToHost));
+        const size_t sb = f->slot_bytes(d);
+        for (int t = 0; t < n; ++t)
+          for (int h = 0; h < H; ++h) {
+            const uint8_t* s = &c.slots[0][(static_cast<size_t>(start + t) * H + h) * sb];
+            cpu.decode_key(s, rk.data());
+            cpu.decode_value(s + cpu.key_bytes(), rv.data());
+            for (int i = 0; i < d; ++i) {
+              const float ak = gk[(static_cast<size_t>(t) * H + h) * d + i];
+              const float av = gv[(static_cast<size_t>(t) * H + h) * d + i];
+              ASSERT_TRUE(std::isfinite(ak) && std::isfinite(av)) << f->name << " d=" << d;
+              total += 2;
+              differ += (ak != rk[i]) + (av != rv[i]);
+              ASSERT_NEAR(ak, rk[i], 1e-5f * (1.0f + std::abs(rk[i]))) << f->name << " d=" << d << " key t=" << t;
+              ASSERT_NEAR(av, rv[i], 1e-5f * (1.0f + std::abs(rv[i]))) << f->name << " d=" << d << " value t=" << t;
+            }
+          }
+      }
+  std::printf("[dequant] %zu of %zu elements not bit-identical to the CPU decode\n", differ, total);
+}
+
+TEST(CudaDequant, Bf16Output) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const Format& f = find_format("turboquant_4bit_nc");
+  const int d = 128, H = 2, bs = 16, len = 77;
+  const PagedCase c = make_case(f, d, H, 1, bs, {len}, PageLayout::Page, rng);
+  const tqkv::cuda::CacheCodec codec(f, d);
+  const SlotCodec cpu(f, d);
+  DevBuf<uint8_t> pool(c.pool.size());
+  DevBuf<int32_t> dbt(c.block_tables.size());
+  DevBuf<uint16_t> dk(static_cast<size_t>(len) * H * d), dv(dk.n);
+  ASSERT_TRUE(pool.p && dbt.p && dk.p && dv.p);
+  CK(cudaMemcpy(pool.p, c.pool.data(), c.pool.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dbt.p, c.block_tables.data(), c.block_tables.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(dk.p, 0xff, dk.bytes()));
+  CK(cudaMemset(dv.p, 0xff, dv.bytes()));
+  tqkv::cuda::PagedKv kv{pool.p, c.num_blocks, bs, H, PageLayout::Page};
+  tqkv::cuda::DequantArgs a;
+  a.block_table = dbt.p;
+  a.n_tokens = len;
+  a.k_out = dk.p;
+  a.v_out = dv.p;
+  a.out_dtype = DType::BF16;
+  tqkv::cuda::dequantize(codec, kv, a);
+  CK(cudaDeviceSynchronize());
+  std::vector<uint16_t> gk(dk.n);
+  CK(cudaMemcpy(gk.data(), dk.p, dk.bytes(), cudaMemcpyDeviceToHost));
+  std::vector<float> rk(d);
+  const size_t sb = f.slot_bytes(d);
+  for (int t = 0; t < len; ++t)
+    for (int h = 0; h < H; ++h) {
+      cpu.decode_key(&c.slots[0][(static_cast<size_t>(t) * H + h) * sb], rk.data());
+      for (int i = 0; i < d; ++i)
+        ASSERT_EQ(gk[(static_cast<size_t>(t) * H + h) * d + i], float_to_bf16(rk[i])) << "t=" << t << " i=" << i;
+    }
+}
+
+}  // namespace
