@@ -59,7 +59,7 @@ void register_generate(CLI::App& app) {
     if (!o.quiet) {
       int compressed = 0;
       for (int l = 0; l < c.n_layers; ++l) compressed += cache.format(l).compressed();
-      std::fprintf(stderr, "model: %s (%s, %d layers, %d/%d heads, head_dim %d), weights %.0f MiB as f32\n",
+      std::fprintf(stderr, "model: %s (%s, %d layers, %d/%d heads, head_dim %d), weights in memory %.0f MiB\n",
                    path.c_str(), c.arch.c_str(), c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                    model.weight_bytes() / 1048576.0);
       std::fprintf(stderr, "kv cache: %s in %d of %d layers (others %s), ctx %d\n\n", o.format.c_str(), compressed,
