@@ -1,0 +1,148 @@
+#include "attention_driver.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "thread_pool.h"
+
+namespace tqkv::cpu {
+
+KernelFormat kernel_format(const SlotCodec& codec) {
+  const Format& f = codec.format();
+  KernelFormat k{};
+  k.dim = codec.dim();
+  k.key = f.key;
+  k.key_bits = f.key_bits;
+  k.value = f.value;
+  k.value_bits = f.value_bits;
+  if (const Codebook* cb = codec.key_codebook()) {
+    k.key_levels = cb->levels_f32.data();
+    for (int i = 0; i < std::min(16, cb->size()); ++i) k.key_lut[i] = cb->levels_f32[i];
+  }
+  if (const Codebook* cb = codec.value_codebook()) {
+    k.value_levels = cb->levels_f32.data();
+    for (int i = 0; i < std::min(16, cb->size()); ++i) k.value_lut[i] = cb->levels_f32[i];
+  }
+  return k;
+}
+
+SlotRun slot_layout_run(const Format& f, int dim, const uint8_t* first, size_t stride, int64_t pos0, int n) {
+  SlotRun r{};
+  r.pos0 = pos0;
+  r.n = n;
+  r.kc = first;
+  r.kc_stride = r.km_stride = r.vc_stride = r.vm0_stride = r.vm1_stride = stride;
+  if (f.key_meta_bytes()) r.km = first + f.key_code_bytes(dim);
+  r.vc = first + f.key_bytes(dim);
+  if (f.value_meta_bytes()) r.vm0 = r.vc + f.value_code_bytes(dim);
+  if (f.value == ValueCodec::Uniform) r.vm1 = r.vm0 + 2;
+  return r;
+}
+
+void push_query(const SlotCodec& codec, const float* q, float scale, AttnGroup& g) {
+  const int d = codec.dim();
+  const size_t at = g.q.size();
+  g.q.insert(g.q.end(), q, q + d);
+  float* row = g.q.data() + at;
+  if (codec.format().keys_rotated()) codec.rotation().apply(row);
+  for (int i = 0; i < d; ++i) row[i] *= scale;
+}
+
+namespace {
+
+struct Task {
+  int group;
+  int64_t k0, k1;  // inclusive key range
+  size_t state;    // offset of this task's partial state in the state buffer
+};
+
+}  // namespace
+
+void run_attention_groups(const SlotCodec& codec, const std::vector<AttnGroup>& groups) {
+  if (groups.empty()) return;
+  const int d = codec.dim();
+  const KernelFormat kf = kernel_format(codec);
+  const RunKernel kernel = pick_kernel(kf, active_simd_level());
+  const int threads = attention_threads();
+
+  // Plan: split each group's key range so that there are a few tasks per thread, but never
+  // below 256 keys a task (the merge and the per-task setup must stay negligible).
+  int64_t total = 0;
+  std::vector<int64_t> lo(groups.size()), hi(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    lo[g] = *std::min_element(groups[g].begin.begin(), groups[g].begin.end());
+    hi[g] = *std::max_element(groups[g].end.begin(), groups[g].end.end());
+    total += std::max<int64_t>(0, hi[g] - lo[g] + 1);
+  }
+  const int64_t chunk = std::max<int64_t>(256, (total + 4 * threads - 1) / (4 * threads));
+  std::vector<Task> tasks;
+  std::vector<int> first_task(groups.size() + 1);
+  size_t state_floats = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    first_task[g] = static_cast<int>(tasks.size());
+    const int64_t n = std::max<int64_t>(1, hi[g] - lo[g] + 1);
+    const int64_t splits = std::max<int64_t>(1, (n + chunk - 1) / chunk);
+    for (int64_t s = 0; s < splits; ++s) {
+      const int64_t a = lo[g] + n * s / splits, b = lo[g] + n * (s + 1) / splits - 1;
+      tasks.push_back({static_cast<int>(g), a, b, state_floats});
+      state_floats += static_cast<size_t>(groups[g].rows) * (d + 3);
+    }
+  }
+  first_task[groups.size()] = static_cast<int>(tasks.size());
+
+  // Partial states: per task [rows] m, [rows] l, [rows] zs, [rows, d] acc.
+  std::vector<float> state(state_floats);
+  int max_rows = 0;
+  for (const auto& g : groups) max_rows = std::max(max_rows, g.rows);
+  const int workers = std::max(1, std::min<int>(threads, static_cast<int>(tasks.size())));
+  const size_t scratch_floats = kernel_scratch_floats(d, max_rows);
+  std::vector<float> scratch(scratch_floats * workers);
+
+  ThreadPool::instance().parallel_for(static_cast<int>(tasks.size()), workers, [&](int ti, int worker) {
+    const Task& t = tasks[ti];
+    const AttnGroup& g = groups[t.group];
+    float* s = state.data() + t.state;
+    RowState st{s, s + g.rows, s + 3 * g.rows, s + 2 * g.rows};
+    std::fill(st.m, st.m + g.rows, -std::numeric_limits<float>::infinity());
+    std::fill(st.l, st.l + 2 * g.rows + static_cast<size_t>(g.rows) * d, 0.0f);  // l, zs, acc
+    if (t.k1 < t.k0) return;
+    const RowBlock rb{g.q.data(), g.rows, g.begin.data(), g.end.data()};
+    thread_local std::vector<SlotRun> runs;
+    runs.clear();
+    g.src->runs(g.head, t.k0, t.k1, runs);
+    for (const SlotRun& r : runs) kernel(kf, r, rb, st, scratch.data() + scratch_floats * worker);
+  });
+
+  // Merge the splits of each group by log-sum-exp and rotate Mse values back once.
+  const bool rotate_back = codec.format().values_rotated();
+  ThreadPool::instance().parallel_for(static_cast<int>(groups.size()), workers, [&](int gi, int) {
+    const AttnGroup& g = groups[gi];
+    std::vector<float> o(d);
+    for (int r = 0; r < g.rows; ++r) {
+      float M = -std::numeric_limits<float>::infinity();
+      for (int ti = first_task[gi]; ti < first_task[gi + 1]; ++ti) M = std::max(M, state[tasks[ti].state + r]);
+      std::fill(o.begin(), o.end(), 0.0f);
+      if (M != -std::numeric_limits<float>::infinity()) {
+        double L = 0;
+        for (int ti = first_task[gi]; ti < first_task[gi + 1]; ++ti) {
+          const float* s = state.data() + tasks[ti].state;
+          const float m = s[r];
+          if (m == -std::numeric_limits<float>::infinity()) continue;
+          const float e = std::exp(m - M);
+          L += static_cast<double>(e) * s[g.rows + r];
+          const float zs = s[2 * g.rows + r];
+          const float* acc = s + 3 * g.rows + static_cast<size_t>(r) * d;
+          for (int i = 0; i < d; ++i) o[i] += e * (acc[i] + zs);
+        }
+        const float inv = static_cast<float>(1.0 / L);
+        for (int i = 0; i < d; ++i) o[i] *= inv;
+        if (rotate_back) codec.rotation().inverse(o.data());
+      }
+      std::memcpy(g.out[r], o.data(), sizeof(float) * d);
+    }
+  });
+}
+
+}  // namespace tqkv::cpu

@@ -1,0 +1,90 @@
+// AVX2 + FMA + F16C build of the attention kernel: 8 floats per vector. Same decoding tricks
+// as the AVX-512 build; the 16-level table is two 8-entry permutes and a blend.
+#include <immintrin.h>
+
+#include "kernel_impl.h"
+
+namespace tqkv::cpu {
+namespace {
+
+struct IsaAvx2 {
+  using V = __m256;
+  static constexpr int W = 8;
+  static constexpr bool kFullTable = false;
+  static constexpr float kFp8Factor = 256.0f;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static float reduce(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+
+  // Cephes-style expf: 2^n * p(r), |relative error| ~ 2e-7; 0 below -87.
+  static V exp(V x) {
+    const V tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    V y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    // 2^n for n in [-126, 127] through the exponent field.
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+  }
+  static float exp_scalar(float x) { return _mm256_cvtss_f32(exp(_mm256_set1_ps(x))); }
+
+  static V f32(const uint8_t* p, int i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i); }
+  static V f16(const uint8_t* p, int i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
+  }
+  static V bf16(const uint8_t* p, int i) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static V fp8(const uint8_t* p, int i) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i)));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
+                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7));
+    return _mm256_cvtph_ps(h);
+  }
+  // Codes i .. i+7 (i a multiple of 8): one group of 8 codes in `bits` bytes, read as a 32-bit
+  // word (up to 2 bytes past the codes, inside the slot or page: metadata follows).
+  static __m256i code_ints(const uint8_t* p, int i, int bits) {
+    uint32_t a;
+    std::memcpy(&a, p + (i / 8) * bits, 4);
+    const __m256i shift = _mm256_mullo_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(bits));
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(a)), shift),
+                            _mm256_set1_epi32((1 << bits) - 1));
+  }
+  static V codes(const uint8_t* p, int i, int bits) { return _mm256_cvtepi32_ps(code_ints(p, i, bits)); }
+  static V lut(const uint8_t* p, int i, int bits, const float* table16) {
+    const __m256i c = code_ints(p, i, bits);
+    const V lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table16), c);
+    if (bits <= 3) return lo;
+    const V hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table16 + 8), c);
+    return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(c, 28)));
+  }
+};
+
+}  // namespace
+
+void run_avx2(const KernelFormat& f, const SlotRun& run, const RowBlock& rows, const RowState& st,
+              float* scratch) {
+  Kernel<IsaAvx2>::run(f, run, rows, st, scratch);
+}
+
+}  // namespace tqkv::cpu

@@ -1,0 +1,51 @@
+// Scalar build of the attention kernel: one float per "vector". Always compiled; runs every
+// format and head dim (any bit width), and is the level the SIMD builds are checked against.
+#include <cmath>
+
+#include "kernel_impl.h"
+#include "tqkv/bitpack.h"
+#include "tqkv/fp8.h"
+
+namespace tqkv::cpu {
+namespace {
+
+struct IsaScalar {
+  using V = float;
+  static constexpr int W = 1;
+  static constexpr bool kFullTable = true;
+  static constexpr float kFp8Factor = 1.0f;
+  static V zero() { return 0.0f; }
+  static V set1(float x) { return x; }
+  static V load(const float* p) { return *p; }
+  static void store(float* p, V v) { *p = v; }
+  static V mul(V a, V b) { return a * b; }
+  static V sub(V a, V b) { return a - b; }
+  static V fmadd(V a, V b, V c) { return std::fma(a, b, c); }
+  static float reduce(V v) { return v; }
+  static V exp(V x) { return std::exp(x); }
+  static float exp_scalar(float x) { return std::exp(x); }
+  static V f32(const uint8_t* p, int i) {
+    float v;
+    std::memcpy(&v, p + 4 * i, 4);
+    return v;
+  }
+  static V f16(const uint8_t* p, int i) { return kf_half(p + 2 * i); }
+  static V bf16(const uint8_t* p, int i) {
+    const uint32_t b = static_cast<uint32_t>(p[2 * i] | (p[2 * i + 1] << 8)) << 16;
+    float v;
+    std::memcpy(&v, &b, 4);
+    return v;
+  }
+  static V fp8(const uint8_t* p, int i) { return fp8_e4m3_to_float(p[i]); }
+  static V codes(const uint8_t* p, int i, int bits) { return static_cast<float>(unpack_one(p, i, bits)); }
+  static V lut(const uint8_t* p, int i, int bits, const float* table) { return table[unpack_one(p, i, bits)]; }
+};
+
+}  // namespace
+
+void run_scalar(const KernelFormat& f, const SlotRun& run, const RowBlock& rows, const RowState& st,
+                float* scratch) {
+  Kernel<IsaScalar>::run(f, run, rows, st, scratch);
+}
+
+}  // namespace tqkv::cpu

@@ -1,0 +1,90 @@
+// The attention kernel interface shared by the scalar, AVX2 and AVX-512 builds (internal).
+//
+// A kernel consumes "runs": stretches of consecutive key positions whose slots sit at constant
+// strides (a contiguous ring between wrap points, the tokens of one page). Each run gives the
+// address and stride of five fields so that the slot layout (fields interleaved per token) and
+// the page layout (fields in planes) go through the same code.
+//
+// For a block of query rows (the query heads of one kv head, possibly for several query tokens)
+// the kernel keeps the flash-attention state in the caller's buffers:
+//   m[r]   running max of the scores seen so far (-inf: none yet)
+//   l[r]   sum of exp(score - m[r])
+//   acc[r] [dim] sum of exp(score - m[r]) * vfac * decoded value codes
+//   zs[r]  sum of exp(score - m[r]) * vzero (Uniform values: the zero point, added at the end)
+// The final output of a row is (acc[r] + zs[r]) / l[r], in the value domain (rotated for Mse
+// values); partial states of disjoint key ranges merge by log-sum-exp (merge_states).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "tqkv/format.h"
+#include "tqkv/simd.h"
+
+namespace tqkv::cpu {
+
+// Everything a kernel needs to know about the format, resolved once per call.
+struct KernelFormat {
+  int dim;
+  KeyCodec key;
+  int key_bits;
+  ValueCodec value;
+  int value_bits;
+  // Mse codebook levels as floats (key / value), up to 256 entries; kernels with a table
+  // lookup in registers use the first 16 (bits <= 4).
+  const float* key_levels;
+  const float* value_levels;
+  float key_lut[16];    // the first 16 key levels, zero padded (register tables)
+  float value_lut[16];
+};
+
+struct SlotRun {
+  int64_t pos0;  // absolute position of the first slot
+  int n;         // slots in the run
+  const uint8_t* kc; size_t kc_stride;    // key codes / elements
+  const uint8_t* km; size_t km_stride;    // key meta (fp16 norm) or null
+  const uint8_t* vc; size_t vc_stride;    // value codes / elements
+  const uint8_t* vm0; size_t vm0_stride;  // value meta 0 (fp16 scale or norm) or null
+  const uint8_t* vm1; size_t vm1_stride;  // value meta 1 (fp16 zero) or null
+};
+
+// Query rows: q[r] is already in the key domain (rotated for Mse keys) and multiplied by the
+// softmax scale. Row r sees keys at positions [begin[r], end[r]] (inclusive).
+struct RowBlock {
+  const float* q;  // [rows, dim]
+  int rows;
+  const int64_t* begin;
+  const int64_t* end;
+};
+
+struct RowState {
+  float* m;    // [rows]
+  float* l;    // [rows]
+  float* acc;  // [rows, dim]
+  float* zs;   // [rows]
+};
+
+inline constexpr int kTile = 16;  // keys per tile
+
+// Scratch floats a kernel needs for `rows` rows.
+constexpr size_t kernel_scratch_floats(int dim, int rows) {
+  return static_cast<size_t>(2 * kTile) * dim + 3 * kTile + static_cast<size_t>(rows) * (kTile + 2) + 64;
+}
+
+using RunKernel = void (*)(const KernelFormat& f, const SlotRun& run, const RowBlock& rows, const RowState& st,
+                           float* scratch);
+
+void run_scalar(const KernelFormat&, const SlotRun&, const RowBlock&, const RowState&, float*);
+#if defined(__x86_64__)
+void run_avx2(const KernelFormat&, const SlotRun&, const RowBlock&, const RowState&, float*);
+void run_avx512(const KernelFormat&, const SlotRun&, const RowBlock&, const RowState&, float*);
+#endif
+
+// Whether a SIMD build with `width` floats per vector handles this format (packed codes of 2,
+// 3 or 4 bits, dim a multiple of the width); otherwise the scalar kernel runs.
+bool simd_handles(const KernelFormat& f, int width);
+
+// The kernel for a level (falling back to a lower one where the format needs it) and the
+// level actually used.
+RunKernel pick_kernel(const KernelFormat& f, SimdLevel level, SimdLevel* used = nullptr);
+
+}  // namespace tqkv::cpu

@@ -1,0 +1,128 @@
+// Run-time SIMD level detection, the TQKV_SIMD / TQKV_THREADS overrides and kernel choice.
+#include "tqkv/simd.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "kernel.h"
+#include "tqkv/error.h"
+
+namespace tqkv {
+namespace {
+
+constexpr int kUnset = -1;
+std::atomic<int> g_level{kUnset};
+std::atomic<int> g_threads{0};
+
+SimdLevel level_from_env() {
+  SimdLevel level = detected_simd_level();
+  if (const char* env = std::getenv("TQKV_SIMD"); env && *env) {
+    const SimdLevel want = parse_simd_level(env);
+    if (!simd_level_supported(want))
+      throw Error(ErrorCode::InvalidArgument,
+                  "TQKV_SIMD=" + std::string(env) + " is not supported by this CPU (best: " +
+                      std::string(simd_level_name(level)) + ")");
+    level = want;
+  }
+  return level;
+}
+
+}  // namespace
+
+std::string_view simd_level_name(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::Scalar: return "scalar";
+    case SimdLevel::Avx2: return "avx2";
+    case SimdLevel::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+SimdLevel parse_simd_level(std::string_view name) {
+  if (name == "scalar") return SimdLevel::Scalar;
+  if (name == "avx2") return SimdLevel::Avx2;
+  if (name == "avx512") return SimdLevel::Avx512;
+  throw Error(ErrorCode::InvalidArgument,
+              "unknown SIMD level '" + std::string(name) + "' (valid: scalar, avx2, avx512)");
+}
+
+SimdLevel detected_simd_level() {
+#if defined(__x86_64__)
+  static const SimdLevel level = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      return SimdLevel::Avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+      return SimdLevel::Avx2;
+    return SimdLevel::Scalar;
+  }();
+  return level;
+#else
+  return SimdLevel::Scalar;
+#endif
+}
+
+bool simd_level_supported(SimdLevel level) {
+  // AVX-512 CPUs have AVX2 + FMA + F16C as well.
+  return static_cast<int>(level) <= static_cast<int>(detected_simd_level());
+}
+
+SimdLevel active_simd_level() {
+  int v = g_level.load(std::memory_order_relaxed);
+  if (v == kUnset) {
+    v = static_cast<int>(level_from_env());
+    int expected = kUnset;
+    g_level.compare_exchange_strong(expected, v);
+    v = g_level.load(std::memory_order_relaxed);
+  }
+  return static_cast<SimdLevel>(v);
+}
+
+void set_simd_level(SimdLevel level) {
+  if (!simd_level_supported(level))
+    throw Error(ErrorCode::InvalidArgument,
+                "SIMD level " + std::string(simd_level_name(level)) + " is not supported by this CPU");
+  g_level.store(static_cast<int>(level));
+}
+
+int attention_threads() {
+  int n = g_threads.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  n = static_cast<int>(std::thread::hardware_concurrency());
+  if (const char* env = std::getenv("TQKV_THREADS"); env && *env) n = std::atoi(env);
+  return n > 0 ? n : 1;
+}
+
+void set_attention_threads(int n) { g_threads.store(n > 0 ? n : 0); }
+
+namespace cpu {
+
+bool simd_handles(const KernelFormat& f, int width) {
+  if (f.dim % width != 0 || f.dim % 8 != 0) return false;
+  auto packed_ok = [](int bits) { return bits >= 2 && bits <= 4; };
+  if (f.key == KeyCodec::Mse && !packed_ok(f.key_bits)) return false;
+  if ((f.value == ValueCodec::Mse || f.value == ValueCodec::Uniform) && !packed_ok(f.value_bits)) return false;
+  return true;
+}
+
+RunKernel pick_kernel(const KernelFormat& f, SimdLevel level, SimdLevel* used) {
+  SimdLevel got = SimdLevel::Scalar;
+  RunKernel k = run_scalar;
+#if defined(__x86_64__)
+  if (level == SimdLevel::Avx512 && simd_handles(f, 16)) {
+    got = SimdLevel::Avx512;
+    k = run_avx512;
+  } else if (level >= SimdLevel::Avx2 && simd_handles(f, 8)) {
+    got = SimdLevel::Avx2;
+    k = run_avx2;
+  }
+#endif
+  if (used) *used = got;
+  return k;
+}
+
+}  // namespace cpu
+}  // namespace tqkv
