@@ -100,11 +100,17 @@ struct Kernel {
         c = I::kFp8Factor;
         break;
       case ValueCodec::Uniform: {
+        // Codes are centred (code - mid) and the zero point moved to the middle of the range:
+        // zero + scale * code = (zero + scale * mid) + scale * (code - mid). Without this the
+        // sums of scale * code and of zero cancel (both ~ the range, their sum ~ the mean) and
+        // float accumulation over thousands of keys loses ~1e-5 of relative accuracy.
         const int bits = f.value_bits;
-        each([&](const uint8_t* p, int i) { return I::codes(p, i, bits); });
+        const float mid = 0.5f * static_cast<float>((1 << bits) - 1);
+        const V midv = I::set1(mid);
+        each([&](const uint8_t* p, int i) { return I::sub(I::codes(p, i, bits), midv); });
         for (int j = 0; j < nt; ++j) {
           fac[j] = kf_half(run.vm0 + static_cast<size_t>(j0 + j) * run.vm0_stride);
-          zero[j] = kf_half(run.vm1 + static_cast<size_t>(j0 + j) * run.vm1_stride);
+          zero[j] = kf_half(run.vm1 + static_cast<size_t>(j0 + j) * run.vm1_stride) + fac[j] * mid;
         }
         return;
       }
