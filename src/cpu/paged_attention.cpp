@@ -1,0 +1,140 @@
+// Decode attention over a paged cache: the kernels read the pages in place through the block
+// table, one run of slots per page; the page layout hands them the planes directly.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "attention_driver.h"
+#include "tqkv/error.h"
+#include "tqkv/paged_cache.h"
+#include "tqkv/reference_attention.h"
+
+namespace tqkv {
+namespace {
+
+class PageSource final : public cpu::KvSource {
+ public:
+  PageSource(const PagedCache& cache, int layer, std::span<const int32_t> blocks)
+      : cache_(cache), layer_(layer), blocks_(blocks) {}
+
+  void runs(int head, int64_t k0, int64_t k1, std::vector<cpu::SlotRun>& out) const override {
+    const Format& f = cache_.format(layer_);
+    const int d = cache_.head_dim(), bs = cache_.block_size(), H = cache_.n_kv_heads();
+    const size_t sb = f.slot_bytes(d), pb = cache_.page_bytes(layer_);
+    const uint8_t* pool = cache_.pool(layer_);
+    for (int64_t p = k0; p <= k1;) {
+      const int t0 = static_cast<int>(p % bs);
+      const int n = static_cast<int>(std::min<int64_t>(k1 - p + 1, bs - t0));
+      const uint8_t* page = pool + blocks_[p / bs] * pb;
+      if (cache_.layout() == PageLayout::Slot) {
+        out.push_back(cpu::slot_layout_run(f, d, page + (static_cast<size_t>(t0) * H + head) * sb, H * sb, p, n));
+      } else {
+        const size_t kcb = f.key_code_bytes(d), vcb = f.value_code_bytes(d), kmb = f.key_meta_bytes();
+        const uint8_t* sec = page + static_cast<size_t>(head) * bs * sb;
+        const uint8_t* meta = sec + bs * (kcb + vcb);
+        cpu::SlotRun r{};
+        r.pos0 = p;
+        r.n = n;
+        r.kc = sec + t0 * kcb;
+        r.kc_stride = kcb;
+        r.vc = sec + bs * kcb + t0 * vcb;
+        r.vc_stride = vcb;
+        if (kmb) r.km = meta + 2 * t0;
+        r.km_stride = 2;
+        meta += bs * kmb;
+        if (f.value_meta_bytes()) r.vm0 = meta + 2 * t0;
+        if (f.value_meta_bytes() >= 4) r.vm1 = meta + 2 * bs + 2 * t0;
+        r.vm0_stride = r.vm1_stride = 2;
+        out.push_back(r);
+      }
+      p += n;
+    }
+  }
+
+ private:
+  const PagedCache& cache_;
+  int layer_;
+  std::span<const int32_t> blocks_;
+};
+
+struct PagedPlan {
+  int group;
+  float scale;
+};
+
+PagedPlan check_paged(const PagedCache& cache, int layer, std::span<const int64_t> seqs,
+                      const PagedAttentionParams& params) {
+  if (layer < 0 || layer >= cache.n_layers())
+    throw Error(ErrorCode::OutOfRange, "paged attention: layer " + std::to_string(layer) + " out of range");
+  const int H = cache.n_kv_heads(), d = cache.head_dim();
+  if (params.head_dim != 0 && params.head_dim != d)
+    throw Error(ErrorCode::InvalidArgument, "paged attention: query head dim " + std::to_string(params.head_dim) +
+                                                " does not match the cache's " + std::to_string(d));
+  if (params.n_q_heads < H || params.n_q_heads % H != 0)
+    throw Error(ErrorCode::InvalidArgument, "paged attention: n_q_heads " + std::to_string(params.n_q_heads) +
+                                                " is not a multiple of n_kv_heads " + std::to_string(H));
+  if (params.window < 0) throw Error(ErrorCode::InvalidArgument, "paged attention: negative window");
+  for (int64_t s : seqs) {
+    if (!cache.has_sequence(s)) throw Error(ErrorCode::OutOfRange, "paged attention: unknown sequence " + std::to_string(s));
+    if (cache.seq_len(s) == 0)
+      throw Error(ErrorCode::OutOfRange, "paged attention: sequence " + std::to_string(s) + " is empty");
+  }
+  return {params.n_q_heads / H, params.scale != 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(d))};
+}
+
+}  // namespace
+
+void paged_attention(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,
+                     const PagedAttentionParams& params, float* out) {
+  const PagedPlan plan = check_paged(cache, layer, seqs, params);
+  const SlotCodec& codec = cache.codec(layer);
+  const int H = cache.n_kv_heads(), Hq = params.n_q_heads, G = plan.group, d = cache.head_dim();
+  std::vector<PageSource> sources;
+  sources.reserve(seqs.size());
+  for (int64_t s : seqs) sources.emplace_back(cache, layer, cache.block_table(s));
+  std::vector<cpu::AttnGroup> groups;
+  groups.reserve(seqs.size() * H);
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int64_t pos = cache.seq_len(seqs[b]) - 1;
+    const int64_t begin = params.window > 0 ? std::max<int64_t>(0, pos - params.window + 1) : 0;
+    for (int h = 0; h < H; ++h) {
+      cpu::AttnGroup& g = groups.emplace_back();
+      g.src = &sources[b];
+      g.head = h;
+      for (int j = 0; j < G; ++j) {
+        const size_t off = (b * Hq + static_cast<size_t>(h) * G + j) * d;
+        cpu::push_query(codec, q + off, plan.scale, g);
+        g.begin.push_back(begin);
+        g.end.push_back(pos);
+        g.out.push_back(out + off);
+        ++g.rows;
+      }
+    }
+  }
+  cpu::run_attention_groups(codec, groups);
+}
+
+void paged_attention_reference(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,
+                               const PagedAttentionParams& params, float* out) {
+  const PagedPlan plan = check_paged(cache, layer, seqs, params);
+  const SlotCodec& codec = cache.codec(layer);
+  const int H = cache.n_kv_heads(), Hq = params.n_q_heads, d = cache.head_dim();
+  const size_t sb = codec.slot_bytes();
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int64_t pos = cache.seq_len(seqs[b]) - 1;
+    const int64_t begin = params.window > 0 ? std::max<int64_t>(0, pos - params.window + 1) : 0;
+    const int n = static_cast<int>(pos - begin + 1);
+    std::vector<uint8_t> bytes(static_cast<size_t>(n) * sb);
+    std::vector<const uint8_t*> slots(n);
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < n; ++i) {
+        cache.read_slot(layer, seqs[b], begin + i, h, bytes.data() + i * sb);
+        slots[i] = bytes.data() + i * sb;
+      }
+      const size_t off = (b * Hq + static_cast<size_t>(h) * plan.group) * d;
+      reference_attention(codec, slots.data(), n, q + off, plan.group, plan.scale, out + off);
+    }
+  }
+}
+
+}  // namespace tqkv

@@ -1,0 +1,244 @@
+#include "tqkv/paged_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "tqkv/error.h"
+
+namespace tqkv {
+
+PagedCache::PagedCache(const PagedCacheConfig& config) : config_(config) {
+  const int bs = config_.block_size;
+  if (bs != 16 && bs != 32 && bs != 64 && bs != 128)
+    throw Error(ErrorCode::InvalidArgument, "block_size must be 16, 32, 64 or 128, got " + std::to_string(bs));
+  if (config_.n_layers < 1 || config_.n_kv_heads < 1 || config_.head_dim < 2 || config_.num_blocks < 1)
+    throw Error(ErrorCode::InvalidArgument,
+                "paged cache needs n_layers >= 1, n_kv_heads >= 1, head_dim >= 2, num_blocks >= 1");
+  if (config_.layer_formats.empty()) config_.layer_formats.assign(config_.n_layers, &find_format(kDefaultFormat));
+  if (static_cast<int>(config_.layer_formats.size()) != config_.n_layers)
+    throw Error(ErrorCode::InvalidArgument, "layer_formats has " + std::to_string(config_.layer_formats.size()) +
+                                                " entries for " + std::to_string(config_.n_layers) + " layers");
+  for (int l = 0; l < config_.n_layers; ++l) {
+    codecs_.push_back(std::make_unique<SlotCodec>(*config_.layer_formats[l], config_.head_dim, config_.seed));
+    pools_.emplace_back(page_bytes(l) * static_cast<size_t>(config_.num_blocks), 0);
+  }
+  refs_.assign(config_.num_blocks, 0);
+  for (int32_t b = config_.num_blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 first
+}
+
+void PagedCache::check_layer(int layer) const {
+  if (layer < 0 || layer >= config_.n_layers)
+    throw Error(ErrorCode::OutOfRange, "layer " + std::to_string(layer) + " out of range [0, " +
+                                           std::to_string(config_.n_layers) + ")");
+}
+
+const Format& PagedCache::format(int layer) const {
+  check_layer(layer);
+  return *config_.layer_formats[layer];
+}
+
+const SlotCodec& PagedCache::codec(int layer) const {
+  check_layer(layer);
+  return *codecs_[layer];
+}
+
+int PagedCache::ref_count(int32_t block) const {
+  if (block < 0 || block >= config_.num_blocks) throw Error(ErrorCode::OutOfRange, "block id out of range");
+  return refs_[block];
+}
+
+const PagedCache::Sequence& PagedCache::seq_at(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw Error(ErrorCode::OutOfRange, "unknown sequence " + std::to_string(seq));
+  return it->second;
+}
+
+int64_t PagedCache::add_sequence() {
+  seqs_.emplace(next_id_, Sequence{});
+  return next_id_++;
+}
+
+int64_t PagedCache::fork(int64_t parent) {
+  Sequence child = seq_at(parent);
+  for (int32_t b : child.blocks) ++refs_[b];
+  seqs_.emplace(next_id_, std::move(child));
+  return next_id_++;
+}
+
+void PagedCache::free_sequence(int64_t seq) {
+  const Sequence& s = seq_at(seq);
+  for (int32_t b : s.blocks)
+    if (--refs_[b] == 0) free_.push_back(b);
+  seqs_.erase(seq);
+}
+
+int64_t PagedCache::seq_len(int64_t seq) const { return seq_at(seq).len; }
+
+std::span<const int32_t> PagedCache::block_table(int64_t seq) const { return seq_at(seq).blocks; }
+
+std::vector<int64_t> PagedCache::append_slots(int64_t seq, int n) {
+  if (n < 0) throw Error(ErrorCode::InvalidArgument, "negative token count");
+  seq_at(seq);
+  Sequence& s = seqs_[seq];
+  const int bs = config_.block_size;
+  const int64_t have = static_cast<int64_t>(s.blocks.size());
+  const int64_t need_total = (s.len + n + bs - 1) / bs;
+  const bool cow = n > 0 && s.len % bs != 0 && refs_[s.blocks.back()] > 1;
+  const int64_t need = need_total - have + (cow ? 1 : 0);
+  if (need > static_cast<int64_t>(free_.size()))
+    throw Error(ErrorCode::Capacity, "block pool exhausted: " + std::to_string(n) + " tokens need " +
+                                         std::to_string(need) + " free blocks, " + std::to_string(free_.size()) +
+                                         " left");
+  if (cow) {  // copy the shared partly filled last page (every layer), then write to the copy
+    const int32_t old = s.blocks.back(), fresh = free_.back();
+    free_.pop_back();
+    for (int l = 0; l < config_.n_layers; ++l) {
+      const size_t pb = page_bytes(l);
+      std::memcpy(pools_[l].data() + fresh * pb, pools_[l].data() + old * pb, pb);
+    }
+    --refs_[old];
+    refs_[fresh] = 1;
+    s.blocks.back() = fresh;
+  }
+  while (static_cast<int64_t>(s.blocks.size()) < need_total) {
+    const int32_t b = free_.back();
+    free_.pop_back();
+    refs_[b] = 1;
+    for (int l = 0; l < config_.n_layers; ++l)  // fresh pages read as zeros (padding included)
+      std::memset(pools_[l].data() + b * page_bytes(l), 0, page_bytes(l));
+    s.blocks.push_back(b);
+  }
+  std::vector<int64_t> slots(n);
+  for (int i = 0; i < n; ++i) {
+    const int64_t pos = s.len + i;
+    slots[i] = static_cast<int64_t>(s.blocks[pos / bs]) * bs + pos % bs;
+  }
+  s.len += n;
+  return slots;
+}
+
+// Slot-layout bytes of one (token, head) -> their places in a page (FORMAT.md).
+void PagedCache::place_slot(int layer, int64_t slot, int head, const uint8_t* in) {
+  const Format& f = *config_.layer_formats[layer];
+  const int bs = config_.block_size, H = config_.n_kv_heads, d = config_.head_dim;
+  const size_t sb = f.slot_bytes(d);
+  uint8_t* page = pools_[layer].data() + (slot / bs) * page_bytes(layer);
+  const int t = static_cast<int>(slot % bs);
+  if (config_.layout == PageLayout::Slot) {
+    std::memcpy(page + (static_cast<size_t>(t) * H + head) * sb, in, sb);
+    return;
+  }
+  const size_t kcb = f.key_code_bytes(d), vcb = f.value_code_bytes(d), kmb = f.key_meta_bytes(),
+               vmb = f.value_meta_bytes(), kb = f.key_bytes(d);
+  uint8_t* sec = page + static_cast<size_t>(head) * bs * sb;
+  std::memcpy(sec + t * kcb, in, kcb);
+  std::memcpy(sec + bs * kcb + t * vcb, in + kb, vcb);
+  uint8_t* meta = sec + bs * (kcb + vcb);
+  for (size_t j = 0; j < kmb / 2; ++j) std::memcpy(meta + j * 2 * bs + 2 * t, in + kcb + 2 * j, 2);
+  meta += bs * kmb;
+  for (size_t j = 0; j < vmb / 2; ++j) std::memcpy(meta + j * 2 * bs + 2 * t, in + kb + vcb + 2 * j, 2);
+}
+
+void PagedCache::gather_slot(int layer, int32_t block, int t, int head, uint8_t* out) const {
+  const Format& f = *config_.layer_formats[layer];
+  const int bs = config_.block_size, H = config_.n_kv_heads, d = config_.head_dim;
+  const size_t sb = f.slot_bytes(d);
+  const uint8_t* page = pools_[layer].data() + block * page_bytes(layer);
+  if (config_.layout == PageLayout::Slot) {
+    std::memcpy(out, page + (static_cast<size_t>(t) * H + head) * sb, sb);
+    return;
+  }
+  const size_t kcb = f.key_code_bytes(d), vcb = f.value_code_bytes(d), kmb = f.key_meta_bytes(),
+               vmb = f.value_meta_bytes(), kb = f.key_bytes(d);
+  std::memset(out, 0, sb);
+  const uint8_t* sec = page + static_cast<size_t>(head) * bs * sb;
+  std::memcpy(out, sec + t * kcb, kcb);
+  std::memcpy(out + kb, sec + bs * kcb + t * vcb, vcb);
+  const uint8_t* meta = sec + bs * (kcb + vcb);
+  for (size_t j = 0; j < kmb / 2; ++j) std::memcpy(out + kcb + 2 * j, meta + j * 2 * bs + 2 * t, 2);
+  meta += bs * kmb;
+  for (size_t j = 0; j < vmb / 2; ++j) std::memcpy(out + kb + vcb + 2 * j, meta + j * 2 * bs + 2 * t, 2);
+}
+
+void PagedCache::store(int layer, std::span<const int64_t> slot_mapping, const float* k, const float* v,
+                       int n_kv_heads, int head_dim) {
+  check_layer(layer);
+  if (n_kv_heads != config_.n_kv_heads || head_dim != config_.head_dim)
+    throw Error(ErrorCode::InvalidArgument,
+                "store: K/V shape [*, " + std::to_string(n_kv_heads) + ", " + std::to_string(head_dim) +
+                    "] does not match the cache [*, " + std::to_string(config_.n_kv_heads) + ", " +
+                    std::to_string(config_.head_dim) + "]");
+  const int64_t n_slots = static_cast<int64_t>(config_.num_blocks) * config_.block_size;
+  for (size_t i = 0; i < slot_mapping.size(); ++i)
+    if (slot_mapping[i] >= n_slots)
+      throw Error(ErrorCode::OutOfRange, "store: slot " + std::to_string(slot_mapping[i]) + " of token " +
+                                             std::to_string(i) + " is past the pool (" + std::to_string(n_slots) +
+                                             " slots)");
+  // Encode everything first: a bad token must leave every page as it was.
+  const SlotCodec& c = *codecs_[layer];
+  const int H = config_.n_kv_heads, d = config_.head_dim;
+  const size_t sb = c.slot_bytes();
+  std::vector<uint8_t> scratch(slot_mapping.size() * H * sb);
+  for (size_t i = 0; i < slot_mapping.size(); ++i) {
+    if (slot_mapping[i] < 0) continue;
+    for (int h = 0; h < H; ++h) {
+      const size_t at = i * H + h;
+      c.encode(k + at * d, v + at * d, scratch.data() + at * sb);
+    }
+  }
+  for (size_t i = 0; i < slot_mapping.size(); ++i) {
+    if (slot_mapping[i] < 0) continue;
+    for (int h = 0; h < H; ++h) place_slot(layer, slot_mapping[i], h, scratch.data() + (i * H + h) * sb);
+  }
+}
+
+void PagedCache::read_slot(int layer, int64_t seq, int64_t pos, int head, uint8_t* out) const {
+  check_layer(layer);
+  const Sequence& s = seq_at(seq);
+  if (pos < 0 || pos >= s.len)
+    throw Error(ErrorCode::OutOfRange, "position " + std::to_string(pos) + " past the end of sequence " +
+                                           std::to_string(seq) + " (length " + std::to_string(s.len) + ")");
+  if (head < 0 || head >= config_.n_kv_heads) throw Error(ErrorCode::OutOfRange, "kv head out of range");
+  const int bs = config_.block_size;
+  gather_slot(layer, s.blocks[pos / bs], static_cast<int>(pos % bs), head, out);
+}
+
+void PagedCache::decode(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const {
+  check_layer(layer);
+  const Sequence& s = seq_at(seq);
+  if (count < 0 || start < 0 || start + count > s.len)
+    throw Error(ErrorCode::OutOfRange, "decode range [" + std::to_string(start) + ", " +
+                                           std::to_string(start + count) + ") past the end of sequence " +
+                                           std::to_string(seq) + " (length " + std::to_string(s.len) + ")");
+  const SlotCodec& c = *codecs_[layer];
+  const int H = config_.n_kv_heads, d = config_.head_dim;
+  std::vector<uint8_t> slot(c.slot_bytes());
+  for (int t = 0; t < count; ++t)
+    for (int h = 0; h < H; ++h) {
+      read_slot(layer, seq, start + t, h, slot.data());
+      float* o = out + (static_cast<size_t>(t) * H + h) * d;
+      if (keys)
+        c.decode_key(slot.data(), o);
+      else
+        c.decode_value(slot.data() + c.key_bytes(), o);
+    }
+}
+
+const uint8_t* PagedCache::pool(int layer) const {
+  check_layer(layer);
+  return pools_[layer].data();
+}
+
+uint8_t* PagedCache::pool_mut(int layer) {
+  check_layer(layer);
+  return pools_[layer].data();
+}
+
+size_t PagedCache::bytes() const {
+  size_t total = 0;
+  for (const auto& p : pools_) total += p.size();
+  return total;
+}
+
+}  // namespace tqkv

@@ -1,0 +1,273 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "tqkv/attention.h"
+#include "tqkv/error.h"
+#include "tqkv/paged_cache.h"
+#include "tqkv/simd.h"
+
+namespace tqkv {
+namespace {
+
+std::vector<float> gaussian(size_t n, uint64_t seed, float sigma = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = g(rng);
+  return v;
+}
+
+double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+PagedCacheConfig config(const char* format, int bs, PageLayout layout, int blocks = 64, int H = 2, int d = 64) {
+  PagedCacheConfig c;
+  c.n_layers = 2;
+  c.n_kv_heads = H;
+  c.head_dim = d;
+  c.block_size = bs;
+  c.num_blocks = blocks;
+  c.layout = layout;
+  c.layer_formats = {&find_format(format), &find_format(format)};
+  return c;
+}
+
+// Appends n random tokens to a sequence in every layer; returns the K/V written.
+std::pair<std::vector<float>, std::vector<float>> append(PagedCache& cache, int64_t seq, int n, uint64_t seed) {
+  const int H = cache.n_kv_heads(), d = cache.head_dim();
+  auto k = gaussian(static_cast<size_t>(n) * H * d, seed), v = gaussian(k.size(), seed + 1);
+  const auto slots = cache.append_slots(seq, n);
+  for (int l = 0; l < cache.n_layers(); ++l) cache.store(l, slots, k.data(), v.data(), H, d);
+  return {k, v};
+}
+
+TEST(PagedCache, PoolFreeListAndRefCounts) {
+  PagedCache cache(config("tq-k4v2", 16, PageLayout::Slot, 4));
+  EXPECT_EQ(cache.free_blocks(), 4);
+  const int64_t a = cache.add_sequence();
+  const auto slots = cache.append_slots(a, 20);  // 2 pages
+  EXPECT_EQ(cache.free_blocks(), 2);
+  ASSERT_EQ(cache.block_table(a).size(), 2u);
+  const int32_t b0 = cache.block_table(a)[0], b1 = cache.block_table(a)[1];
+  EXPECT_EQ(slots[0], b0 * 16);
+  EXPECT_EQ(slots[17], b1 * 16 + 1);
+  EXPECT_EQ(cache.ref_count(b0), 1);
+  // Exhausting the pool fails and changes nothing.
+  const int64_t b = cache.add_sequence();
+  EXPECT_THROW(cache.append_slots(b, 3 * 16 + 1), Error);
+  try {
+    cache.append_slots(b, 100);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Capacity);
+  }
+  EXPECT_EQ(cache.free_blocks(), 2);
+  EXPECT_EQ(cache.seq_len(b), 0);
+  cache.append_slots(b, 32);
+  EXPECT_EQ(cache.free_blocks(), 0);
+  cache.free_sequence(a);
+  EXPECT_EQ(cache.free_blocks(), 2);
+  EXPECT_EQ(cache.ref_count(b0), 0);
+  EXPECT_THROW(cache.seq_len(a), Error);
+  EXPECT_THROW(cache.append_slots(a, 1), Error);
+  EXPECT_THROW(PagedCache(config("f16", 24, PageLayout::Slot)), Error);
+}
+
+TEST(PagedCache, ForkSharesFullPagesAndCopiesThePartialLastOnWrite) {
+  for (PageLayout layout : {PageLayout::Slot, PageLayout::Page}) {
+    PagedCache cache(config("turboquant_k3v4_nc", 16, layout, 16));
+    const int64_t parent = cache.add_sequence();
+    const auto [k, v] = append(cache, parent, 40, 1);  // pages: full, full, 8 of 16
+    const int64_t child = cache.fork(parent);
+    const std::vector<int32_t> pt(cache.block_table(parent).begin(), cache.block_table(parent).end());
+    for (int32_t blk : pt) EXPECT_EQ(cache.ref_count(blk), 2);
+    const int free_before = cache.free_blocks();
+    append(cache, child, 3, 7);  // writes into the shared partial page: copy it
+    const auto ct = cache.block_table(child);
+    EXPECT_EQ(ct[0], pt[0]);
+    EXPECT_EQ(ct[1], pt[1]);
+    EXPECT_NE(ct[2], pt[2]);
+    EXPECT_EQ(cache.free_blocks(), free_before - 1);
+    EXPECT_EQ(cache.ref_count(pt[0]), 2);
+    EXPECT_EQ(cache.ref_count(pt[2]), 1);
+    EXPECT_EQ(cache.seq_len(parent), 40);
+    EXPECT_EQ(cache.seq_len(child), 43);
+    // The shared prefix decodes identically from both, and the parent is untouched.
+    for (int l = 0; l < 2; ++l) {
+      std::vector<float> a(40 * 2 * 64), b(a.size());
+      cache.decode(l, parent, 0, 40, false, a.data());
+      cache.decode(l, child, 0, 40, false, b.data());
+      EXPECT_EQ(a, b);
+    }
+    // Appending to the parent now writes its own page (refcount 1): no copy.
+    append(cache, parent, 2, 9);
+    EXPECT_EQ(cache.block_table(parent)[2], pt[2]);
+    cache.free_sequence(parent);
+    EXPECT_EQ(cache.ref_count(pt[0]), 1);
+  }
+}
+
+// The documented bytes (FORMAT.md "Paged cache"), for both layouts, against the codec's slot.
+TEST(PagedCache, LayoutsMatchFormatMdByteForByte) {
+  const int H = 2, d = 128, bs = 16;
+  for (PageLayout layout : {PageLayout::Slot, PageLayout::Page}) {
+    PagedCache cache(config("turboquant_k3v4_nc", bs, layout, 4, H, d));
+    const int64_t s = cache.add_sequence();
+    const auto [k, v] = append(cache, s, 21, 3);
+    const SlotCodec& codec = cache.codec(0);
+    const size_t sb = 118;
+    ASSERT_EQ(codec.slot_bytes(), sb);
+    ASSERT_EQ(cache.page_bytes(0), static_cast<size_t>(bs) * H * sb);
+    for (int pos : {0, 5, 15, 16, 20}) {
+      for (int h = 0; h < H; ++h) {
+        std::vector<uint8_t> want(sb);
+        codec.encode(&k[(static_cast<size_t>(pos) * H + h) * d], &v[(static_cast<size_t>(pos) * H + h) * d], want.data());
+        const uint8_t* page = cache.pool(0) + cache.block_table(s)[pos / bs] * cache.page_bytes(0);
+        const int t = pos % bs;
+        std::vector<uint8_t> got(sb);
+        if (layout == PageLayout::Slot) {
+          std::memcpy(got.data(), page + (t * H + h) * sb, sb);
+        } else {
+          // Section h: K codes (48 B/token), V codes (64 B/token), K norm plane, V scale plane,
+          // V zero plane.
+          const uint8_t* sec = page + h * bs * sb;
+          std::memcpy(got.data(), sec + t * 48, 48);
+          std::memcpy(got.data() + 48, sec + bs * 112 + 2 * t, 2);
+          std::memcpy(got.data() + 50, sec + bs * 48 + t * 64, 64);
+          std::memcpy(got.data() + 114, sec + bs * 112 + bs * 2 + 2 * t, 2);
+          std::memcpy(got.data() + 116, sec + bs * 112 + bs * 4 + 2 * t, 2);
+        }
+        EXPECT_EQ(got, want) << "pos " << pos << " head " << h;
+        std::vector<uint8_t> via(sb);
+        cache.read_slot(0, s, pos, h, via.data());
+        EXPECT_EQ(via, want);
+      }
+    }
+  }
+}
+
+struct LevelGuard {
+  SimdLevel level = active_simd_level();
+  ~LevelGuard() {
+    set_simd_level(level);
+    set_attention_threads(0);
+  }
+};
+
+TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
+  LevelGuard guard;
+  const int H = 2, Hq = 8, d = 64;
+  for (const char* name : {"f16", "fp8", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k4v2",
+                           "tq-k3v3"}) {
+    for (PageLayout layout : {PageLayout::Slot, PageLayout::Page}) {
+      for (int bs : {16, 32, 64, 128}) {
+        PagedCache cache(config(name, bs, layout, 48, H, d));
+        const int64_t a = cache.add_sequence(), b = cache.add_sequence();
+        const auto kv_a = append(cache, a, 300, 10);
+        append(cache, b, 77, 20);
+        const int64_t c = cache.fork(b);  // shares b's pages, then diverges
+        append(cache, c, 5, 30);
+        const std::vector<int64_t> seqs = {a, b, c};
+        const auto q = gaussian(seqs.size() * Hq * d, 40);
+        for (int window : {0, 33}) {
+          PagedAttentionParams p;
+          p.n_q_heads = Hq;
+          p.window = window;
+          std::vector<float> ref(q.size());
+          paged_attention_reference(cache, 1, seqs, q.data(), p, ref.data());
+          for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
+            if (!simd_level_supported(level)) continue;
+            set_simd_level(level);
+            for (int threads : {1, 2}) {
+              set_attention_threads(threads);
+              std::vector<float> out(q.size(), NAN);
+              paged_attention(cache, 1, seqs, q.data(), p, out.data());
+              EXPECT_LT(rel_error(out, ref), 1e-5) << name << " bs " << bs << " level " << simd_level_name(level);
+            }
+          }
+          // The same tokens in a contiguous cache give the same answer for sequence a.
+          ContiguousCacheConfig cc;
+          cc.n_kv_heads = H;
+          cc.head_dim = d;
+          cc.capacity = 512;
+          cc.layer_formats = {&find_format(name)};
+          ContiguousCache flat(cc);
+          flat.write(0, 0, 300, kv_a.first.data(), kv_a.second.data());
+          AttentionParams ap;
+          ap.n_q_heads = Hq;
+          ap.window = window;
+          std::vector<float> out(Hq * d), paged(Hq * d);
+          attention(flat, 0, q.data(), 1, 299, ap, out.data());
+          paged_attention(cache, 1, std::vector<int64_t>{a}, q.data(), p, paged.data());
+          EXPECT_LT(rel_error(paged, out), 1e-6) << name;
+        }
+      }
+    }
+  }
+}
+
+TEST(PagedCache, BadInputThrowsAndWritesNothing) {
+  PagedCache cache(config("tq-k4v2", 16, PageLayout::Page, 4));
+  const int64_t s = cache.add_sequence();
+  append(cache, s, 5, 1);
+  const std::vector<uint8_t> before(cache.pool(0), cache.pool(0) + cache.page_bytes(0) * 4);
+  auto k = gaussian(3 * 2 * 64, 5), v = gaussian(3 * 2 * 64, 6);
+  const auto slots = cache.append_slots(s, 3);
+  // Mismatched head dim / head count.
+  EXPECT_THROW(cache.store(0, slots, k.data(), v.data(), 2, 32), Error);
+  EXPECT_THROW(cache.store(0, slots, k.data(), v.data(), 1, 64), Error);
+  // A slot past the pool.
+  std::vector<int64_t> bad = slots;
+  bad[2] = 4 * 16;
+  EXPECT_THROW(cache.store(0, bad, k.data(), v.data(), 2, 64), Error);
+  // NaN in the last token.
+  k[2 * 2 * 64 + 3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(cache.store(0, slots, k.data(), v.data(), 2, 64), Error);
+  EXPECT_THROW(cache.store(2, slots, k.data(), v.data(), 2, 64), Error);
+  const std::vector<uint8_t> after(cache.pool(0), cache.pool(0) + cache.page_bytes(0) * 4);
+  EXPECT_EQ(before, after);
+  // Unknown sequence, position past the end, bad attention arguments.
+  std::vector<float> out(64 * 6, 7.0f), q(64 * 6, 0.5f);
+  EXPECT_THROW(cache.decode(0, s, 7, 2, true, out.data()), Error);
+  EXPECT_THROW(cache.decode(0, 99, 0, 1, true, out.data()), Error);
+  EXPECT_THROW(cache.fork(99), Error);
+  PagedAttentionParams p;
+  p.n_q_heads = 6;
+  EXPECT_THROW(paged_attention(cache, 0, std::vector<int64_t>{99}, q.data(), p, out.data()), Error);
+  p.head_dim = 128;
+  EXPECT_THROW(paged_attention(cache, 0, std::vector<int64_t>{s}, q.data(), p, out.data()), Error);
+  p.head_dim = 64;
+  p.n_q_heads = 3;
+  EXPECT_THROW(paged_attention(cache, 0, std::vector<int64_t>{s}, q.data(), p, out.data()), Error);
+  p.n_q_heads = 6;
+  const int64_t empty = cache.add_sequence();
+  EXPECT_THROW(paged_attention(cache, 0, std::vector<int64_t>{s, empty}, q.data(), p, out.data()), Error);
+  EXPECT_THROW(paged_attention(cache, 5, std::vector<int64_t>{s}, q.data(), p, out.data()), Error);
+  EXPECT_EQ(out[0], 7.0f);
+}
+
+TEST(PagedCache, NegativeSlotsAreSkipped) {
+  PagedCache cache(config("f32", 16, PageLayout::Slot, 2));
+  const int64_t s = cache.add_sequence();
+  const auto slots = cache.append_slots(s, 2);
+  const auto k = gaussian(2 * 2 * 64, 1), v = gaussian(2 * 2 * 64, 2);
+  const std::vector<int64_t> mapping = {slots[0], -1};
+  cache.store(0, mapping, k.data(), v.data(), 2, 64);
+  std::vector<float> out(2 * 2 * 64);
+  cache.decode(0, s, 0, 2, true, out.data());
+  for (int i = 0; i < 128; ++i) EXPECT_EQ(out[i], k[i]);
+  for (int i = 128; i < 256; ++i) EXPECT_EQ(out[i], 0.0f);
+}
+
+}  // namespace
+}  // namespace tqkv
