@@ -116,36 +116,43 @@ __device__ __forceinline__ uint32_t lut_ld(const char* base, uint32_t x128, uint
   return *reinterpret_cast<const uint32_t*>(base + (x128 | lane4));
 }
 
-// Reads BYTES bytes at p (aligned to BYTES' lowest set bit, at most 16) into words.
-template <int BYTES>
+template <bool G, typename V>
+__device__ __forceinline__ V ld(const V* p) {
+  if constexpr (G) return __ldg(p);
+  else return *p;
+}
+
+// Reads BYTES bytes at p (aligned to BYTES' lowest set bit, at most 16) into words; G: global
+// memory through the read-only path, else shared memory.
+template <int BYTES, bool G = true>
 __device__ __forceinline__ void load_chunk(uint32_t (&w)[(BYTES + 3) / 4], const uint8_t* p) {
   constexpr int A = (BYTES & -BYTES) >= 16 ? 16 : (BYTES & -BYTES);
   if constexpr (A == 16) {
 #pragma unroll
     for (int i = 0; i < BYTES / 16; ++i) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      const uint4 v = ld<G>(reinterpret_cast<const uint4*>(p) + i);
       w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
     }
   } else if constexpr (A == 8) {
 #pragma unroll
     for (int i = 0; i < BYTES / 8; ++i) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+      const uint2 v = ld<G>(reinterpret_cast<const uint2*>(p) + i);
       w[2 * i] = v.x, w[2 * i + 1] = v.y;
     }
   } else if constexpr (A == 4) {
 #pragma unroll
-    for (int i = 0; i < BYTES / 4; ++i) w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
+    for (int i = 0; i < BYTES / 4; ++i) w[i] = ld<G>(reinterpret_cast<const uint32_t*>(p) + i);
   } else if constexpr (A == 2) {
 #pragma unroll
     for (int i = 0; i < (BYTES + 3) / 4; ++i) w[i] = 0;
 #pragma unroll
     for (int i = 0; i < BYTES / 2; ++i)
-      w[i / 2] |= static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(p) + i)) << (16 * (i & 1));
+      w[i / 2] |= static_cast<uint32_t>(ld<G>(reinterpret_cast<const unsigned short*>(p) + i)) << (16 * (i & 1));
   } else {
 #pragma unroll
     for (int i = 0; i < (BYTES + 3) / 4; ++i) w[i] = 0;
 #pragma unroll
-    for (int i = 0; i < BYTES; ++i) w[i / 4] |= static_cast<uint32_t>(__ldg(p + i)) << (8 * (i & 3));
+    for (int i = 0; i < BYTES; ++i) w[i / 4] |= static_cast<uint32_t>(ld<G>(p + i)) << (8 * (i & 3));
   }
 }
 
@@ -166,9 +173,25 @@ struct Traits {
   static constexpr int VW = (VCH + 3) / 4;
   static constexpr int KLUT = klut_entries(KK) * 32;
   static constexpr int VLUT = vlut_entries(VK) * 32;
-  static constexpr int SMEM = (KLUT + VLUT) * 4 + kMaxGroup * D * 4;
-  static constexpr int RAW_WORDS = 2 * KW + 4 * VW + 6;
-  static constexpr bool PREFETCH = RAW_WORDS <= 40;
+  static constexpr int LUT_BYTES = (KLUT + VLUT) * 4 + kMaxGroup * D * 4;  // tables + rotated queries
+  // Compressed formats stream tiles through a per-warp ring of shared-memory stages filled with
+  // cp.async, so many tiles are in flight without holding registers; the 16-bit formats (large
+  // tiles) load straight into registers instead.
+  static constexpr bool ASYNC = !(KK == K_F16 || KK == K_BF16);
+  static constexpr int WARPS = (ASYNC && D <= 128) ? 8 : 4;
+  static constexpr int MIN_BLOCKS = (ASYNC && D <= 128) ? 2 : 1;
+  static constexpr int KPL = 16 * KCB;                              // key plane of a tile
+  static constexpr int PV = (VCB & -VCB) >= 16 ? 16 : (VCB & -VCB);  // cp.async piece of a value row
+  static constexpr int VROW = VCB + (VCB % 16 == 0 ? 16 : 8);       // padded: conflict-free reads
+  static constexpr int VPL = 16 * VROW;
+  static constexpr int KM_OFF = 0, VS_OFF = KMB ? 32 : 0, VZ_OFF = VS_OFF + 32;
+  static constexpr int M_PLANES = (KMB ? 1 : 0) + ((is_uniform(VK) || is_vmse(VK)) ? 1 : 0) + (is_uniform(VK) ? 1 : 0);
+  static constexpr int STAGE = KPL + VPL + 96;
+  static constexpr int BUDGET = (D <= 128 ? 113 : 220) * 1024 - LUT_BYTES;
+  static constexpr int NST_RAW = BUDGET / (WARPS * STAGE);
+  static constexpr int NST = !ASYNC ? 0 : NST_RAW < 2 ? 2 : NST_RAW > 6 ? 6 : NST_RAW;
+  static constexpr int SMEM = LUT_BYTES + WARPS * NST * STAGE;
+  static_assert(KM_OFF == 0 && VZ_OFF > VS_OFF && PV > 0 && VROW % PV == 0 && M_PLANES <= 3, "stage layout");
 };
 
 template <int D, int KK, int VK>
@@ -211,6 +234,65 @@ __device__ __forceinline__ void load_tile(Raw<D, KK, VK>& r, const uint8_t* sec,
   if constexpr (is_uniform(VK)) {
     r.vz[0] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.vz[0]));
     r.vz[1] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.vz[1]));
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async(uint32_t dst, const void* src) {
+  if constexpr (N == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(N));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Copies one tile (its key plane, padded value rows and metadata) into a ring stage; the warp
+// shares the pieces.
+template <int D, int KK, int VK>
+__device__ __forceinline__ void issue_tile(uint32_t st, const uint8_t* sec, int off, int bs, int lane) {
+  using T = Traits<D, KK, VK>;
+  const uint8_t* kp = sec + off * T::KCB;
+#pragma unroll
+  for (int i0 = 0; i0 < T::KPL / 16; i0 += 32)
+    if (i0 + lane < T::KPL / 16) cp_async<16>(st + 16 * (i0 + lane), kp + 16 * (i0 + lane));
+  const uint8_t* vp = sec + bs * T::KCB + off * T::VCB;
+  constexpr int PR = T::VCB / T::PV;
+#pragma unroll
+  for (int i0 = 0; i0 < 16 * PR; i0 += 32) {
+    const int i = i0 + lane;
+    if (i < 16 * PR) {
+      const int r = i / PR, j = i % PR;
+      cp_async<T::PV>(st + T::KPL + r * T::VROW + j * T::PV, vp + r * T::VCB + j * T::PV);
+    }
+  }
+  if (lane < 2 * T::M_PLANES) {
+    const int plane = lane >> 1, half = lane & 1;
+    cp_async<16>(st + T::KPL + T::VPL + 32 * plane + 16 * half,
+                 sec + bs * (T::KCB + T::VCB) + plane * 2 * bs + off * 2 + 16 * half);
+  }
+}
+
+// Reads this thread's fragments of a tile from a ring stage (same roles as load_tile).
+template <int D, int KK, int VK>
+__device__ __forceinline__ void read_stage(Raw<D, KK, VK>& r, const uint8_t* st, int g, int c) {
+  using T = Traits<D, KK, VK>;
+  load_chunk<T::KCH, false>(r.k[0], st + g * T::KCB + c * T::KCH);
+  load_chunk<T::KCH, false>(r.k[1], st + (8 + g) * T::KCB + c * T::KCH);
+  const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) load_chunk<T::VCH, false>(r.v[i], st + T::KPL + toks[i] * T::VROW + g * T::VCH);
+  const uint32_t* m = reinterpret_cast<const uint32_t*>(st + T::KPL + T::VPL);
+  if constexpr (T::KMB) {
+    r.kn[0] = m[T::KM_OFF / 4 + c];
+    r.kn[1] = m[T::KM_OFF / 4 + 4 + c];
+  }
+  if constexpr (is_uniform(VK) || is_vmse(VK)) {
+    r.vs[0] = m[T::VS_OFF / 4 + c];
+    r.vs[1] = m[T::VS_OFF / 4 + 4 + c];
+  }
+  if constexpr (is_uniform(VK)) {
+    r.vz[0] = m[T::VZ_OFF / 4 + c];
+    r.vz[1] = m[T::VZ_OFF / 4 + 4 + c];
   }
 }
 
@@ -272,7 +354,7 @@ __device__ __forceinline__ float h_lo(uint32_t x) { return __half2float(__ushort
 __device__ __forceinline__ float h_hi(uint32_t x) { return __half2float(__ushort_as_half(x >> 16)); }
 
 template <int D, int KK, int VK>
-__global__ void __launch_bounds__(kDecodeWarps * 32, D <= 128 ? 4 : 1) decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, VK>::MIN_BLOCKS) decode_kernel(const __grid_constant__ DecodeParams p) {
   using T = Traits<D, KK, VK>;
   constexpr bool BF = T::BF;
   constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T, and m-tiles of O^T
@@ -284,7 +366,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D <= 128 ? 4 : 1) decode_ke
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int hkv = blockIdx.y, b = blockIdx.z;
-  const int split = blockIdx.x * kDecodeWarps + warp;
+  const int split = blockIdx.x * T::WARPS + warp;
   const int group = p.group;
 
   // Lookup tables (replicated per lane).
@@ -366,19 +448,39 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D <= 128 ? 4 : 1) decode_ke
     return p.pages + static_cast<int64_t>(__ldg(bt + (tile >> p.tpp_log2))) * p.page_bytes + sec_off;
   };
 
-  Raw<D, KK, VK> cur, nxt;
-  if (t_begin < t_end) {
+  Raw<D, KK, VK> cur;
+  [[maybe_unused]] const uint8_t* ring = reinterpret_cast<const uint8_t*>(smem) + T::LUT_BYTES + warp * T::NST * T::STAGE;
+  [[maybe_unused]] const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  [[maybe_unused]] int rd = 0, wr = T::NST - 1;
+  if constexpr (T::ASYNC) {
+#pragma unroll
+    for (int i = 0; i < T::NST - 1; ++i) {
+      if (t_begin + i < t_end) {
+        int off;
+        const uint8_t* sec = section(t_begin + i, off);
+        issue_tile<D, KK, VK>(ring_s + i * T::STAGE, sec, off, bs, lane);
+      }
+      cp_async_commit();
+    }
+  } else if (t_begin < t_end) {
     int off;
     const uint8_t* sec = section(t_begin, off);
     load_tile(cur, sec, off, to);
   }
   for (int tile = t_begin; tile < t_end; ++tile) {
-    if constexpr (T::PREFETCH) {
-      if (tile + 1 < t_end) {
+    if constexpr (T::ASYNC) {
+      if (tile + T::NST - 1 < t_end) {
         int off;
-        const uint8_t* sec = section(tile + 1, off);
-        load_tile(nxt, sec, off, to);
+        const uint8_t* sec = section(tile + T::NST - 1, off);
+        issue_tile<D, KK, VK>(ring_s + wr * T::STAGE, sec, off, bs, lane);
       }
+      cp_async_commit();
+      cp_async_wait<T::NST - 1>();
+      __syncwarp();
+      read_stage(cur, ring + rd * T::STAGE, g, c);
+      __syncwarp();  // the stage may be refilled from the next iteration on
+      rd = rd + 1 == T::NST ? 0 : rd + 1;
+      wr = wr + 1 == T::NST ? 0 : wr + 1;
     }
     const int nv = min(kTileTokens, len - tile * kTileTokens);  // valid tokens in this tile
 
@@ -456,14 +558,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, D <= 128 ? 4 : 1) decode_ke
       value_frag<D, KK, VK>(cur.v[2], cur.v[3], m, vlut, lane4, a2, a3);
       mma<BF>(o[m], a0, a1, a2, a3, pb0, pb1);
     }
-    if constexpr (T::PREFETCH) {
-      cur = nxt;
-    } else if (tile + 1 < t_end) {
-      int off;
-      const uint8_t* sec = section(tile + 1, off);
-      load_tile(cur, sec, off, to);
+    if constexpr (!T::ASYNC) {
+      if (tile + 1 < t_end) {
+        int off;
+        const uint8_t* sec = section(tile + 1, off);
+        load_tile(cur, sec, off, to);
+      }
     }
   }
+
 
   // Finalise: per-head sums over the quad, then normalised partial outputs and log2-sum-exp.
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
@@ -532,11 +635,12 @@ int kind_of_value(const Format& f) {
 struct Kernel {
   KernelFn fn = nullptr;
   int smem = 0;
+  int warps = 0;
 };
 
 template <int D, int KK, int VK>
 Kernel make_kernel() {
-  return Kernel{&decode_kernel<D, KK, VK>, Traits<D, KK, VK>::SMEM};
+  return Kernel{&decode_kernel<D, KK, VK>, Traits<D, KK, VK>::SMEM, Traits<D, KK, VK>::WARPS};
 }
 
 template <int D>
@@ -597,16 +701,16 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     TQKV_CUDA_CHECK(cudaGetDevice(&dev));
     TQKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-    TQKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, kDecodeWarps * 32, k.smem));
+    TQKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, k.warps * 32, k.smem));
     const int64_t slots = static_cast<int64_t>(sms) * std::max(per_sm, 1);
     const int64_t units = static_cast<int64_t>(batch) * kv.n_kv_heads;
     int64_t ctas = std::max<int64_t>(1, (slots + units / 2) / units);  // CTAs per (sequence, kv head)
     const int64_t tiles = (std::max(max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
-    const int64_t max_ctas = std::max<int64_t>(1, tiles / (4 * kDecodeWarps));  // >= 4 tiles per warp
-    ctas = std::min({ctas, max_ctas, static_cast<int64_t>(kMaxSplits / kDecodeWarps)});
-    num_splits = static_cast<int>(ctas) * kDecodeWarps;
+    const int64_t max_ctas = std::max<int64_t>(1, tiles / (4 * k.warps));  // >= 4 tiles per warp
+    ctas = std::min({ctas, max_ctas, static_cast<int64_t>(kMaxSplits / k.warps)});
+    num_splits = static_cast<int>(ctas) * k.warps;
   }
-  num_splits = (num_splits + kDecodeWarps - 1) / kDecodeWarps * kDecodeWarps;
+  num_splits = (num_splits + k.warps - 1) / k.warps * k.warps;
   if (num_splits > kMaxSplits) throw_arg("decode: at most " + std::to_string(kMaxSplits) + " splits");
   DecodePlan plan;
   plan.num_splits = num_splits;
@@ -650,8 +754,9 @@ void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& a,
   p.lse_part = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + align256(rows * D * sizeof(float)));
   p.tab = codec.tables();
   TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-  const dim3 grid(plan.num_splits / kDecodeWarps, kv.n_kv_heads, a.batch);
-  k.fn<<<grid, kDecodeWarps * 32, k.smem, stream>>>(p);
+  if (plan.num_splits % k.warps) throw_arg("decode: plan does not match this format");
+  const dim3 grid(plan.num_splits / k.warps, kv.n_kv_heads, a.batch);
+  k.fn<<<grid, k.warps * 32, k.smem, stream>>>(p);
   TQKV_CUDA_CHECK(cudaGetLastError());
 
   MergeParams m{};

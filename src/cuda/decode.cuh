@@ -5,7 +5,7 @@
 
 namespace tqkv::cuda::detail {
 
-inline constexpr int kDecodeWarps = 4;    // one split per warp; a CTA holds 4 splits of one (seq, kv head)
+// One split per warp; a CTA holds Traits::WARPS (4 or 8) consecutive splits of one (sequence, kv head).
 inline constexpr int kTileTokens = 16;    // tokens per MMA tile
 inline constexpr int kMaxGroup = 8;       // query heads per kv head (MMA N = 8)
 inline constexpr int kMaxSplits = 512;    // splits per (sequence, kv head)
