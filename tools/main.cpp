@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tqkv: TurboQuant-style compressed KV caches — formats, codebooks, quality, engine"};
   app.require_subcommand(1);
   register_formats(app);
+  register_bench(app);
   register_codebook(app);
   register_quality(app);
 #ifdef TQKV_HAVE_ENGINE

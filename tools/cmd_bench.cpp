@@ -1,0 +1,184 @@
+// tqkv bench attention --ctx N --batch B --dim D --gqa G [--formats a,b,...] [--json] ...
+//
+// Times decode attention (one query token per sequence, every query head) over a paged cache
+// of B sequences of N tokens, for every listed format in this one process, and prints per
+// format: seconds per step, tokens*heads per second (B * N * query heads / seconds), cache
+// bytes read per second (B * N * kv heads * slot bytes / seconds) and the speed ratio against
+// the f16 cache (timed too if not listed).
+//
+// The cache holds several layers when one layer is small, so that the bytes a step reads are
+// not left in the last-level cache by the previous step (a model's other layers would evict
+// them): each step runs one layer, round robin, over at least --footprint-mb of cache.
+// Pages are filled by encoding 256 tokens of Gaussian K/V and copying those encoded pages.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "tqkv/paged_cache.h"
+#include "tqkv/simd.h"
+
+namespace {
+
+struct BenchOptions {
+  int ctx = 4096, batch = 1, dim = 128, gqa = 4, kv_heads = 8, block_size = 64, threads = 0;
+  std::string formats, simd, layout = "slot";
+  double min_time = 0.5, footprint_mb = 512;
+  bool json = false;
+};
+
+struct Row {
+  std::string format;
+  size_t slot_bytes;
+  double seconds, tokens_heads, bytes_per_s, speedup = 0;
+  int layers;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Row time_format(const tqkv::Format& f, const BenchOptions& o) {
+  using namespace tqkv;
+  const int H = o.kv_heads, Hq = o.kv_heads * o.gqa, d = o.dim, bs = o.block_size;
+  const int pages_per_seq = (o.ctx + bs - 1) / bs;
+  const size_t slot = f.slot_bytes(d);
+  const double layer_bytes = static_cast<double>(slot) * bs * H * pages_per_seq * o.batch;
+  const int layers = std::clamp(static_cast<int>(std::ceil(o.footprint_mb * 1048576.0 / layer_bytes)), 1, 64);
+  PagedCacheConfig cfg;
+  cfg.n_layers = layers;
+  cfg.n_kv_heads = H;
+  cfg.head_dim = d;
+  cfg.block_size = bs;
+  cfg.num_blocks = pages_per_seq * o.batch;
+  cfg.layout = o.layout == "page" ? PageLayout::Page : PageLayout::Slot;
+  cfg.layer_formats.assign(layers, &f);
+  PagedCache cache(cfg);
+  std::vector<int64_t> seqs;
+  for (int b = 0; b < o.batch; ++b) {
+    seqs.push_back(cache.add_sequence());
+    cache.append_slots(seqs.back(), o.ctx);
+  }
+  // Template pages: 256 encoded tokens (or fewer for a short context) of sequence 0, layer 0.
+  const int tmpl_tokens = std::min(o.ctx, 256);
+  const int tmpl_pages = std::max(1, tmpl_tokens / bs);
+  {
+    std::mt19937_64 rng(1);
+    std::normal_distribution<float> g;
+    std::vector<float> k(static_cast<size_t>(tmpl_tokens) * H * d), v(k.size());
+    for (auto& x : k) x = g(rng);
+    for (auto& x : v) x = g(rng);
+    std::vector<int64_t> slots(tmpl_tokens);
+    for (int i = 0; i < tmpl_tokens; ++i) slots[i] = static_cast<int64_t>(cache.block_table(seqs[0])[i / bs]) * bs + i % bs;
+    cache.store(0, slots, k.data(), v.data(), H, d);
+  }
+  const size_t pb = cache.page_bytes(0);
+  const auto& t0 = cache.block_table(seqs[0]);
+  for (int l = 0; l < layers; ++l) {
+    uint8_t* pool = cache.pool_mut(l);
+    int i = 0;
+    for (int64_t s : seqs)
+      for (int32_t blk : cache.block_table(s)) {
+        const int32_t src = t0[i++ % tmpl_pages];
+        if (l != 0 || blk != src) std::memcpy(pool + blk * pb, cache.pool(0) + src * pb, pb);
+      }
+  }
+  std::vector<float> q(static_cast<size_t>(o.batch) * Hq * d), out(q.size());
+  std::mt19937_64 rng(2);
+  std::normal_distribution<float> g;
+  for (auto& x : q) x = g(rng);
+  PagedAttentionParams p;
+  p.n_q_heads = Hq;
+  paged_attention(cache, 0, seqs, q.data(), p, out.data());  // warm-up (thread pool, pages)
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  int steps = 0;
+  double elapsed = 0;
+  while (steps < 3 || elapsed < o.min_time) {
+    paged_attention(cache, steps % layers, seqs, q.data(), p, out.data());
+    ++steps;
+    elapsed = std::chrono::duration<double>(clock::now() - start).count();
+  }
+  Row r;
+  r.format = f.name;
+  r.slot_bytes = slot;
+  r.layers = layers;
+  r.seconds = elapsed / steps;
+  r.tokens_heads = static_cast<double>(o.batch) * o.ctx * Hq / r.seconds;
+  r.bytes_per_s = static_cast<double>(o.batch) * o.ctx * H * slot / r.seconds;
+  return r;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto* cmd = bench->add_subcommand("attention", "Time decode attention of every listed format against f16");
+  static BenchOptions o;
+  cmd->add_option("--ctx", o.ctx, "context tokens per sequence")->check(CLI::Range(1, 1 << 22));
+  cmd->add_option("--batch", o.batch, "sequences")->check(CLI::Range(1, 4096));
+  cmd->add_option("--dim", o.dim, "head dimension")->check(CLI::Range(2, 1024));
+  cmd->add_option("--gqa", o.gqa, "query heads per kv head")->check(CLI::Range(1, 64));
+  cmd->add_option("--kv-heads", o.kv_heads, "kv heads")->check(CLI::Range(1, 256));
+  cmd->add_option("--formats", o.formats, "comma-separated formats (default: all)");
+  cmd->add_option("--block-size", o.block_size, "page size in tokens (16, 32, 64, 128)");
+  cmd->add_option("--layout", o.layout, "page arrangement: slot or page")->check(CLI::IsMember({"slot", "page"}));
+  cmd->add_option("--threads", o.threads, "attention threads (default: all hardware threads)");
+  cmd->add_option("--simd", o.simd, "force a kernel level: scalar, avx2, avx512");
+  cmd->add_option("--min-time", o.min_time, "seconds to time each format");
+  cmd->add_option("--footprint-mb", o.footprint_mb, "cycle over layers covering at least this much cache");
+  cmd->add_flag("--json", o.json, "print a JSON array");
+  cmd->callback([] {
+    using namespace tqkv;
+    if (!o.simd.empty()) set_simd_level(parse_simd_level(o.simd));
+    if (o.threads > 0) set_attention_threads(o.threads);
+    std::vector<const Format*> formats;
+    if (o.formats.empty()) {
+      for (const Format& f : all_formats()) formats.push_back(&f);
+    } else {
+      for (const auto& name : split_list(o.formats)) formats.push_back(&find_format(name));
+    }
+    const Format* f16 = &find_format("f16");
+    const bool listed_f16 = std::find(formats.begin(), formats.end(), f16) != formats.end();
+    std::vector<Row> rows;
+    double f16_seconds = 0;
+    if (!listed_f16) f16_seconds = time_format(*f16, o).seconds;
+    for (const Format* f : formats) {
+      rows.push_back(time_format(*f, o));
+      if (f == f16) f16_seconds = rows.back().seconds;
+    }
+    for (auto& r : rows) r.speedup = f16_seconds / r.seconds;
+    if (o.json) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& r : rows)
+        arr.push_back({{"format", r.format},
+                       {"seconds_per_step", r.seconds},
+                       {"tokens_heads_per_s", r.tokens_heads},
+                       {"bytes_per_s", r.bytes_per_s},
+                       {"speedup_vs_f16", r.speedup}});
+      std::cout << arr.dump(2) << "\n";
+      return;
+    }
+    std::printf("decode attention: ctx %d, batch %d, dim %d, %d kv heads x GQA %d, %s layout, block %d, %s, %d threads\n",
+                o.ctx, o.batch, o.dim, o.kv_heads, o.gqa, o.layout.c_str(), o.block_size,
+                std::string(simd_level_name(active_simd_level())).c_str(), attention_threads());
+    std::printf("%-20s %6s %7s %14s %18s %10s %9s\n", "format", "slot_B", "layers", "s/step", "tokens*heads/s",
+                "GB/s read", "vs f16");
+    for (const auto& r : rows)
+      std::printf("%-20s %6zu %7d %14.6g %18.4g %10.3f %8.2fx\n", r.format.c_str(), r.slot_bytes, r.layers, r.seconds,
+                  r.tokens_heads, r.bytes_per_s / 1e9, r.speedup);
+  });
+}
