@@ -198,18 +198,18 @@ template <int D, int KK, int VK>
 struct Raw {
   uint32_t k[2][Traits<D, KK, VK>::KW];  // tokens g, 8+g
   uint32_t v[4][Traits<D, KK, VK>::VW];  // tokens 2c, 2c+1, 2c+8, 2c+9
-  uint32_t kn[2];                        // key norms (half2) of tokens (2c, 2c+1), (2c+8, 2c+9)
-  uint32_t vs[2];                        // value scale or norm, same tokens
-  uint32_t vz[2];                        // value zero, same tokens
+  uint32_t kn[2];                        // fp16 key norms of tokens g, 8+g (low 16 bits)
+  uint32_t vs[2];                        // fp16 value scale or norm, same tokens
+  uint32_t vz[2];                        // fp16 value zero, same tokens
 };
 
 // Per-thread byte offsets inside one page section, fixed for the whole kernel.
 struct ThreadOffsets {
   int k[2];   // key chunks of tokens g, 8+g
   int v[4];   // value chunks of tokens 2c, 2c+1, 2c+8, 2c+9
-  int km[2];  // key-norm pairs (2c, 2c+1), (2c+8, 2c+9)
-  int vm[2];  // value scale/norm pairs
-  int vz[2];  // value zero pairs
+  int km[2];  // key norms of tokens g, 8+g
+  int vm[2];  // value scale/norm, same tokens
+  int vz[2];  // value zero, same tokens
 };
 
 // Loads one 16-token tile starting at token `off` of the page section `sec`.
@@ -224,16 +224,16 @@ __device__ __forceinline__ void load_tile(Raw<D, KK, VK>& r, const uint8_t* sec,
   for (int i = 0; i < 4; ++i) load_chunk<T::VCH>(r.v[i], vp + o.v[i]);
   const uint8_t* mp = sec + off * 2;
   if constexpr (T::KMB) {
-    r.kn[0] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.km[0]));
-    r.kn[1] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.km[1]));
+    r.kn[0] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.km[0]));
+    r.kn[1] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.km[1]));
   }
   if constexpr (is_uniform(VK) || is_vmse(VK)) {
-    r.vs[0] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.vm[0]));
-    r.vs[1] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.vm[1]));
+    r.vs[0] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.vm[0]));
+    r.vs[1] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.vm[1]));
   }
   if constexpr (is_uniform(VK)) {
-    r.vz[0] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.vz[0]));
-    r.vz[1] = __ldg(reinterpret_cast<const uint32_t*>(mp + o.vz[1]));
+    r.vz[0] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.vz[0]));
+    r.vz[1] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.vz[1]));
   }
 }
 
@@ -281,18 +281,18 @@ __device__ __forceinline__ void read_stage(Raw<D, KK, VK>& r, const uint8_t* st,
   const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
 #pragma unroll
   for (int i = 0; i < 4; ++i) load_chunk<T::VCH, false>(r.v[i], st + T::KPL + toks[i] * T::VROW + g * T::VCH);
-  const uint32_t* m = reinterpret_cast<const uint32_t*>(st + T::KPL + T::VPL);
+  const unsigned short* m = reinterpret_cast<const unsigned short*>(st + T::KPL + T::VPL);
   if constexpr (T::KMB) {
-    r.kn[0] = m[T::KM_OFF / 4 + c];
-    r.kn[1] = m[T::KM_OFF / 4 + 4 + c];
+    r.kn[0] = m[T::KM_OFF / 2 + g];
+    r.kn[1] = m[T::KM_OFF / 2 + 8 + g];
   }
   if constexpr (is_uniform(VK) || is_vmse(VK)) {
-    r.vs[0] = m[T::VS_OFF / 4 + c];
-    r.vs[1] = m[T::VS_OFF / 4 + 4 + c];
+    r.vs[0] = m[T::VS_OFF / 2 + g];
+    r.vs[1] = m[T::VS_OFF / 2 + 8 + g];
   }
   if constexpr (is_uniform(VK)) {
-    r.vz[0] = m[T::VZ_OFF / 4 + c];
-    r.vz[1] = m[T::VZ_OFF / 4 + 4 + c];
+    r.vz[0] = m[T::VZ_OFF / 2 + g];
+    r.vz[1] = m[T::VZ_OFF / 2 + 8 + g];
   }
 }
 
@@ -350,8 +350,13 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
   }
 }
 
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 __device__ __forceinline__ float h_lo(uint32_t x) { return __half2float(__ushort_as_half(x & 0xffffu)); }
-__device__ __forceinline__ float h_hi(uint32_t x) { return __half2float(__ushort_as_half(x >> 16)); }
 
 template <int D, int KK, int VK>
 __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, VK>::MIN_BLOCKS) decode_kernel(const __grid_constant__ DecodeParams p) {
@@ -426,7 +431,8 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   float o[KSTEPS][4];
 #pragma unroll
   for (int m = 0; m < KSTEPS; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.0f;
-  float m_run = -INFINITY, l_run = 0.0f, z_run = 0.0f;
+  // Running max / sum / zero-point sum of query heads 2c and 2c+1 (partial over this lane's tokens).
+  float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.0f, l_run1 = 0.0f, z_run0 = 0.0f, z_run1 = 0.0f;
 
   ThreadOffsets to;
   to.k[0] = g * T::KCB + c * T::KCH;
@@ -436,9 +442,9 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
 #pragma unroll
     for (int i = 0; i < 4; ++i) to.v[i] = bs * T::KCB + toks[i] * T::VCB + g * T::VCH;
   }
-  to.km[0] = bs * (T::KCB + T::VCB) + 4 * c;
+  to.km[0] = bs * (T::KCB + T::VCB) + 2 * g;
   to.km[1] = to.km[0] + 16;
-  to.vm[0] = bs * (T::KCB + T::VCB + T::KMB) + 4 * c;
+  to.vm[0] = bs * (T::KCB + T::VCB + T::KMB) + 2 * g;
   to.vm[1] = to.vm[0] + 16;
   to.vz[0] = to.vm[0] + 2 * bs;
   to.vz[1] = to.vm[1] + 2 * bs;
@@ -484,65 +490,70 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     }
     const int nv = min(kTileTokens, len - tile * kTileTokens);  // valid tokens in this tile
 
-    // S = Q K^T for the two 8-token halves.
-    float sacc[2][4];
+    // S^T = K Q^T: M = 16 tokens, N = 8 query heads. Two accumulators halve the MMA chain.
+    float sacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      sacc[h][0] = sacc[h][1] = sacc[h][2] = sacc[h][3] = 0.0f;
-#pragma unroll
-      for (int s = 0; s < KSTEPS; ++s) {
-        uint32_t b0, b1;
-        key_frag<D, KK, VK>(cur.k[h], s, klut, lane4, b0, b1);
-        mma<BF>(sacc[h], qa[s][0], 0u, qa[s][1], 0u, b0, b1);
-      }
+    for (int s = 0; s < KSTEPS; ++s) {
+      uint32_t a0, a1, a2, a3;
+      key_frag<D, KK, VK>(cur.k[0], s, klut, lane4, a0, a2);
+      key_frag<D, KK, VK>(cur.k[1], s, klut, lane4, a1, a3);
+      mma<BF>(sacc[s & 1], a0, a1, a2, a3, qa[s][0], qa[s][1]);
     }
-    float sc[4] = {sacc[0][0], sacc[0][1], sacc[1][0], sacc[1][1]};  // tokens 2c, 2c+1, 8+2c, 9+2c
+    // sc[i]: token g (i = 0, 1) or 8+g (i = 2, 3), query head 2c + (i & 1).
+    float sc[4] = {sacc[0][0] + sacc[1][0], sacc[0][1] + sacc[1][1], sacc[0][2] + sacc[1][2],
+                   sacc[0][3] + sacc[1][3]};
     if constexpr (T::KMB) {
-      sc[0] *= h_lo(cur.kn[0]);
-      sc[1] *= h_hi(cur.kn[0]);
-      sc[2] *= h_lo(cur.kn[1]);
-      sc[3] *= h_hi(cur.kn[1]);
+      const float n0 = h_lo(cur.kn[0]), n1 = h_lo(cur.kn[1]);
+      sc[0] *= n0;
+      sc[1] *= n0;
+      sc[2] *= n1;
+      sc[3] *= n1;
     }
-    const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
     if (nv < kTileTokens) {
+      const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         if (toks[i] >= nv) {
-          sc[i] = -INFINITY;
 #pragma unroll
           for (int w = 0; w < T::VW; ++w) cur.v[i][w] = 0u;
         }
-      if (nv <= 2 * c) cur.vs[0] = cur.vz[0] = 0u;
-      else if (nv <= 2 * c + 1) cur.vs[0] &= 0xffffu, cur.vz[0] &= 0xffffu;
-      if (nv <= 2 * c + 8) cur.vs[1] = cur.vz[1] = 0u;
-      else if (nv <= 2 * c + 9) cur.vs[1] &= 0xffffu, cur.vz[1] &= 0xffffu;
+      if (g >= nv) sc[0] = sc[1] = -INFINITY, cur.vs[0] = cur.vz[0] = 0u;
+      if (g + 8 >= nv) sc[2] = sc[3] = -INFINITY, cur.vs[1] = cur.vz[1] = 0u;
     }
-    float tmax = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-    const float m_new = fmaxf(m_run, tmax);
-    const float alpha = exp2f(m_run - m_new);
-    float pr[4];
+    // Per-head tile max over the 16 tokens (lanes with the same c).
+    float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) pr[i] = exp2f(sc[i] - m_new);
-    m_run = m_new;
-    l_run = l_run * alpha + (pr[0] + pr[1]) + (pr[2] + pr[3]);
+    for (int sh = 4; sh < 32; sh <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, sh));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, sh));
+    }
+    const float mn0 = fmaxf(m_run0, mx0), mn1 = fmaxf(m_run1, mx1);
+    const float al0 = exp2f(m_run0 - mn0), al1 = exp2f(m_run1 - mn1);
+    m_run0 = mn0;
+    m_run1 = mn1;
+    const float pr[4] = {exp2f(sc[0] - mn0), exp2f(sc[1] - mn1), exp2f(sc[2] - mn0), exp2f(sc[3] - mn1)};
+    l_run0 = l_run0 * al0 + (pr[0] + pr[2]);
+    l_run1 = l_run1 * al1 + (pr[1] + pr[3]);
     float w[4] = {pr[0], pr[1], pr[2], pr[3]};
     if constexpr (is_uniform(VK) || is_vmse(VK)) {
-      w[0] *= h_lo(cur.vs[0]);
-      w[1] *= h_hi(cur.vs[0]);
-      w[2] *= h_lo(cur.vs[1]);
-      w[3] *= h_hi(cur.vs[1]);
+      const float s0 = h_lo(cur.vs[0]), s1 = h_lo(cur.vs[1]);
+      w[0] *= s0;
+      w[1] *= s0;
+      w[2] *= s1;
+      w[3] *= s1;
     }
     if constexpr (is_uniform(VK)) {
-      z_run = z_run * alpha + (pr[0] * h_lo(cur.vz[0]) + pr[1] * h_hi(cur.vz[0])) +
-              (pr[2] * h_lo(cur.vz[1]) + pr[3] * h_hi(cur.vz[1]));
+      const float z0 = h_lo(cur.vz[0]), z1 = h_lo(cur.vz[1]);
+      z_run0 = z_run0 * al0 + (pr[0] * z0 + pr[2] * z1);
+      z_run1 = z_run1 * al1 + (pr[1] * z0 + pr[3] * z1);
     }
-    const uint32_t pb0 = pack2<BF>(w[0], w[1]), pb1 = pack2<BF>(w[2], w[3]);
-    // Rescale O: its columns are query heads 2c and 2c+1, whose alpha lives in lanes 8c, 8c+4.
-    // The running max rarely moves after the first tiles: skip the rescale when no head's did.
-    if (__any_sync(0xffffffffu, alpha != 1.0f)) {
-      const float al0 = __shfl_sync(0xffffffffu, alpha, 8 * c), al1 = __shfl_sync(0xffffffffu, alpha, 8 * c + 4);
+    // P^T as the B fragment of O^T += V^T P^T: transpose the two 8x8 blocks (tokens 0-7, 8-15)
+    // of packed (token, head) pairs so that each thread holds (head g, tokens 2c, 2c+1).
+    const uint32_t pb0 = movmatrix_trans(pack2<BF>(w[0], w[1]));
+    const uint32_t pb1 = movmatrix_trans(pack2<BF>(w[2], w[3]));
+    // O^T's columns are query heads 2c, 2c+1: this thread's own alphas. Skip the rescale when
+    // no head's running max moved (the common case after the first tiles).
+    if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
 #pragma unroll
       for (int m = 0; m < KSTEPS; ++m) {
         o[m][0] *= al0;
@@ -568,17 +579,22 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   }
 
 
-  // Finalise: per-head sums over the quad, then normalised partial outputs and log2-sum-exp.
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
-  z_run += __shfl_xor_sync(0xffffffffu, z_run, 1);
-  z_run += __shfl_xor_sync(0xffffffffu, z_run, 2);
+  // Finalise: sums over the lanes sharing c, then normalised partial outputs and log2-sum-exp.
+#pragma unroll
+  for (int sh = 4; sh < 32; sh <<= 1) {
+    l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, sh);
+    l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, sh);
+    z_run0 += __shfl_xor_sync(0xffffffffu, z_run0, sh);
+    z_run1 += __shfl_xor_sync(0xffffffffu, z_run1, sh);
+  }
   const int64_t row = (static_cast<int64_t>(b) * p.n_kv_heads + hkv) * p.num_splits + split;
   const bool empty = t_begin >= t_end;
-  if (c == 0 && g < group) p.lse_part[row * group + g] = empty ? -INFINITY : m_run + log2f(l_run);
-  const float l0 = __shfl_sync(0xffffffffu, l_run, 8 * c), l1 = __shfl_sync(0xffffffffu, l_run, 8 * c + 4);
-  const float z0 = __shfl_sync(0xffffffffu, z_run, 8 * c), z1 = __shfl_sync(0xffffffffu, z_run, 8 * c + 4);
-  const float inv0 = empty ? 0.0f : 1.0f / l0, inv1 = empty ? 0.0f : 1.0f / l1;
+  if (g == 0) {
+    if (2 * c < group) p.lse_part[row * group + 2 * c] = empty ? -INFINITY : m_run0 + log2f(l_run0);
+    if (2 * c + 1 < group) p.lse_part[row * group + 2 * c + 1] = empty ? -INFINITY : m_run1 + log2f(l_run1);
+  }
+  const float z0 = z_run0, z1 = z_run1;
+  const float inv0 = empty ? 0.0f : 1.0f / l_run0, inv1 = empty ? 0.0f : 1.0f / l_run1;
   const int h0 = 2 * c, h1 = 2 * c + 1;
 #pragma unroll
   for (int m = 0; m < KSTEPS; ++m) {
