@@ -408,12 +408,24 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     }
   }
   const float qscale = p.scale_log2 * (p.keys_rotated ? p.tab.rot_scale : 1.0f);
+  // bf16 keeps only 8 significant bits: for the bf16 cache the query is split into a bf16 head
+  // and a bf16 remainder (two MMAs), so only the cache's own rounding remains.
   uint32_t qa[KSTEPS][2];
+  [[maybe_unused]] uint32_t qlo[BF ? KSTEPS : 1][2];
 #pragma unroll
   for (int s = 0; s < KSTEPS; ++s) {
     const float* qr = qs + g * D + (D / 4) * c + 4 * s;
-    qa[s][0] = g < group ? pack2<BF>(qr[0] * qscale, qr[1] * qscale) : 0u;
-    qa[s][1] = g < group ? pack2<BF>(qr[2] * qscale, qr[3] * qscale) : 0u;
+    float x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = g < group ? qr[i] * qscale : 0.0f;
+    qa[s][0] = pack2<BF>(x[0], x[1]);
+    qa[s][1] = pack2<BF>(x[2], x[3]);
+    if constexpr (BF) {
+      qlo[s][0] = pack2<BF>(x[0] - __bfloat162float(__float2bfloat16_rn(x[0])),
+                            x[1] - __bfloat162float(__float2bfloat16_rn(x[1])));
+      qlo[s][1] = pack2<BF>(x[2] - __bfloat162float(__float2bfloat16_rn(x[2])),
+                            x[3] - __bfloat162float(__float2bfloat16_rn(x[3])));
+    }
   }
   const char* klut = reinterpret_cast<const char*>(klut_all);
   const char* vlut = reinterpret_cast<const char*>(vlut_all);
@@ -498,6 +510,7 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
       key_frag<D, KK, VK>(cur.k[0], s, klut, lane4, a0, a2);
       key_frag<D, KK, VK>(cur.k[1], s, klut, lane4, a1, a3);
       mma<BF>(sacc[s & 1], a0, a1, a2, a3, qa[s][0], qa[s][1]);
+      if constexpr (BF) mma<BF>(sacc[s & 1], a0, a1, a2, a3, qlo[s][0], qlo[s][1]);
     }
     // sc[i]: token g (i = 0, 1) or 8+g (i = 2, 3), query head 2c + (i & 1).
     float sc[4] = {sacc[0][0] + sacc[1][0], sacc[0][1] + sacc[1][1], sacc[0][2] + sacc[1][2],
@@ -722,7 +735,7 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     const int64_t units = static_cast<int64_t>(batch) * kv.n_kv_heads;
     int64_t ctas = std::max<int64_t>(1, (slots + units / 2) / units);  // CTAs per (sequence, kv head)
     const int64_t tiles = (std::max(max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
-    const int64_t max_ctas = std::max<int64_t>(1, tiles / (4 * k.warps));  // >= 4 tiles per warp
+    const int64_t max_ctas = std::max<int64_t>(1, tiles / (8 * k.warps));  // >= 8 tiles per warp
     ctas = std::min({ctas, max_ctas, static_cast<int64_t>(kMaxSplits / k.warps)});
     num_splits = static_cast<int>(ctas) * k.warps;
   }

@@ -21,19 +21,44 @@ struct StoreParams {
   int n_tokens;
 };
 
-// Packs the warp's D codes (staged in shared memory) into the little-endian bit stream.
-template <int D>
-__device__ void pack_and_write(const uint8_t* codes, int bits, uint8_t* dst, int lane) {
-  const int nbytes = (D * bits + 7) / 8;
-  for (int j = lane; j < nbytes; j += 32) {
-    const int bit0 = 8 * j;
-    uint32_t acc = 0;
-    for (int i = bit0 / bits; i < D && i * bits < bit0 + 8; ++i) {
-      const int s = i * bits - bit0;
-      acc |= s >= 0 ? static_cast<uint32_t>(codes[i]) << s : static_cast<uint32_t>(codes[i]) >> -s;
-    }
-    dst[j] = static_cast<uint8_t>(acc & 0xffu);
+// Packs the warp's D codes (E = D/32 per lane, lane l holding codes [E*l, E*l+E)) into the
+// little-endian bit stream. A lane's E*bits bits are contiguous in the stream; where they are not
+// a whole number of bytes, G neighbouring lanes pool theirs through shuffles and the first writes.
+template <int D, int BITS>
+__device__ __forceinline__ void pack_and_write(const uint32_t (&codes)[D / 32], uint8_t* dst, int lane) {
+  constexpr int E = D / 32;
+  uint32_t v = 0;
+#pragma unroll
+  for (int j = 0; j < E; ++j) v |= codes[j] << (j * BITS);
+  constexpr int nb = E * BITS;  // <= 32
+  constexpr int G = (nb % 8 == 0) ? 1 : (nb % 4 == 0) ? 2 : (nb % 2 == 0) ? 4 : 8;
+  uint32_t tot = v;
+#pragma unroll
+  for (int k = 1; k < G; ++k) {
+    const uint32_t o = __shfl_down_sync(0xffffffffu, v, k);
+    tot |= o << (k * nb);
   }
+  if (lane % G) return;
+  constexpr int nbytes = G * nb / 8;
+  uint8_t* p = dst + lane * nb / 8;
+  if constexpr ((nbytes & 1) == 0) {  // even byte count at an even offset: 16-bit stores
+#pragma unroll
+    for (int i = 0; i < nbytes / 2; ++i) reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(tot >> (16 * i));
+  } else {
+#pragma unroll
+    for (int i = 0; i < nbytes; ++i) p[i] = static_cast<uint8_t>((tot >> (8 * i)) & 0xffu);
+  }
+}
+
+// Code of y: the number of thresholds t with y >= t (ties go up), by binary search over the
+// ascending thresholds (padded with +inf to 16 entries). NaN gives 0.
+template <int BITS>
+__device__ __forceinline__ uint32_t quantize(float y, const float* th) {
+  uint32_t code = 0;
+#pragma unroll
+  for (int step = 1 << (BITS - 1); step > 0; step >>= 1)
+    if (y >= th[code + step - 1]) code += step;
+  return code;
 }
 
 // Every fp16/bf16 field of FORMAT.md is 2-byte aligned (slots are even-sized, fields start at
@@ -43,11 +68,32 @@ __device__ __forceinline__ void write_u16(uint8_t* p, uint32_t v) {
   *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v & 0xffffu);
 }
 
+// Loads a lane's E consecutive input elements, with one vector load for 16-bit inputs.
+template <int E>
+__device__ __forceinline__ void load_row(float (&x)[E], const void* src, DType t, int64_t base) {
+  if (t != DType::F32 && E % 4 == 0 && (base & 3) == 0 && (reinterpret_cast<uintptr_t>(src) & 7) == 0) {
+    const uint2* p = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(src) + base);
+#pragma unroll
+    for (int q = 0; q < E / 4; ++q) {
+      const uint2 w = p[q];
+      const uint32_t u[2] = {w.x, w.y};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint16_t h = static_cast<uint16_t>(u[k >> 1] >> (16 * (k & 1)));
+        x[4 * q + k] = t == DType::F16 ? h2f_bits(h) : __uint_as_float(static_cast<uint32_t>(h) << 16);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = load_elem(src, t, base + j);
+  }
+}
+
 // MSE codec: codes of R x/|x| and the (norm-corrected) fp16 norm.
-template <int D>
-__device__ void encode_mse(float (&x)[D / 32], const float* levels, const float* thresholds, int bits, bool nc,
-                           const CodecTables& tab, bool srht, uint8_t* codes_smem, uint8_t* codes_dst,
-                           uint8_t* meta_dst, int lane) {
+template <int D, int BITS>
+__device__ void encode_mse(float (&x)[D / 32], const float* levels, const float* thresholds, bool nc,
+                           const CodecTables& tab, uint32_t neg_mask, uint8_t* codes_dst, uint8_t* meta_dst,
+                           int lane) {
   constexpr int E = D / 32;
   double sq = 0;
 #pragma unroll
@@ -59,30 +105,26 @@ __device__ void encode_mse(float (&x)[D / 32], const float* levels, const float*
 #pragma unroll
     for (int j = 0; j < E; ++j) x[j] = __fmul_rn(x[j], inv);
   }
-  if (srht) {
+  if (neg_mask) {  // SRHT signs of this lane's elements
 #pragma unroll
     for (int j = 0; j < E; ++j)
-      if (sign_negative(tab, lane * E + j)) x[j] = -x[j];
+      if ((neg_mask >> j) & 1u) x[j] = -x[j];
   }
   warp_fwht<E>(x, lane);
-  const int nth = (1 << bits) - 1;
   double csq = 0;
+  uint32_t codes[E];
 #pragma unroll
   for (int j = 0; j < E; ++j) {
     const float y = __fmul_rn(x[j], tab.rot_scale);
-    int code = 0;
-    for (int t = 0; t < nth; ++t) code += y >= thresholds[t] ? 1 : 0;
-    codes_smem[lane * E + j] = static_cast<uint8_t>(code);
-    const double c = levels[code];
+    codes[j] = quantize<BITS>(y, thresholds);
+    const double c = levels[codes[j]];
     csq += c * c;
   }
   csq = warp_sum(csq);
   float stored = norm;
   if (nc && csq > 0) stored = static_cast<float>(static_cast<double>(norm) / sqrt(csq));
-  __syncwarp();
-  pack_and_write<D>(codes_smem, bits, codes_dst, lane);
+  pack_and_write<D, BITS>(codes, codes_dst, lane);
   if (lane == 0) write_u16(meta_dst, f2h_bits(stored));
-  __syncwarp();
 }
 
 template <int D>
@@ -103,8 +145,8 @@ __device__ void encode_plain(const float (&x)[D / 32], int codec, uint8_t* dst, 
   }
 }
 
-template <int D>
-__device__ void encode_uniform(const float (&x)[D / 32], int bits, uint8_t* codes_smem, uint8_t* codes_dst,
+template <int D, int BITS>
+__device__ void encode_uniform(const float (&x)[D / 32], uint8_t* codes_dst,
                                uint8_t* meta0, uint8_t* meta1, int lane) {
   constexpr int E = D / 32;
   float lo = x[0], hi = x[0];
@@ -115,30 +157,37 @@ __device__ void encode_uniform(const float (&x)[D / 32], int bits, uint8_t* code
   }
   lo = warp_min(lo);
   hi = warp_max(hi);
-  const int max_code = (1 << bits) - 1;
+  constexpr int max_code = (1 << BITS) - 1;
   const float scale = fmaxf(__fdiv_rn(__fsub_rn(hi, lo), static_cast<float>(max_code)), 1e-8f);
   uint16_t sh = f2h_bits(scale);
   if (h2f_bits(sh) == 0.0f) sh = 0x0001;
   const uint16_t zh = f2h_bits(lo);
   const float s = h2f_bits(sh), z = h2f_bits(zh);
+  uint32_t codes[E];
 #pragma unroll
   for (int j = 0; j < E; ++j) {
     const float q = floorf(__fadd_rn(__fdiv_rn(__fsub_rn(x[j], z), s), 0.5f));
-    codes_smem[lane * E + j] = static_cast<uint8_t>(fminf(fmaxf(q, 0.0f), static_cast<float>(max_code)));
+    codes[j] = static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), static_cast<float>(max_code)));
   }
-  __syncwarp();
-  pack_and_write<D>(codes_smem, bits, codes_dst, lane);
+  pack_and_write<D, BITS>(codes, codes_dst, lane);
   if (lane == 0) {
     write_u16(meta0, sh);
     write_u16(meta1, zh);
   }
-  __syncwarp();
 }
 
 template <int D>
 __global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_constant__ StoreParams p) {
   constexpr int E = D / 32;
-  __shared__ uint8_t codes_smem[kStoreWarps][D];
+  // Codebooks in shared memory: lanes index them with different codes.
+  __shared__ float th_k[16], th_v[16], lv_k[16], lv_v[16];
+  if (threadIdx.x < 16) {
+    th_k[threadIdx.x] = p.tab.k_thresholds[threadIdx.x];
+    th_v[threadIdx.x] = p.tab.v_thresholds[threadIdx.x];
+    lv_k[threadIdx.x] = p.tab.k_levels[threadIdx.x];
+    lv_v[threadIdx.x] = p.tab.v_levels[threadIdx.x];
+  }
+  __syncthreads();
   const int lane = threadIdx.x & 31;
   const int wib = threadIdx.x >> 5;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kStoreWarps + wib;
@@ -149,26 +198,32 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_co
   const int64_t slot = p.slot_mapping[t];
   if (slot < 0) return;
   const SlotAddr a = slot_addr(L, slot / L.block_size, static_cast<int>(slot % L.block_size), h);
-  const bool srht = (p.tab.sign_bits[0] | p.tab.sign_bits[1] | p.tab.sign_bits[2] | p.tab.sign_bits[3] |
-                     p.tab.sign_bits[4] | p.tab.sign_bits[5] | p.tab.sign_bits[6] | p.tab.sign_bits[7]) != 0;
+  // This lane's E SRHT sign bits (E divides 32, so they sit in one word).
+  const uint32_t neg_mask = (p.tab.sign_bits[(lane * E) >> 5] >> ((lane * E) & 31)) & ((1u << E) - 1u);
   const int64_t base = static_cast<int64_t>(t) * p.token_stride + static_cast<int64_t>(h) * D + lane * E;
 
   float x[E];
-#pragma unroll
-  for (int j = 0; j < E; ++j) x[j] = load_elem(p.k, p.dtype, base + j);
-  if (L.kcodec == kKeyMse)
-    encode_mse<D>(x, p.tab.k_levels, p.tab.k_thresholds, L.kbits, L.nc, p.tab, srht, codes_smem[wib], a.kc, a.km, lane);
-  else
+  load_row<E>(x, p.k, p.dtype, base);
+  if (L.kcodec == kKeyMse) {
+    if (L.kbits == 4) encode_mse<D, 4>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane);
+    else if (L.kbits == 3) encode_mse<D, 3>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane);
+    else encode_mse<D, 2>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane);
+  } else {
     encode_plain<D>(x, L.kcodec, a.kc, lane);
+  }
 
-#pragma unroll
-  for (int j = 0; j < E; ++j) x[j] = load_elem(p.v, p.dtype, base + j);
-  if (L.vcodec == kValMse)
-    encode_mse<D>(x, p.tab.v_levels, p.tab.v_thresholds, L.vbits, L.nc, p.tab, srht, codes_smem[wib], a.vc, a.vm, lane);
-  else if (L.vcodec == kValUniform)
-    encode_uniform<D>(x, L.vbits, codes_smem[wib], a.vc, a.vm, a.vm + a.vm1, lane);
-  else
+  load_row<E>(x, p.v, p.dtype, base);
+  if (L.vcodec == kValMse) {
+    if (L.vbits == 4) encode_mse<D, 4>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane);
+    else if (L.vbits == 3) encode_mse<D, 3>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane);
+    else encode_mse<D, 2>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane);
+  } else if (L.vcodec == kValUniform) {
+    if (L.vbits == 4) encode_uniform<D, 4>(x, a.vc, a.vm, a.vm + a.vm1, lane);
+    else if (L.vbits == 3) encode_uniform<D, 3>(x, a.vc, a.vm, a.vm + a.vm1, lane);
+    else encode_uniform<D, 2>(x, a.vc, a.vm, a.vm + a.vm1, lane);
+  } else {
     encode_plain<D>(x, L.vcodec, a.vc, lane);
+  }
   if (lane == 0 && ((L.kcb + L.kmb + L.vcb + L.vmb) & 1)) *a.pad = 0;
 }
 
