@@ -19,6 +19,9 @@
 #include "tqkv/format.h"
 
 namespace tqkv {
+namespace cpu {
+class PageBuffer;
+}
 
 struct ContiguousCacheConfig {
   int n_layers = 1;
@@ -38,6 +41,9 @@ std::vector<const Format*> boundary_layer_formats(int n_layers, const Format& in
 class ContiguousCache {
  public:
   explicit ContiguousCache(const ContiguousCacheConfig& config);
+  ~ContiguousCache();
+  ContiguousCache(ContiguousCache&&) noexcept;
+  ContiguousCache& operator=(ContiguousCache&&) noexcept;
 
   const ContiguousCacheConfig& config() const { return config_; }
   int n_layers() const { return config_.n_layers; }
@@ -97,7 +103,7 @@ class ContiguousCache {
 
   ContiguousCacheConfig config_;
   std::vector<std::unique_ptr<SlotCodec>> codecs_;   // [n_layers]
-  std::vector<std::vector<uint8_t>> storage_;        // [n_layers][n_kv_heads * capacity * slot]
+  std::vector<std::unique_ptr<cpu::PageBuffer>> storage_;  // [n_layers] n_kv_heads * capacity * slot
   int64_t seq_len_ = 0;
   int64_t first_pos_ = 0;
 };

@@ -23,6 +23,9 @@
 #include "tqkv/format.h"
 
 namespace tqkv {
+namespace cpu {
+class PageBuffer;
+}
 
 enum class PageLayout : uint8_t {
   Slot,  // vLLM's: slot of (offset t, head h) at (t * n_kv_heads + h) * slot_bytes
@@ -43,6 +46,9 @@ struct PagedCacheConfig {
 class PagedCache {
  public:
   explicit PagedCache(const PagedCacheConfig& config);
+  ~PagedCache();
+  PagedCache(PagedCache&&) noexcept;
+  PagedCache& operator=(PagedCache&&) noexcept;
 
   const PagedCacheConfig& config() const { return config_; }
   int n_layers() const { return config_.n_layers; }
@@ -107,7 +113,7 @@ class PagedCache {
 
   PagedCacheConfig config_;
   std::vector<std::unique_ptr<SlotCodec>> codecs_;
-  std::vector<std::vector<uint8_t>> pools_;  // [n_layers][num_blocks * page_bytes]
+  std::vector<std::unique_ptr<cpu::PageBuffer>> pools_;  // [n_layers] num_blocks * page_bytes
   std::vector<int32_t> free_;                // free list (stack)
   std::vector<int32_t> refs_;                // [num_blocks]
   std::unordered_map<int64_t, Sequence> seqs_;

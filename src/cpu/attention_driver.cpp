@@ -19,12 +19,14 @@ KernelFormat kernel_format(const SlotCodec& codec) {
   k.value_bits = f.value_bits;
   if (const Codebook* cb = codec.key_codebook()) {
     k.key_levels = cb->levels_f32.data();
-    for (int i = 0; i < std::min(16, cb->size()); ++i) k.key_lut[i] = cb->levels_f32[i];
+    for (int i = 0; i < 16; ++i) k.key_lut[i] = cb->levels_f32[i % cb->size()];
   }
   if (const Codebook* cb = codec.value_codebook()) {
     k.value_levels = cb->levels_f32.data();
-    for (int i = 0; i < std::min(16, cb->size()); ++i) k.value_lut[i] = cb->levels_f32[i];
+    for (int i = 0; i < 16; ++i) k.value_lut[i] = cb->levels_f32[i % cb->size()];
   }
+  k.key_code_bytes = f.key_code_bytes(k.dim);
+  k.value_code_bytes = f.value_code_bytes(k.dim);
   return k;
 }
 
@@ -112,7 +114,7 @@ void run_attention_groups(const SlotCodec& codec, const std::vector<AttnGroup>& 
     thread_local std::vector<SlotRun> runs;
     runs.clear();
     g.src->runs(g.head, t.k0, t.k1, runs);
-    for (const SlotRun& r : runs) kernel(kf, r, rb, st, scratch.data() + scratch_floats * worker);
+    kernel(kf, runs.data(), static_cast<int>(runs.size()), rb, st, scratch.data() + scratch_floats * worker);
   });
 
   // Merge the splits of each group by log-sum-exp and rotate Mse values back once.

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "page_buffer.h"
 #include "tqkv/error.h"
 
 namespace tqkv {
@@ -32,9 +33,14 @@ ContiguousCache::ContiguousCache(const ContiguousCacheConfig& config) : config_(
                                                 " entries for " + std::to_string(config_.n_layers) + " layers");
   for (int l = 0; l < config_.n_layers; ++l) {
     codecs_.push_back(std::make_unique<SlotCodec>(*config_.layer_formats[l], config_.head_dim, config_.seed));
-    storage_.emplace_back(static_cast<size_t>(config_.n_kv_heads) * config_.capacity * slot_bytes(l), 0);
+    storage_.push_back(
+        std::make_unique<cpu::PageBuffer>(static_cast<size_t>(config_.n_kv_heads) * config_.capacity * slot_bytes(l)));
   }
 }
+
+ContiguousCache::~ContiguousCache() = default;
+ContiguousCache::ContiguousCache(ContiguousCache&&) noexcept = default;
+ContiguousCache& ContiguousCache::operator=(ContiguousCache&&) noexcept = default;
 
 void ContiguousCache::check_layer(int layer) const {
   if (layer < 0 || layer >= config_.n_layers)
@@ -56,13 +62,13 @@ void ContiguousCache::check_write(int layer, int64_t pos0, int n_tokens) const {
 
 uint8_t* ContiguousCache::slot_mut(int layer, int head, int64_t pos) {
   const size_t sb = slot_bytes(layer);
-  return storage_[layer].data() + (static_cast<size_t>(head) * config_.capacity + pos % config_.capacity) * sb;
+  return storage_[layer]->data() + (static_cast<size_t>(head) * config_.capacity + pos % config_.capacity) * sb;
 }
 
 const uint8_t* ContiguousCache::ring(int layer, int head) const {
   check_layer(layer);
   if (head < 0 || head >= config_.n_kv_heads) throw Error(ErrorCode::OutOfRange, "kv head out of range");
-  return storage_[layer].data() + static_cast<size_t>(head) * config_.capacity * slot_bytes(layer);
+  return storage_[layer]->data() + static_cast<size_t>(head) * config_.capacity * slot_bytes(layer);
 }
 
 const uint8_t* ContiguousCache::slot(int layer, int head, int64_t pos) const {
@@ -72,7 +78,7 @@ const uint8_t* ContiguousCache::slot(int layer, int head, int64_t pos) const {
     throw Error(ErrorCode::OutOfRange, "position " + std::to_string(pos) + " not held (window [" +
                                            std::to_string(first_pos_) + ", " + std::to_string(seq_len_) + "))");
   const size_t sb = slot_bytes(layer);
-  return storage_[layer].data() + (static_cast<size_t>(head) * config_.capacity + pos % config_.capacity) * sb;
+  return storage_[layer]->data() + (static_cast<size_t>(head) * config_.capacity + pos % config_.capacity) * sb;
 }
 
 void ContiguousCache::advance_window(int64_t end) {
@@ -151,13 +157,13 @@ void ContiguousCache::evict_oldest(int64_t n) {
 }
 
 void ContiguousCache::clear() {
-  for (auto& s : storage_) std::fill(s.begin(), s.end(), 0);
+  for (auto& s : storage_) s->zero();
   seq_len_ = first_pos_ = 0;
 }
 
 size_t ContiguousCache::bytes() const {
   size_t total = 0;
-  for (const auto& s : storage_) total += s.size();
+  for (const auto& s : storage_) total += s->size();
   return total;
 }
 

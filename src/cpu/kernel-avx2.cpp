@@ -10,7 +10,7 @@ namespace {
 struct IsaAvx2 {
   using V = __m256;
   static constexpr int W = 8;
-  static constexpr bool kFullTable = false;
+  static constexpr bool kAnyBits = false;
   static constexpr float kFp8Factor = 256.0f;
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float x) { return _mm256_set1_ps(x); }
@@ -18,6 +18,13 @@ struct IsaAvx2 {
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static float reduce_max(V v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+  }
   static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static float reduce(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -25,6 +32,11 @@ struct IsaAvx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  static void reduce4(V a, V b, V c, V d, float* out) {
+    const V h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
+  static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
   // Cephes-style expf: 2^n * p(r), |relative error| ~ 2e-7; 0 below -87.
   static V exp(V x) {
@@ -61,20 +73,31 @@ struct IsaAvx2 {
                                    _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7));
     return _mm256_cvtph_ps(h);
   }
-  // Codes i .. i+7 (i a multiple of 8): one group of 8 codes in `bits` bytes, read as a 32-bit
-  // word (up to 2 bytes past the codes, inside the slot or page: metadata follows).
-  static __m256i code_ints(const uint8_t* p, int i, int bits) {
+  // Codes i .. i+7 (i a multiple of 8): one group of 8 codes in B bytes, read as a 32-bit word
+  // (up to 2 bytes past the codes, inside the slot or page: metadata follows). Lanes keep the
+  // code in their low B bits; lut() tables are replicated so higher bits do not matter.
+  template <int B>
+  static __m256i code_ints(const uint8_t* p, int i) {
     uint32_t a;
-    std::memcpy(&a, p + (i / 8) * bits, 4);
-    const __m256i shift = _mm256_mullo_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(bits));
-    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(a)), shift),
-                            _mm256_set1_epi32((1 << bits) - 1));
+    std::memcpy(&a, p + (i / 8) * B, 4);
+    if constexpr (B == 4) {
+      const __m128i b = _mm_cvtsi32_si128(static_cast<int>(a));
+      return _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, _mm_srli_epi16(b, 4)));
+    } else {
+      static_assert(B == 2 || B == 3, "AVX2 kernel decodes 2, 3 and 4 bits");
+      return _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(a)),
+                               _mm256_set_epi32(7 * B, 6 * B, 5 * B, 4 * B, 3 * B, 2 * B, B, 0));
+    }
   }
-  static V codes(const uint8_t* p, int i, int bits) { return _mm256_cvtepi32_ps(code_ints(p, i, bits)); }
-  static V lut(const uint8_t* p, int i, int bits, const float* table16) {
-    const __m256i c = code_ints(p, i, bits);
+  template <int B>
+  static V codes(const uint8_t* p, int i) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(code_ints<B>(p, i), _mm256_set1_epi32((1 << B) - 1)));
+  }
+  template <int B>
+  static V lut(const uint8_t* p, int i, const float* table16) {
+    const __m256i c = code_ints<B>(p, i);
     const V lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table16), c);
-    if (bits <= 3) return lo;
+    if constexpr (B <= 3) return lo;  // table replicated: entries 0-7 cover every 3-bit index
     const V hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table16 + 8), c);
     return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(c, 28)));
   }
@@ -82,9 +105,9 @@ struct IsaAvx2 {
 
 }  // namespace
 
-void run_avx2(const KernelFormat& f, const SlotRun& run, const RowBlock& rows, const RowState& st,
+void run_avx2(const KernelFormat& f, const SlotRun* runs, int n_runs, const RowBlock& rows, const RowState& st,
               float* scratch) {
-  Kernel<IsaAvx2>::run(f, run, rows, st, scratch);
+  Kernel<IsaAvx2>::run(f, runs, n_runs, rows, st, scratch);
 }
 
 }  // namespace tqkv::cpu

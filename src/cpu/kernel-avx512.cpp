@@ -12,7 +12,7 @@ namespace {
 struct IsaAvx512 {
   using V = __m512;
   static constexpr int W = 16;
-  static constexpr bool kFullTable = false;
+  static constexpr bool kAnyBits = false;
   static constexpr float kFp8Factor = 256.0f;
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float x) { return _mm512_set1_ps(x); }
@@ -20,8 +20,23 @@ struct IsaAvx512 {
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
   static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static float reduce(V v) { return _mm512_reduce_add_ps(v); }
+  // Four horizontal sums at once: fold 512 -> 256 -> 128 bits pairwise, then within lanes.
+  static void reduce4(V a, V b, V c, V d, float* out) {
+    const V ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+    const V cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xee));
+    V x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xb1));
+    // lanes 0, 4, 8, 12 hold a, b, c, d
+    const __m128 s = _mm512_castps512_ps128(
+        _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), x));
+    _mm_storeu_ps(out, s);
+  }
+  static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
   // Cephes-style expf: 2^n * p(r), |relative error| ~ 2e-7; 0 below -87.
   static V exp(V x) {
@@ -56,32 +71,44 @@ struct IsaAvx512 {
                                       _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7));
     return _mm512_cvtph_ps(h);
   }
-  // Codes i .. i+15 (i a multiple of 16): two groups of 8 codes, `bits` bytes each. Each group
-  // is read as a 32-bit word; for 2 and 3 bits that reads up to 2 bytes past the codes, which
-  // always lie inside the slot or page (metadata follows every packed code row).
-  static __m512i code_ints(const uint8_t* p, int i, int bits) {
-    const uint8_t* g = p + (i / 8) * bits;
-    uint32_t a, b;
-    std::memcpy(&a, g, 4);
-    std::memcpy(&b, g + bits, 4);
-    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(a))),
-                                         _mm256_set1_epi32(static_cast<int>(b)), 1);
-    const __m512i lane = _mm512_and_si512(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(7));
-    const __m512i shift = _mm512_mullo_epi32(lane, _mm512_set1_epi32(bits));
-    return _mm512_and_si512(_mm512_srlv_epi32(w, shift), _mm512_set1_epi32((1 << bits) - 1));
+  // Codes i .. i+15 (i a multiple of 16) as 32-bit lanes whose low B bits are the code (higher
+  // bits may hold neighbours; lut() tables are replicated so that they do not matter).
+  // 2 and 3 bits read a few bytes past the codes (4 / 8 bytes for 4 / 6 bytes of codes),
+  // which always lie inside the slot or page: metadata follows every packed code row.
+  template <int B>
+  static __m512i code_ints(const uint8_t* p, int i) {
+    if constexpr (B == 4) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i / 2));
+      return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, _mm_srli_epi16(b, 4)));
+    } else if constexpr (B == 2) {
+      uint32_t a;
+      std::memcpy(&a, p + i / 4, 4);
+      return _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(a)),
+                               _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0));
+    } else {
+      static_assert(B == 3, "AVX-512 kernel decodes 2, 3 and 4 bits");
+      uint64_t a;
+      std::memcpy(&a, p + (i / 8) * 3, 8);
+      const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(a))),
+                                           _mm256_set1_epi32(static_cast<int>(a >> 24)), 1);
+      return _mm512_srlv_epi32(w, _mm512_set_epi32(21, 18, 15, 12, 9, 6, 3, 0, 21, 18, 15, 12, 9, 6, 3, 0));
+    }
   }
-  static V codes(const uint8_t* p, int i, int bits) { return _mm512_cvtepi32_ps(code_ints(p, i, bits)); }
-  static V lut(const uint8_t* p, int i, int bits, const float* table16) {
-    return _mm512_permutexvar_ps(code_ints(p, i, bits), _mm512_loadu_ps(table16));
+  template <int B>
+  static V codes(const uint8_t* p, int i) {
+    return _mm512_cvtepi32_ps(_mm512_and_si512(code_ints<B>(p, i), _mm512_set1_epi32((1 << B) - 1)));
+  }
+  template <int B>
+  static V lut(const uint8_t* p, int i, const float* table16) {
+    return _mm512_permutexvar_ps(code_ints<B>(p, i), _mm512_loadu_ps(table16));
   }
 };
 
 }  // namespace
 
-void run_avx512(const KernelFormat& f, const SlotRun& run, const RowBlock& rows, const RowState& st,
+void run_avx512(const KernelFormat& f, const SlotRun* runs, int n_runs, const RowBlock& rows, const RowState& st,
                 float* scratch) {
-  Kernel<IsaAvx512>::run(f, run, rows, st, scratch);
+  Kernel<IsaAvx512>::run(f, runs, n_runs, rows, st, scratch);
 }
 
 }  // namespace tqkv::cpu

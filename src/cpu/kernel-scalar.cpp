@@ -12,7 +12,7 @@ namespace {
 struct IsaScalar {
   using V = float;
   static constexpr int W = 1;
-  static constexpr bool kFullTable = true;
+  static constexpr bool kAnyBits = true;
   static constexpr float kFp8Factor = 1.0f;
   static V zero() { return 0.0f; }
   static V set1(float x) { return x; }
@@ -20,8 +20,17 @@ struct IsaScalar {
   static void store(float* p, V v) { *p = v; }
   static V mul(V a, V b) { return a * b; }
   static V sub(V a, V b) { return a - b; }
+  static V max(V a, V b) { return a > b ? a : b; }
+  static float reduce_max(V v) { return v; }
   static V fmadd(V a, V b, V c) { return std::fma(a, b, c); }
   static float reduce(V v) { return v; }
+  static void reduce4(V a, V b, V c, V d, float* out) {
+    out[0] = a;
+    out[1] = b;
+    out[2] = c;
+    out[3] = d;
+  }
+  static void prefetch(const uint8_t*) {}
   static V exp(V x) { return std::exp(x); }
   static float exp_scalar(float x) { return std::exp(x); }
   static V f32(const uint8_t* p, int i) {
@@ -37,15 +46,21 @@ struct IsaScalar {
     return v;
   }
   static V fp8(const uint8_t* p, int i) { return fp8_e4m3_to_float(p[i]); }
-  static V codes(const uint8_t* p, int i, int bits) { return static_cast<float>(unpack_one(p, i, bits)); }
-  static V lut(const uint8_t* p, int i, int bits, const float* table) { return table[unpack_one(p, i, bits)]; }
+  template <int B>
+  static V codes(const uint8_t* p, int i) {
+    return static_cast<float>(unpack_one(p, i, B));
+  }
+  template <int B>
+  static V lut(const uint8_t* p, int i, const float* table) {
+    return table[unpack_one(p, i, B)];
+  }
 };
 
 }  // namespace
 
-void run_scalar(const KernelFormat& f, const SlotRun& run, const RowBlock& rows, const RowState& st,
+void run_scalar(const KernelFormat& f, const SlotRun* runs, int n_runs, const RowBlock& rows, const RowState& st,
                 float* scratch) {
-  Kernel<IsaScalar>::run(f, run, rows, st, scratch);
+  Kernel<IsaScalar>::run(f, runs, n_runs, rows, st, scratch);
 }
 
 }  // namespace tqkv::cpu

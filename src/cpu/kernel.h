@@ -33,8 +33,12 @@ struct KernelFormat {
   // lookup in registers use the first 16 (bits <= 4).
   const float* key_levels;
   const float* value_levels;
-  float key_lut[16];    // the first 16 key levels, zero padded (register tables)
+  // Register tables: entry j = level (j mod 2^bits), so that a table lookup that only looks at
+  // the low 3 or 4 bits of a lane needs no masking of the bits above the code.
+  float key_lut[16];
   float value_lut[16];
+  size_t key_code_bytes;    // bytes of one token's key codes / elements (prefetch size)
+  size_t value_code_bytes;
 };
 
 struct SlotRun {
@@ -63,20 +67,22 @@ struct RowState {
   float* zs;   // [rows]
 };
 
-inline constexpr int kTile = 16;  // keys per tile
+inline constexpr int kTile = 32;  // keys per tile (a multiple of every vector width)
 
 // Scratch floats a kernel needs for `rows` rows.
-constexpr size_t kernel_scratch_floats(int dim, int rows) {
-  return static_cast<size_t>(2 * kTile) * dim + 3 * kTile + static_cast<size_t>(rows) * (kTile + 2) + 64;
+constexpr size_t kernel_scratch_floats(int /*dim*/, int rows) {
+  return 3 * kTile + static_cast<size_t>(rows) * (kTile + 2) + 64;
 }
 
-using RunKernel = void (*)(const KernelFormat& f, const SlotRun& run, const RowBlock& rows, const RowState& st,
-                           float* scratch);
+// Consumes runs[0 .. n_runs) in order (the next run's first tile is prefetched while the last
+// tile of the current one is processed).
+using RunKernel = void (*)(const KernelFormat& f, const SlotRun* runs, int n_runs, const RowBlock& rows,
+                           const RowState& st, float* scratch);
 
-void run_scalar(const KernelFormat&, const SlotRun&, const RowBlock&, const RowState&, float*);
+void run_scalar(const KernelFormat&, const SlotRun*, int, const RowBlock&, const RowState&, float*);
 #if defined(__x86_64__)
-void run_avx2(const KernelFormat&, const SlotRun&, const RowBlock&, const RowState&, float*);
-void run_avx512(const KernelFormat&, const SlotRun&, const RowBlock&, const RowState&, float*);
+void run_avx2(const KernelFormat&, const SlotRun*, int, const RowBlock&, const RowState&, float*);
+void run_avx512(const KernelFormat&, const SlotRun*, int, const RowBlock&, const RowState&, float*);
 #endif
 
 // Whether a SIMD build with `width` floats per vector handles this format (packed codes of 2,

@@ -6,16 +6,26 @@
 // for code that runs on a CPU without it; for the same reason it calls no inline function from
 // other headers (it has its own fp16 conversion) and no std::min/max.
 //
+// Per tile of kTile keys and a block of <= 8 query rows held in registers:
+//   1. scores: each key's codes are decoded W at a time straight from the slot and multiplied
+//      into all rows (GQA: one decode serves every query head of the kv head);
+//   2. online softmax per row (running max, rescale of the accumulator only when it moves);
+//   3. values: decoded W at a time and accumulated into all rows.
+// Nothing is written back but the running state: there is no dequantized tile in memory.
+//
 // Traits interface (W floats per vector V):
-//   zero(), set1(x), load(const float*), store(float*, V), mul(a, b), fmadd(a, b, c) = a*b + c,
-//   reduce(V) -> float, exp(V) (0 for inputs below about -87),
+//   zero(), set1(x), load(const float*), store(float*, V), mul, sub, fmadd(a, b, c) = a*b + c,
+//   reduce(V) -> float, reduce4(a, b, c, d, float* out4), exp(V) (0 below about -87),
+//   exp_scalar(x), prefetch(p),
 //   f32(p, i) / f16(p, i) / bf16(p, i) / fp8(p, i): elements i .. i+W-1 of a row of that type
 //     (fp8 returns value / kFp8Factor),
-//   codes(p, i, bits): codes i .. i+W-1 of a packed row as floats,
-//   lut(p, i, bits, table16): table16[code] for those codes (bits <= 4).
+//   codes<B>(p, i): codes i .. i+W-1 of a packed B-bit row as floats,
+//   lut<B>(p, i, table16): table16[low bits of code] (tables replicated, see KernelFormat).
+//   kAnyBits: the build handles every bit width 1..8 (scalar) rather than 2..4.
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernel.h"
 
@@ -49,146 +59,221 @@ struct Kernel {
   static constexpr int W = I::W;
   static constexpr float kNegInf = -__builtin_inff();
 
-  // Keys j0 .. j0+nt-1 of the run -> tile [nt, dim] (codes or elements, no per-token factor)
-  // and fac [nt] (the per-token factor: fp16 norm for Mse, the fp8 factor, else 1).
-  static void decode_keys(const KernelFormat& f, const SlotRun& run, int j0, int nt, float* tile, float* fac) {
-    const int d = f.dim;
-    const uint8_t* base = run.kc + static_cast<size_t>(j0) * run.kc_stride;
-    auto each = [&](auto&& row_fn) {
-      for (int j = 0; j < nt; ++j) {
-        const uint8_t* p = base + static_cast<size_t>(j) * run.kc_stride;
-        float* o = tile + static_cast<size_t>(j) * d;
-        for (int i = 0; i < d; i += W) I::store(o + i, row_fn(p, i));
-      }
-    };
+  // Calls fn(decoder) with the decoder of the key codec: V decoder(const uint8_t* row, int i).
+  template <class Fn>
+  static void with_key_decoder(const KernelFormat& f, Fn&& fn) {
     switch (f.key) {
-      case KeyCodec::F32: each([](const uint8_t* p, int i) { return I::f32(p, i); }); break;
-      case KeyCodec::F16: each([](const uint8_t* p, int i) { return I::f16(p, i); }); break;
-      case KeyCodec::BF16: each([](const uint8_t* p, int i) { return I::bf16(p, i); }); break;
-      case KeyCodec::Fp8: each([](const uint8_t* p, int i) { return I::fp8(p, i); }); break;
-      case KeyCodec::Mse: {
-        const int bits = f.key_bits;
-        const float* lut = I::kFullTable ? f.key_levels : f.key_lut;
-        each([&](const uint8_t* p, int i) { return I::lut(p, i, bits, lut); });
-        for (int j = 0; j < nt; ++j) fac[j] = kf_half(run.km + static_cast<size_t>(j0 + j) * run.km_stride);
-        return;
-      }
+      case KeyCodec::F32: return fn([](const uint8_t* p, int i) { return I::f32(p, i); });
+      case KeyCodec::F16: return fn([](const uint8_t* p, int i) { return I::f16(p, i); });
+      case KeyCodec::BF16: return fn([](const uint8_t* p, int i) { return I::bf16(p, i); });
+      case KeyCodec::Fp8: return fn([](const uint8_t* p, int i) { return I::fp8(p, i); });
+      case KeyCodec::Mse: return with_table_decoder(f.key_bits, I::kAnyBits ? f.key_levels : f.key_lut, fn);
     }
-    const float c = f.key == KeyCodec::Fp8 ? I::kFp8Factor : 1.0f;
-    for (int j = 0; j < nt; ++j) fac[j] = c;
   }
 
-  // Values -> tile [nt, dim], fac [nt] and zero [nt]: value = zero + fac * tile.
-  static void decode_values(const KernelFormat& f, const SlotRun& run, int j0, int nt, float* tile, float* fac,
-                            float* zero) {
-    const int d = f.dim;
-    const uint8_t* base = run.vc + static_cast<size_t>(j0) * run.vc_stride;
-    auto each = [&](auto&& row_fn) {
-      for (int j = 0; j < nt; ++j) {
-        const uint8_t* p = base + static_cast<size_t>(j) * run.vc_stride;
-        float* o = tile + static_cast<size_t>(j) * d;
-        for (int i = 0; i < d; i += W) I::store(o + i, row_fn(p, i));
-      }
-    };
-    float c = 1.0f;
+  template <class Fn>
+  static void with_value_decoder(const KernelFormat& f, Fn&& fn) {
     switch (f.value) {
-      case ValueCodec::F32: each([](const uint8_t* p, int i) { return I::f32(p, i); }); break;
-      case ValueCodec::F16: each([](const uint8_t* p, int i) { return I::f16(p, i); }); break;
-      case ValueCodec::BF16: each([](const uint8_t* p, int i) { return I::bf16(p, i); }); break;
-      case ValueCodec::Fp8:
-        each([](const uint8_t* p, int i) { return I::fp8(p, i); });
-        c = I::kFp8Factor;
-        break;
-      case ValueCodec::Uniform: {
-        // Codes are centred (code - mid) and the zero point moved to the middle of the range:
-        // zero + scale * code = (zero + scale * mid) + scale * (code - mid). Without this the
-        // sums of scale * code and of zero cancel (both ~ the range, their sum ~ the mean) and
-        // float accumulation over thousands of keys loses ~1e-5 of relative accuracy.
-        const int bits = f.value_bits;
-        const float mid = 0.5f * static_cast<float>((1 << bits) - 1);
-        const V midv = I::set1(mid);
-        each([&](const uint8_t* p, int i) { return I::sub(I::codes(p, i, bits), midv); });
-        for (int j = 0; j < nt; ++j) {
-          fac[j] = kf_half(run.vm0 + static_cast<size_t>(j0 + j) * run.vm0_stride);
-          zero[j] = kf_half(run.vm1 + static_cast<size_t>(j0 + j) * run.vm1_stride) + fac[j] * mid;
+      case ValueCodec::F32: return fn([](const uint8_t* p, int i) { return I::f32(p, i); });
+      case ValueCodec::F16: return fn([](const uint8_t* p, int i) { return I::f16(p, i); });
+      case ValueCodec::BF16: return fn([](const uint8_t* p, int i) { return I::bf16(p, i); });
+      case ValueCodec::Fp8: return fn([](const uint8_t* p, int i) { return I::fp8(p, i); });
+      case ValueCodec::Mse: return with_table_decoder(f.value_bits, I::kAnyBits ? f.value_levels : f.value_lut, fn);
+      case ValueCodec::Uniform:
+        // Codes are centred (code - mid), the zero point moved to mid (see decode_value_meta).
+        switch (f.value_bits) {
+          case 2: return fn(centred<2>());
+          case 3: return fn(centred<3>());
+          case 4: return fn(centred<4>());
+          default:
+            if constexpr (I::kAnyBits) {
+              switch (f.value_bits) {
+                case 1: return fn(centred<1>());
+                case 5: return fn(centred<5>());
+                case 6: return fn(centred<6>());
+                case 7: return fn(centred<7>());
+                default: return fn(centred<8>());
+              }
+            }
+            return;
         }
-        return;
-      }
-      case ValueCodec::Mse: {
-        const int bits = f.value_bits;
-        const float* lut = I::kFullTable ? f.value_levels : f.value_lut;
-        each([&](const uint8_t* p, int i) { return I::lut(p, i, bits, lut); });
-        for (int j = 0; j < nt; ++j) {
-          fac[j] = kf_half(run.vm0 + static_cast<size_t>(j0 + j) * run.vm0_stride);
-          zero[j] = 0.0f;
-        }
-        return;
-      }
-    }
-    for (int j = 0; j < nt; ++j) {
-      fac[j] = c;
-      zero[j] = 0.0f;
     }
   }
 
-  // s[r * kTile + j] = fac[j] * <q[r], tile[j]> for NR rows.
+  template <int B>
+  static auto centred() {
+    return [](const uint8_t* p, int i) {
+      return I::sub(I::template codes<B>(p, i), I::set1(0.5f * static_cast<float>((1 << B) - 1)));
+    };
+  }
+
+  template <class Fn>
+  static void with_table_decoder(int bits, const float* table, Fn&& fn) {
+    auto dec = [table](auto b) {
+      return [table](const uint8_t* p, int i) { return I::template lut<decltype(b)::value>(p, i, table); };
+    };
+    switch (bits) {
+      case 2: return fn(dec(std::integral_constant<int, 2>{}));
+      case 3: return fn(dec(std::integral_constant<int, 3>{}));
+      case 4: return fn(dec(std::integral_constant<int, 4>{}));
+      default:
+        if constexpr (I::kAnyBits) {
+          switch (bits) {
+            case 1: return fn(dec(std::integral_constant<int, 1>{}));
+            case 5: return fn(dec(std::integral_constant<int, 5>{}));
+            case 6: return fn(dec(std::integral_constant<int, 6>{}));
+            case 7: return fn(dec(std::integral_constant<int, 7>{}));
+            default: return fn(dec(std::integral_constant<int, 8>{}));
+          }
+        }
+        return;
+    }
+  }
+
   template <int NR>
-  static void scores(const float* q, int d, const float* tile, int nt, const float* fac, float* s) {
+  [[gnu::always_inline]] static void reduce_rows(const V* a, float* out) {
+    int r = 0;
+    for (; r + 4 <= NR; r += 4) I::reduce4(a[r], a[r + 1], a[r + 2], a[r + 3], out + r);
+    for (; r < NR; ++r) out[r] = I::reduce(a[r]);
+  }
+
+  // s[r * kTile + j] = <q[r], key j> (the per-key factor is applied by the caller).
+  template <int NR, class Dec>
+  static void scores(const float* q, int d, const uint8_t* base, size_t stride, int nt, float* s, const Dec& dec) {
     for (int j = 0; j < nt; ++j) {
+      const uint8_t* p = base + static_cast<size_t>(j) * stride;
       V a[NR];
       for (int r = 0; r < NR; ++r) a[r] = I::zero();
-      const float* k = tile + static_cast<size_t>(j) * d;
       for (int i = 0; i < d; i += W) {
-        const V kv = I::load(k + i);
+        const V kv = dec(p, i);
         for (int r = 0; r < NR; ++r) a[r] = I::fmadd(I::load(q + static_cast<size_t>(r) * d + i), kv, a[r]);
       }
-      for (int r = 0; r < NR; ++r) s[r * kTile + j] = I::reduce(a[r]) * fac[j];
+      float out[NR];
+      reduce_rows<NR>(a, out);
+      for (int r = 0; r < NR; ++r) s[r * kTile + j] = out[r];
     }
   }
 
-  // acc[r] = acc[r] * alpha[r] + sum_j w[r * kTile + j] * tile[j] for NR rows.
-  template <int NR>
-  static void accumulate(float* acc, int d, const float* tile, int nt, const float* w, const float* alpha) {
+  // acc[r] = acc[r] * alpha[r] + sum_j w[r * kTile + j] * value j.
+  template <int NR, class Dec>
+  static void accumulate(float* acc, int d, const uint8_t* base, size_t stride, int nt, const float* w,
+                         const float* alpha, const Dec& dec) {
     for (int i = 0; i < d; i += W) {
       V a[NR];
       for (int r = 0; r < NR; ++r) a[r] = I::mul(I::load(acc + static_cast<size_t>(r) * d + i), I::set1(alpha[r]));
       for (int j = 0; j < nt; ++j) {
-        const V v = I::load(tile + static_cast<size_t>(j) * d + i);
+        const V v = dec(base + static_cast<size_t>(j) * stride, i);
         for (int r = 0; r < NR; ++r) a[r] = I::fmadd(I::set1(w[r * kTile + j]), v, a[r]);
       }
       for (int r = 0; r < NR; ++r) I::store(acc + static_cast<size_t>(r) * d + i, a[r]);
     }
   }
 
-  template <int NR = 8>
-  static void scores_rows(int nr, const float* q, int d, const float* tile, int nt, const float* fac, float* s) {
-    if constexpr (NR > 1) {
-      if (nr < NR) return scores_rows<NR - 1>(nr, q, d, tile, nt, fac, s);
+  template <class Dec>
+  static void scores_rows(int R, const float* q, int d, const uint8_t* base, size_t stride, int nt, float* s,
+                          const Dec& dec) {
+    for (int r0 = 0; r0 < R; r0 += 8) {
+      const float* qr = q + static_cast<size_t>(r0) * d;
+      float* sr = s + r0 * kTile;
+      switch (kf_min(8, R - r0)) {
+        case 1: scores<1>(qr, d, base, stride, nt, sr, dec); break;
+        case 2: scores<2>(qr, d, base, stride, nt, sr, dec); break;
+        case 3: scores<3>(qr, d, base, stride, nt, sr, dec); break;
+        case 4: scores<4>(qr, d, base, stride, nt, sr, dec); break;
+        case 5: scores<5>(qr, d, base, stride, nt, sr, dec); break;
+        case 6: scores<6>(qr, d, base, stride, nt, sr, dec); break;
+        case 7: scores<7>(qr, d, base, stride, nt, sr, dec); break;
+        default: scores<8>(qr, d, base, stride, nt, sr, dec); break;
+      }
     }
-    scores<NR>(q, d, tile, nt, fac, s);
-  }
-  template <int NR = 8>
-  static void accumulate_rows(int nr, float* acc, int d, const float* tile, int nt, const float* w,
-                              const float* alpha) {
-    if constexpr (NR > 1) {
-      if (nr < NR) return accumulate_rows<NR - 1>(nr, acc, d, tile, nt, w, alpha);
-    }
-    accumulate<NR>(acc, d, tile, nt, w, alpha);
   }
 
-  static void run(const KernelFormat& f, const SlotRun& run, const RowBlock& rb, const RowState& st,
+  template <class Dec>
+  static void accumulate_rows(int R, float* acc, int d, const uint8_t* base, size_t stride, int nt, const float* w,
+                              const float* alpha, const Dec& dec) {
+    for (int r0 = 0; r0 < R; r0 += 8) {
+      float* ar = acc + static_cast<size_t>(r0) * d;
+      const float* wr = w + r0 * kTile;
+      const float* al = alpha + r0;
+      switch (kf_min(8, R - r0)) {
+        case 1: accumulate<1>(ar, d, base, stride, nt, wr, al, dec); break;
+        case 2: accumulate<2>(ar, d, base, stride, nt, wr, al, dec); break;
+        case 3: accumulate<3>(ar, d, base, stride, nt, wr, al, dec); break;
+        case 4: accumulate<4>(ar, d, base, stride, nt, wr, al, dec); break;
+        case 5: accumulate<5>(ar, d, base, stride, nt, wr, al, dec); break;
+        case 6: accumulate<6>(ar, d, base, stride, nt, wr, al, dec); break;
+        case 7: accumulate<7>(ar, d, base, stride, nt, wr, al, dec); break;
+        default: accumulate<8>(ar, d, base, stride, nt, wr, al, dec); break;
+      }
+    }
+  }
+
+  // Per-key factor of the scores (fp16 norm for Mse keys, the fp8 factor, else 1).
+  static void key_factors(const KernelFormat& f, const SlotRun& run, int j0, int nt, float* fac) {
+    if (f.key == KeyCodec::Mse) {
+      for (int j = 0; j < nt; ++j) fac[j] = kf_half(run.km + static_cast<size_t>(j0 + j) * run.km_stride);
+      return;
+    }
+    const float c = f.key == KeyCodec::Fp8 ? I::kFp8Factor : 1.0f;
+    for (int j = 0; j < nt; ++j) fac[j] = c;
+  }
+
+  // value j = zero[j] + fac[j] * decoder output.
+  static void value_factors(const KernelFormat& f, const SlotRun& run, int j0, int nt, float* fac, float* zero) {
+    for (int j = 0; j < nt; ++j) {
+      const size_t t = static_cast<size_t>(j0 + j);
+      switch (f.value) {
+        case ValueCodec::Uniform: {
+          // zero + scale * code = (zero + scale * mid) + scale * (code - mid): centring keeps
+          // the sum of scale * code and the sum of zero from cancelling (both ~ the range,
+          // their sum ~ the mean) and losing ~1e-5 in float over thousands of keys.
+          const float mid = 0.5f * static_cast<float>((1 << f.value_bits) - 1);
+          fac[j] = kf_half(run.vm0 + t * run.vm0_stride);
+          zero[j] = kf_half(run.vm1 + t * run.vm1_stride) + fac[j] * mid;
+          break;
+        }
+        case ValueCodec::Mse:
+          fac[j] = kf_half(run.vm0 + t * run.vm0_stride);
+          zero[j] = 0.0f;
+          break;
+        default:
+          fac[j] = f.value == ValueCodec::Fp8 ? I::kFp8Factor : 1.0f;
+          zero[j] = 0.0f;
+          break;
+      }
+    }
+  }
+
+  static void prefetch_tile(const KernelFormat& f, const SlotRun& run, int j0, int nt) {
+    if constexpr (W == 1) return;
+    for (int j = 0; j < nt; ++j) {
+      const uint8_t* k = run.kc + static_cast<size_t>(j0 + j) * run.kc_stride;
+      const uint8_t* v = run.vc + static_cast<size_t>(j0 + j) * run.vc_stride;
+      for (size_t o = 0; o < f.key_code_bytes; o += 64) I::prefetch(k + o);
+      for (size_t o = 0; o < f.value_code_bytes; o += 64) I::prefetch(v + o);
+    }
+  }
+
+  static void run(const KernelFormat& f, const SlotRun* runs, int n_runs, const RowBlock& rb, const RowState& st,
                   float* scratch) {
+    for (int i = 0; i < n_runs; ++i) run_one(f, runs[i], i + 1 < n_runs ? &runs[i + 1] : nullptr, rb, st, scratch);
+  }
+
+  static void run_one(const KernelFormat& f, const SlotRun& run, const SlotRun* next, const RowBlock& rb,
+                      const RowState& st, float* scratch) {
     const int d = f.dim, R = rb.rows;
-    float* ktile = scratch;
-    float* vtile = ktile + static_cast<size_t>(kTile) * d;
-    float* kfac = vtile + static_cast<size_t>(kTile) * d;
+    float* kfac = scratch;
     float* vfac = kfac + kTile;
     float* vzero = vfac + kTile;
-    float* p = vzero + kTile;                       // [R, kTile] scores, then weights
-    float* alpha = p + static_cast<size_t>(R) * kTile;  // [R]
-    float* live = alpha + R;                        // [R] 1 if the row sees a key of this tile
+    float* p = vzero + kTile;                           // [R, kTile] scores, then weights
+    float* alpha = p + static_cast<size_t>(R) * kTile;  // [R] accumulator rescale of this tile
+    float* live = alpha + R;                            // [R] 1 if the row sees a key of this tile
     for (int j0 = 0; j0 < run.n; j0 += kTile) {
       const int nt = kf_min(kTile, run.n - j0);
+      if (j0 + kTile < run.n)
+        prefetch_tile(f, run, j0 + kTile, kf_min(kTile, run.n - j0 - kTile));
+      else if (next)
+        prefetch_tile(f, *next, 0, kf_min(kTile, next->n));
       const int64_t first = run.pos0 + j0, last = first + nt - 1;
       bool any = false;
       for (int r = 0; r < R; ++r) {
@@ -196,17 +281,30 @@ struct Kernel {
         any = any || live[r] != 0.0f;
       }
       if (!any) continue;
-      decode_keys(f, run, j0, nt, ktile, kfac);
-      for (int r0 = 0; r0 < R; r0 += 8)
-        scores_rows(kf_min(8, R - r0), rb.q + static_cast<size_t>(r0) * d, d, ktile, nt, kfac, p + r0 * kTile);
+      with_key_decoder(f, [&](const auto& dec) {
+        scores_rows(R, rb.q, d, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, dec);
+      });
+      key_factors(f, run, j0, nt, kfac);
+      const V kf_first = I::load(kfac);
       for (int r = 0; r < R; ++r) {
         float* s = p + r * kTile;
         float mt = kNegInf;
         if (live[r] != 0.0f) {
-          for (int j = 0; j < kTile; ++j) {
-            const int64_t pos = first + j;
-            if (j >= nt || pos < rb.begin[r] || pos > rb.end[r]) s[j] = kNegInf;
-            mt = s[j] > mt ? s[j] : mt;
+          if (nt == kTile && rb.begin[r] <= first && rb.end[r] >= last) {  // whole tile visible
+            V mx = I::mul(I::load(s), kf_first);
+            I::store(s, mx);
+            for (int j = W; j < kTile; j += W) {
+              const V x = I::mul(I::load(s + j), I::load(kfac + j));
+              I::store(s + j, x);
+              mx = I::max(mx, x);
+            }
+            mt = I::reduce_max(mx);
+          } else {
+            for (int j = 0; j < kTile; ++j) {
+              const int64_t pos = first + j;
+              s[j] = (j >= nt || pos < rb.begin[r] || pos > rb.end[r]) ? kNegInf : s[j] * kfac[j];
+              mt = s[j] > mt ? s[j] : mt;
+            }
           }
         }
         if (mt == kNegInf) {  // nothing visible in this tile: state unchanged
@@ -217,7 +315,7 @@ struct Kernel {
         }
         const float m_old = st.m[r];
         const float m_new = m_old > mt ? m_old : mt;
-        alpha[r] = m_old == kNegInf ? 0.0f : I::exp_scalar(m_old - m_new);
+        alpha[r] = m_old == kNegInf ? 0.0f : (m_old == m_new ? 1.0f : I::exp_scalar(m_old - m_new));
         st.m[r] = m_new;
         const V mv = I::set1(m_new);
         float sum = 0.0f;
@@ -228,7 +326,7 @@ struct Kernel {
         }
         st.l[r] = st.l[r] * alpha[r] + sum;
       }
-      decode_values(f, run, j0, nt, vtile, vfac, vzero);
+      value_factors(f, run, j0, nt, vfac, vzero);
       for (int r = 0; r < R; ++r) {
         if (live[r] == 0.0f) continue;
         float* w = p + r * kTile;
@@ -239,9 +337,10 @@ struct Kernel {
         }
         st.zs[r] = st.zs[r] * alpha[r] + z;
       }
-      for (int r0 = 0; r0 < R; r0 += 8)
-        accumulate_rows(kf_min(8, R - r0), st.acc + static_cast<size_t>(r0) * d, d, vtile, nt, p + r0 * kTile,
-                        alpha + r0);
+      with_value_decoder(f, [&](const auto& dec) {
+        accumulate_rows(R, st.acc, d, run.vc + static_cast<size_t>(j0) * run.vc_stride, run.vc_stride, nt, p,
+                        alpha, dec);
+      });
     }
   }
 };

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "page_buffer.h"
 #include "tqkv/error.h"
 
 namespace tqkv {
@@ -21,11 +22,15 @@ PagedCache::PagedCache(const PagedCacheConfig& config) : config_(config) {
                                                 " entries for " + std::to_string(config_.n_layers) + " layers");
   for (int l = 0; l < config_.n_layers; ++l) {
     codecs_.push_back(std::make_unique<SlotCodec>(*config_.layer_formats[l], config_.head_dim, config_.seed));
-    pools_.emplace_back(page_bytes(l) * static_cast<size_t>(config_.num_blocks), 0);
+    pools_.push_back(std::make_unique<cpu::PageBuffer>(page_bytes(l) * static_cast<size_t>(config_.num_blocks)));
   }
   refs_.assign(config_.num_blocks, 0);
   for (int32_t b = config_.num_blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 first
 }
+
+PagedCache::~PagedCache() = default;
+PagedCache::PagedCache(PagedCache&&) noexcept = default;
+PagedCache& PagedCache::operator=(PagedCache&&) noexcept = default;
 
 void PagedCache::check_layer(int layer) const {
   if (layer < 0 || layer >= config_.n_layers)
@@ -95,7 +100,7 @@ std::vector<int64_t> PagedCache::append_slots(int64_t seq, int n) {
     free_.pop_back();
     for (int l = 0; l < config_.n_layers; ++l) {
       const size_t pb = page_bytes(l);
-      std::memcpy(pools_[l].data() + fresh * pb, pools_[l].data() + old * pb, pb);
+      std::memcpy(pools_[l]->data() + fresh * pb, pools_[l]->data() + old * pb, pb);
     }
     --refs_[old];
     refs_[fresh] = 1;
@@ -106,7 +111,7 @@ std::vector<int64_t> PagedCache::append_slots(int64_t seq, int n) {
     free_.pop_back();
     refs_[b] = 1;
     for (int l = 0; l < config_.n_layers; ++l)  // fresh pages read as zeros (padding included)
-      std::memset(pools_[l].data() + b * page_bytes(l), 0, page_bytes(l));
+      std::memset(pools_[l]->data() + b * page_bytes(l), 0, page_bytes(l));
     s.blocks.push_back(b);
   }
   std::vector<int64_t> slots(n);
@@ -123,7 +128,7 @@ void PagedCache::place_slot(int layer, int64_t slot, int head, const uint8_t* in
   const Format& f = *config_.layer_formats[layer];
   const int bs = config_.block_size, H = config_.n_kv_heads, d = config_.head_dim;
   const size_t sb = f.slot_bytes(d);
-  uint8_t* page = pools_[layer].data() + (slot / bs) * page_bytes(layer);
+  uint8_t* page = pools_[layer]->data() + (slot / bs) * page_bytes(layer);
   const int t = static_cast<int>(slot % bs);
   if (config_.layout == PageLayout::Slot) {
     std::memcpy(page + (static_cast<size_t>(t) * H + head) * sb, in, sb);
@@ -144,7 +149,7 @@ void PagedCache::gather_slot(int layer, int32_t block, int t, int head, uint8_t*
   const Format& f = *config_.layer_formats[layer];
   const int bs = config_.block_size, H = config_.n_kv_heads, d = config_.head_dim;
   const size_t sb = f.slot_bytes(d);
-  const uint8_t* page = pools_[layer].data() + block * page_bytes(layer);
+  const uint8_t* page = pools_[layer]->data() + block * page_bytes(layer);
   if (config_.layout == PageLayout::Slot) {
     std::memcpy(out, page + (static_cast<size_t>(t) * H + head) * sb, sb);
     return;
@@ -227,17 +232,17 @@ void PagedCache::decode(int layer, int64_t seq, int64_t start, int count, bool k
 
 const uint8_t* PagedCache::pool(int layer) const {
   check_layer(layer);
-  return pools_[layer].data();
+  return pools_[layer]->data();
 }
 
 uint8_t* PagedCache::pool_mut(int layer) {
   check_layer(layer);
-  return pools_[layer].data();
+  return pools_[layer]->data();
 }
 
 size_t PagedCache::bytes() const {
   size_t total = 0;
-  for (const auto& p : pools_) total += p.size();
+  for (const auto& p : pools_) total += p->size();
   return total;
 }
 
