@@ -350,6 +350,13 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
   }
 }
 
+// 2^x on the special-function unit (inputs are <= 0 here, flushing tiny results to zero is fine).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -541,10 +548,11 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, sh));
     }
     const float mn0 = fmaxf(m_run0, mx0), mn1 = fmaxf(m_run1, mx1);
-    const float al0 = exp2f(m_run0 - mn0), al1 = exp2f(m_run1 - mn1);
+    const float al0 = fast_exp2(m_run0 - mn0), al1 = fast_exp2(m_run1 - mn1);
     m_run0 = mn0;
     m_run1 = mn1;
-    const float pr[4] = {exp2f(sc[0] - mn0), exp2f(sc[1] - mn1), exp2f(sc[2] - mn0), exp2f(sc[3] - mn1)};
+    const float pr[4] = {fast_exp2(sc[0] - mn0), fast_exp2(sc[1] - mn1), fast_exp2(sc[2] - mn0),
+                         fast_exp2(sc[3] - mn1)};
     l_run0 = l_run0 * al0 + (pr[0] + pr[2]);
     l_run1 = l_run1 * al1 + (pr[1] + pr[3]);
     float w[4] = {pr[0], pr[1], pr[2], pr[3]};
@@ -735,7 +743,9 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     const int64_t units = static_cast<int64_t>(batch) * kv.n_kv_heads;
     int64_t ctas = std::max<int64_t>(1, (slots + units / 2) / units);  // CTAs per (sequence, kv head)
     const int64_t tiles = (std::max(max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
-    const int64_t max_ctas = std::max<int64_t>(1, tiles / (8 * k.warps));  // >= 8 tiles per warp
+    // At least 4 tiles per warp for short contexts, 8 for long ones (the merge reads every split).
+    const int64_t min_tiles = tiles <= 512 ? 4 : 8;
+    const int64_t max_ctas = std::max<int64_t>(1, tiles / (min_tiles * k.warps));
     ctas = std::min({ctas, max_ctas, static_cast<int64_t>(kMaxSplits / k.warps)});
     num_splits = static_cast<int>(ctas) * k.warps;
   }
