@@ -16,6 +16,7 @@
 // Code -> value lookups use a shared-memory table replicated per lane (entry e of lane l at
 // word e*32 + l), so a warp's 32 random lookups never conflict on a bank.
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "decode.cuh"
@@ -741,12 +742,27 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     TQKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, k.warps * 32, k.smem));
     const int64_t slots = static_cast<int64_t>(sms) * std::max(per_sm, 1);
     const int64_t units = static_cast<int64_t>(batch) * kv.n_kv_heads;
-    int64_t ctas = std::max<int64_t>(1, (slots + units / 2) / units);  // CTAs per (sequence, kv head)
     const int64_t tiles = (std::max(max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
     // At least 4 tiles per warp for short contexts, 8 for long ones (the merge reads every split).
     const int64_t min_tiles = tiles <= 512 ? 4 : 8;
-    const int64_t max_ctas = std::max<int64_t>(1, tiles / (min_tiles * k.warps));
-    ctas = std::min({ctas, max_ctas, static_cast<int64_t>(kMaxSplits / k.warps)});
+    const int64_t max_ctas = std::max<int64_t>(
+        1, std::min<int64_t>(tiles / (min_tiles * k.warps), kMaxSplits / k.warps));
+    // CTAs per (sequence, kv head): the smallest count whose grid keeps >= 90% of the resident
+    // CTA slots busy over its waves (else the best one allowed). Fewer CTAs mean fewer table
+    // builds and a cheaper merge.
+    auto fill = [&](int64_t c) {
+      const double w = static_cast<double>(units * c) / static_cast<double>(slots);
+      return w / std::ceil(w);
+    };
+    int64_t ctas = 1;
+    double best = fill(1);
+    for (int64_t c = 1; c <= max_ctas; ++c) {
+      if (fill(c) >= 0.9) {
+        ctas = c;
+        break;
+      }
+      if (fill(c) > best) best = fill(c), ctas = c;
+    }
     num_splits = static_cast<int>(ctas) * k.warps;
   }
   num_splits = (num_splits + k.warps - 1) / k.warps * k.warps;
