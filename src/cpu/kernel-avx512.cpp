@@ -36,7 +36,7 @@ struct IsaAvx512 {
         _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), x));
     _mm_storeu_ps(out, s);
   }
-  static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+  static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
   // Cephes-style expf: 2^n * p(r), |relative error| ~ 2e-7; 0 below -87.
   static V exp(V x) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "tqkv/attention.h"
@@ -111,6 +112,33 @@ TEST(AttentionSimd, OddHeadDimsFallBackCorrectly) {
   for (int d : {96, 40, 20})
     for (const char* name : {"f32", "fp8", "turboquant_4bit_nc", "tq-k4v2"})
       check_case(find_format(name), {d, 2, 4, 128, 150, 3, 0});
+}
+
+// Several threads calling attention at once: one owns the pool, the others run serially on
+// their own thread; every caller gets the single-threaded answer (and TSan sees no race).
+TEST(AttentionThreads, ConcurrentCallersAgree) {
+  LevelGuard guard;
+  set_attention_threads(2);
+  ContiguousCacheConfig cfg;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.capacity = 1024;
+  cfg.layer_formats = {&find_format("turboquant_k3v4_nc")};
+  ContiguousCache cache(cfg);
+  const auto k = gaussian(900 * 2 * 64, 1), v = gaussian(k.size(), 2), q = gaussian(8 * 64, 3);
+  cache.write(0, 0, 900, k.data(), v.data());
+  AttentionParams p;
+  p.n_q_heads = 8;
+  std::vector<float> want(q.size());
+  attention(cache, 0, q.data(), 1, 899, p, want.data());
+  std::vector<std::vector<float>> got(3, std::vector<float>(q.size()));
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 3; ++c)
+    callers.emplace_back([&, c] {
+      for (int rep = 0; rep < 5; ++rep) attention(cache, 0, q.data(), 1, 899, p, got[c].data());
+    });
+  for (auto& t : callers) t.join();
+  for (const auto& g : got) EXPECT_EQ(g, want);
 }
 
 TEST(AttentionSimd, LevelOverrideAndNames) {
