@@ -248,29 +248,58 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Copies one tile (its key plane, padded value rows and metadata) into a ring stage; the warp
-// shares the pieces.
+// shares the 16-byte pieces. Lane l copies pieces l, l+32, ...: its first piece's offsets are
+// computed once (IssueOffsets), the later ones are compile-time deltas, so a tile costs a few
+// 64-bit adds and the copies themselves.
+struct IssueOffsets {
+  int v_src, v_dst;  // this lane's first value piece: offset in the page's value plane / in the stage
+  int m_src, m_dst;  // this lane's metadata piece (lanes < 2 * M_PLANES)
+};
+
 template <int D, int KK, int VK>
-__device__ __forceinline__ void issue_tile(uint32_t st, const uint8_t* sec, int off, int bs, int lane) {
+__device__ __forceinline__ IssueOffsets issue_offsets(int lane, int bs) {
   using T = Traits<D, KK, VK>;
-  const uint8_t* kp = sec + off * T::KCB;
-#pragma unroll
-  for (int i0 = 0; i0 < T::KPL / 16; i0 += 32)
-    if (i0 + lane < T::KPL / 16) cp_async<16>(st + 16 * (i0 + lane), kp + 16 * (i0 + lane));
-  const uint8_t* vp = sec + bs * T::KCB + off * T::VCB;
   constexpr int PR = T::VCB / T::PV;
+  IssueOffsets io;
+  io.v_src = (lane / PR) * T::VCB + (lane % PR) * T::PV;
+  io.v_dst = T::KPL + (lane / PR) * T::VROW + (lane % PR) * T::PV;
+  const int plane = lane >> 1, half = lane & 1;
+  io.m_src = bs * (T::KCB + T::VCB) + plane * 2 * bs + 16 * half;
+  io.m_dst = T::KPL + T::VPL + 32 * plane + 16 * half;
+  return io;
+}
+
+template <int D, int KK, int VK>
+__device__ __forceinline__ void issue_tile(uint32_t st, const uint8_t* sec, int off, int bs, int lane,
+                                           const IssueOffsets& io) {
+  using T = Traits<D, KK, VK>;
+  constexpr int NK = T::KPL / 16;
+  const uint8_t* kp = sec + off * T::KCB + 16 * lane;
+  const uint32_t kd = st + 16 * lane;
 #pragma unroll
-  for (int i0 = 0; i0 < 16 * PR; i0 += 32) {
-    const int i = i0 + lane;
-    if (i < 16 * PR) {
-      const int r = i / PR, j = i % PR;
-      cp_async<T::PV>(st + T::KPL + r * T::VROW + j * T::PV, vp + r * T::VCB + j * T::PV);
+  for (int i0 = 0; i0 < NK; i0 += 32)
+    if (i0 + 32 <= NK || i0 + lane < NK) cp_async<16>(kd + 16 * i0, kp + 16 * i0);
+  constexpr int PR = T::VCB / T::PV;
+  constexpr int NV = 16 * PR;
+  if constexpr (32 % PR == 0) {  // piece l + 32k is row r0 + 32k/PR, same column
+    const uint8_t* vp = sec + bs * T::KCB + off * T::VCB + io.v_src;
+    const uint32_t vd = st + io.v_dst;
+#pragma unroll
+    for (int i0 = 0; i0 < NV; i0 += 32)
+      if (i0 + 32 <= NV || i0 + lane < NV)
+        cp_async<T::PV>(vd + (i0 / PR) * T::VROW, vp + (i0 / PR) * T::VCB);
+  } else {
+    const uint8_t* vp = sec + bs * T::KCB + off * T::VCB;
+#pragma unroll
+    for (int i0 = 0; i0 < NV; i0 += 32) {
+      const int i = i0 + lane;
+      if (i < NV) {
+        const int r = i / PR, j = i % PR;
+        cp_async<T::PV>(st + T::KPL + r * T::VROW + j * T::PV, vp + r * T::VCB + j * T::PV);
+      }
     }
   }
-  if (lane < 2 * T::M_PLANES) {
-    const int plane = lane >> 1, half = lane & 1;
-    cp_async<16>(st + T::KPL + T::VPL + 32 * plane + 16 * half,
-                 sec + bs * (T::KCB + T::VCB) + plane * 2 * bs + off * 2 + 16 * half);
-  }
+  if (lane < 2 * T::M_PLANES) cp_async<16>(st + io.m_dst, sec + off * 2 + io.m_src);
 }
 
 // Reads this thread's fragments of a tile from a ring stage (same roles as load_tile).
@@ -478,13 +507,14 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   [[maybe_unused]] const uint8_t* ring = reinterpret_cast<const uint8_t*>(smem) + T::LUT_BYTES + warp * T::NST * T::STAGE;
   [[maybe_unused]] const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   [[maybe_unused]] int rd = 0, wr = T::NST - 1;
+  [[maybe_unused]] const IssueOffsets io = issue_offsets<D, KK, VK>(lane, bs);
   if constexpr (T::ASYNC) {
 #pragma unroll
     for (int i = 0; i < T::NST - 1; ++i) {
       if (t_begin + i < t_end) {
         int off;
         const uint8_t* sec = section(t_begin + i, off);
-        issue_tile<D, KK, VK>(ring_s + i * T::STAGE, sec, off, bs, lane);
+        issue_tile<D, KK, VK>(ring_s + i * T::STAGE, sec, off, bs, lane, io);
       }
       cp_async_commit();
     }
@@ -498,7 +528,7 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
       if (tile + T::NST - 1 < t_end) {
         int off;
         const uint8_t* sec = section(tile + T::NST - 1, off);
-        issue_tile<D, KK, VK>(ring_s + wr * T::STAGE, sec, off, bs, lane);
+        issue_tile<D, KK, VK>(ring_s + wr * T::STAGE, sec, off, bs, lane, io);
       }
       cp_async_commit();
       cp_async_wait<T::NST - 1>();
