@@ -363,16 +363,13 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
                                            uint32_t lane4, uint32_t& a_lo, uint32_t& a_hi) {
   if constexpr (VK == V_U4) {
     // Byte m of each token's chunk holds the codes of dims 2m (low nibble) and 2m+1. Put the two
-    // tokens' bytes at bytes 0 and 2, then OR in fp16 1024 so each nibble becomes an exact half.
+    // tokens' bytes at bytes 0 and 2, then OR in fp16 1024 so each nibble becomes an exact half:
+    // 1024 + c (row dim 2m) and 1024 + 16 c (row dim 2m+1). The kernel removes the offsets and
+    // the factor 16 once at the end (with the running sum of P), not per element.
     const int b = m & 3;
     const uint32_t x = __byte_perm(w0[m >> 2], w1[m >> 2], b | ((4 + b) << 8));
-    const uint32_t lo = (x & 0x000f000fu) | 0x64006400u;  // 1024 + c
-    const uint32_t hi = (x & 0x00f000f0u) | 0x64006400u;  // 1024 + 16 c
-    const __half2 l2 = __hsub2(*reinterpret_cast<const __half2*>(&lo), __float2half2_rn(1024.0f));
-    const __half2 h2 = __hfma2(*reinterpret_cast<const __half2*>(&hi), __float2half2_rn(0.0625f),
-                               __float2half2_rn(-64.0f));
-    a_lo = *reinterpret_cast<const uint32_t*>(&l2);
-    a_hi = *reinterpret_cast<const uint32_t*>(&h2);
+    a_lo = (x & 0x000f000fu) | 0x64006400u;
+    a_hi = (x & 0x00f000f0u) | 0x64006400u;
   } else {
     const uint32_t p0 = value_pair<D, KK, VK>(w0, m, vlut, lane4), p1 = value_pair<D, KK, VK>(w1, m, vlut, lane4);
     a_lo = __byte_perm(p0, p1, 0x5410);
@@ -482,6 +479,7 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   for (int m = 0; m < KSTEPS; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.0f;
   // Running max / sum / zero-point sum of query heads 2c and 2c+1 (partial over this lane's tokens).
   float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.0f, l_run1 = 0.0f, z_run0 = 0.0f, z_run1 = 0.0f;
+  [[maybe_unused]] float s1_run0 = 0.0f, s1_run1 = 0.0f;  // V_U4: running sum of P (see value_frag)
 
   ThreadOffsets to;
   to.k[0] = g * T::KCB + c * T::KCH;
@@ -601,8 +599,15 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     }
     // P^T as the B fragment of O^T += V^T P^T: transpose the two 8x8 blocks (tokens 0-7, 8-15)
     // of packed (token, head) pairs so that each thread holds (head g, tokens 2c, 2c+1).
-    const uint32_t pb0 = movmatrix_trans(pack2<BF>(w[0], w[1]));
-    const uint32_t pb1 = movmatrix_trans(pack2<BF>(w[2], w[3]));
+    const uint32_t pw0 = pack2<BF>(w[0], w[1]), pw1 = pack2<BF>(w[2], w[3]);
+    if constexpr (VK == V_U4) {  // sum of P exactly as the MMA sees it (fp16-rounded)
+      const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&pw0));
+      const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&pw1));
+      s1_run0 = s1_run0 * al0 + (f0.x + f1.x);
+      s1_run1 = s1_run1 * al1 + (f0.y + f1.y);
+    }
+    const uint32_t pb0 = movmatrix_trans(pw0);
+    const uint32_t pb1 = movmatrix_trans(pw1);
     // O^T's columns are query heads 2c, 2c+1: this thread's own alphas. Skip the rescale when
     // no head's running max moved (the common case after the first tiles).
     if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
@@ -638,6 +643,19 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, sh);
     z_run0 += __shfl_xor_sync(0xffffffffu, z_run0, sh);
     z_run1 += __shfl_xor_sync(0xffffffffu, z_run1, sh);
+    if constexpr (VK == V_U4) {
+      s1_run0 += __shfl_xor_sync(0xffffffffu, s1_run0, sh);
+      s1_run1 += __shfl_xor_sync(0xffffffffu, s1_run1, sh);
+    }
+  }
+  if constexpr (VK == V_U4) {
+#pragma unroll
+    for (int m = 0; m < KSTEPS; ++m) {
+      o[m][0] -= 1024.0f * s1_run0;
+      o[m][1] -= 1024.0f * s1_run1;
+      o[m][2] = (o[m][2] - 1024.0f * s1_run0) * 0.0625f;
+      o[m][3] = (o[m][3] - 1024.0f * s1_run1) * 0.0625f;
+    }
   }
   const int64_t row = (static_cast<int64_t>(b) * p.n_kv_heads + hkv) * p.num_splits + split;
   const bool empty = t_begin >= t_end;
