@@ -26,4 +26,9 @@ void set_simd_level(SimdLevel level);
 int attention_threads();
 void set_attention_threads(int n);  // n <= 0 restores the default
 
+// Calls with less work than this (key slots x query rows, summed over kv heads) run on the
+// calling thread: waking workers costs more than it saves. Default 16384; tests set 0.
+long long attention_parallel_threshold();
+void set_attention_parallel_threshold(long long slot_rows);  // < 0 restores the default
+
 }  // namespace tqkv

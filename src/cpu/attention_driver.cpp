@@ -98,7 +98,12 @@ void run_attention_groups(const SlotCodec& codec, const std::vector<AttnGroup>& 
   std::vector<float> state(state_floats);
   int max_rows = 0;
   for (const auto& g : groups) max_rows = std::max(max_rows, g.rows);
-  const int workers = std::max(1, std::min<int>(threads, static_cast<int>(tasks.size())));
+  // Small calls (a short context, one decode token) stay on the calling thread: waking the
+  // pool costs more than it saves below ~16K slot-rows (~0.2 ms of work; see simd.h).
+  int64_t work = 0;
+  for (size_t g = 0; g < groups.size(); ++g) work += std::max<int64_t>(0, hi[g] - lo[g] + 1) * groups[g].rows;
+  const int workers =
+      work < attention_parallel_threshold() ? 1 : std::max(1, std::min<int>(threads, static_cast<int>(tasks.size())));
   const size_t scratch_floats = kernel_scratch_floats(d, max_rows);
   std::vector<float> scratch(scratch_floats * workers);
 

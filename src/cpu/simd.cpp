@@ -15,6 +15,8 @@ namespace {
 constexpr int kUnset = -1;
 std::atomic<int> g_level{kUnset};
 std::atomic<int> g_threads{0};
+constexpr long long kDefaultParallelThreshold = 16384;
+std::atomic<long long> g_parallel_threshold{kDefaultParallelThreshold};
 
 SimdLevel level_from_env() {
   SimdLevel level = detected_simd_level();
@@ -97,6 +99,12 @@ int attention_threads() {
 }
 
 void set_attention_threads(int n) { g_threads.store(n > 0 ? n : 0); }
+
+long long attention_parallel_threshold() { return g_parallel_threshold.load(std::memory_order_relaxed); }
+
+void set_attention_parallel_threshold(long long slot_rows) {
+  g_parallel_threshold.store(slot_rows < 0 ? kDefaultParallelThreshold : slot_rows);
+}
 
 namespace cpu {
 

@@ -40,9 +40,11 @@ std::vector<SimdLevel> levels() {
 // Restores the process-wide level and thread count after a test.
 struct LevelGuard {
   SimdLevel level = active_simd_level();
+  LevelGuard() { set_attention_parallel_threshold(0); }  // thread even the small test calls
   ~LevelGuard() {
     set_simd_level(level);
     set_attention_threads(0);
+    set_attention_parallel_threshold(-1);
   }
 };
 

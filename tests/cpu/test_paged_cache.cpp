@@ -158,9 +158,11 @@ TEST(PagedCache, LayoutsMatchFormatMdByteForByte) {
 
 struct LevelGuard {
   SimdLevel level = active_simd_level();
+  LevelGuard() { set_attention_parallel_threshold(0); }  // thread even the small test calls
   ~LevelGuard() {
     set_simd_level(level);
     set_attention_threads(0);
+    set_attention_parallel_threshold(-1);
   }
 };
 
