@@ -2,19 +2,23 @@
 //
 // One warp owns one split (a contiguous range of 16-token tiles) of one (sequence, kv head)
 // and serves all `group` query heads of that kv head, so each page is read once per kv head.
-// Per tile:
-//   S = Q K^T  with mma.m16n8k16 (M = query heads, N = 8 tokens, K = 16 dims), keys decoded
-//              from their codes straight into the B fragment (thread (g, c) owns token g and
-//              a contiguous d/4-dim chunk c of it, so a warp reads a tile with 16-byte loads);
-//   online softmax in fp32 (log2 domain);
-//   O^T += V^T P^T  (M = 16 dims, N = query heads, K = 16 tokens); the S accumulator's layout
-//              is the P^T B fragment, and the value codes are decoded into the A fragment
-//              (thread (g, c) owns tokens 2c, 2c+1, 2c+8, 2c+9 and a d/8-dim chunk g).
+// Compressed tiles stream through a per-warp ring of shared-memory stages filled by cp.async
+// (the 16-bit formats load straight into registers). Per tile:
+//   S^T = K Q^T  with mma.m16n8k16 (M = 16 tokens, N = 8 query heads, K = 16 dims); keys are
+//              decoded from their codes straight into the A fragment (thread (g, c) owns tokens
+//              g and 8+g and a contiguous d/4-dim chunk c of each, so a tile is read with wide
+//              loads); the query is the B fragment, held in registers for the whole split;
+//   online softmax in fp32 (log2 domain), per query head over the lanes that share c;
+//   O^T += V^T P^T  (M = 16 dims, N = query heads, K = 16 tokens); P^T comes from the S^T
+//              accumulator through two movmatrix transposes, and the value codes are decoded
+//              into the A fragment (thread (g, c) owns tokens 2c, 2c+1, 2c+8, 2c+9 and a
+//              d/8-dim chunk g).
 // Dims are permuted consistently between Q and K (and between V rows and the output), which
 // is what lets every thread read contiguous code bytes. Per-token scales (MSE norms, uniform
 // scale) are folded into the scores / into P; the uniform zero point adds sum_t p_t z_t.
 // Code -> value lookups use a shared-memory table replicated per lane (entry e of lane l at
-// word e*32 + l), so a warp's 32 random lookups never conflict on a bank.
+// word e*32 + l), so a warp's 32 random lookups never conflict on a bank. Each warp writes
+// its normalised partial output and log2-sum-exp; merge.cu combines the splits.
 #include <algorithm>
 #include <cmath>
 #include <string>
