@@ -87,5 +87,44 @@ TEST(ContiguousCache, BadWritesChangeNothing) {
   EXPECT_THROW(ContiguousCache{bad}, Error);
 }
 
+// Evicting drops the oldest positions without touching the others: what remains decodes to the
+// same floats, attention sees only the window, and clear() empties everything.
+TEST(ContiguousCache, EvictOldestKeepsTheRestBitExactAndClearEmpties) {
+  ContiguousCacheConfig cfg;
+  cfg.n_layers = 2;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.capacity = 16;
+  cfg.layer_formats = boundary_layer_formats(2, find_format("turboquant_k3v4_nc"), 0);
+  ContiguousCache cache(cfg);
+  const auto k = gaussian(12 * 2 * 64, 5), v = gaussian(12 * 2 * 64, 6);
+  for (int l = 0; l < 2; ++l) cache.write(l, 0, 12, k.data(), v.data());
+  std::vector<float> before(8 * 2 * 64), after(before.size());
+  cache.decode(1, 4, 8, false, before.data());
+  std::vector<uint8_t> slot_before(cache.slot(1, 1, 7), cache.slot(1, 1, 7) + cache.slot_bytes(1));
+  cache.evict_oldest(4);
+  EXPECT_EQ(cache.first_pos(), 4);
+  EXPECT_EQ(cache.seq_len(), 12);
+  cache.decode(1, 4, 8, false, after.data());
+  EXPECT_EQ(before, after);
+  EXPECT_EQ(std::vector<uint8_t>(cache.slot(1, 1, 7), cache.slot(1, 1, 7) + cache.slot_bytes(1)), slot_before);
+  EXPECT_THROW(cache.decode(1, 3, 1, true, after.data()), Error);
+  // Appending after an eviction reuses the freed ring slots; positions 4.. are unchanged.
+  for (int l = 0; l < 2; ++l) cache.write(l, 12, 8, k.data(), v.data());
+  EXPECT_EQ(cache.first_pos(), 4);
+  EXPECT_EQ(cache.seq_len(), 20);
+  cache.decode(1, 4, 8, false, after.data());
+  EXPECT_EQ(before, after);
+  cache.clear();
+  EXPECT_EQ(cache.seq_len(), 0);
+  EXPECT_EQ(cache.first_pos(), 0);
+  EXPECT_THROW(cache.decode(0, 0, 1, true, after.data()), Error);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ring = cache.ring(l, h);
+      for (size_t i = 0; i < 16 * cache.slot_bytes(l); ++i) ASSERT_EQ(ring[i], 0);
+    }
+}
+
 }  // namespace
 }  // namespace tqkv
