@@ -26,6 +26,29 @@ namespace {
 const std::string kRepo = TQKV_REPO_DIR;
 const std::string kModel = kRepo + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+bool have_python_reference() {
+  const char* req = std::getenv("TQKV_REQUIRE_REFERENCE");
+  if (std::system("python3 -c 'import numpy, gguf' >/dev/null 2>&1") == 0) return true;
+  if (req && std::string(req) == "1") ADD_FAILURE() << "python3 with numpy and gguf is required (pip install numpy gguf)";
+  return false;
+}
+
+std::vector<float> reference_logits(const std::string& model, const std::vector<int32_t>& ids, int vocab) {
+  const std::string out =
+      (std::filesystem::temp_directory_path() / ("tqkv_ref_" + std::to_string(::getpid()) + ".f32")).string();
+  std::string cmd = "python3 " + kRepo + "/tests/integration/reference_forward.py " + model;
+  for (int32_t id : ids) cmd += " " + std::to_string(id);
+  cmd += " -o " + out;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<float> ref(ids.size() * vocab);
+  std::ifstream in(out, std::ios::binary);
+  in.read(reinterpret_cast<char*>(ref.data()), static_cast<std::streamsize>(ref.size() * 4));
+  EXPECT_TRUE(in.good()) << "short reference output";
+  std::remove(out.c_str());
+  return ref;
+}
+
+
 class Smol : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -87,26 +110,11 @@ TEST_F(Smol, Config) {
 // gguf package). Needs python3 with numpy and gguf; skipped without them unless
 // TQKV_REQUIRE_REFERENCE=1 (CI sets it, so there a missing dependency fails).
 TEST_F(Smol, LogitsMatchNumpyReference) {
-  const bool required = std::getenv("TQKV_REQUIRE_REFERENCE") && std::string(std::getenv("TQKV_REQUIRE_REFERENCE")) == "1";
-  if (std::system("python3 -c 'import numpy, gguf' >/dev/null 2>&1") != 0) {
-    if (required) FAIL() << "python3 with numpy and gguf is required (pip install numpy gguf)";
-    GTEST_SKIP() << "python3 with numpy + gguf not available";
-  }
+  if (!have_python_reference()) GTEST_SKIP() << "python3 with numpy + gguf not available";
   const std::vector<int32_t> ids = chat("What is the capital of France?");
   ASSERT_GT(ids.size(), 20u);
-  const std::string out = (std::filesystem::temp_directory_path() / ("tqkv_ref_" + std::to_string(::getpid()) + ".f32")).string();
-  std::string cmd = "python3 " + kRepo + "/tests/integration/reference_forward.py " + kModel;
-  for (int32_t id : ids) cmd += " " + std::to_string(id);
-  cmd += " -o " + out;
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const int V = model_->config().n_vocab;
-  std::vector<float> ref(ids.size() * V);
-  {
-    std::ifstream in(out, std::ios::binary);
-    in.read(reinterpret_cast<char*>(ref.data()), static_cast<std::streamsize>(ref.size() * 4));
-    ASSERT_TRUE(in.good()) << "short reference output";
-  }
-  std::remove(out.c_str());
+  const std::vector<float> ref = reference_logits(kModel, ids, V);
   const std::vector<float> got = run_all(ids, "f32");
   for (size_t t = 0; t < ids.size(); ++t) {
     double err = 0, mag = 0;
@@ -241,6 +249,48 @@ TEST_F(Smol, BadInputGivesClearErrors) {
   EXPECT_THROW(model_->forward(&bad, 1, 0, c, logits.data(), false), Error);
   EXPECT_THROW(model_->forward(&ok, 1, 3, c, logits.data(), false), Error);  // gap
   EXPECT_EQ(c.seq_len(), 0);
+}
+
+// Tiny random models (tests/integration/make_tiny_models.py) cover what SmolLM2 does not:
+// Qwen2 (QKV bias, NeoX-halves RoPE, untied output head) and weights in Q4_K, Q6_K, Q5_0,
+// Q5_1, Q4_0, BF16, F16, F32. Both the batched path (BLAS on expanded weights) and the
+// token-by-token path (quantized kernels where the type has them) must match the reference.
+TEST(TinyModels, MatchNumpyReference) {
+  if (!have_python_reference()) GTEST_SKIP() << "python3 with numpy + gguf not available";
+  const auto dir = std::filesystem::temp_directory_path() / ("tqkv_tiny_" + std::to_string(::getpid()));
+  const std::string gen = "python3 " + kRepo + "/tests/integration/make_tiny_models.py " + dir.string();
+  ASSERT_EQ(std::system(gen.c_str()), 0) << gen;
+  for (const char* name : {"tiny_llama.gguf", "tiny_qwen2.gguf"}) {
+    SCOPED_TRACE(name);
+    const std::string path = (dir / name).string();
+    GgufFile f = GgufFile::open(path);
+    const Model m = Model::load(f);
+    const ModelConfig& c = m.config();
+    EXPECT_EQ(c.rope, c.arch == "qwen2" ? RopeLayout::Halves : RopeLayout::Adjacent);
+    EXPECT_EQ(c.qkv_bias, c.arch == "qwen2");
+    EXPECT_EQ(c.tied_embeddings, c.arch == "llama");
+    const std::vector<int32_t> ids = {3, 141, 59, 26, 5, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79};
+    const int V = c.n_vocab, n = static_cast<int>(ids.size());
+    const std::vector<float> ref = reference_logits(path, ids, V);
+    ContiguousCache batch_cache = m.make_cache("f32", 64);
+    std::vector<float> batched(ref.size());
+    m.forward(ids.data(), n, 0, batch_cache, batched.data(), true);
+    ContiguousCache step_cache = m.make_cache("f32", 64);
+    std::vector<float> stepped(ref.size());
+    for (int t = 0; t < n; ++t) m.forward(&ids[t], 1, t, step_cache, stepped.data() + static_cast<size_t>(t) * V, false);
+    for (int t = 0; t < n; ++t) {
+      double eb = 0, es = 0, mag = 0;
+      for (int i = 0; i < V; ++i) {
+        const size_t k = static_cast<size_t>(t) * V + i;
+        eb = std::max(eb, std::fabs(static_cast<double>(batched[k]) - ref[k]));
+        es = std::max(es, std::fabs(static_cast<double>(stepped[k]) - ref[k]));
+        mag = std::max(mag, std::fabs(static_cast<double>(ref[k])));
+      }
+      EXPECT_LE(eb, 1e-3 * mag) << "batched, position " << t;
+      EXPECT_LE(es, 1e-3 * mag) << "token by token, position " << t;
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Model, MissingTensorsAreFormatErrors) {
