@@ -14,12 +14,16 @@
 
 namespace {
 constexpr const char* kDefaultPrompt = "What are the three primary colors? Answer briefly.";
+// The 4-bit format with the lowest KL divergence from the f32 cache on SmolLM2-135M
+// (docs/RESULTS.md, "Engine"); the library-wide default tq-k4v2 spends only 2 bits on values,
+// which this small model notices in its answers.
+constexpr const char* kDefaultGenerateFormat = "tq-k4v4";
 }
 
 void register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate text with a GGUF model, the KV cache in any tqkv format");
   struct Opts {
-    std::string model, prompt = kDefaultPrompt, format = tqkv::kDefaultFormat;
+    std::string model, prompt = kDefaultPrompt, format = kDefaultGenerateFormat;
     int n = 128, ctx = 2048, skip = -1, threads = 0, top_k = 40;
     float temp = 0.0f, top_p = 0.95f;
     uint64_t seed = 1;
