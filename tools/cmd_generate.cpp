@@ -27,7 +27,7 @@ void register_generate(CLI::App& app) {
     int n = 128, ctx = 2048, skip = -1, threads = 0, top_k = 40;
     float temp = 0.0f, top_p = 0.95f;
     uint64_t seed = 1;
-    bool raw = false, quiet = false;
+    bool raw = false, quiet = false, ignore_eos = false;
   };
   static Opts o;
   cmd->add_option("-m,--model", o.model, "GGUF model (default: $TQKV_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)");
@@ -47,6 +47,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
   cmd->add_flag("--raw", o.raw, "feed the prompt as is, without the chat template");
   cmd->add_flag("-q,--quiet", o.quiet, "print only the generated text and the stats line");
+  cmd->add_flag("--ignore-eos", o.ignore_eos, "generate all -n tokens even past end of turn (for timing)");
   cmd->callback([] {
     using namespace tqkv::engine;
     tqkv::find_format(o.format);  // a bad name fails before the model loads
@@ -74,6 +75,7 @@ void register_generate(CLI::App& app) {
     GenerateOptions g;
     g.n_predict = o.n;
     g.sampler = {o.temp, o.top_k, o.top_p, o.seed};
+    g.stop_at_end_of_generation = !o.ignore_eos;
     const GenerateStats st = generate(model, tok, cache, prompt, g, [&](int32_t id) {
       if (tok.is_control(id)) return;
       const std::string p = tok.piece(id);
