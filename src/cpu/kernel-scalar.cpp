@@ -31,6 +31,8 @@ struct IsaScalar {
     out[3] = d;
   }
   static void prefetch(const uint8_t*) {}
+  static float half(const uint8_t* p) { return kf_half(p); }
+  static V halfs(const uint8_t* p) { return kf_half(p); }
   static V exp(V x) { return std::exp(x); }
   static float exp_scalar(float x) { return std::exp(x); }
   static V f32(const uint8_t* p, int i) {

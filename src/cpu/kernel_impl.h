@@ -16,7 +16,7 @@
 // Traits interface (W floats per vector V):
 //   zero(), set1(x), load(const float*), store(float*, V), mul, sub, fmadd(a, b, c) = a*b + c,
 //   reduce(V) -> float, reduce4(a, b, c, d, float* out4), exp(V) (0 below about -87),
-//   exp_scalar(x), prefetch(p),
+//   exp_scalar(x), prefetch(p), half(p) (one fp16 -> float), halfs(p) (W dense fp16),
 //   f32(p, i) / f16(p, i) / bf16(p, i) / fp8(p, i): elements i .. i+W-1 of a row of that type
 //     (fp8 returns value / kFp8Factor),
 //   codes<B>(p, i): codes i .. i+W-1 of a packed B-bit row as floats,
@@ -137,7 +137,8 @@ struct Kernel {
     for (; r < NR; ++r) out[r] = I::reduce(a[r]);
   }
 
-  // s[r * kTile + j] = <q[r], key j> (the per-key factor is applied by the caller).
+  // s[r * kTile + j] = <q[r], key j> (the per-key factor is applied by the caller). (Two keys
+  // per pass, sharing the q loads, measured slower on Zen 4: more live registers, no gain.)
   template <int NR, class Dec>
   static void scores(const float* q, int d, const uint8_t* base, size_t stride, int nt, float* s, const Dec& dec) {
     for (int j = 0; j < nt; ++j) {
@@ -208,38 +209,46 @@ struct Kernel {
     }
   }
 
+  // n fp16 values at p, p + stride, ... -> out[n]. Dense planes (the page layout) load W at a
+  // time; strided ones (slot layout) convert one by one.
+  static void load_halfs(const uint8_t* p, size_t stride, int n, float* out) {
+    int j = 0;
+    if (stride == 2)
+      for (; j + W <= n; j += W) I::store(out + j, I::halfs(p + 2 * j));
+    for (; j < n; ++j) out[j] = I::half(p + static_cast<size_t>(j) * stride);
+  }
+
   // Per-key factor of the scores (fp16 norm for Mse keys, the fp8 factor, else 1).
   static void key_factors(const KernelFormat& f, const SlotRun& run, int j0, int nt, float* fac) {
-    if (f.key == KeyCodec::Mse) {
-      for (int j = 0; j < nt; ++j) fac[j] = kf_half(run.km + static_cast<size_t>(j0 + j) * run.km_stride);
-      return;
-    }
+    if (f.key == KeyCodec::Mse) return load_halfs(run.km + static_cast<size_t>(j0) * run.km_stride, run.km_stride, nt, fac);
     const float c = f.key == KeyCodec::Fp8 ? I::kFp8Factor : 1.0f;
     for (int j = 0; j < nt; ++j) fac[j] = c;
   }
 
   // value j = zero[j] + fac[j] * decoder output.
   static void value_factors(const KernelFormat& f, const SlotRun& run, int j0, int nt, float* fac, float* zero) {
-    for (int j = 0; j < nt; ++j) {
-      const size_t t = static_cast<size_t>(j0 + j);
-      switch (f.value) {
-        case ValueCodec::Uniform: {
-          // zero + scale * code = (zero + scale * mid) + scale * (code - mid): centring keeps
-          // the sum of scale * code and the sum of zero from cancelling (both ~ the range,
-          // their sum ~ the mean) and losing ~1e-5 in float over thousands of keys.
-          const float mid = 0.5f * static_cast<float>((1 << f.value_bits) - 1);
-          fac[j] = kf_half(run.vm0 + t * run.vm0_stride);
-          zero[j] = kf_half(run.vm1 + t * run.vm1_stride) + fac[j] * mid;
-          break;
+    switch (f.value) {
+      case ValueCodec::Uniform: {
+        // zero + scale * code = (zero + scale * mid) + scale * (code - mid): centring keeps
+        // the sum of scale * code and the sum of zero from cancelling (both ~ the range,
+        // their sum ~ the mean) and losing ~1e-5 in float over thousands of keys.
+        const float mid = 0.5f * static_cast<float>((1 << f.value_bits) - 1);
+        load_halfs(run.vm0 + static_cast<size_t>(j0) * run.vm0_stride, run.vm0_stride, nt, fac);
+        load_halfs(run.vm1 + static_cast<size_t>(j0) * run.vm1_stride, run.vm1_stride, nt, zero);
+        for (int j = 0; j < nt; ++j) zero[j] += fac[j] * mid;
+        return;
+      }
+      case ValueCodec::Mse:
+        load_halfs(run.vm0 + static_cast<size_t>(j0) * run.vm0_stride, run.vm0_stride, nt, fac);
+        for (int j = 0; j < nt; ++j) zero[j] = 0.0f;
+        return;
+      default: {
+        const float c = f.value == ValueCodec::Fp8 ? I::kFp8Factor : 1.0f;
+        for (int j = 0; j < nt; ++j) {
+          fac[j] = c;
+          zero[j] = 0.0f;
         }
-        case ValueCodec::Mse:
-          fac[j] = kf_half(run.vm0 + t * run.vm0_stride);
-          zero[j] = 0.0f;
-          break;
-        default:
-          fac[j] = f.value == ValueCodec::Fp8 ? I::kFp8Factor : 1.0f;
-          zero[j] = 0.0f;
-          break;
+        return;
       }
     }
   }
