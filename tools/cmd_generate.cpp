@@ -86,8 +86,9 @@ void register_generate(CLI::App& app) {
     std::fflush(stdout);
     std::fprintf(stderr,
                  "\nprompt: %d tokens, %.1f tokens/s | decode: %d tokens, %.1f tokens/s | kv cache (%s): %zu bytes "
-                 "(%zu bytes/token)\n",
+                 "(%zu bytes/token) | per CPU-second: prompt %.1f, decode %.1f tokens\n",
                  st.n_prompt, st.prompt_tokens_per_second(), st.n_decoded, st.decode_tokens_per_second(),
-                 o.format.c_str(), st.kv_bytes, st.kv_bytes_per_token);
+                 o.format.c_str(), st.kv_bytes, st.kv_bytes_per_token, st.prompt_tokens_per_cpu_second(),
+                 st.decode_tokens_per_cpu_second());
   });
 }

@@ -1,10 +1,21 @@
 #include "generate.h"
 
+#include <time.h>
+
 #include <chrono>
 
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
+namespace {
+
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+}  // namespace
 
 GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache& cache,
                        const std::vector<int32_t>& prompt, const GenerateOptions& opt,
@@ -24,8 +35,10 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache
   Sampler sampler(opt.sampler);
 
   auto t0 = clock::now();
+  double c0 = cpu_seconds();
   model.forward(prompt.data(), n_prompt, 0, cache, logits.data(), false);
   st.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  st.prompt_cpu_seconds = cpu_seconds() - c0;
 
   int64_t pos = n_prompt;
   for (int i = 0; i < opt.n_predict; ++i) {
@@ -35,8 +48,10 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache
     on_token(id);
     if (i + 1 == opt.n_predict || pos >= cache.capacity()) break;  // no need to run the last token
     t0 = clock::now();
+    c0 = cpu_seconds();
     model.forward(&id, 1, pos, cache, logits.data(), false);
     st.decode_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+    st.decode_cpu_seconds += cpu_seconds() - c0;
     ++pos;
   }
   st.kv_bytes_per_token = cache.bytes_per_token();

@@ -22,11 +22,19 @@ struct GenerateStats {
   int n_decoded = 0;        // tokens produced (the first comes from the prefill's logits)
   double prompt_seconds = 0;
   double decode_seconds = 0;  // time of the decode forward passes (n_decoded - 1 of them)
+  // Process CPU time (all threads) of the same two phases: on a shared machine wall time
+  // depends on the neighbours, CPU time much less.
+  double prompt_cpu_seconds = 0;
+  double decode_cpu_seconds = 0;
   size_t kv_bytes = 0;        // cache memory actually holding the sequence's positions
   size_t kv_bytes_per_token = 0;
   double prompt_tokens_per_second() const { return prompt_seconds > 0 ? n_prompt / prompt_seconds : 0; }
   double decode_tokens_per_second() const {
     return decode_seconds > 0 && n_decoded > 1 ? (n_decoded - 1) / decode_seconds : 0;
+  }
+  double prompt_tokens_per_cpu_second() const { return prompt_cpu_seconds > 0 ? n_prompt / prompt_cpu_seconds : 0; }
+  double decode_tokens_per_cpu_second() const {
+    return decode_cpu_seconds > 0 && n_decoded > 1 ? (n_decoded - 1) / decode_cpu_seconds : 0;
   }
 };
 
