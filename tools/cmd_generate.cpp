@@ -11,6 +11,7 @@
 #include "engine/gguf.h"
 #include "engine/paths.h"
 #include "tqkv/format.h"
+#include "tqkv/simd.h"
 
 namespace {
 constexpr const char* kDefaultPrompt = "What are the three primary colors? Answer briefly.";
@@ -51,7 +52,8 @@ void register_generate(CLI::App& app) {
   cmd->callback([] {
     using namespace tqkv::engine;
     tqkv::find_format(o.format);  // a bad name fails before the model loads
-    set_num_threads(o.threads);
+    set_num_threads(o.threads);            // the engine's matrix products
+    tqkv::set_attention_threads(o.threads);  // and tqkv::attention (0 = default)
     const std::string path = o.model.empty() ? default_model_path() : o.model;
     GgufFile file = GgufFile::open(path);
     Tokenizer tok = Tokenizer::from_gguf(file);

@@ -15,6 +15,7 @@
 #include "engine/tokenizer.h"
 #include "tqkv/error.h"
 #include "tqkv/format.h"
+#include "tqkv/simd.h"
 
 void register_perplexity(CLI::App& app) {
   auto* cmd = app.add_subcommand("perplexity", "Perplexity and KL/top-1 vs the f32 cache of a GGUF model on a text");
@@ -38,7 +39,8 @@ void register_perplexity(CLI::App& app) {
   cmd->callback([] {
     using namespace tqkv::engine;
     tqkv::find_format(o.format);
-    set_num_threads(o.threads);
+    set_num_threads(o.threads);            // the engine's matrix products
+    tqkv::set_attention_threads(o.threads);  // and tqkv::attention (0 = default)
     const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string tpath = o.text.empty() ? default_text_path() : o.text;
     std::ifstream in(tpath, std::ios::binary);
