@@ -139,9 +139,11 @@ struct Kernel {
 
   // s[r * kTile + j] = <q[r], key j> (the per-key factor is applied by the caller). (Two keys
   // per pass, sharing the q loads, measured slower on Zen 4: more live registers, no gain.)
-  template <int NR, class Dec>
-  static void scores(const float* q, int d, const uint8_t* base, size_t stride, int nt, float* s, const Dec& dec) {
+  template <int NR, class Dec, class Pf>
+  static void scores(const float* q, int d, const uint8_t* base, size_t stride, int nt, float* s, const Dec& dec,
+                     const Pf& pf) {
     for (int j = 0; j < nt; ++j) {
+      pf(j);
       const uint8_t* p = base + static_cast<size_t>(j) * stride;
       V a[NR];
       for (int r = 0; r < NR; ++r) a[r] = I::zero();
@@ -170,21 +172,35 @@ struct Kernel {
     }
   }
 
-  template <class Dec>
+  template <class Dec, class Pf>
   static void scores_rows(int R, const float* q, int d, const uint8_t* base, size_t stride, int nt, float* s,
-                          const Dec& dec) {
+                          const Dec& dec, const Pf& prefetch) {
+    const auto none = [](int) {};
     for (int r0 = 0; r0 < R; r0 += 8) {
       const float* qr = q + static_cast<size_t>(r0) * d;
       float* sr = s + r0 * kTile;
+      if (r0 == 0) {  // the first row block walks the keys first: it issues the prefetches
+        switch (kf_min(8, R)) {
+          case 1: scores<1>(qr, d, base, stride, nt, sr, dec, prefetch); break;
+          case 2: scores<2>(qr, d, base, stride, nt, sr, dec, prefetch); break;
+          case 3: scores<3>(qr, d, base, stride, nt, sr, dec, prefetch); break;
+          case 4: scores<4>(qr, d, base, stride, nt, sr, dec, prefetch); break;
+          case 5: scores<5>(qr, d, base, stride, nt, sr, dec, prefetch); break;
+          case 6: scores<6>(qr, d, base, stride, nt, sr, dec, prefetch); break;
+          case 7: scores<7>(qr, d, base, stride, nt, sr, dec, prefetch); break;
+          default: scores<8>(qr, d, base, stride, nt, sr, dec, prefetch); break;
+        }
+        continue;
+      }
       switch (kf_min(8, R - r0)) {
-        case 1: scores<1>(qr, d, base, stride, nt, sr, dec); break;
-        case 2: scores<2>(qr, d, base, stride, nt, sr, dec); break;
-        case 3: scores<3>(qr, d, base, stride, nt, sr, dec); break;
-        case 4: scores<4>(qr, d, base, stride, nt, sr, dec); break;
-        case 5: scores<5>(qr, d, base, stride, nt, sr, dec); break;
-        case 6: scores<6>(qr, d, base, stride, nt, sr, dec); break;
-        case 7: scores<7>(qr, d, base, stride, nt, sr, dec); break;
-        default: scores<8>(qr, d, base, stride, nt, sr, dec); break;
+        case 1: scores<1>(qr, d, base, stride, nt, sr, dec, none); break;
+        case 2: scores<2>(qr, d, base, stride, nt, sr, dec, none); break;
+        case 3: scores<3>(qr, d, base, stride, nt, sr, dec, none); break;
+        case 4: scores<4>(qr, d, base, stride, nt, sr, dec, none); break;
+        case 5: scores<5>(qr, d, base, stride, nt, sr, dec, none); break;
+        case 6: scores<6>(qr, d, base, stride, nt, sr, dec, none); break;
+        case 7: scores<7>(qr, d, base, stride, nt, sr, dec, none); break;
+        default: scores<8>(qr, d, base, stride, nt, sr, dec, none); break;
       }
     }
   }
@@ -253,14 +269,16 @@ struct Kernel {
     }
   }
 
-  static void prefetch_tile(const KernelFormat& f, const SlotRun& run, int j0, int nt) {
+  // Prefetches key and value rows of one slot into L2.
+  static void prefetch_slot(const KernelFormat& f, const SlotRun& run, int t) {
     if constexpr (W == 1) return;
-    for (int j = 0; j < nt; ++j) {
-      const uint8_t* k = run.kc + static_cast<size_t>(j0 + j) * run.kc_stride;
-      const uint8_t* v = run.vc + static_cast<size_t>(j0 + j) * run.vc_stride;
-      for (size_t o = 0; o < f.key_code_bytes; o += 64) I::prefetch(k + o);
-      for (size_t o = 0; o < f.value_code_bytes; o += 64) I::prefetch(v + o);
-    }
+    const auto lines = [](const uint8_t* p, size_t n) {
+      const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+      for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end; a += 64)
+        I::prefetch(reinterpret_cast<const uint8_t*>(a));
+    };
+    lines(run.kc + static_cast<size_t>(t) * run.kc_stride, f.key_code_bytes);
+    lines(run.vc + static_cast<size_t>(t) * run.vc_stride, f.value_code_bytes);
   }
 
   static void run(const KernelFormat& f, const SlotRun* runs, int n_runs, const RowBlock& rb, const RowState& st,
@@ -279,10 +297,6 @@ struct Kernel {
     float* live = alpha + R;                            // [R] 1 if the row sees a key of this tile
     for (int j0 = 0; j0 < run.n; j0 += kTile) {
       const int nt = kf_min(kTile, run.n - j0);
-      if (j0 + kTile < run.n)
-        prefetch_tile(f, run, j0 + kTile, kf_min(kTile, run.n - j0 - kTile));
-      else if (next)
-        prefetch_tile(f, *next, 0, kf_min(kTile, next->n));
       const int64_t first = run.pos0 + j0, last = first + nt - 1;
       bool any = false;
       for (int r = 0; r < R; ++r) {
@@ -290,8 +304,19 @@ struct Kernel {
         any = any || live[r] != 0.0f;
       }
       if (!any) continue;
+      // One slot a tile ahead is prefetched per key scored (into the next run at the end of
+      // this one): spread out, the prefetches stay within the core's outstanding-miss budget;
+      // issued as a burst of a whole tile (256 lines for f16), most of them were dropped.
+      const auto prefetch = [&](int j) {
+        const int t = j0 + j + kTile;
+        if (t < run.n)
+          prefetch_slot(f, run, t);
+        else if (next && t - run.n < next->n)
+          prefetch_slot(f, *next, t - run.n);
+      };
       with_key_decoder(f, [&](const auto& dec) {
-        scores_rows(R, rb.q, d, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, dec);
+        scores_rows(R, rb.q, d, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, dec,
+                    prefetch);
       });
       key_factors(f, run, j0, nt, kfac);
       const V kf_first = I::load(kfac);
