@@ -134,7 +134,13 @@ struct Kernel {
   [[gnu::always_inline]] static void reduce_rows(const V* a, float* out) {
     int r = 0;
     for (; r + 4 <= NR; r += 4) I::reduce4(a[r], a[r + 1], a[r + 2], a[r + 3], out + r);
-    for (; r < NR; ++r) out[r] = I::reduce(a[r]);
+    if constexpr (NR % 4 >= 2) {  // 2 or 3 left: one joint reduction, padded with zeros
+      float tmp[4];
+      I::reduce4(a[r], a[r + 1], NR % 4 == 3 ? a[r + 2] : I::zero(), I::zero(), tmp);
+      for (int i = 0; i < NR % 4; ++i) out[r + i] = tmp[i];
+    } else if constexpr (NR % 4 == 1) {
+      out[r] = I::reduce(a[r]);
+    }
   }
 
   // s[r * kTile + j] = <q[r], key j> (the per-key factor is applied by the caller). (Two keys

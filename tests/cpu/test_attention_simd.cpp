@@ -99,6 +99,8 @@ TEST(AttentionSimd, DecodeEveryFormatEveryLevelMatchesReference) {
     check_case(*f, {128, 2, 8, 1024, 700, 1, 0});   // GQA 4:1, splits across threads
     check_case(*f, {64, 3, 9, 300, 520, 1, 0});     // GQA 3:1, ring wrapped
   }
+  for (int g : {1, 2, 5, 6, 7, 8, 12})  // every row-block size of the kernel (and two blocks)
+    check_case(find_format("turboquant_4bit_nc"), {64, 1, g, 512, 300, 1, 0});
 }
 
 TEST(AttentionSimd, PrefillAndWindowEveryLevelMatchesReference) {
