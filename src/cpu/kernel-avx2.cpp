@@ -16,6 +16,7 @@ struct IsaAvx2 {
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }

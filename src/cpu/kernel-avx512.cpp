@@ -18,6 +18,7 @@ struct IsaAvx512 {
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }

@@ -18,6 +18,7 @@ struct IsaScalar {
   static V set1(float x) { return x; }
   static V load(const float* p) { return *p; }
   static void store(float* p, V v) { *p = v; }
+  static V add(V a, V b) { return a + b; }
   static V mul(V a, V b) { return a * b; }
   static V sub(V a, V b) { return a - b; }
   static V max(V a, V b) { return a > b ? a : b; }

@@ -14,7 +14,7 @@
 // Nothing is written back but the running state: there is no dequantized tile in memory.
 //
 // Traits interface (W floats per vector V):
-//   zero(), set1(x), load(const float*), store(float*, V), mul, sub, fmadd(a, b, c) = a*b + c,
+//   zero(), set1(x), load(const float*), store(float*, V), add, mul, sub, fmadd(a, b, c) = a*b + c,
 //   reduce(V) -> float, reduce4(a, b, c, d, float* out4), exp(V) (0 below about -87),
 //   exp_scalar(x), prefetch(p), half(p) (one fp16 -> float), halfs(p) (W dense fp16),
 //   f32(p, i) / f16(p, i) / bf16(p, i) / fp8(p, i): elements i .. i+W-1 of a row of that type
@@ -358,24 +358,26 @@ struct Kernel {
         alpha[r] = m_old == kNegInf ? 0.0f : (m_old == m_new ? 1.0f : I::exp_scalar(m_old - m_new));
         st.m[r] = m_new;
         const V mv = I::set1(m_new);
-        float sum = 0.0f;
+        V sum = I::zero();
         for (int j = 0; j < kTile; j += W) {
           const V e = I::exp(I::sub(I::load(s + j), mv));
           I::store(s + j, e);
-          sum += I::reduce(e);
+          sum = I::add(sum, e);
         }
-        st.l[r] = st.l[r] * alpha[r] + sum;
+        st.l[r] = st.l[r] * alpha[r] + I::reduce(sum);
       }
       value_factors(f, run, j0, nt, vfac, vzero);
+      for (int j = nt; j < kTile; ++j) vfac[j] = vzero[j] = 0.0f;  // weights there are 0 already
       for (int r = 0; r < R; ++r) {
         if (live[r] == 0.0f) continue;
         float* w = p + r * kTile;
-        float z = 0.0f;
-        for (int j = 0; j < nt; ++j) {
-          z += w[j] * vzero[j];
-          w[j] *= vfac[j];
+        V z = I::zero();
+        for (int j = 0; j < kTile; j += W) {
+          const V wv = I::load(w + j);
+          z = I::fmadd(wv, I::load(vzero + j), z);
+          I::store(w + j, I::mul(wv, I::load(vfac + j)));
         }
-        st.zs[r] = st.zs[r] * alpha[r] + z;
+        st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);
       }
       with_value_decoder(f, [&](const auto& dec) {
         accumulate_rows(R, st.acc, d, run.vc + static_cast<size_t>(j0) * run.vc_stride, run.vc_stride, nt, p,
