@@ -10,4 +10,6 @@ void register_quality(CLI::App& app);
 #ifdef TQKV_HAVE_ENGINE
 void register_generate(CLI::App& app);
 void register_perplexity(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_passkey(CLI::App& app);
 #endif

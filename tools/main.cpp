@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
 #ifdef TQKV_HAVE_ENGINE
   register_generate(app);
   register_perplexity(app);
+  register_eval(app);
+  register_passkey(app);
 #endif
   try {
     app.parse(argc, argv);

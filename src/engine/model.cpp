@@ -92,6 +92,60 @@ void rope(float* x, int n, int heads, int head_dim, int n_rot, int64_t pos0, flo
   }
 }
 
+// Subtracts the (layer, kv head) key mean (and applies the channel scales), estimating them
+// from these n tokens the first time. q: [n, heads * group, hd].
+void centre_keys(KeyCentring& kc, int layer, int n_layers, int heads, int group, int hd, int n, float* k,
+                 float* q) {
+  const size_t per_layer = static_cast<size_t>(heads) * hd;
+  if (kc.mean.size() != per_layer * n_layers) {
+    kc.mean.assign(per_layer * n_layers, 0.0f);
+    kc.scale.assign(per_layer * n_layers, 1.0f);
+    kc.estimated.assign(n_layers, 0);
+  }
+  float* mu = kc.mean.data() + per_layer * layer;
+  float* sc = kc.scale.data() + per_layer * layer;
+  const size_t q_row = per_layer * group;
+  if (!kc.estimated[layer]) {
+    std::vector<double> acc(per_layer, 0.0);
+    for (int t = 0; t < n; ++t)
+      for (size_t i = 0; i < per_layer; ++i) acc[i] += k[t * per_layer + i];
+    for (size_t i = 0; i < per_layer; ++i) mu[i] = static_cast<float>(acc[i] / n);
+    if (kc.scale_channels) {
+      std::vector<double> kk(per_layer, 0.0), qq(per_layer, 0.0);
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < heads; ++h)
+          for (int i = 0; i < hd; ++i) {
+            const size_t c = static_cast<size_t>(h) * hd + i;
+            const double dk = k[t * per_layer + c] - mu[c];
+            kk[c] += dk * dk;
+            for (int g = 0; g < group; ++g) {
+              const double qv = q[t * q_row + (static_cast<size_t>(h) * group + g) * hd + i];
+              qq[c] += qv * qv;
+            }
+          }
+      for (int h = 0; h < heads; ++h) {
+        double log_sum = 0;
+        for (int i = 0; i < hd; ++i) {
+          const size_t c = static_cast<size_t>(h) * hd + i;
+          const double rk = std::sqrt(kk[c] / n) + 1e-6, rq = std::sqrt(qq[c] / (static_cast<double>(n) * group)) + 1e-6;
+          sc[c] = static_cast<float>(std::sqrt(rk / rq));
+          log_sum += std::log(sc[c]);
+        }
+        const float norm = static_cast<float>(std::exp(-log_sum / hd));
+        for (int i = 0; i < hd; ++i) sc[static_cast<size_t>(h) * hd + i] *= norm;
+      }
+    }
+    kc.estimated[layer] = 1;
+  }
+  for (int t = 0; t < n; ++t)
+    for (size_t i = 0; i < per_layer; ++i) k[t * per_layer + i] = (k[t * per_layer + i] - mu[i]) / sc[i];
+  if (kc.scale_channels)
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int g = 0; g < group; ++g)
+          for (int i = 0; i < hd; ++i) q[t * q_row + (static_cast<size_t>(h) * group + g) * hd + i] *= sc[static_cast<size_t>(h) * hd + i];
+}
+
 }  // namespace
 
 void set_num_threads(int n) { set_pool_threads(n); }
@@ -208,7 +262,7 @@ ContiguousCache Model::make_cache(const std::string& format, int capacity, int s
 }
 
 void Model::forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache& cache, float* logits,
-                    bool all_logits) const {
+                    bool all_logits, KeyCentring* centring) const {
   const ModelConfig& c = cfg_;
   if (n <= 0) throw Error(ErrorCode::InvalidArgument, "forward: no tokens");
   if (pos0 != cache.seq_len())
@@ -239,6 +293,8 @@ void Model::forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache&
     matmul(xn.data(), n, L.wv, v.data(), L.bv.empty() ? nullptr : L.bv.data());
     rope(q.data(), n, c.n_heads, hd, c.n_rot, pos0, c.rope_base, c.rope);
     rope(k.data(), n, c.n_kv_heads, hd, c.n_rot, pos0, c.rope_base, c.rope);
+    if (centring)
+      centre_keys(*centring, l, c.n_layers, c.n_kv_heads, c.n_heads / c.n_kv_heads, hd, n, k.data(), q.data());
     // The new keys/values go into the (possibly compressed) cache first; attention then reads
     // every position, the new ones included, from the cache, exactly as decode will later.
     cache.write(l, pos0, n, k.data(), v.data());

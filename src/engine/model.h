@@ -55,6 +55,22 @@ struct Weight {
 // float32 GEMM is cheaper.
 inline constexpr int kQuantizedMaxTokens = 2;
 
+// Key centring (issue 6, src/engine/eval.h): the keys of each (layer, kv head) are cached
+// minus a channel mean mu estimated from the first batch of tokens this object sees (the
+// prompt), after RoPE. q.(k - mu) = q.k - q.mu, the same shift for every key a query sees,
+// so softmax is unchanged while the vectors the cache quantizes get shorter.
+//
+// With scale_channels the keys are also divided by a per-channel scale s and the queries of
+// the group multiplied by it, (q*s).((k - mu)/s) = q.(k - mu) exactly, with
+// s_i = sqrt(rms_i(k - mu) / rms_i(q)) (the balance that minimises the score error of an
+// isotropic key error, as in SmoothQuant with alpha 1/2), normalised to geometric mean 1.
+struct KeyCentring {
+  bool scale_channels = false;
+  std::vector<float> mean;         // [n_layers, n_kv_heads, head_dim], filled layer by layer
+  std::vector<float> scale;        // [n_layers, n_kv_heads, head_dim]; 1 without scale_channels
+  std::vector<uint8_t> estimated;  // [n_layers]: mean of that layer is set
+};
+
 class Model {
  public:
   // Reads the config and expands every weight. Throws tqkv::Error(Format) for a missing or
@@ -71,8 +87,9 @@ class Model {
   // Runs n tokens at absolute positions pos0 .. pos0 + n - 1 (the cache must hold exactly
   // [first_pos, pos0) before the call) and appends their keys and values to the cache.
   // logits: [n, n_vocab] when all_logits, else [n_vocab] for the last token only.
+  // centring: when given, keys are centred before they are cached (see KeyCentring).
   void forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache& cache, float* logits,
-               bool all_logits) const;
+               bool all_logits, KeyCentring* centring = nullptr) const;
 
  private:
   struct Layer {

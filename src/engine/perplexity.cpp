@@ -23,7 +23,8 @@ void run_chunk(const Model& model, const int32_t* toks, int n, const std::string
   }
 }
 
-// log-softmax of one row, in place, computed in double for the sums.
+}  // namespace
+
 void log_softmax(float* v, int n) {
   float mx = v[0];
   for (int i = 1; i < n; ++i) mx = std::max(mx, v[i]);
@@ -33,7 +34,11 @@ void log_softmax(float* v, int n) {
   for (int i = 0; i < n; ++i) v[i] -= lse;
 }
 
-}  // namespace
+double kl_divergence(const float* logp_ref, const float* logp, int n) {
+  double k = 0;
+  for (int i = 0; i < n; ++i) k += std::exp(static_cast<double>(logp_ref[i])) * (logp_ref[i] - logp[i]);
+  return k;
+}
 
 PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& tokens, const PerplexityOptions& opt,
                             const std::function<void(int, int, double)>& progress) {
@@ -68,9 +73,7 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
       if (compare) {
         float* pb = lb.data() + static_cast<size_t>(j) * V;
         log_softmax(pb, V);
-        double k = 0;
-        for (int i = 0; i < V; ++i) k += std::exp(static_cast<double>(pb[i])) * (pb[i] - pt[i]);
-        kl += k;
+        kl += kl_divergence(pb, pt, V);
         agree += argmax(pb, V) == argmax(pt, V);
       }
       ++r.tokens;

@@ -31,6 +31,11 @@ struct PerplexityResult {
   double seconds = 0;
 };
 
+// Shared with eval.h. log_softmax: one row of logits, in place (sums in double).
+// kl_divergence: KL(p_ref || p) of two log-softmax rows, nats.
+void log_softmax(float* v, int n);
+double kl_divergence(const float* logp_ref, const float* logp, int n);
+
 // Scores the second half of each chunk (positions ctx/2 .. ctx-2 predicting the next token),
 // so that every scored token has at least ctx/2 tokens of context, as llama.cpp's
 // perplexity tool does. Throws tqkv::Error(InvalidArgument) when the text is shorter than

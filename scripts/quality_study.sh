@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Quality per bit (issue 6): regenerates the table of docs/RESULTS.md ("Quality per bit") and
+# docs/quality_per_bit.png. Long: on 2 cores the full grid takes hours; on 16 cores ~30 min.
+#
+#   scripts/quality_study.sh            (TQKV=path/to/tqkv, THREADS=N, TOKENS=20480 to override)
+#
+# Steps: tqkv eval at ctx 512 and 4096 over TOKENS tokens of data/kjv-genesis.txt (KL and
+# top-1 against the f32 cache, every format in lockstep), tqkv passkey, llama.cpp's
+# llama-perplexity --kl-divergence for f16/q8_0/q4_0 caches (scripts/peer_llamacpp.sh builds
+# it from the llama-cpp-python sdist), then scripts/plot_quality.py for the table and plot.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+TQKV=${TQKV:-build/release/tqkv}
+THREADS=${THREADS:-0}
+TOKENS=${TOKENS:-20480}
+OUT=${OUT:-docs/quality}
+mkdir -p "$OUT"
+BASE="f16,fp8,turboquant_k8v4,turboquant_4bit_nc,turboquant_k3v4_nc,turboquant_3bit_nc,tq-k4v2,tq-k3v2,tq-k4v3,tq-k4v4"
+STUDY="tq-k4v4+c,tq-k4v4+s,tq-k4v4+s+gauss,tq-k4v4+s+had,tq-k4v4+s+vu,turboquant_4bit_nc+s,turboquant_3bit_nc+s,tq-k3v3,tq-k3v3+s"
+NAMED=${NAMED:-tq-4.36,tq-3.36,tq-2.75}
+F512=${F512:-$BASE,$STUDY,$NAMED}
+F4K=${F4K:-f16,fp8,turboquant_4bit_nc,turboquant_k3v4_nc,turboquant_3bit_nc,tq-k4v2,tq-k4v4,tq-k4v4+s,tq-k3v3+s,$NAMED}
+FPK=${FPK:-f16,turboquant_4bit_nc,turboquant_3bit_nc,tq-k4v4,tq-4.36,tq-3.36}
+
+"$TQKV" eval --formats "$F512" --ctx 512 --tokens "$TOKENS" -t "$THREADS" --json "$OUT/eval_512.json"
+"$TQKV" eval --formats "$F4K" --ctx 4096 --tokens "$TOKENS" -t "$THREADS" --json "$OUT/eval_4096.json"
+"$TQKV" passkey --formats "$FPK" --ctx 1024,4096 --depths 0.1,0.5,0.9 --trials 3 -t "$THREADS" --json "$OUT/passkey.json"
+scripts/peer_llamacpp.sh build
+THREADS=$(nproc) scripts/peer_llamacpp.sh run 512 "$TOKENS" "$OUT/llamacpp_512.json"
+THREADS=$(nproc) scripts/peer_llamacpp.sh run 4096 "$TOKENS" "$OUT/llamacpp_4096.json"
+python3 scripts/plot_quality.py "$OUT/eval_512.json" "$OUT/eval_4096.json" \
+  --llamacpp "$OUT/llamacpp_512.json" "$OUT/llamacpp_4096.json" --passkey "$OUT/passkey.json" \
+  --png docs/quality_per_bit.png --markdown "$OUT/table.md"
+echo "table: $OUT/table.md (paste into docs/RESULTS.md), plot: docs/quality_per_bit.png"
