@@ -6,6 +6,7 @@
 
 #include "page_buffer.h"
 #include "tqkv/error.h"
+#include "tqkv/slot_encoder.h"
 
 namespace tqkv {
 
@@ -112,7 +113,7 @@ void ContiguousCache::write(int layer, int64_t pos0, int n_tokens, const float* 
   const int d = config_.head_dim;
   write_impl(
       layer, pos0, n_tokens,
-      [&](size_t i, uint8_t* out) { c.encode(k + i * d, v + i * d, out); }, 0, slot_bytes(layer));
+      [&](size_t i, uint8_t* out) { encode_slot(c, k + i * d, v + i * d, out); }, 0, slot_bytes(layer));
 }
 
 void ContiguousCache::write_keys(int layer, int64_t pos0, int n_tokens, const float* k) {

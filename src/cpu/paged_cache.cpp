@@ -6,6 +6,7 @@
 
 #include "page_buffer.h"
 #include "tqkv/error.h"
+#include "tqkv/slot_encoder.h"
 
 namespace tqkv {
 
@@ -189,7 +190,7 @@ void PagedCache::store(int layer, std::span<const int64_t> slot_mapping, const f
     if (slot_mapping[i] < 0) continue;
     for (int h = 0; h < H; ++h) {
       const size_t at = i * H + h;
-      c.encode(k + at * d, v + at * d, scratch.data() + at * sb);
+      encode_slot(c, k + at * d, v + at * d, scratch.data() + at * sb);
     }
   }
   for (size_t i = 0; i < slot_mapping.size(); ++i) {
