@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "../common/test_data.h"
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -10,13 +12,8 @@
 namespace tqkv {
 namespace {
 
-std::vector<float> gaussian(size_t n, uint64_t seed, float sigma = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
+using testing_util::gaussian;
+using testing_util::rel_error;
 
 // Exact causal attention over the original K/V, in double.
 std::vector<float> exact_attention(const std::vector<float>& q, const std::vector<float>& k,
@@ -63,15 +60,6 @@ double min_cosine(const std::vector<float>& a, const std::vector<float>& b, int 
     worst = std::min(worst, ab / std::sqrt(aa * bb));
   }
   return worst;
-}
-
-double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
 }
 
 TEST(Attention, CausalPrefillGqaWindowMatchesExactForF32) {

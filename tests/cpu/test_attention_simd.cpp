@@ -1,6 +1,8 @@
 // Every SIMD level and thread count against the scalar reference on the same codes.
 #include <gtest/gtest.h>
 
+#include "../common/test_data.h"
+
 #include <cmath>
 #include <random>
 #include <thread>
@@ -13,29 +15,8 @@
 namespace tqkv {
 namespace {
 
-std::vector<float> gaussian(size_t n, uint64_t seed, float sigma = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
-double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-std::vector<SimdLevel> levels() {
-  std::vector<SimdLevel> out;
-  for (SimdLevel l : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512})
-    if (simd_level_supported(l)) out.push_back(l);
-  return out;
-}
+using testing_util::gaussian;
+using testing_util::rel_error;
 
 // Restores the process-wide level and thread count after a test.
 struct LevelGuard {
@@ -81,7 +62,7 @@ void check_case(const Format& f, const Case& c) {
   std::vector<float> ref(q.size());
   attention_reference(cache, 0, q.data(), c.n_q, pos0, p, ref.data());
   LevelGuard guard;
-  for (SimdLevel level : levels()) {
+  for (SimdLevel level : testing_util::supported_levels()) {
     for (int threads : {1, 2, 3}) {
       set_simd_level(level);
       set_attention_threads(threads);

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "../common/test_data.h"
+
 #include <limits>
 #include <random>
 #include <vector>
@@ -10,13 +12,7 @@
 namespace tqkv {
 namespace {
 
-std::vector<float> gaussian(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g;
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
+using testing_util::gaussian;
 
 TEST(BoundaryLayers, DefaultSkipsTwoCappedAtHalf) {
   const Format& tq = find_format("turboquant_4bit_nc");

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "../common/test_data.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -14,22 +16,8 @@
 namespace tqkv {
 namespace {
 
-std::vector<float> gaussian(size_t n, uint64_t seed, float sigma = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
-double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using testing_util::gaussian;
+using testing_util::rel_error;
 
 PagedCacheConfig config(const char* format, int bs, PageLayout layout, int blocks = 64, int H = 2, int d = 64) {
   PagedCacheConfig c;

@@ -2,6 +2,8 @@
 // identical floats for every format, dim and SIMD level.
 #include <gtest/gtest.h>
 
+#include "../common/test_data.h"
+
 #include <cstring>
 #include <limits>
 #include <random>
@@ -23,16 +25,9 @@ class LevelGuard {
   SimdLevel saved_;
 };
 
-std::vector<SimdLevel> levels() {
-  std::vector<SimdLevel> out;
-  for (SimdLevel l : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512})
-    if (simd_level_supported(l)) out.push_back(l);
-  return out;
-}
-
 TEST(SlotEncoder, BytesAndDecodesIdenticalToReference) {
   std::mt19937_64 rng(std::random_device{}());  // fresh inputs every run
-  for (SimdLevel level : levels()) {
+  for (SimdLevel level : testing_util::supported_levels()) {
     LevelGuard guard(level);
     for (const Format& f : all_formats()) {
       for (int d : {64, 96, 128, 256, 20}) {
@@ -71,7 +66,7 @@ TEST(SlotEncoder, BytesAndDecodesIdenticalToReference) {
 }
 
 TEST(SlotEncoder, BadInputThrowsAndWritesNothing) {
-  for (SimdLevel level : levels()) {
+  for (SimdLevel level : testing_util::supported_levels()) {
     LevelGuard guard(level);
     const SlotCodec codec(find_format("turboquant_4bit_nc"), 64);
     std::vector<float> k(3 * 64, 1.0f), v(3 * 64, 1.0f);
