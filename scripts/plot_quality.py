@@ -2,7 +2,7 @@
 """Quality per bit (issue 6): the table and the plot from `tqkv eval --json` plus the
 llama.cpp numbers of scripts/peer_llamacpp.sh.
 
-    scripts/plot_quality.py EVAL_JSON... [--llamacpp JSON ...] [--passkey JSON]
+    scripts/plot_quality.py EVAL_JSON... [--llamacpp JSON ...] [--passkey JSON...]
                             [--png docs/quality_per_bit.png] [--markdown OUT.md]
 
 x: bits per element of the compressed layers, metadata included (llama.cpp: its cache type's
@@ -92,16 +92,17 @@ def plot(ours, llama, png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(9, 6))
     markers = {512: "o", 4096: "s"}
     for ctx in sorted({r["ctx"] for r in ours}):
-        rs = [r for r in ours if r["ctx"] == ctx and r["format"] not in ("f32",) and r["kl_mean"] > 0]
+        rs = [r for r in ours if r["ctx"] == ctx and r["format"] not in ("f32", "f16") and r["kl_mean"] > 0]
         ax.scatter([r["bits_per_element"] for r in rs], [r["kl_mean"] for r in rs], marker=markers.get(ctx, "^"),
                    color="tab:blue" if ctx == 512 else "tab:green", label=f"tqkv, ctx {ctx}", zorder=3)
-        for r in rs:
-            ax.annotate(r["format"], (r["bits_per_element"], r["kl_mean"]), fontsize=6, xytext=(3, 2),
-                        textcoords="offset points")
+        for i, r in enumerate(sorted(rs, key=lambda r: (r["bits_per_element"], r["kl_mean"]))):
+            ax.annotate(f"{r['format']} ({ctx})", (r["bits_per_element"], r["kl_mean"]), fontsize=6,
+                        xytext=(5, -2), textcoords="offset points")
     for ctx in sorted({r["ctx"] for r in llama}):
         ls = [r for r in llama if r["ctx"] == ctx and r["kl_mean"] and r["kl_mean"] > 0]
         ax.scatter([r["bits_per_element"] for r in ls], [r["kl_mean"] for r in ls], marker=markers.get(ctx, "^"),
@@ -110,10 +111,12 @@ def plot(ours, llama, png):
             ax.annotate(r["format"], (r["bits_per_element"], r["kl_mean"]), fontsize=6, color="tab:red",
                         xytext=(3, -8), textcoords="offset points")
     ax.set_xscale("log", base=2)
+    ax.set_xticks([2.5, 3, 3.5, 4, 4.5, 5, 6, 8])
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_yscale("log")
     ax.set_xlabel("bits per element (compressed layers, metadata included)")
     ax.set_ylabel("mean KL divergence vs uncompressed cache (nats/token)")
-    ax.set_title("SmolLM2-135M-Instruct, KJV Genesis: quality per bit of KV-cache formats")
+    ax.set_title("SmolLM2-135M-Instruct, KJV Genesis: quality per bit of KV-cache formats (f16: KL ~1e-6, off the plot)", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -124,7 +127,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("eval_json", nargs="+")
     ap.add_argument("--llamacpp", nargs="*", default=[])
-    ap.add_argument("--passkey")
+    ap.add_argument("--passkey", nargs="*", default=[])
     ap.add_argument("--png", default="docs/quality_per_bit.png")
     ap.add_argument("--markdown")
     a = ap.parse_args()
@@ -133,11 +136,13 @@ def main():
         ours += load_rows(p)[1]
     llama = load_llama(a.llamacpp)
     pk = None
-    if a.passkey:
+    for p in a.passkey:
         try:
-            pk = json.load(open(a.passkey))
-        except (OSError, ValueError):
-            pk = None
+            cells = json.load(open(p))["cells"]
+        except (OSError, ValueError, KeyError):
+            continue
+        pk = pk or {"cells": []}
+        pk["cells"] += cells
     md = markdown(ours, llama, pk)
     if a.markdown:
         open(a.markdown, "w").write(md)

@@ -25,11 +25,12 @@ FPK=${FPK:-f16,turboquant_4bit_nc,turboquant_3bit_nc,tq-k4v4,tq-4.36,tq-3.36}
 
 "$TQKV" eval --formats "$F512" --ctx 512 --tokens "$TOKENS" -t "$THREADS" --json "$OUT/eval_512.json"
 "$TQKV" eval --formats "$F4K" --ctx 4096 --tokens "$TOKENS" -t "$THREADS" --json "$OUT/eval_4096.json"
-"$TQKV" passkey --formats "$FPK" --ctx 1024,4096 --depths 0.1,0.5,0.9 --trials 3 -t "$THREADS" --json "$OUT/passkey.json"
+"$TQKV" passkey --formats "$FPK" --ctx 1024 --depths 0.1,0.5,0.9 --trials 3 -t "$THREADS" --json "$OUT/passkey.json"
+"$TQKV" passkey --formats "$FPK" --ctx 4096 --depths 0.1,0.5,0.9 --trials 3 -t "$THREADS" --json "$OUT/passkey_4096.json"
 scripts/peer_llamacpp.sh build
 THREADS=$(nproc) scripts/peer_llamacpp.sh run 512 "$TOKENS" "$OUT/llamacpp_512.json"
 THREADS=$(nproc) scripts/peer_llamacpp.sh run 4096 "$TOKENS" "$OUT/llamacpp_4096.json"
 python3 scripts/plot_quality.py "$OUT/eval_512.json" "$OUT/eval_4096.json" \
-  --llamacpp "$OUT/llamacpp_512.json" "$OUT/llamacpp_4096.json" --passkey "$OUT/passkey.json" \
+  --llamacpp "$OUT/llamacpp_512.json" "$OUT/llamacpp_4096.json" --passkey "$OUT/passkey.json" "$OUT/passkey_4096.json" \
   --png docs/quality_per_bit.png --markdown "$OUT/table.md"
 echo "table: $OUT/table.md (paste into docs/RESULTS.md), plot: docs/quality_per_bit.png"

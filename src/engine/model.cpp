@@ -92,10 +92,25 @@ void rope(float* x, int n, int heads, int head_dim, int n_rot, int64_t pos0, flo
   }
 }
 
+// RoPE partner of channel j of a head and the angle its pair turns per position (0 for the
+// channels RoPE leaves alone, which have no partner: returns j).
+int rope_partner(const ModelConfig& c, int j, double* theta) {
+  *theta = 0;
+  if (j >= c.n_rot) return j;
+  const int half = c.n_rot / 2;
+  const int i = c.rope == RopeLayout::Adjacent ? j / 2 : j % half;
+  *theta = std::pow(static_cast<double>(c.rope_base), -2.0 * i / c.n_rot);
+  if (c.rope == RopeLayout::Adjacent) return j ^ 1;
+  return j < half ? j + half : j - half;
+}
+
 // Subtracts the (layer, kv head) key mean (and applies the channel scales), estimating them
-// from these n tokens the first time. q: [n, heads * group, hd].
-void centre_keys(KeyCentring& kc, int layer, int n_layers, int heads, int group, int hd, int n, float* k,
-                 float* q) {
+// from these n tokens the first time. q: [n, heads * group, hd]. Keys are centred after RoPE,
+// so a pair of channels that RoPE turns by more than a radian over the cache's capacity has
+// no stable mean: those pairs keep mu = 0. Scales are shared by the two channels of a pair
+// (RoPE moves energy between them, not out of the pair), so they hold at every position.
+void centre_keys(KeyCentring& kc, const ModelConfig& c, int layer, int capacity, int n, float* k, float* q) {
+  const int heads = c.n_kv_heads, group = c.n_heads / c.n_kv_heads, hd = c.head_dim, n_layers = c.n_layers;
   const size_t per_layer = static_cast<size_t>(heads) * hd;
   if (kc.mean.size() != per_layer * n_layers) {
     kc.mean.assign(per_layer * n_layers, 0.0f);
@@ -109,30 +124,38 @@ void centre_keys(KeyCentring& kc, int layer, int n_layers, int heads, int group,
     std::vector<double> acc(per_layer, 0.0);
     for (int t = 0; t < n; ++t)
       for (size_t i = 0; i < per_layer; ++i) acc[i] += k[t * per_layer + i];
-    for (size_t i = 0; i < per_layer; ++i) mu[i] = static_cast<float>(acc[i] / n);
+    for (size_t i = 0; i < per_layer; ++i) {
+      double theta = 0;
+      rope_partner(c, static_cast<int>(i % hd), &theta);
+      mu[i] = theta * capacity <= 1.0 ? static_cast<float>(acc[i] / n) : 0.0f;
+    }
     if (kc.scale_channels) {
       std::vector<double> kk(per_layer, 0.0), qq(per_layer, 0.0);
       for (int t = 0; t < n; ++t)
         for (int h = 0; h < heads; ++h)
           for (int i = 0; i < hd; ++i) {
-            const size_t c = static_cast<size_t>(h) * hd + i;
-            const double dk = k[t * per_layer + c] - mu[c];
-            kk[c] += dk * dk;
+            const size_t ch = static_cast<size_t>(h) * hd + i;
+            const double dk = k[t * per_layer + ch] - mu[ch];
+            kk[ch] += dk * dk;
             for (int g = 0; g < group; ++g) {
               const double qv = q[t * q_row + (static_cast<size_t>(h) * group + g) * hd + i];
-              qq[c] += qv * qv;
+              qq[ch] += qv * qv;
             }
           }
       for (int h = 0; h < heads; ++h) {
         double log_sum = 0;
+        const size_t base = static_cast<size_t>(h) * hd;
         for (int i = 0; i < hd; ++i) {
-          const size_t c = static_cast<size_t>(h) * hd + i;
-          const double rk = std::sqrt(kk[c] / n) + 1e-6, rq = std::sqrt(qq[c] / (static_cast<double>(n) * group)) + 1e-6;
-          sc[c] = static_cast<float>(std::sqrt(rk / rq));
-          log_sum += std::log(sc[c]);
+          double theta = 0;
+          const int p = rope_partner(c, i, &theta);
+          const double ek = (kk[base + i] + kk[base + p]) / (p == i ? 1.0 : 2.0);
+          const double eq = (qq[base + i] + qq[base + p]) / (p == i ? 1.0 : 2.0);
+          const double rk = std::sqrt(ek / n) + 1e-6, rq = std::sqrt(eq / (static_cast<double>(n) * group)) + 1e-6;
+          sc[base + i] = static_cast<float>(std::sqrt(rk / rq));
+          log_sum += std::log(sc[base + i]);
         }
         const float norm = static_cast<float>(std::exp(-log_sum / hd));
-        for (int i = 0; i < hd; ++i) sc[static_cast<size_t>(h) * hd + i] *= norm;
+        for (int i = 0; i < hd; ++i) sc[base + i] *= norm;
       }
     }
     kc.estimated[layer] = 1;
@@ -294,7 +317,7 @@ void Model::forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache&
     rope(q.data(), n, c.n_heads, hd, c.n_rot, pos0, c.rope_base, c.rope);
     rope(k.data(), n, c.n_kv_heads, hd, c.n_rot, pos0, c.rope_base, c.rope);
     if (centring)
-      centre_keys(*centring, l, c.n_layers, c.n_kv_heads, c.n_heads / c.n_kv_heads, hd, n, k.data(), q.data());
+      centre_keys(*centring, c, l, cache.capacity(), n, k.data(), q.data());
     // The new keys/values go into the (possibly compressed) cache first; attention then reads
     // every position, the new ones included, from the cache, exactly as decode will later.
     cache.write(l, pos0, n, k.data(), v.data());

@@ -57,13 +57,15 @@ inline constexpr int kQuantizedMaxTokens = 2;
 
 // Key centring (issue 6, src/engine/eval.h): the keys of each (layer, kv head) are cached
 // minus a channel mean mu estimated from the first batch of tokens this object sees (the
-// prompt), after RoPE. q.(k - mu) = q.k - q.mu, the same shift for every key a query sees,
+// prompt), after RoPE (mu = 0 for the RoPE pairs that turn more than a radian over the
+// cache's capacity: their mean moves with the position). q.(k - mu) = q.k - q.mu, the same shift for every key a query sees,
 // so softmax is unchanged while the vectors the cache quantizes get shorter.
 //
 // With scale_channels the keys are also divided by a per-channel scale s and the queries of
 // the group multiplied by it, (q*s).((k - mu)/s) = q.(k - mu) exactly, with
-// s_i = sqrt(rms_i(k - mu) / rms_i(q)) (the balance that minimises the score error of an
-// isotropic key error, as in SmoothQuant with alpha 1/2), normalised to geometric mean 1.
+// s_i = sqrt(rms_i(k - mu) / rms_i(q)), rms over both channels of a RoPE pair (the balance
+// that minimises the score error of an isotropic key error, as in SmoothQuant with alpha
+// 1/2), normalised to geometric mean 1.
 struct KeyCentring {
   bool scale_channels = false;
   std::vector<float> mean;         // [n_layers, n_kv_heads, head_dim], filled layer by layer
