@@ -83,11 +83,11 @@ std::vector<std::string> split(const std::string& s, char sep) {
 const std::vector<std::pair<std::string, std::string>>& named_recipes() {
   static const std::vector<std::pair<std::string, std::string>> r = {
       // Chosen on SmolLM2-135M-Instruct (30 layers, head_dim 64) by the per-layer sensitivity
-      // scan of docs/RESULTS.md: centred, channel-balanced keys; the six most sensitive inner
-      // layers get one more key bit.
-      {"tq-4.36", "k4v4+s+L19.18.13.25.17.23=k5v4"},
-      {"tq-3.36", "k3v3+s+L19.18.13.25.17.23=k4v3"},
-      {"tq-2.75", "k3v2+s"},
+      // scan of docs/RESULTS.md: centred keys (channel balancing did not help at 4K); the six
+      // most sensitive inner layers get one more key bit.
+      {"tq-4.36", "k4v4+c+L19.18.13.25.17.23=k5v4"},
+      {"tq-3.36", "k3v3+c+L19.18.13.25.17.23=k4v3"},
+      {"tq-2.75", "k3v2+c"},
   };
   return r;
 }
