@@ -63,6 +63,7 @@ for t, b in bits.items():
         "ppl": grab(r"^Mean PPL\(Q\)\s*:\s*([0-9.]+)"),
         "ppl_base": grab(r"^Mean PPL\(base\)\s*:\s*([0-9.]+)"),
         "kl_mean": grab(r"^Mean\s+KLD:\s*([-0-9.eE]+)"),
+        "kl_stderr": grab(r"^Mean\s+KLD:\s*[-0-9.eE]+\s*±\s*([0-9.eE]+)"),
         "top1": (lambda v: v / 100 if v is not None else None)(grab(r"^Same top p:\s*([0-9.]+)")),
         "kl_reference": "llama.cpp f16 cache",
     })

@@ -59,15 +59,17 @@ def markdown(ours, llama, passkey):
         for r in rs:
             d = f"{100 * (r['ppl'] / f16 - 1):+.2f}%" if f16 else ""
             out.append(f"| `{r['format']}` | {r['bits_per_element']:.4g} | {r['bits_all_layers']:.4g} | "
-                       f"{r['bytes_per_token']:.0f} | {r['ppl']:.4f} | {d} | {r['kl_mean']:.5f} | {r['top1']:.4f} |")
+                       f"{r['bytes_per_token']:.0f} | {r['ppl']:.4f} | {d} | {r['kl_mean']:.5f} ± {r['kl_stderr']:.5f} | "
+                       f"{r['top1']:.4f} |")
         for r in ls:
             base = r.get("ppl_base")
             d = f"{100 * (r['ppl'] / base - 1):+.2f}% (vs its f16)" if base else ""
             bpt = 2 * 30 * 3 * 64 * r["bits_per_element"] / 8
             kl = r["kl_mean"] if r["kl_mean"] is not None else float("nan")
             t1 = r["top1"] if r["top1"] is not None else float("nan")
+            kse = f" ± {r['kl_stderr']:.5f}" if r.get("kl_stderr") is not None else ""
             out.append(f"| {r['format']} | {r['bits_per_element']:.4g} | {r['bits_per_element']:.4g} | {bpt:.0f} | "
-                       f"{r['ppl']:.4f} | {d} | {kl:.5f} (vs its f16) | {t1:.4f} |")
+                       f"{r['ppl']:.4f} | {d} | {kl:.5f}{kse} (vs its f16) | {t1:.4f} |")
     if passkey:
         cells = passkey["cells"]
         out.append("\n#### Passkey retrieval (correct / trials per cell)\n")
