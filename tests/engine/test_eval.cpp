@@ -11,12 +11,12 @@
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "smol_model.h"
 
 namespace tqkv::engine {
 namespace {
 
 const std::string kRepo = TQKV_REPO_DIR;
-const std::string kModel = kRepo + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 ModelConfig smol_like() {
   ModelConfig c;
@@ -88,32 +88,9 @@ TEST(CacheSpec, BadSpecsThrow) {
     EXPECT_THROW(resolve_cache_spec(s, c), std::invalid_argument) << s;
 }
 
-class SmolEval : public ::testing::Test {
+class SmolEval : public testing_util::SmolModelTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(kModel)) return;
-    file_ = new GgufFile(GgufFile::open(kModel));
-    tok_ = new Tokenizer(Tokenizer::from_gguf(*file_));
-    model_ = new Model(Model::load(*file_));
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete tok_;
-    delete file_;
-    model_ = nullptr;
-    tok_ = nullptr;
-    file_ = nullptr;
-  }
-  void SetUp() override {
-    if (!model_) GTEST_SKIP() << "model not found at " << kModel;
-  }
-  static GgufFile* file_;
-  static Tokenizer* tok_;
-  static Model* model_;
 };
-GgufFile* SmolEval::file_ = nullptr;
-Tokenizer* SmolEval::tok_ = nullptr;
-Model* SmolEval::model_ = nullptr;
 
 // q.(k - mu) and (q*s).((k - mu)/s) shift every score of a query by the same amount: with an
 // f32 cache the logits must not move beyond float rounding, in prefill and in decode.

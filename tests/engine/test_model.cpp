@@ -16,6 +16,7 @@
 #include "engine/model.h"
 #include "engine/perplexity.h"
 #include "engine/tokenizer.h"
+#include "smol_model.h"
 #include "gguf_builder.h"
 #include "tqkv/error.h"
 #include "tqkv/format.h"
@@ -24,7 +25,7 @@ namespace tqkv::engine {
 namespace {
 
 const std::string kRepo = TQKV_REPO_DIR;
-const std::string kModel = kRepo + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+const std::string& kModel = testing_util::kSmolModel;
 
 bool have_python_reference() {
   const char* req = std::getenv("TQKV_REQUIRE_REFERENCE");
@@ -49,25 +50,8 @@ std::vector<float> reference_logits(const std::string& model, const std::vector<
 }
 
 
-class Smol : public ::testing::Test {
+class Smol : public testing_util::SmolModelTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(kModel)) return;
-    file_ = new GgufFile(GgufFile::open(kModel));
-    tok_ = new Tokenizer(Tokenizer::from_gguf(*file_));
-    model_ = new Model(Model::load(*file_));
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete tok_;
-    delete file_;
-    model_ = nullptr;
-    tok_ = nullptr;
-    file_ = nullptr;
-  }
-  void SetUp() override {
-    if (!model_) GTEST_SKIP() << "model not found at " << kModel << " (run scripts/fetch_model.sh)";
-  }
   std::vector<int32_t> chat(const std::string& q) const {
     return tok_->encode(tok_->apply_chat_template({{"user", q}}, true));
   }
@@ -86,13 +70,7 @@ class Smol : public ::testing::Test {
     generate(*model_, *tok_, cache, prompt, g, [&](int32_t id) { out.push_back(id); });
     return out;
   }
-  static GgufFile* file_;
-  static Tokenizer* tok_;
-  static Model* model_;
 };
-GgufFile* Smol::file_ = nullptr;
-Tokenizer* Smol::tok_ = nullptr;
-Model* Smol::model_ = nullptr;
 
 TEST_F(Smol, Config) {
   const ModelConfig& c = model_->config();
