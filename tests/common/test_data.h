@@ -37,4 +37,16 @@ inline std::vector<SimdLevel> supported_levels() {
   return out;
 }
 
+// Restores the process-wide SIMD level, attention threads and parallel threshold after a
+// test; while alive, even small attention calls are threaded.
+struct LevelGuard {
+  SimdLevel level = active_simd_level();
+  LevelGuard() { set_attention_parallel_threshold(0); }
+  ~LevelGuard() {
+    set_simd_level(level);
+    set_attention_threads(0);
+    set_attention_parallel_threshold(-1);
+  }
+};
+
 }  // namespace tqkv::testing_util

@@ -16,18 +16,9 @@ namespace tqkv {
 namespace {
 
 using testing_util::gaussian;
+using testing_util::LevelGuard;
 using testing_util::rel_error;
 
-// Restores the process-wide level and thread count after a test.
-struct LevelGuard {
-  SimdLevel level = active_simd_level();
-  LevelGuard() { set_attention_parallel_threshold(0); }  // thread even the small test calls
-  ~LevelGuard() {
-    set_simd_level(level);
-    set_attention_threads(0);
-    set_attention_parallel_threshold(-1);
-  }
-};
 
 std::vector<const Format*> test_formats() {
   std::vector<const Format*> out;

@@ -17,6 +17,7 @@ namespace tqkv {
 namespace {
 
 using testing_util::gaussian;
+using testing_util::LevelGuard;
 using testing_util::rel_error;
 
 PagedCacheConfig config(const char* format, int bs, PageLayout layout, int blocks = 64, int H = 2, int d = 64) {
@@ -144,15 +145,6 @@ TEST(PagedCache, LayoutsMatchFormatMdByteForByte) {
   }
 }
 
-struct LevelGuard {
-  SimdLevel level = active_simd_level();
-  LevelGuard() { set_attention_parallel_threshold(0); }  // thread even the small test calls
-  ~LevelGuard() {
-    set_simd_level(level);
-    set_attention_threads(0);
-    set_attention_parallel_threshold(-1);
-  }
-};
 
 TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
   LevelGuard guard;
