@@ -85,13 +85,29 @@ struct IsaAvx2 {
   // code in their low B bits; lut() tables are replicated so higher bits do not matter.
   template <int B>
   static __m256i code_ints(const uint8_t* p, int i) {
+    if constexpr (B >= 5) {
+      // 8 codes in exactly B bytes (no read past them): shift a 64-bit word per lane pair, keep
+      // each product's low 32 bits. Lanes hold code + neighbours' bits; lut() masks them.
+      uint64_t a = 0;
+      std::memcpy(&a, p + (i / 8) * B, B);
+      const __m256i w = _mm256_set1_epi64x(static_cast<long long>(a));
+      const __m256i lo = _mm256_srlv_epi64(w, _mm256_set_epi64x(3 * B, 2 * B, B, 0));
+      const __m256i hi = _mm256_srlv_epi64(w, _mm256_set_epi64x(7 * B, 6 * B, 5 * B, 4 * B));
+      const __m256i even = _mm256_set_epi32(6, 4, 2, 0, 6, 4, 2, 0);
+      return _mm256_blend_epi32(_mm256_permutevar8x32_epi32(lo, even), _mm256_permutevar8x32_epi32(hi, even), 0xf0);
+    } else {
+      return narrow_code_ints<B>(p, i);
+    }
+  }
+  template <int B>
+  static __m256i narrow_code_ints(const uint8_t* p, int i) {
     uint32_t a;
     std::memcpy(&a, p + (i / 8) * B, 4);
     if constexpr (B == 4) {
       const __m128i b = _mm_cvtsi32_si128(static_cast<int>(a));
       return _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, _mm_srli_epi16(b, 4)));
     } else {
-      static_assert(B == 2 || B == 3, "AVX2 kernel decodes 2, 3 and 4 bits");
+      static_assert(B == 2 || B == 3, "narrow codes are 2, 3 or 4 bits");
       return _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(a)),
                                _mm256_set_epi32(7 * B, 6 * B, 5 * B, 4 * B, 3 * B, 2 * B, B, 0));
     }
@@ -103,6 +119,14 @@ struct IsaAvx2 {
   template <int B>
   static V lut(const uint8_t* p, int i, const float* table16) {
     const __m256i c = code_ints<B>(p, i);
+    if constexpr (B >= 5) {  // table16 is the full 2^B-entry level table here
+      return _mm256_i32gather_ps(table16, _mm256_and_si256(c, _mm256_set1_epi32((1 << B) - 1)), 4);
+    } else {
+      return lut16<B>(c, table16);
+    }
+  }
+  template <int B>
+  static V lut16(__m256i c, const float* table16) {
     const V lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table16), c);
     if constexpr (B <= 3) return lo;  // table replicated: entries 0-7 cover every 3-bit index
     const V hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table16 + 8), c);

@@ -84,7 +84,21 @@ struct IsaAvx512 {
   // which always lie inside the slot or page: metadata follows every packed code row.
   template <int B>
   static __m512i code_ints(const uint8_t* p, int i) {
-    if constexpr (B == 4) {
+    if constexpr (B >= 5) {
+      // 16 codes in 2B bytes, read exactly as two 64-bit words of 8 codes; each 64-bit lane is
+      // shifted to one code, then the low halves are gathered in order. lut() masks the lanes.
+      uint64_t a0 = 0, a1 = 0;
+      std::memcpy(&a0, p + (i / 8) * B, B);
+      std::memcpy(&a1, p + (i / 8 + 1) * B, B);
+      const __m512i w = _mm512_set_epi64(static_cast<long long>(a1), static_cast<long long>(a1), static_cast<long long>(a1),
+                                         static_cast<long long>(a1), static_cast<long long>(a0), static_cast<long long>(a0),
+                                         static_cast<long long>(a0), static_cast<long long>(a0));
+      const __m512i lo = _mm512_srlv_epi64(w, _mm512_set_epi64(3 * B, 2 * B, B, 0, 3 * B, 2 * B, B, 0));
+      const __m512i hi = _mm512_srlv_epi64(w, _mm512_set_epi64(7 * B, 6 * B, 5 * B, 4 * B, 7 * B, 6 * B, 5 * B, 4 * B));
+      // lo's 32-bit lane 2k holds code k (k < 4) and 8 + (lane - 8) / 2 above; hi the codes + 4.
+      const __m512i order = _mm512_set_epi32(30, 28, 26, 24, 14, 12, 10, 8, 22, 20, 18, 16, 6, 4, 2, 0);
+      return _mm512_permutex2var_epi32(lo, order, hi);
+    } else if constexpr (B == 4) {
       const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i / 2));
       return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, _mm_srli_epi16(b, 4)));
     } else if constexpr (B == 2) {
@@ -93,7 +107,7 @@ struct IsaAvx512 {
       return _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(a)),
                                _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0));
     } else {
-      static_assert(B == 3, "AVX-512 kernel decodes 2, 3 and 4 bits");
+      static_assert(B == 3, "AVX-512 kernel decodes 2 to 8 bits");
       uint64_t a;
       std::memcpy(&a, p + (i / 8) * 3, 8);
       const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(a))),
@@ -107,7 +121,11 @@ struct IsaAvx512 {
   }
   template <int B>
   static V lut(const uint8_t* p, int i, const float* table16) {
-    return _mm512_permutexvar_ps(code_ints<B>(p, i), _mm512_loadu_ps(table16));
+    if constexpr (B >= 5) {  // table16 is the full 2^B-entry level table here
+      return _mm512_i32gather_ps(_mm512_and_si512(code_ints<B>(p, i), _mm512_set1_epi32((1 << B) - 1)), table16, 4);
+    } else {
+      return _mm512_permutexvar_ps(code_ints<B>(p, i), _mm512_loadu_ps(table16));
+    }
   }
 };
 

@@ -85,8 +85,8 @@ void run_avx2(const KernelFormat&, const SlotRun*, int, const RowBlock&, const R
 void run_avx512(const KernelFormat&, const SlotRun*, int, const RowBlock&, const RowState&, float*);
 #endif
 
-// Whether a SIMD build with `width` floats per vector handles this format (packed codes of 2,
-// 3 or 4 bits, dim a multiple of the width); otherwise the scalar kernel runs.
+// Whether a SIMD build with `width` floats per vector handles this format (dim a multiple of
+// the width; Mse codes of 2-8 bits, Uniform codes of 2-4 bits); otherwise the scalar kernel runs.
 bool simd_handles(const KernelFormat& f, int width);
 
 // The kernel for a level (falling back to a lower one where the format needs it) and the

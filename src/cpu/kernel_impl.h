@@ -20,8 +20,10 @@
 //   f32(p, i) / f16(p, i) / bf16(p, i) / fp8(p, i): elements i .. i+W-1 of a row of that type
 //     (fp8 returns value / kFp8Factor),
 //   codes<B>(p, i): codes i .. i+W-1 of a packed B-bit row as floats,
-//   lut<B>(p, i, table16): table16[low bits of code] (tables replicated, see KernelFormat).
-//   kAnyBits: the build handles every bit width 1..8 (scalar) rather than 2..4.
+//   lut<B>(p, i, table): table[code]; for B <= 4 SIMD builds get the replicated 16-entry table
+//     (see KernelFormat) and may ignore bits above the code, for B = 5..8 the full level table.
+//   kAnyBits: the build handles every bit width 1..8 (scalar); SIMD builds take table-decoded
+//     (Mse) codes of 2..8 bits and Uniform codes of 2..4 bits.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -67,7 +69,7 @@ struct Kernel {
       case KeyCodec::F16: return fn([](const uint8_t* p, int i) { return I::f16(p, i); });
       case KeyCodec::BF16: return fn([](const uint8_t* p, int i) { return I::bf16(p, i); });
       case KeyCodec::Fp8: return fn([](const uint8_t* p, int i) { return I::fp8(p, i); });
-      case KeyCodec::Mse: return with_table_decoder(f.key_bits, I::kAnyBits ? f.key_levels : f.key_lut, fn);
+      case KeyCodec::Mse: return with_table_decoder(f.key_bits, f.key_lut, f.key_levels, fn);
     }
   }
 
@@ -78,7 +80,7 @@ struct Kernel {
       case ValueCodec::F16: return fn([](const uint8_t* p, int i) { return I::f16(p, i); });
       case ValueCodec::BF16: return fn([](const uint8_t* p, int i) { return I::bf16(p, i); });
       case ValueCodec::Fp8: return fn([](const uint8_t* p, int i) { return I::fp8(p, i); });
-      case ValueCodec::Mse: return with_table_decoder(f.value_bits, I::kAnyBits ? f.value_levels : f.value_lut, fn);
+      case ValueCodec::Mse: return with_table_decoder(f.value_bits, f.value_lut, f.value_levels, fn);
       case ValueCodec::Uniform:
         // Codes are centred (code - mid), the zero point moved to mid (see decode_value_meta).
         switch (f.value_bits) {
@@ -107,25 +109,24 @@ struct Kernel {
     };
   }
 
+  // Codes of up to 4 bits look up the replicated 16-entry register table (lut16); wider codes
+  // index the full level table (levels, 2^bits entries; SIMD builds gather from it).
   template <class Fn>
-  static void with_table_decoder(int bits, const float* table, Fn&& fn) {
-    auto dec = [table](auto b) {
+  static void with_table_decoder(int bits, const float* lut16, const float* levels, Fn&& fn) {
+    auto dec = [](auto b, const float* table) {
       return [table](const uint8_t* p, int i) { return I::template lut<decltype(b)::value>(p, i, table); };
     };
+    const float* narrow = I::kAnyBits ? levels : lut16;
     switch (bits) {
-      case 2: return fn(dec(std::integral_constant<int, 2>{}));
-      case 3: return fn(dec(std::integral_constant<int, 3>{}));
-      case 4: return fn(dec(std::integral_constant<int, 4>{}));
+      case 2: return fn(dec(std::integral_constant<int, 2>{}, narrow));
+      case 3: return fn(dec(std::integral_constant<int, 3>{}, narrow));
+      case 4: return fn(dec(std::integral_constant<int, 4>{}, narrow));
+      case 5: return fn(dec(std::integral_constant<int, 5>{}, levels));
+      case 6: return fn(dec(std::integral_constant<int, 6>{}, levels));
+      case 7: return fn(dec(std::integral_constant<int, 7>{}, levels));
+      case 8: return fn(dec(std::integral_constant<int, 8>{}, levels));
       default:
-        if constexpr (I::kAnyBits) {
-          switch (bits) {
-            case 1: return fn(dec(std::integral_constant<int, 1>{}));
-            case 5: return fn(dec(std::integral_constant<int, 5>{}));
-            case 6: return fn(dec(std::integral_constant<int, 6>{}));
-            case 7: return fn(dec(std::integral_constant<int, 7>{}));
-            default: return fn(dec(std::integral_constant<int, 8>{}));
-          }
-        }
+        if constexpr (I::kAnyBits) return fn(dec(std::integral_constant<int, 1>{}, levels));
         return;
     }
   }

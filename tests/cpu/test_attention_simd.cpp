@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernel.h"
 #include "tqkv/attention.h"
 #include "tqkv/error.h"
 #include "tqkv/simd.h"
@@ -24,6 +25,14 @@ std::vector<const Format*> test_formats() {
   std::vector<const Format*> out;
   for (const Format& f : all_formats()) out.push_back(&f);
   for (const char* extra : {"tq-k2v2", "tq-k3v3", "tq-k2v4"}) out.push_back(&find_format(extra));
+  // 5-8 bit Mse codes (the engine's per-layer key widths) take the SIMD builds' gather path.
+  static const Format wide[] = {
+      {"k5v3", KeyCodec::Mse, 5, ValueCodec::Mse, 3, true, Law::Sphere, RotationKind::Srht, "test"},
+      {"k6v2", KeyCodec::Mse, 6, ValueCodec::Mse, 2, true, Law::Sphere, RotationKind::Srht, "test"},
+      {"k7v5", KeyCodec::Mse, 7, ValueCodec::Mse, 5, true, Law::Gauss, RotationKind::Hadamard, "test"},
+      {"k8v6", KeyCodec::Mse, 8, ValueCodec::Mse, 6, false, Law::Sphere, RotationKind::Srht, "test"},
+  };
+  for (const Format& f : wide) out.push_back(&f);
   return out;
 }
 
@@ -115,6 +124,26 @@ TEST(AttentionThreads, ConcurrentCallersAgree) {
     });
   for (auto& t : callers) t.join();
   for (const auto& g : got) EXPECT_EQ(g, want);
+}
+
+// The format list above only proves agreement; this pins which formats the SIMD builds take
+// (so a fallback to the scalar kernel cannot pass unnoticed).
+TEST(AttentionSimd, SimdBuildsTakeEveryTableWidth) {
+  cpu::KernelFormat f{};
+  f.dim = 64;
+  f.key = KeyCodec::Mse;
+  f.value = ValueCodec::Mse;
+  for (int kb = 2; kb <= 8; ++kb) {
+    f.key_bits = f.value_bits = kb;
+    EXPECT_TRUE(cpu::simd_handles(f, 8)) << kb;
+    EXPECT_TRUE(cpu::simd_handles(f, 16)) << kb;
+  }
+  f.value = ValueCodec::Uniform;
+  f.value_bits = 5;
+  EXPECT_FALSE(cpu::simd_handles(f, 8));
+  f.value = ValueCodec::Mse;
+  f.key_bits = 1;
+  EXPECT_FALSE(cpu::simd_handles(f, 8));
 }
 
 TEST(AttentionSimd, LevelOverrideAndNames) {
