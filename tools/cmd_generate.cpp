@@ -1,5 +1,5 @@
-// tqkv generate [-m MODEL] [-p PROMPT] [-n N] [--kv-cache-dtype T]: runs a GGUF model with the
-// KV cache in any tqkv format, streams the answer, then reports prompt and decode speed and
+// tqkv generate [-m MODEL] [-p PROMPT] [-n N] [--kv-cache-dtype SPEC]: runs a GGUF model with
+// the KV cache in any tqkv format or cache spec, streams the answer, then reports prompt and decode speed and
 // the cache's size. With no -m / -p it uses the default model (scripts/fetch_model.sh) and a
 // default question, so it works right after the set-up.
 #include <cstdio>
@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "engine/generate.h"
+#include "engine/cache_spec.h"
 #include "engine/gguf.h"
 #include "engine/paths.h"
 #include "tqkv/format.h"
@@ -35,8 +36,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("-p,--prompt", o.prompt, "prompt text (wrapped in the model's chat template unless --raw)")
       ->capture_default_str();
   cmd->add_option("-n,--n-predict", o.n, "tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o.format, "KV-cache format: " + tqkv::format_names_joined())
-      ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help())->capture_default_str();
   cmd->add_option("--kv-skip-layers", o.skip,
                   "first and last N layers keep an f16 cache (default: 2 for compressed formats, capped at half)");
   cmd->add_option("-c,--ctx", o.ctx, "context length (cache capacity), capped at the model's")
@@ -51,7 +51,7 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", o.ignore_eos, "generate all -n tokens even past end of turn (for timing)");
   cmd->callback([] {
     using namespace tqkv::engine;
-    tqkv::find_format(o.format);  // a bad name fails before the model loads
+    check_cache_spec(o.format);  // a bad spec fails before the model loads
     set_num_threads(o.threads);            // the engine's matrix products
     tqkv::set_attention_threads(o.threads);  // and tqkv::attention (0 = default)
     const std::string path = o.model.empty() ? default_model_path() : o.model;
@@ -60,19 +60,20 @@ void register_generate(CLI::App& app) {
     Model model = Model::load(file);
     const ModelConfig& c = model.config();
     const int ctx = std::min(o.ctx, c.ctx_train);
-    tqkv::ContiguousCache cache = model.make_cache(o.format, ctx, o.skip);
+    const CacheSpec spec = resolve_cache_spec(o.skip >= 0 ? o.format + "+skip" + std::to_string(o.skip) : o.format, c);
+    tqkv::ContiguousCache cache = make_spec_cache(spec, c, ctx);
+    KeyCentring centring;
+    centring.scale_channels = spec.scale_channels;
     std::string text = o.raw ? o.prompt : tok.apply_chat_template({{"user", o.prompt}}, true);
     // Templates that spell out the BOS marker (Llama 3) must not get a second one.
     const bool bos_in_text = tok.bos() >= 0 && text.rfind(tok.piece(tok.bos()), 0) == 0;
     const std::vector<int32_t> prompt = tok.encode(text, true, tok.add_bos() && !bos_in_text);
     if (!o.quiet) {
-      int compressed = 0;
-      for (int l = 0; l < c.n_layers; ++l) compressed += cache.format(l).compressed();
       std::fprintf(stderr, "model: %s (%s, %d layers, %d/%d heads, head_dim %d), weights in memory %.0f MiB\n",
                    path.c_str(), c.arch.c_str(), c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                    model.weight_bytes() / 1048576.0);
-      std::fprintf(stderr, "kv cache: %s in %d of %d layers (others %s), ctx %d\n\n", o.format.c_str(), compressed,
-                   c.n_layers, cache.format(0).name, ctx);
+      std::fprintf(stderr, "kv cache: %s (%s; %.3g bits/element in the compressed layers), ctx %d\n\n",
+                   o.format.c_str(), spec.detail.c_str(), spec.bits, ctx);
       if (!o.raw) std::printf("%s\n\n", o.prompt.c_str());
       std::fflush(stdout);
     }
@@ -80,6 +81,7 @@ void register_generate(CLI::App& app) {
     g.n_predict = o.n;
     g.sampler = {o.temp, o.top_k, o.top_p, o.seed};
     g.stop_at_end_of_generation = !o.ignore_eos;
+    if (spec.centre_keys) g.centring = &centring;
     const GenerateStats st = generate(model, tok, cache, prompt, g, [&](int32_t id) {
       if (tok.is_control(id)) return;
       const std::string p = tok.piece(id);

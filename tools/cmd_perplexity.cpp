@@ -9,6 +9,7 @@
 #include <string>
 
 #include "commands.h"
+#include "engine/cache_spec.h"
 #include "engine/gguf.h"
 #include "engine/paths.h"
 #include "engine/perplexity.h"
@@ -30,15 +31,14 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("-c,--ctx", o.ctx, "tokens per chunk")->check(CLI::Range(16, 1 << 20))->capture_default_str();
   cmd->add_option("--chunks", o.chunks, "score at most this many chunks (0: all)")->capture_default_str();
   cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o.format, "KV-cache format: " + tqkv::format_names_joined())
-      ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help())->capture_default_str();
   cmd->add_option("--kv-skip-layers", o.skip, "first and last N layers keep an f16 cache (default: the formats')");
   cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
   cmd->add_flag("--no-compare", o.no_compare, "skip the f32-cache run (no KL / top-1)");
   cmd->add_flag("--json", o.json, "print one JSON object: ppl, kld, top1, tokens, kv_bytes_per_token");
   cmd->callback([] {
     using namespace tqkv::engine;
-    tqkv::find_format(o.format);
+    check_cache_spec(o.format);  // a bad spec fails before the model loads
     set_num_threads(o.threads);            // the engine's matrix products
     tqkv::set_attention_threads(o.threads);  // and tqkv::attention (0 = default)
     const std::string mpath = o.model.empty() ? default_model_path() : o.model;

@@ -1,23 +1,5 @@
 // Quality per bit (issue 6): every KV-cache format side by side on a real model and text.
 //
-// A *cache spec* names what a cache does in every layer: a format from the traits table
-// (format.h) or a variant of one, plus engine options. Grammar:
-//
-//   spec := base ('+' option)*
-//   base := a traits-table name (f16, turboquant_4bit_nc, tq-k4v3, ...), a named recipe
-//           (tq-4.25, tq-3.25, ...; named_recipes()), or k<K>v<V> (= tq-k<K>v<V>, K, V in 2..8)
-//   option :=
-//     c              centre the keys (KeyCentring, model.h)
-//     s              centre the keys and balance key/query channel scales (KeyCentring::scale_channels)
-//     gauss|sphere   codebook law of the Mse codes
-//     had|srht       rotation of the Mse codes
-//     vu             values with the Uniform (min/max, vLLM) codec instead of Mse, same bits
-//     vm             values with the Mse codec
-//     raw            no norm correction
-//     skip<N>        the first and last N layers in f16 (default: the format's, 2)
-//     L<i>.<j>..=k<K>v<V>   those layers use K/V bits instead (same law/rotation/codecs)
-//     only<i>.<j>..  only those layers compressed, every other one f16 (per-layer sensitivity)
-//
 // evaluate() runs the f32-cache reference once per micro-batch of each chunk and every spec in
 // lockstep against it, so a chunk costs (1 + specs) forward passes; it scores the second half
 // of each chunk like perplexity.h.
@@ -27,27 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "cache_spec.h"
 #include "model.h"
 #include "tokenizer.h"
 
 namespace tqkv::engine {
-
-struct CacheSpec {
-  std::string name;                  // as asked for
-  std::string detail;                // resolved: per-layer formats and options
-  std::vector<const Format*> layers;  // [n_layers]
-  bool centre_keys = false;
-  bool scale_channels = false;
-  double bits = 0;      // bits per element of the compressed layers' slots (metadata included)
-  double bits_all = 0;  // the same averaged over every layer (boundary layers included)
-};
-
-// Throws std::invalid_argument for a malformed spec or unknown name.
-CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg);
-ContiguousCache make_spec_cache(const CacheSpec& spec, const ModelConfig& cfg, int capacity);
-
-// The named recipes (name, spec) that the study selected; see docs/FORMAT.md.
-const std::vector<std::pair<std::string, std::string>>& named_recipes();
 
 struct EvalOptions {
   int ctx = 512;

@@ -15,6 +15,8 @@ struct GenerateOptions {
   int n_predict = 128;
   SamplerParams sampler;
   bool stop_at_end_of_generation = true;
+  // Key-centring state when the cache's spec centres keys (cache_spec.h); empty at the start.
+  KeyCentring* centring = nullptr;
 };
 
 struct GenerateStats {

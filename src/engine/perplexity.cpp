@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "cache_spec.h"
 #include "sampler.h"
 #include "tqkv/error.h"
 
@@ -11,15 +12,18 @@ namespace tqkv::engine {
 namespace {
 
 // Runs one chunk through a fresh cache in micro-batches; logits [n, V].
-void run_chunk(const Model& model, const int32_t* toks, int n, const std::string& format, int skip, int batch,
+void run_chunk(const Model& model, const int32_t* toks, int n, const CacheSpec& spec, int batch,
                std::vector<float>& logits, size_t& bytes_per_token) {
   const int V = model.config().n_vocab;
-  ContiguousCache cache = model.make_cache(format, n, skip);
+  ContiguousCache cache = make_spec_cache(spec, model.config(), n);
+  KeyCentring centring;
+  centring.scale_channels = spec.scale_channels;
   bytes_per_token = cache.bytes_per_token();
   logits.resize(static_cast<size_t>(n) * V);
   for (int p = 0; p < n; p += batch) {
     const int m = std::min(batch, n - p);
-    model.forward(toks + p, m, p, cache, logits.data() + static_cast<size_t>(p) * V, true);
+    model.forward(toks + p, m, p, cache, logits.data() + static_cast<size_t>(p) * V, true,
+                  spec.centre_keys ? &centring : nullptr);
   }
 }
 
@@ -50,7 +54,10 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
                                                 " tokens, fewer than one chunk of --ctx " + std::to_string(opt.ctx));
   const int n_chunks =
       static_cast<int>(opt.max_chunks > 0 ? std::min<int64_t>(opt.max_chunks, n_chunks_avail) : n_chunks_avail);
-  find_format(opt.format);  // fail on a bad name before any work
+  // A bad spec fails before any work.
+  const CacheSpec spec = resolve_cache_spec(
+      opt.skip_layers >= 0 ? opt.format + "+skip" + std::to_string(opt.skip_layers) : opt.format, model.config());
+  const CacheSpec f32 = resolve_cache_spec("f32", model.config());
   const bool compare = opt.compare_to_f32 && opt.format != "f32";
   const int V = model.config().n_vocab, ctx = opt.ctx, first = ctx / 2;
   auto t0 = std::chrono::steady_clock::now();
@@ -64,8 +71,8 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
   for (int c = 0; c < n_chunks; ++c) {
     std::copy_n(tokens.begin() + static_cast<int64_t>(c) * ctx, ctx, chunk.begin());
     if (opt.bos >= 0) chunk[0] = opt.bos;
-    run_chunk(model, chunk.data(), ctx, opt.format, opt.skip_layers, opt.batch, lt, bpt);
-    if (compare) run_chunk(model, chunk.data(), ctx, "f32", -1, opt.batch, lb, bpt_base);
+    run_chunk(model, chunk.data(), ctx, spec, opt.batch, lt, bpt);
+    if (compare) run_chunk(model, chunk.data(), ctx, f32, opt.batch, lb, bpt_base);
     for (int j = first; j < ctx - 1; ++j) {
       float* pt = lt.data() + static_cast<size_t>(j) * V;
       log_softmax(pt, V);

@@ -14,8 +14,8 @@ namespace tqkv::engine {
 struct PerplexityOptions {
   int ctx = 512;            // tokens per chunk; chunks do not overlap and start with an empty cache
   int max_chunks = 0;       // 0: every full chunk of the text
-  std::string format = "f32";
-  int skip_layers = -1;     // uncompressed boundary layers; < 0: the formats' default
+  std::string format = "f32";  // a cache spec (cache_spec.h): a format name, a recipe, options
+  int skip_layers = -1;     // uncompressed boundary layers (the spec's +skip<N>); < 0: the spec's
   bool compare_to_f32 = true;
   int batch = 512;          // prefill micro-batch: later batches attend to earlier ones through the cache
   int32_t bos = -1;         // when >= 0, each chunk's first token is replaced by it (models that want BOS)

@@ -10,6 +10,7 @@
 #include "engine/eval.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
+#include "engine/perplexity.h"
 #include "engine/tokenizer.h"
 #include "smol_model.h"
 
@@ -86,6 +87,14 @@ TEST(CacheSpec, BadSpecsThrow) {
   const ModelConfig c = smol_like();
   for (const char* s : {"nope", "k9v2", "k4v", "tq-k4v2+zz", "k4v4+L40=k4v4", "k4v4+Lx=k4v4", "k4v4+L3=q"})
     EXPECT_THROW(resolve_cache_spec(s, c), std::invalid_argument) << s;
+}
+
+TEST(CacheSpec, CheckWithoutAModel) {
+  EXPECT_NO_THROW(check_cache_spec("tq-4.36"));
+  EXPECT_NO_THROW(check_cache_spec("k5v3+c+L7.9=k6v4+skip1"));
+  for (const char* s : {"nope", "k9v2", "tq-k4v2+zz", "k4v4+L3=q"})
+    EXPECT_THROW(check_cache_spec(s), std::invalid_argument) << s;
+  EXPECT_NE(cache_spec_help().find("tq-4.36"), std::string::npos);
 }
 
 class SmolEval : public testing_util::SmolModelTest {
@@ -173,6 +182,17 @@ TEST_F(SmolEval, LockstepEvaluation) {
     EXPECT_EQ(r.tokens, rows[0].tokens);
   }
   EXPECT_DOUBLE_EQ(rows[2].bits, 2.25);
+
+  // tqkv perplexity takes the same specs (centring included) and computes the same numbers.
+  PerplexityOptions po;
+  po.ctx = o.ctx;
+  po.max_chunks = 2;
+  po.batch = o.batch;
+  po.format = "tq-k4v4+c";
+  const PerplexityResult pr = perplexity(*model_, toks, po);
+  EXPECT_DOUBLE_EQ(pr.ppl, rows[3].ppl);
+  EXPECT_NEAR(pr.kld, rows[3].kld, 1e-9);
+  EXPECT_DOUBLE_EQ(pr.top1, rows[3].top1);
 }
 
 TEST_F(SmolEval, PasskeyWithF32CacheAtShortContext) {

@@ -1,0 +1,220 @@
+#include "cache_spec.h"
+
+#include <algorithm>
+#include <deque>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+namespace tqkv::engine {
+namespace {
+
+// Formats that are not in the traits table (law / rotation / codec variants) live here for the
+// life of the process, so that a Format* stays valid like the table's own entries.
+const Format& variant_format(KeyCodec kc, int kb, ValueCodec vc, int vb, bool nc, Law law, RotationKind rot) {
+  for (const Format& f : all_formats())
+    if (f.key == kc && f.key_bits == kb && f.value == vc && f.value_bits == vb && f.norm_correction == nc &&
+        f.law == law && f.rotation == rot)
+      return f;
+  if (kc == KeyCodec::Mse && vc == ValueCodec::Mse && nc && law == Law::Sphere && rot == RotationKind::Srht &&
+      kb >= 2 && kb <= 4 && vb >= 2 && vb <= 4)
+    return mse_pair_format(kb, vb);
+  static std::mutex mu;
+  static std::deque<std::string> names;
+  static std::deque<Format> formats;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Format& f : formats)
+    if (f.key == kc && f.key_bits == kb && f.value == vc && f.value_bits == vb && f.norm_correction == nc &&
+        f.law == law && f.rotation == rot)
+      return f;
+  std::ostringstream os;
+  os << 'k' << kb << 'v' << vb << (vc == ValueCodec::Uniform ? "u" : "") << '-' << law_name(law) << '-'
+     << rotation_name(rot) << (nc ? "" : "-raw");
+  const std::string n = os.str();
+  names.push_back(n);
+  formats.push_back(Format{names.back().c_str(), kc, static_cast<uint8_t>(kb), vc, static_cast<uint8_t>(vb), nc, law,
+                           rot, "issue-6 study variant"});
+  return formats.back();
+}
+
+[[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
+  throw std::invalid_argument("cache spec '" + spec + "': " + why);
+}
+
+bool parse_kv(const std::string& s, int& kb, int& vb) {
+  if (s.size() < 4 || s[0] != 'k') return false;
+  const size_t v = s.find('v');
+  if (v == std::string::npos || v < 2 || v + 1 >= s.size()) return false;
+  try {
+    size_t a = 0, b = 0;
+    kb = std::stoi(s.substr(1, v - 1), &a);
+    vb = std::stoi(s.substr(v + 1), &b);
+    return a == v - 1 && b == s.size() - v - 1 && kb >= 1 && kb <= 8 && vb >= 1 && vb <= 8;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : s) {
+    if (ch == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& named_recipes() {
+  static const std::vector<std::pair<std::string, std::string>> r = {
+      // Chosen on SmolLM2-135M-Instruct (30 layers, head_dim 64) by the per-layer sensitivity
+      // scan of docs/RESULTS.md: centred keys (channel balancing did not help at 4K); the six
+      // most sensitive inner layers get one more key bit.
+      {"tq-4.36", "k4v4+c+L19.18.13.25.17.23=k5v4"},
+      {"tq-3.36", "k3v3+c+L19.18.13.25.17.23=k4v3"},
+      {"tq-2.75", "k3v2+c"},
+  };
+  return r;
+}
+
+CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
+  std::vector<std::string> parts = split(spec, '+');
+  std::string base = parts[0];
+  std::vector<std::string> opts(parts.begin() + 1, parts.end());
+  for (const auto& [name, recipe] : named_recipes())
+    if (base == name) {
+      std::vector<std::string> rp = split(recipe, '+');
+      base = rp[0];
+      opts.insert(opts.begin(), rp.begin() + 1, rp.end());
+      break;
+    }
+  const Format* f = try_find_format(base);
+  int kb = 0, vb = 0;
+  if (!f) {
+    if (!parse_kv(base, kb, vb)) bad_spec(spec, "unknown format '" + base + "'; valid: " + format_names_joined());
+    f = &variant_format(KeyCodec::Mse, kb, ValueCodec::Mse, vb, true, Law::Sphere, RotationKind::Srht);
+  }
+  KeyCodec kc = f->key;
+  ValueCodec vc = f->value;
+  kb = f->key_bits;
+  vb = f->value_bits;
+  bool nc = f->norm_correction;
+  Law law = f->law;
+  RotationKind rot = f->rotation;
+  CacheSpec out;
+  out.name = spec;
+  int skip = -1;
+  std::vector<int> only;
+  std::vector<std::pair<std::vector<int>, std::pair<int, int>>> overrides;
+  for (const std::string& o : opts) {
+    if (o == "c") {
+      out.centre_keys = true;
+    } else if (o == "s") {
+      out.centre_keys = out.scale_channels = true;
+    } else if (o == "gauss" || o == "sphere") {
+      law = parse_law(o);
+    } else if (o == "had" || o == "srht") {
+      rot = o == "had" ? RotationKind::Hadamard : RotationKind::Srht;
+    } else if (o == "vu") {
+      vc = ValueCodec::Uniform;
+    } else if (o == "vm") {
+      vc = ValueCodec::Mse;
+    } else if (o == "raw") {
+      nc = false;
+    } else if (o.rfind("skip", 0) == 0 && o.size() > 4) {
+      try {
+        skip = std::stoi(o.substr(4));
+      } catch (const std::exception&) {
+        bad_spec(spec, "bad option '" + o + "'");
+      }
+    } else if (o.rfind("only", 0) == 0 && o.size() > 4) {
+      for (const std::string& x : split(o.substr(4), '.')) {
+        try {
+          only.push_back(std::stoi(x));
+        } catch (const std::exception&) {
+          bad_spec(spec, "bad layer list in '" + o + "'");
+        }
+      }
+    } else if (o.size() > 1 && o[0] == 'L' && o.find('=') != std::string::npos) {
+      const size_t eq = o.find('=');
+      int k2 = 0, v2 = 0;
+      if (!parse_kv(o.substr(eq + 1), k2, v2)) bad_spec(spec, "bad layer override '" + o + "'");
+      std::vector<int> layers;
+      for (const std::string& x : split(o.substr(1, eq - 1), '.')) {
+        try {
+          layers.push_back(std::stoi(x));
+        } catch (const std::exception&) {
+          bad_spec(spec, "bad layer list in '" + o + "'");
+        }
+        if (layers.back() < 0 || layers.back() >= cfg.n_layers) bad_spec(spec, "layer out of range in '" + o + "'");
+      }
+      overrides.push_back({layers, {k2, v2}});
+    } else {
+      bad_spec(spec, "unknown option '" + o + "'");
+    }
+  }
+  const bool plain_key = kc != KeyCodec::Mse, plain_value = vc != ValueCodec::Mse && vc != ValueCodec::Uniform;
+  auto make = [&](int k, int v) -> const Format& {
+    if (plain_key && plain_value) return *f;
+    return variant_format(kc, plain_key ? f->key_bits : k, vc, plain_value ? f->value_bits : v, nc, law, rot);
+  };
+  const Format& inner = make(kb, vb);
+  out.layers = boundary_layer_formats(cfg.n_layers, inner, skip);
+  if (!only.empty())
+    for (int l = 0; l < cfg.n_layers; ++l)
+      if (std::find(only.begin(), only.end(), l) == only.end()) out.layers[l] = &find_format("f16");
+  for (const auto& [layers, kv] : overrides)
+    for (int l : layers)
+      if (out.layers[l]->compressed()) out.layers[l] = &make(kv.first, kv.second);
+  const int d = cfg.head_dim;
+  double sum = 0, sum_all = 0;
+  int n_inner = 0;
+  std::ostringstream det;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const Format& lf = *out.layers[l];
+    sum_all += lf.bits_per_element(d);
+    if (lf.compressed() || !inner.compressed()) {
+      sum += lf.bits_per_element(d);
+      ++n_inner;
+    }
+    if (l == 0 || out.layers[l] != out.layers[l - 1]) det << (l ? " " : "") << "L" << l << ":" << lf.name;
+  }
+  out.bits = n_inner ? sum / n_inner : 0;
+  out.bits_all = sum_all / cfg.n_layers;
+  if (out.centre_keys) det << (out.scale_channels ? " centred+scaled-keys" : " centred-keys");
+  out.detail = det.str();
+  return out;
+}
+
+void check_cache_spec(const std::string& spec) {
+  ModelConfig any;  // no layer is out of range, every head dim is fine
+  any.n_layers = 1 << 16;
+  any.head_dim = 64;
+  resolve_cache_spec(spec, any);
+}
+
+std::string cache_spec_help() {
+  std::string recipes;
+  for (const auto& [name, recipe] : named_recipes()) recipes += (recipes.empty() ? "" : ", ") + name;
+  return "KV-cache spec: a format (" + format_names_joined() + "), a recipe (" + recipes +
+         ") or k<K>v<V> with +options (docs/FORMAT.md, \"Cache specs\")";
+}
+
+ContiguousCache make_spec_cache(const CacheSpec& spec, const ModelConfig& cfg, int capacity) {
+  ContiguousCacheConfig cc;
+  cc.n_layers = cfg.n_layers;
+  cc.n_kv_heads = cfg.n_kv_heads;
+  cc.head_dim = cfg.head_dim;
+  cc.capacity = capacity;
+  cc.layer_formats = spec.layers;
+  return ContiguousCache(cc);
+}
+
+}  // namespace tqkv::engine
