@@ -5,6 +5,10 @@
 // sdpa_bench.py) and to tqkv's own bf16 paged decode.
 //
 //   tqkv_cuda_bench [--sdpa FILE] [--reps N] [--formats a,b] [--d D] [--batch B] [--ctx T]
+//                   [--splits N] [--decode-only] [--no-flush] [--no-cluster]
+// --splits forces the decode's split count (warps per (sequence, kv head)); --decode-only skips
+// the store and dequantize timings (quick decode sweeps); --no-flush times with warm caches;
+// --no-cluster merges the CTAs of a (sequence, kv head) through the workspace, not DSMEM.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -61,7 +65,10 @@ struct Timer {
 
 uint8_t* g_flush = nullptr;
 constexpr size_t kFlushBytes = 256u << 20;
-void flush_l2() { CK(cudaMemsetAsync(g_flush, 0x5a, kFlushBytes)); }
+bool g_no_flush = false;  // --no-flush: time with warm caches (diagnostics)
+void flush_l2() {
+  if (!g_no_flush) CK(cudaMemsetAsync(g_flush, 0x5a, kFlushBytes));
+}
 
 template <typename F>
 double time_us(F&& fn, int reps, bool flush = true) {
@@ -110,11 +117,14 @@ std::map<std::tuple<int, int, int, int, int>, double> read_sdpa(const std::strin
   return m;
 }
 
+std::string ctx_str(int ctx) { return ctx % 1024 ? std::to_string(ctx) : std::to_string(ctx / 1024) + "K"; }
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string sdpa_path, only_formats;
-  int reps = 15, only_batch = 0, only_ctx = 0, only_d = 0;
+  int reps = 15, only_batch = 0, only_ctx = 0, only_d = 0, splits = 0;
+  bool decode_only = false, no_cluster = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--sdpa" && i + 1 < argc) sdpa_path = argv[++i];
@@ -123,6 +133,10 @@ int main(int argc, char** argv) {
     else if (a == "--batch" && i + 1 < argc) only_batch = std::atoi(argv[++i]);
     else if (a == "--ctx" && i + 1 < argc) only_ctx = std::atoi(argv[++i]);
     else if (a == "--d" && i + 1 < argc) only_d = std::atoi(argv[++i]);
+    else if (a == "--splits" && i + 1 < argc) splits = std::atoi(argv[++i]);
+    else if (a == "--decode-only") decode_only = true;
+    else if (a == "--no-flush") g_no_flush = true;
+    else if (a == "--no-cluster") no_cluster = true;
   }
   const auto sdpa = read_sdpa(sdpa_path);
   cudaDeviceProp prop{};
@@ -135,8 +149,8 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes;
   for (auto [d, hq, hkv] : {std::tuple{128, 32, 8}, std::tuple{64, 9, 3}})
     for (int b : {1, 16, 64})
-      for (int ctx : {4096, 32768})
-        if ((!only_d || d == only_d) && (!only_batch || b == only_batch) && (!only_ctx || ctx == only_ctx))
+      for (int ctx : only_ctx ? std::vector<int>{only_ctx} : std::vector<int>{4096, 32768})  // --ctx: any multiple of 16
+        if ((!only_d || d == only_d) && (!only_batch || b == only_batch))
           shapes.push_back({d, hq, hkv, b, ctx});
   const std::vector<std::string> formats = {"bf16",          "fp8",     "turboquant_k8v4", "turboquant_4bit_nc",
                                             "turboquant_k3v4_nc", "turboquant_3bit_nc", "tq-k4v2",
@@ -219,7 +233,7 @@ int main(int argc, char** argv) {
       sa.dtype = DType::BF16;
       sa.slot_mapping = dslots;
       sa.n_tokens = std::min<int64_t>(chunk, total);
-      const double store_us = time_us([&] { tqkv::cuda::store(codec, kv, sa); }, reps);
+      const double store_us = decode_only ? 0 : time_us([&] { tqkv::cuda::store(codec, kv, sa); }, reps);
       // Dequantize the first 4096 tokens of sequence 0 back to contiguous bf16 K and V.
       const int dq_tokens = std::min(chunk, s.ctx);
       void *dqk, *dqv;
@@ -231,13 +245,15 @@ int main(int argc, char** argv) {
       qa.k_out = dqk;
       qa.v_out = dqv;
       qa.out_dtype = DType::BF16;
-      const double dequant_us = time_us([&] { tqkv::cuda::dequantize(codec, kv, qa); }, reps);
+      const double dequant_us = decode_only ? 0 : time_us([&] { tqkv::cuda::dequantize(codec, kv, qa); }, reps);
       CK(cudaFree(dqk));
       CK(cudaFree(dqv));
 
-      const auto plan = tqkv::cuda::plan_decode(codec, kv, s.batch, s.hq, s.ctx);
+      auto plan = tqkv::cuda::plan_decode(codec, kv, s.batch, s.hq, s.ctx, splits);
+      if (no_cluster) plan.cluster_merge = false;
       void* ws;
       CK(cudaMalloc(&ws, plan.workspace_bytes));
+      tqkv::cuda::init_decode_workspace(codec, kv, plan, ws);
       tqkv::cuda::DecodeArgs da;
       da.q = dq;
       da.q_dtype = DType::BF16;
@@ -250,21 +266,23 @@ int main(int argc, char** argv) {
       da.n_q_heads = s.hq;
       da.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
       const double dec_us = time_us([&] { tqkv::cuda::run_decode(codec, kv, da, plan, ws); }, reps);
+      std::fprintf(stderr, "# %s d=%d b=%d ctx=%d: %d splits, %s merge\n", name.c_str(), s.d, s.batch, s.ctx,
+                   plan.num_splits, plan.cluster_merge ? "cluster" : "workspace");
       CK(cudaFree(ws));
       if (name == "bf16") bf16_us = dec_us;
       const double bytes = static_cast<double>(total) * s.hkv * f.slot_bytes(s.d);
       const double gbs = bytes / (dec_us * 1e3);
       char vs_sdpa[32] = "-";
       if (sdpa_us > 0) std::snprintf(vs_sdpa, sizeof vs_sdpa, "%.2fx", sdpa_us / dec_us);
-      std::printf("| %d | %d:%d | %d | %dK | %s | %zu | %.1f | %.1f | %.1f | %.0f | %.0f%% | %s | %.2fx |\n", s.d, s.hq,
-                  s.hkv, s.batch, s.ctx / 1024, name.c_str(), f.slot_bytes(s.d), store_us, dequant_us, dec_us, gbs,
+      std::printf("| %d | %d:%d | %d | %s | %s | %zu | %.1f | %.1f | %.1f | %.0f | %.0f%% | %s | %.2fx |\n", s.d, s.hq,
+                  s.hkv, s.batch, ctx_str(s.ctx).c_str(), name.c_str(), f.slot_bytes(s.d), store_us, dequant_us, dec_us, gbs,
                   100.0 * gbs / copy_gbs, vs_sdpa, bf16_us / dec_us);
       std::fflush(stdout);
     }
     if (sdpa_us > 0) {
       const double bytes = 2.0 * s.batch * s.ctx * s.hkv * s.d * 2;
-      std::printf("| %d | %d:%d | %d | %dK | torch SDPA bf16 | %d | - | - | %.1f | %.0f | %.0f%% | 1.00x | %.2fx |\n", s.d,
-                  s.hq, s.hkv, s.batch, s.ctx / 1024, 4 * s.d, sdpa_us, bytes / (sdpa_us * 1e3),
+      std::printf("| %d | %d:%d | %d | %s | torch SDPA bf16 | %d | - | - | %.1f | %.0f | %.0f%% | 1.00x | %.2fx |\n", s.d,
+                  s.hq, s.hkv, s.batch, ctx_str(s.ctx).c_str(), 4 * s.d, sdpa_us, bytes / (sdpa_us * 1e3),
                   100.0 * bytes / (sdpa_us * 1e3) / copy_gbs, bf16_us / sdpa_us);
     }
     CK(cudaFree(dbt));

@@ -1,6 +1,6 @@
 // CUDA kernels for the compressed paged KV cache (sm_90): a fused store (rotate, normalise,
 // quantize, pack, scatter through a slot mapping), a split-KV decode attention with a merge
-// step (plan/run), and a dequantize kernel (paged -> contiguous fp16/bf16).
+// step fused into one launch (plan/init/run), and a dequantize kernel (paged -> contiguous fp16/bf16).
 //
 // The bytes written and read are exactly those of docs/FORMAT.md ("Slot" and "Paged cache").
 // All pointers in these structs are device pointers unless noted; every function is
@@ -96,10 +96,23 @@ struct DecodePlan {
   int n_q_heads = 0;
   int max_seq_len = 0;
   size_t workspace_bytes = 0;
+  // With 2..8 CTAs per (sequence, kv head) (16 where the device fits such a cluster), they run as one thread-block cluster and merge
+  // through distributed shared memory (no workspace round trip); false: the last CTA to finish
+  // merges through the workspace. plan_decode sets it; clearing it forces the workspace path.
+  bool cluster_merge = false;
 };
 DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, int n_q_heads, int max_seq_len,
                        int num_splits = 0 /* 0: choose from the device */);
-// workspace: device memory of plan.workspace_bytes (256-byte aligned).
+// One kernel launch: each CTA covers plan.num_splits / (its warps) of a (sequence, kv head)'s
+// range, merges its warps' partial results in shared memory, and the last CTA of the (sequence,
+// kv head) to finish merges the CTAs' partials and writes the output (a counter per (sequence, kv
+// head) in the workspace finds it and is reset by it). The grid is fixed by the plan, so the
+// launch can be captured in a CUDA graph and replayed.
+// workspace: device memory of plan.workspace_bytes (256-byte aligned), prepared once by
+// init_decode_workspace before its first run_decode (and again if a run was aborted); every run
+// leaves it prepared. An unprepared workspace gives NaN outputs, never a wrong merge.
+void init_decode_workspace(const CacheCodec& codec, const PagedKv& kv, const DecodePlan& plan, void* workspace,
+                           cudaStream_t stream = nullptr);
 void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& args, const DecodePlan& plan,
                 void* workspace, cudaStream_t stream = nullptr);
 

@@ -23,6 +23,8 @@
 #include <cmath>
 #include <string>
 
+#include <cooperative_groups.h>
+
 #include "decode.cuh"
 
 namespace tqkv::cuda {
@@ -58,10 +60,17 @@ struct DecodeParams {
   int n_q_heads;
   int group;
   int num_splits;
+  int max_seq_len;  // the plan's: fixes the tiles per split
   float scale_log2;  // softmax scale * log2(e)
   bool keys_rotated;
-  float* o_part;
-  float* lse_part;
+  bool values_rotated;
+  float* o_part;        // [batch, n_kv_heads, ctas, group, D]: each CTA's normalised partial output
+  float* lse_part;      // [batch, n_kv_heads, ctas, group]: its log2-sum-exp
+  uint32_t* counters;   // [batch, n_kv_heads]: CTAs done (low 16 bits) under kCounterTag
+  void* out;            // [batch, n_q_heads, D]
+  DType out_dtype;
+  float* lse;           // optional [batch, n_q_heads], natural log
+  bool cluster;  // the CTAs of a (sequence, kv head) form a thread-block cluster (merge in DSMEM)
   CodecTables tab;
 };
 
@@ -189,13 +198,21 @@ struct Traits {
   static constexpr int PV = (VCB & -VCB) >= 16 ? 16 : (VCB & -VCB);  // cp.async piece of a value row
   static constexpr int VROW = VCB + (VCB % 16 == 0 ? 16 : 8);       // padded: conflict-free reads
   static constexpr int VPL = 16 * VROW;
+  // issue_page16 applies: 16-byte value pieces, whole rows of them in every 32 pieces.
+  static constexpr bool PAGE16 = PV == 16 && 32 % (VCB / 16 > 0 ? VCB / 16 : 1) == 0;
   static constexpr int KM_OFF = 0, VS_OFF = KMB ? 32 : 0, VZ_OFF = VS_OFF + 32;
   static constexpr int M_PLANES = (KMB ? 1 : 0) + ((is_uniform(VK) || is_vmse(VK)) ? 1 : 0) + (is_uniform(VK) ? 1 : 0);
   static constexpr int STAGE = KPL + VPL + 96;
   static constexpr int BUDGET = (D <= 128 ? 113 : 220) * 1024 - LUT_BYTES;
   static constexpr int NST_RAW = BUDGET / (WARPS * STAGE);
   static constexpr int NST = !ASYNC ? 0 : NST_RAW < 2 ? 2 : NST_RAW > 6 ? 6 : NST_RAW;
-  static constexpr int SMEM = LUT_BYTES + WARPS * NST * STAGE;
+  // Epilogue (after the tile loop, over the queries and the ring): every warp's unnormalised
+  // output, the merged output, per-(warp, head) max and sum, per-CTA weights of the cross-CTA merge.
+  static constexpr int EPI_BYTES =
+      (WARPS * kMaxGroup * D + kMaxGroup * D + WARPS * kMaxGroup * 2 + 2 * kMaxGroup + (kMaxSplits / WARPS) * kMaxGroup + 4) * 4;
+  static constexpr int SMEM_LOOP = LUT_BYTES + WARPS * NST * STAGE;
+  static constexpr int SMEM_EPI = (KLUT + VLUT) * 4 + EPI_BYTES;
+  static constexpr int SMEM = SMEM_LOOP > SMEM_EPI ? SMEM_LOOP : SMEM_EPI;
   static_assert(KM_OFF == 0 && VZ_OFF > VS_OFF && PV > 0 && VROW % PV == 0 && M_PLANES <= 3, "stage layout");
 };
 
@@ -306,6 +323,26 @@ __device__ __forceinline__ void issue_tile(uint32_t st, const uint8_t* sec, int 
   if (lane < 2 * T::M_PLANES) cp_async<16>(st + io.m_dst, sec + off * 2 + io.m_src);
 }
 
+// The same copy where a page holds exactly one tile (block size 16) and value rows split into
+// 16-byte pieces: then every piece of lane l lies at a compile-time offset from `src` (the page
+// section + 16 l) and from `dst_k` (the stage + 16 l) or `dst_v` (the stage + its padded value
+// offset), so a tile costs one address computation and the copies.
+template <int D, int KK, int VK>
+__device__ __forceinline__ void issue_page16(const uint8_t* src, uint32_t dst_k, uint32_t dst_v, int lane) {
+  using T = Traits<D, KK, VK>;
+  static_assert(T::PAGE16, "16-byte value pieces, whole rows per 32");
+  constexpr int NK = T::KPL / 16;
+#pragma unroll
+  for (int i0 = 0; i0 < NK; i0 += 32)
+    if (i0 + 32 <= NK || i0 + lane < NK) cp_async<16>(dst_k + 16 * i0, src + 16 * i0);
+  constexpr int PR = T::VCB / 16;
+  constexpr int NV = 16 * PR;
+#pragma unroll
+  for (int i0 = 0; i0 < NV; i0 += 32)
+    if (i0 + 32 <= NV || i0 + lane < NV) cp_async<16>(dst_v + (i0 / PR) * T::VROW, src + T::KPL + 16 * i0);
+  if (lane < 2 * T::M_PLANES) cp_async<16>(dst_k + T::KPL + T::VPL, src + 16 * (T::KCB + T::VCB));
+}
+
 // Reads this thread's fragments of a tile from a ring stage (same roles as load_tile).
 template <int D, int KK, int VK>
 __device__ __forceinline__ void read_stage(Raw<D, KK, VK>& r, const uint8_t* st, int g, int c) {
@@ -381,6 +418,12 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
   }
 }
 
+__device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 // 2^x on the special-function unit (inputs are <= 0 here, flushing tiny results to zero is fine).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -395,6 +438,24 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 }
 
 __device__ __forceinline__ float h_lo(uint32_t x) { return __half2float(__ushort_as_half(x & 0xffffu)); }
+
+// Writes one query head's output from its merged rotated-domain values x (lane l holds dims
+// [E l, E l + E)): rotates back (o = R^T o~) where values are stored rotated.
+template <int D>
+__device__ __forceinline__ void write_head(const DecodeParams& p, float (&x)[D / 32], int lane, int64_t qhead, float lse2) {
+  constexpr int E = D / 32;
+  if (p.values_rotated) {
+    warp_fwht<E>(x, lane);
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      x[i] *= p.tab.rot_scale;
+      if (sign_negative(p.tab, E * lane + i)) x[i] = -x[i];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < E; ++i) store_elem(p.out, p.out_dtype, qhead * D + E * lane + i, x[i]);
+  if (p.lse && lane == 0) p.lse[qhead] = lse2 == -INFINITY || lse2 != lse2 ? lse2 : lse2 * 0.69314718055994531f;
+}
 
 template <int D, int KK, int VK>
 __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, VK>::MIN_BLOCKS) decode_kernel(const __grid_constant__ DecodeParams p) {
@@ -412,78 +473,26 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   const int split = blockIdx.x * T::WARPS + warp;
   const int group = p.group;
 
-  // Lookup tables (replicated per lane).
-  for (int e = tid; e < T::KLUT; e += blockDim.x) {
-    const int x = e >> 5;
-    if constexpr (KK == K_MSE4) klut_all[e] = pack_h2(p.tab.k_levels[x & 15], p.tab.k_levels[x >> 4]);
-    else if constexpr (KK == K_MSE3) klut_all[e] = pack_h2(p.tab.k_levels[x & 7], p.tab.k_levels[x >> 3]);
-  }
-  for (int e = tid; e < T::VLUT; e += blockDim.x) {
-    const int x = e >> 5;
-    if constexpr (VK == V_M4) vlut_all[e] = pack_h2(p.tab.v_levels[x & 15], p.tab.v_levels[x >> 4]);
-    else if constexpr (VK == V_M3) vlut_all[e] = pack_h2(p.tab.v_levels[x & 7], p.tab.v_levels[x >> 3]);
-    else if constexpr (VK == V_U3) vlut_all[e] = pack_h2(static_cast<float>(x & 7), static_cast<float>(x >> 3));
-    else if constexpr (VK == V_M2) vlut_all[e] = pack_h2(p.tab.v_levels[x & 3], p.tab.v_levels[x >> 2]);
-  }
-  // Queries of this kv head's group: rotate (keys live in the rotated domain), scale, keep in smem.
-  for (int e = tid; e < group * D; e += blockDim.x) {
-    const int j = e / D, i = e % D;
-    float x = load_elem(p.q, p.q_dtype, (static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j) * D + i);
-    if (p.keys_rotated && sign_negative(p.tab, i)) x = -x;
-    qs[j * D + i] = x;
-  }
-  __syncthreads();
-  if (p.keys_rotated) {
-    for (int len = 1; len < D; len <<= 1) {
-      for (int e = tid; e < group * D / 2; e += blockDim.x) {
-        const int j = e / (D / 2), r = e % (D / 2);
-        const int i = (r / len) * 2 * len + (r % len);
-        const float u = qs[j * D + i], v = qs[j * D + i + len];
-        qs[j * D + i] = u + v;
-        qs[j * D + i + len] = u - v;
-      }
-      __syncthreads();
-    }
-  }
-  const float qscale = p.scale_log2 * (p.keys_rotated ? p.tab.rot_scale : 1.0f);
-  // bf16 keeps only 8 significant bits: for the bf16 cache the query is split into a bf16 head
-  // and a bf16 remainder (two MMAs), so only the cache's own rounding remains.
-  uint32_t qa[KSTEPS][2];
-  [[maybe_unused]] uint32_t qlo[BF ? KSTEPS : 1][2];
+  // This warp's range of tiles; its first pages are requested before the tables and queries
+  // are set up, so that their latency overlaps the setup.
+  // Tiles per split come from the plan's max_seq_len, not from this sequence's length, so the
+  // page ids of the warp's first tiles are read while seq_lens[b] is still in flight. (The last
+  // split takes any tiles beyond max_seq_len: a longer sequence stays correct, only slower.)
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.bt_stride;
+  const int per = ((p.max_seq_len + kTileTokens - 1) / kTileTokens + p.num_splits - 1) / p.num_splits;
+  constexpr int NPRE = T::ASYNC ? T::NST - 1 : 1;
+  int pre[NPRE];
 #pragma unroll
-  for (int s = 0; s < KSTEPS; ++s) {
-    const float* qr = qs + g * D + (D / 4) * c + 4 * s;
-    float x[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = g < group ? qr[i] * qscale : 0.0f;
-    qa[s][0] = pack2<BF>(x[0], x[1]);
-    qa[s][1] = pack2<BF>(x[2], x[3]);
-    if constexpr (BF) {
-      qlo[s][0] = pack2<BF>(x[0] - __bfloat162float(__float2bfloat16_rn(x[0])),
-                            x[1] - __bfloat162float(__float2bfloat16_rn(x[1])));
-      qlo[s][1] = pack2<BF>(x[2] - __bfloat162float(__float2bfloat16_rn(x[2])),
-                            x[3] - __bfloat162float(__float2bfloat16_rn(x[3])));
-    }
+  for (int i = 0; i < NPRE; ++i) {
+    const int idx = (split * per + i) >> p.tpp_log2;
+    pre[i] = idx < p.bt_stride ? __ldg(bt + idx) : 0;
   }
-  const char* klut = reinterpret_cast<const char*>(klut_all);
-  const char* vlut = reinterpret_cast<const char*>(vlut_all);
-  const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
-
-  // This warp's range of tiles.
   const int len = p.seq_lens[b];
   const int ntiles = (len + kTileTokens - 1) / kTileTokens;
-  const int per = (ntiles + p.num_splits - 1) / p.num_splits;
-  const int t_begin = min(ntiles, split * per), t_end = min(ntiles, t_begin + per);
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.bt_stride;
+  const int t_begin = min(ntiles, split * per);
+  const int t_end = split == p.num_splits - 1 ? ntiles : min(ntiles, t_begin + per);
   const int64_t sec_off = static_cast<int64_t>(hkv) * p.block_size * p.slot_bytes;
   const int bs = p.block_size;
-
-  float o[KSTEPS][4];
-#pragma unroll
-  for (int m = 0; m < KSTEPS; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.0f;
-  // Running max / sum / zero-point sum of query heads 2c and 2c+1 (partial over this lane's tokens).
-  float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.0f, l_run1 = 0.0f, z_run0 = 0.0f, z_run1 = 0.0f;
-  [[maybe_unused]] float s1_run0 = 0.0f, s1_run1 = 0.0f;  // V_U4: running sum of P (see value_frag)
 
   ThreadOffsets to;
   to.k[0] = g * T::KCB + c * T::KCH;
@@ -510,28 +519,99 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   [[maybe_unused]] const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   [[maybe_unused]] int rd = 0, wr = T::NST - 1;
   [[maybe_unused]] const IssueOffsets io = issue_offsets<D, KK, VK>(lane, bs);
+  // Block size 16 with 16-byte value pieces (the common case): the lean copy of issue_page16.
+  [[maybe_unused]] const bool page16 = T::PAGE16 && bs == 16;
+  [[maybe_unused]] const uint32_t sec_lane = static_cast<uint32_t>(sec_off) + 16u * lane;
+  [[maybe_unused]] const uint32_t dst_v_lane = io.v_dst;
+  auto issue = [&](int page, int tile, int stage) {
+    const uint32_t st = ring_s + stage * T::STAGE;
+    if constexpr (T::PAGE16) {
+      if (page16) {
+        const uint8_t* src = p.pages + static_cast<uint64_t>(static_cast<uint32_t>(page)) * static_cast<uint32_t>(p.page_bytes) + sec_lane;
+        issue_page16<D, KK, VK>(src, st + 16u * lane, st + dst_v_lane, lane);
+        return;
+      }
+    }
+    const uint8_t* sec = p.pages + static_cast<int64_t>(page) * p.page_bytes + sec_off;
+    issue_tile<D, KK, VK>(st, sec, (tile & tpp_mask) * kTileTokens, bs, lane, io);
+  };
   if constexpr (T::ASYNC) {
 #pragma unroll
     for (int i = 0; i < T::NST - 1; ++i) {
-      if (t_begin + i < t_end) {
-        int off;
-        const uint8_t* sec = section(t_begin + i, off);
-        issue_tile<D, KK, VK>(ring_s + i * T::STAGE, sec, off, bs, lane, io);
-      }
+      if (t_begin + i < t_end) issue(pre[i], t_begin + i, i);
       cp_async_commit();
     }
   } else if (t_begin < t_end) {
-    int off;
-    const uint8_t* sec = section(t_begin, off);
-    load_tile(cur, sec, off, to);
+    load_tile(cur, p.pages + static_cast<int64_t>(pre[0]) * p.page_bytes + sec_off, (t_begin & tpp_mask) * kTileTokens, to);
   }
+  // Lookup tables (replicated per lane): the 32 copies of an entry are 8 16-byte stores.
+  for (int i = tid; i < (T::KLUT + T::VLUT) / 4; i += blockDim.x) {
+    const int e = i >> 3;
+    uint32_t w = 0;
+    if (e < T::KLUT / 32) {
+      if constexpr (KK == K_MSE4) w = pack_h2(p.tab.k_levels[e & 15], p.tab.k_levels[e >> 4]);
+      else if constexpr (KK == K_MSE3) w = pack_h2(p.tab.k_levels[e & 7], p.tab.k_levels[e >> 3]);
+    } else {
+      const int x = e - T::KLUT / 32;
+      if constexpr (VK == V_M4) w = pack_h2(p.tab.v_levels[x & 15], p.tab.v_levels[x >> 4]);
+      else if constexpr (VK == V_M3) w = pack_h2(p.tab.v_levels[x & 7], p.tab.v_levels[x >> 3]);
+      else if constexpr (VK == V_U3) w = pack_h2(static_cast<float>(x & 7), static_cast<float>(x >> 3));
+      else if constexpr (VK == V_M2) w = pack_h2(p.tab.v_levels[x & 3], p.tab.v_levels[x >> 2]);
+    }
+    reinterpret_cast<uint4*>(smem)[i] = make_uint4(w, w, w, w);
+  }
+  // Queries of this kv head's group, one warp per head: rotate in registers (keys live in the
+  // rotated domain), keep in smem.
+  for (int j = warp; j < group; j += T::WARPS) {
+    constexpr int E = D / 32;
+    float x[E];
+    const int64_t q0 = (static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j) * D + E * lane;
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      x[i] = load_elem(p.q, p.q_dtype, q0 + i);
+      if (p.keys_rotated && sign_negative(p.tab, E * lane + i)) x[i] = -x[i];
+    }
+    if (p.keys_rotated) warp_fwht<E>(x, lane);
+#pragma unroll
+    for (int i = 0; i < E; ++i) qs[j * D + E * lane + i] = x[i];
+  }
+  __syncthreads();
+  const float qscale = p.scale_log2 * (p.keys_rotated ? p.tab.rot_scale : 1.0f);
+  // bf16 keeps only 8 significant bits: for the bf16 cache the query is split into a bf16 head
+  // and a bf16 remainder (two MMAs), so only the cache's own rounding remains.
+  uint32_t qa[KSTEPS][2];
+  [[maybe_unused]] uint32_t qlo[BF ? KSTEPS : 1][2];
+#pragma unroll
+  for (int s = 0; s < KSTEPS; ++s) {
+    const float* qr = qs + g * D + (D / 4) * c + 4 * s;
+    float x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = g < group ? qr[i] * qscale : 0.0f;
+    qa[s][0] = pack2<BF>(x[0], x[1]);
+    qa[s][1] = pack2<BF>(x[2], x[3]);
+    if constexpr (BF) {
+      qlo[s][0] = pack2<BF>(x[0] - __bfloat162float(__float2bfloat16_rn(x[0])),
+                            x[1] - __bfloat162float(__float2bfloat16_rn(x[1])));
+      qlo[s][1] = pack2<BF>(x[2] - __bfloat162float(__float2bfloat16_rn(x[2])),
+                            x[3] - __bfloat162float(__float2bfloat16_rn(x[3])));
+    }
+  }
+  const char* klut = reinterpret_cast<const char*>(klut_all);
+  const char* vlut = reinterpret_cast<const char*>(vlut_all);
+  const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+
+  float o[KSTEPS][4];
+#pragma unroll
+  for (int m = 0; m < KSTEPS; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.0f;
+  // Running max / sum / zero-point sum of query heads 2c and 2c+1 (partial over this lane's tokens).
+  float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.0f, l_run1 = 0.0f, z_run0 = 0.0f, z_run1 = 0.0f;
+  [[maybe_unused]] float s1_run0 = 0.0f, s1_run1 = 0.0f;  // V_U4: running sum of P (see value_frag)
+
+  // Two tiles per iteration: fewer loop and ring-bookkeeping instructions (no spills at 128 registers).
+#pragma unroll 2
   for (int tile = t_begin; tile < t_end; ++tile) {
     if constexpr (T::ASYNC) {
-      if (tile + T::NST - 1 < t_end) {
-        int off;
-        const uint8_t* sec = section(tile + T::NST - 1, off);
-        issue_tile<D, KK, VK>(ring_s + wr * T::STAGE, sec, off, bs, lane, io);
-      }
+      if (tile + T::NST - 1 < t_end) issue(__ldg(bt + ((tile + T::NST - 1) >> p.tpp_log2)), tile + T::NST - 1, wr);
       cp_async_commit();
       cp_async_wait<T::NST - 1>();
       __syncwarp();
@@ -661,24 +741,157 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
       o[m][3] = (o[m][3] - 1024.0f * s1_run1) * 0.0625f;
     }
   }
-  const int64_t row = (static_cast<int64_t>(b) * p.n_kv_heads + hkv) * p.num_splits + split;
+  // Epilogue. The warps of the CTA merge in shared memory (over the queries and the ring, which
+  // are no longer needed); a CTA that covers its whole (sequence, kv head) writes the output,
+  // otherwise each CTA writes a partial and the last one to finish (counted in p.counters)
+  // merges them. One launch, a fixed grid: capturable in a CUDA graph.
   const bool empty = t_begin >= t_end;
-  if (g == 0) {
-    if (2 * c < group) p.lse_part[row * group + 2 * c] = empty ? -INFINITY : m_run0 + log2f(l_run0);
-    if (2 * c + 1 < group) p.lse_part[row * group + 2 * c + 1] = empty ? -INFINITY : m_run1 + log2f(l_run1);
-  }
-  const float z0 = z_run0, z1 = z_run1;
-  const float inv0 = empty ? 0.0f : 1.0f / l_run0, inv1 = empty ? 0.0f : 1.0f / l_run1;
-  const int h0 = 2 * c, h1 = 2 * c + 1;
+  if constexpr (T::ASYNC) cp_async_wait<0>();
+  __syncthreads();
+  float* wo = reinterpret_cast<float*>(smem + T::KLUT + T::VLUT);  // [WARPS][kMaxGroup][D]
+  float* fin = wo + T::WARPS * kMaxGroup * D;                       // [kMaxGroup][D]
+  float* wml = fin + kMaxGroup * D;                                 // [WARPS][kMaxGroup]{max, sum}
+  float* hml = wml + T::WARPS * kMaxGroup * 2;                      // [kMaxGroup]{max, sum}
+  float* cw = hml + 2 * kMaxGroup;                                  // [ctas][kMaxGroup]
+  int* flag = reinterpret_cast<int*>(cw + (kMaxSplits / T::WARPS) * kMaxGroup);
+  {
+    const int h0 = 2 * c, h1 = 2 * c + 1;
+    if (g == 0) {
+      wml[(warp * kMaxGroup + h0) * 2] = empty ? -INFINITY : m_run0;
+      wml[(warp * kMaxGroup + h0) * 2 + 1] = empty ? 0.0f : l_run0;
+      wml[(warp * kMaxGroup + h1) * 2] = empty ? -INFINITY : m_run1;
+      wml[(warp * kMaxGroup + h1) * 2 + 1] = empty ? 0.0f : l_run1;
+    }
+    float* w0 = wo + (warp * kMaxGroup + h0) * D;
+    float* w1 = wo + (warp * kMaxGroup + h1) * D;
 #pragma unroll
-  for (int m = 0; m < KSTEPS; ++m) {
-    const int dim = (D / 8) * g + 2 * m;
-    if (h0 < group)
-      *reinterpret_cast<float2*>(p.o_part + (row * group + h0) * D + dim) =
-          make_float2((o[m][0] + z0) * inv0, (o[m][2] + z0) * inv0);
-    if (h1 < group)
-      *reinterpret_cast<float2*>(p.o_part + (row * group + h1) * D + dim) =
-          make_float2((o[m][1] + z1) * inv1, (o[m][3] + z1) * inv1);
+    for (int m = 0; m < KSTEPS; ++m) {
+      const int dim = (D / 8) * g + 2 * m;
+      *reinterpret_cast<float2*>(w0 + dim) = make_float2(o[m][0] + z_run0, o[m][2] + z_run0);
+      *reinterpret_cast<float2*>(w1 + dim) = make_float2(o[m][1] + z_run1, o[m][3] + z_run1);
+    }
+  }
+  __syncthreads();
+  if (tid < group) {  // per head: the CTA's max and sum, each warp's weight
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < T::WARPS; ++w) mx = fmaxf(mx, wml[(w * kMaxGroup + tid) * 2]);
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < T::WARPS; ++w) {
+      float& mw = wml[(w * kMaxGroup + tid) * 2];
+      mw = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
+      l += mw * wml[(w * kMaxGroup + tid) * 2 + 1];
+    }
+    hml[2 * tid] = mx;
+    hml[2 * tid + 1] = l;
+  }
+  __syncthreads();
+  const int ctas = gridDim.x;
+  const int64_t unit = static_cast<int64_t>(b) * p.n_kv_heads + hkv;
+  for (int e = tid; e < group * D; e += blockDim.x) {
+    const int j = e / D, i = e % D;
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < T::WARPS; ++w) acc += wml[(w * kMaxGroup + j) * 2] * wo[(w * kMaxGroup + j) * D + i];
+    const float l = hml[2 * j + 1];
+    acc = l > 0.0f ? acc / l : 0.0f;
+    if (ctas == 1 || p.cluster) fin[j * D + i] = acc;
+    else p.o_part[((unit * ctas + blockIdx.x) * group + j) * D + i] = acc;
+  }
+  float* lse_fin = hml;  // per head: the final log2-sum-exp, written over the CTA's max
+  if (ctas == 1) {
+    __syncthreads();
+    if (tid < group) lse_fin[2 * tid] = hml[2 * tid + 1] > 0.0f ? hml[2 * tid] + log2f(hml[2 * tid + 1]) : -INFINITY;
+  } else if (p.cluster) {
+    // The CTAs of this (sequence, kv head) form one cluster: each keeps its normalised partial in
+    // its own shared memory, and head j is merged by warp j / ctas of CTA j % ctas, which reads
+    // the partials of all the cluster's CTAs through distributed shared memory.
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cl = cg::this_cluster();
+    __syncthreads();
+    if (tid < group) lse_fin[2 * tid] = hml[2 * tid + 1] > 0.0f ? hml[2 * tid] + log2f(hml[2 * tid + 1]) : -INFINITY;
+    cl.sync();
+    for (int j = blockIdx.x + ctas * warp; j < group; j += ctas * T::WARPS) {
+      const float l = lane < ctas ? cl.map_shared_rank(lse_fin, lane)[2 * j] : -INFINITY;
+      const float mx = warp_max(l);
+      float w = l == -INFINITY ? 0.0f : exp2f(l - mx);
+      float den = w;
+#pragma unroll
+      for (int o2 = 16; o2 > 0; o2 >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o2);
+      constexpr int E = D / 32;
+      float x[E];
+#pragma unroll
+      for (int i = 0; i < E; ++i) x[i] = 0.0f;
+      for (int k = 0; k < ctas; ++k) {
+        const float wk = __shfl_sync(0xffffffffu, w, k);
+        const float* rf = cl.map_shared_rank(fin, k) + j * D + E * lane;
+#pragma unroll
+        for (int i = 0; i < E; ++i) x[i] += wk * rf[i];
+      }
+      const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+      for (int i = 0; i < E; ++i) x[i] *= inv;
+      write_head<D>(p, x, lane, static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j,
+                    den > 0.0f ? mx + log2f(den) : -INFINITY);
+    }
+    cl.sync();  // no CTA leaves while its partial may still be read
+    return;
+  } else {
+    if (tid < group)
+      p.lse_part[(unit * ctas + blockIdx.x) * group + tid] =
+          hml[2 * tid + 1] > 0.0f ? hml[2 * tid] + log2f(hml[2 * tid + 1]) : -INFINITY;
+    // The CTA's partial writes, then one gpu-scope acq_rel add (release: the barrier orders the
+    // other threads' writes before it; acquire: the last CTA sees every CTA's partial).
+    __syncthreads();
+    if (tid == 0) {
+      const uint32_t old = atom_add_acq_rel_gpu(p.counters + unit, 1u);
+      // 1: the last CTA; 0: another is; -1: the workspace was not prepared (init_decode_workspace).
+      *flag = (old & kCounterTagMask) != kCounterTag ? -1 : (old & ~kCounterTagMask) == static_cast<uint32_t>(ctas - 1);
+    }
+    __syncthreads();
+    const int f = *flag;
+    if (f == 0) return;
+    if (f < 0) {  // loud, never a silently wrong merge
+      for (int e = tid; e < group * D; e += blockDim.x) fin[e] = __int_as_float(0x7fc00000);
+      if (tid < group) lse_fin[2 * tid] = __int_as_float(0x7fc00000);
+    } else {
+      // Per head, one warp: the max of the CTAs' log2-sum-exps and their weights.
+      for (int j = warp; j < group; j += T::WARPS) {
+        float mx = -INFINITY;
+        for (int k = lane; k < ctas; k += 32) mx = fmaxf(mx, __ldcg(p.lse_part + (unit * ctas + k) * group + j));
+        mx = warp_max(mx);
+        float den = 0.0f;
+        for (int k = lane; k < ctas; k += 32) {
+          const float l = __ldcg(p.lse_part + (unit * ctas + k) * group + j);
+          const float w = l == -INFINITY ? 0.0f : exp2f(l - mx);
+          cw[k * kMaxGroup + j] = w;
+          den += w;
+        }
+#pragma unroll
+        for (int o2 = 16; o2 > 0; o2 >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o2);
+        if (lane == 0) lse_fin[2 * j] = den > 0.0f ? mx + log2f(den) : -INFINITY, lse_fin[2 * j + 1] = den;
+      }
+      __syncthreads();
+      for (int e = tid; e < group * D; e += blockDim.x) {
+        const int j = e / D, i = e % D;
+        const float* op = p.o_part + (unit * ctas * group + j) * D + i;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int k = 0; k < ctas; ++k) acc += cw[k * kMaxGroup + j] * __ldcg(op + static_cast<int64_t>(k) * group * D);
+        const float den = lse_fin[2 * j + 1];
+        fin[e] = den > 0.0f ? acc / den : 0.0f;
+      }
+      if (tid == 0) p.counters[unit] = kCounterTag;  // ready for the next launch
+    }
+  }
+  __syncthreads();
+  // Output, one warp per query head.
+  for (int j = warp; j < group; j += T::WARPS) {
+    float x[D / 32];
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) x[i] = fin[j * D + (D / 32) * lane + i];
+    write_head<D>(p, x, lane, static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j, lse_fin[2 * j]);
   }
 }
 
@@ -768,6 +981,62 @@ Kernel pick(const CacheCodec& codec) {
 
 size_t align256(size_t x) { return (x + 255) & ~size_t{255}; }
 
+// The largest thread-block cluster (CTAs per (sequence, kv head) merged in DSMEM) to run this
+// kernel with on the current device for `units` (sequence, kv head) pairs: 16 where that many
+// non-portable clusters of 16 are resident at once, else the portable 8.
+int max_cluster_ctas(const Kernel& k, int64_t units) {
+  TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+  if (cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return kMaxClusterCtas;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kMaxClusterCtasNonPortable, 1, 1);
+  cfg.blockDim = dim3(k.warps * 32);
+  cfg.dynamicSmemBytes = k.smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kMaxClusterCtasNonPortable;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, k.fn, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  // Measured on the H200: 16-CTA clusters pay off while the grid covers at most half the SMs
+  // (3 kv heads at batch 1), not at 8 kv heads (128 CTAs), even where that many are resident.
+  int dev = 0, sms = 0;
+  TQKV_CUDA_CHECK(cudaGetDevice(&dev));
+  TQKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return n >= units && units * kMaxClusterCtasNonPortable * 2 <= sms ? kMaxClusterCtasNonPortable : kMaxClusterCtas;
+}
+
+
+
+// Workspace: per-CTA partial outputs and log2-sum-exps (only when a (sequence, kv head) has more
+// than one CTA), then one counter per (sequence, kv head).
+struct Workspace {
+  size_t o_part = 0, lse_part = 0, counters = 0, bytes = 0;
+};
+Workspace workspace_layout(const DecodePlan& plan, int n_kv_heads, int group, int head_dim, int warps) {
+  const size_t units = static_cast<size_t>(plan.batch) * n_kv_heads;
+  const int ctas = plan.num_splits / warps;
+  const size_t rows = ctas > 1 ? units * ctas * group : 0;
+  Workspace w;
+  w.lse_part = align256(rows * head_dim * sizeof(float));
+  w.counters = w.lse_part + align256(rows * sizeof(float));
+  w.bytes = w.counters + align256(units * sizeof(uint32_t));
+  return w;
+}
+
+__global__ void init_counters(uint32_t* c, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = kCounterTag;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -795,10 +1064,11 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     const int64_t slots = static_cast<int64_t>(sms) * std::max(per_sm, 1);
     const int64_t units = static_cast<int64_t>(batch) * kv.n_kv_heads;
     const int64_t tiles = (std::max(max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
-    // At least 4 tiles per warp for short contexts, 8 for long ones (the merge reads every split).
-    const int64_t min_tiles = tiles <= 512 ? 4 : 8;
-    const int64_t max_ctas = std::max<int64_t>(
-        1, std::min<int64_t>(tiles / (min_tiles * k.warps), kMaxSplits / k.warps));
+    // At least 2 tiles per warp for short contexts, 8 for long ones (the merge reads every CTA's partial).
+    const int64_t min_tiles = tiles <= 512 ? 2 : 8;
+    // Short contexts: at most one cluster of CTAs per (sequence, kv head), merged in DSMEM.
+    const int64_t cap = tiles <= 512 ? max_cluster_ctas(k, units) : kMaxSplits / k.warps;
+    const int64_t max_ctas = std::max<int64_t>(1, std::min<int64_t>(tiles / (min_tiles * k.warps), cap));
     // CTAs per (sequence, kv head): the smallest count whose grid keeps >= 90% of the resident
     // CTA slots busy over its waves (else the best one allowed). Fewer CTAs mean fewer table
     // builds and a cheaper merge.
@@ -824,8 +1094,13 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
   plan.batch = batch;
   plan.n_q_heads = n_q_heads;
   plan.max_seq_len = max_seq_len;
-  const size_t rows = static_cast<size_t>(batch) * kv.n_kv_heads * num_splits * group;
-  plan.workspace_bytes = align256(rows * codec.head_dim() * sizeof(float)) + align256(rows * sizeof(float));
+  const int ctas = num_splits / k.warps;
+  plan.cluster_merge =
+      ctas > 1 && (ctas <= kMaxClusterCtas ||
+                   (ctas <= kMaxClusterCtasNonPortable &&
+                    max_cluster_ctas(k, static_cast<int64_t>(batch) * kv.n_kv_heads) >= ctas));
+  const Workspace w = workspace_layout(plan, kv.n_kv_heads, group, codec.head_dim(), k.warps);
+  plan.workspace_bytes = w.bytes;
   return plan;
 }
 
@@ -839,7 +1114,6 @@ void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& a,
   const Kernel k = pick(codec);
   const int D = codec.head_dim();
   const int group = a.n_q_heads / kv.n_kv_heads;
-  const size_t rows = static_cast<size_t>(a.batch) * kv.n_kv_heads * plan.num_splits * group;
   DecodeParams p{};
   p.pages = kv.pages;
   p.page_bytes = L.page_bytes;
@@ -855,30 +1129,54 @@ void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& a,
   p.n_q_heads = a.n_q_heads;
   p.group = group;
   p.num_splits = plan.num_splits;
+  p.max_seq_len = plan.max_seq_len;
   p.scale_log2 = a.scale * 1.4426950408889634f;
   p.keys_rotated = codec.format().keys_rotated();
-  p.o_part = static_cast<float*>(workspace);
-  p.lse_part = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + align256(rows * D * sizeof(float)));
+  const Workspace w = workspace_layout(plan, kv.n_kv_heads, group, D, k.warps);
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  p.o_part = reinterpret_cast<float*>(ws + w.o_part);
+  p.lse_part = reinterpret_cast<float*>(ws + w.lse_part);
+  p.counters = reinterpret_cast<uint32_t*>(ws + w.counters);
+  p.values_rotated = codec.format().values_rotated();
+  p.out = a.out;
+  p.out_dtype = a.out_dtype;
+  p.lse = a.lse;
   p.tab = codec.tables();
   TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
   if (plan.num_splits % k.warps) throw_arg("decode: plan does not match this format");
-  const dim3 grid(plan.num_splits / k.warps, kv.n_kv_heads, a.batch);
-  k.fn<<<grid, k.warps * 32, k.smem, stream>>>(p);
-  TQKV_CUDA_CHECK(cudaGetLastError());
+  const int ctas = plan.num_splits / k.warps;
+  if (plan.cluster_merge && (ctas < 2 || ctas > kMaxClusterCtasNonPortable))
+    throw_arg("decode: cluster merge needs 2..16 CTAs");
+  if (plan.cluster_merge && ctas > kMaxClusterCtas)
+    TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  p.cluster = plan.cluster_merge;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(ctas, kv.n_kv_heads, a.batch);
+  cfg.blockDim = dim3(k.warps * 32);
+  cfg.dynamicSmemBytes = k.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = p.cluster ? ctas : 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  TQKV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k.fn, p));
+}
 
-  MergeParams m{};
-  m.o_part = p.o_part;
-  m.lse_part = p.lse_part;
-  m.out = a.out;
-  m.out_dtype = a.out_dtype;
-  m.lse = a.lse;
-  m.n_kv_heads = kv.n_kv_heads;
-  m.group = group;
-  m.num_splits = plan.num_splits;
-  m.head_dim = D;
-  m.values_rotated = codec.format().values_rotated();
-  m.tab = codec.tables();
-  launch_merge(m, a.batch, a.n_q_heads, stream);
+void init_decode_workspace(const CacheCodec& codec, const PagedKv& kv, const DecodePlan& plan, void* workspace,
+                           cudaStream_t stream) {
+  using namespace detail;
+  if (!workspace) throw_arg("decode: null workspace");
+  if (plan.batch <= 0 || kv.n_kv_heads <= 0 || plan.n_q_heads % kv.n_kv_heads)
+    throw_arg("decode: plan does not match the cache");
+  const Kernel k = pick(codec);
+  const Workspace w = workspace_layout(plan, kv.n_kv_heads, plan.n_q_heads / kv.n_kv_heads, codec.head_dim(), k.warps);
+  const int64_t n = static_cast<int64_t>(plan.batch) * kv.n_kv_heads;
+  init_counters<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+      reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + w.counters), n);
+  TQKV_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace tqkv::cuda

@@ -1,5 +1,5 @@
-// Split-KV decode attention over the page layout (see decode.cu), and the merge step
-// (merge.cu) that combines the partial outputs by log-sum-exp.
+// Split-KV decode attention over the page layout (see decode.cu): one launch computes the
+// partial outputs, merges them by log-sum-exp and writes the output.
 #pragma once
 #include "common.cuh"
 
@@ -9,17 +9,13 @@ namespace tqkv::cuda::detail {
 inline constexpr int kTileTokens = 16;    // tokens per MMA tile
 inline constexpr int kMaxGroup = 8;       // query heads per kv head (MMA N = 8)
 inline constexpr int kMaxSplits = 512;    // splits per (sequence, kv head)
+inline constexpr int kMaxClusterCtas = 8;              // portable thread-block cluster size
+inline constexpr int kMaxClusterCtasNonPortable = 16;  // Hopper's largest, where it fits
 
-struct MergeParams {
-  const float* o_part;    // [batch, n_kv_heads, num_splits, group, D], normalised partial outputs
-  const float* lse_part;  // [batch, n_kv_heads, num_splits, group], log2 units
-  void* out;
-  DType out_dtype;
-  float* lse;  // optional, natural log
-  int n_kv_heads, group, num_splits, head_dim;
-  bool values_rotated;
-  CodecTables tab;
-};
-void launch_merge(const MergeParams& p, int batch, int n_q_heads, cudaStream_t stream);
+// Workspace counters (one per (sequence, kv head)): the CTAs that finished, in the low 16 bits,
+// under a tag that init_decode_workspace writes; a counter without the tag is a workspace that
+// was never prepared, and the decode then writes NaN rather than merge wrongly.
+inline constexpr uint32_t kCounterTag = 0x7c0d0000u;
+inline constexpr uint32_t kCounterTagMask = 0xffff0000u;
 
 }  // namespace tqkv::cuda::detail

@@ -324,9 +324,15 @@ struct DecodeShape {
   int d, H, group, bs;
   std::vector<int> lens;
   int forced_splits;
+  bool workspace_merge = false;  // force the workspace merge where the plan picks a cluster
 };
 
-void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool graph = false) {
+// graph: capture run_decode in a CUDA graph and launch it `replays` times, each after fresh
+// queries and a fresh NaN poison (the counters must be reset by every launch).
+// prepare = false: skip init_decode_workspace (the output must then be NaN wherever a
+// (sequence, kv head) has more than one CTA).
+void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool graph = false, int replays = 1,
+                     bool prepare = true) {
   std::mt19937_64 rng(seed);
   const PagedCase c = make_case(f, s.d, s.H, s.group, s.bs, s.lens, PageLayout::Page, rng);
   const int Hq = s.H * s.group, d = s.d;
@@ -351,10 +357,12 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
 
   tqkv::cuda::PagedKv kv{pool.p, c.num_blocks, c.bs, c.H, PageLayout::Page};
   const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
-  const auto plan = tqkv::cuda::plan_decode(codec, kv, c.batch, Hq, max_len, s.forced_splits);
+  auto plan = tqkv::cuda::plan_decode(codec, kv, c.batch, Hq, max_len, s.forced_splits);
+  if (s.workspace_merge) plan.cluster_merge = false;
   DevBuf<uint8_t> ws(plan.workspace_bytes);
   ASSERT_TRUE(ws.p);
   CK(cudaMemset(ws.p, 0xff, ws.bytes()));
+  if (prepare) tqkv::cuda::init_decode_workspace(codec, kv, plan, ws.p);
   tqkv::cuda::DecodeArgs a;
   a.q = dq.p;
   a.q_dtype = DType::F32;
@@ -380,8 +388,16 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
     tqkv::cuda::run_decode(codec, kv, a, plan, ws.p, st);
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
+    for (int r = 0; r < replays; ++r) {
+      if (r > 0) {  // fresh queries, fresh poison; the last replay's output is checked below
+        for (auto& x : q) x = nd(rng);
+        CK(cudaMemcpy(dq.p, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dout.p, 0xff, dout.bytes()));
+        CK(cudaMemset(dlse.p, 0xff, dlse.bytes()));
+      }
+      CK(cudaGraphLaunch(ge, st));
+      CK(cudaStreamSynchronize(st));
+    }
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
     CK(cudaStreamDestroy(st));
@@ -394,6 +410,15 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
   CK(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(lse.data(), dlse.p, lse.size() * 4, cudaMemcpyDeviceToHost));
 
+  if (!prepare) {  // every (sequence, kv head) with a non-empty range and > 1 CTA: NaN
+    size_t nan = 0;
+    for (float x : out) nan += std::isnan(x);
+    EXPECT_GT(nan, 0u) << f.name << ": an unprepared workspace must not merge silently";
+    for (int b = 0; b < c.batch; ++b)
+      for (int j = 0; j < Hq * d; ++j)
+        ASSERT_TRUE(std::isnan(out[static_cast<size_t>(b) * Hq * d + j])) << "b=" << b << " j=" << j;
+    return;
+  }
   // fp16 tensor-core inputs (bf16 for the bf16 cache): errors of a few 1e-3 are expected.
   const double tol = f.key == KeyCodec::BF16 ? 2.5e-2 : 1e-2;
   const size_t sb = f.slot_bytes(d);
@@ -428,8 +453,8 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
       }
     }
   }
-  std::printf("[decode] %-20s d=%3d group=%d bs=%3d splits=%3d worst rel err %.2e\n", f.name, d, s.group, s.bs,
-              plan.num_splits, worst);
+  std::printf("[decode] %-20s d=%3d group=%d bs=%3d splits=%3d %-9s worst rel err %.2e\n", f.name, d, s.group, s.bs,
+              plan.num_splits, plan.cluster_merge ? "cluster" : "workspace", worst);
 }
 
 TEST(CudaDecode, MatchesReferenceAllFormatsAndDims) {
@@ -467,7 +492,55 @@ TEST(CudaDecode, CapturedInCudaGraph) {
   SKIP_WITHOUT_GPU();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  run_decode_case(find_format("turboquant_4bit_nc"), DecodeShape{128, 2, 4, 16, {900, 64, 3}, 0}, seed, true);
+  std::mt19937_64 rng(seed);
+  // The planner's split count, then many CTAs per (sequence, kv head): the fused merge's
+  // counters must come back to their initial state after every replay.
+  run_decode_case(find_format("turboquant_4bit_nc"), DecodeShape{128, 2, 4, 16, {900, 64, 3}, 0}, rng(), true, 3);
+  if (HasFatalFailure()) return;
+  run_decode_case(find_format("turboquant_4bit_nc"), DecodeShape{128, 2, 4, 16, {900, 64, 3}, 64}, rng(), true, 3);
+  if (HasFatalFailure()) return;
+  run_decode_case(find_format("turboquant_4bit_nc"), DecodeShape{128, 2, 4, 16, {900, 64, 3}, 64, true}, rng(), true,
+                  3);
+  if (HasFatalFailure()) return;
+  run_decode_case(find_format("tq-k4v2"), DecodeShape{64, 3, 3, 16, {4000, 1, 0}, 256}, rng(), true, 4);
+  if (HasFatalFailure()) return;
+  run_decode_case(find_format("bf16"), DecodeShape{64, 3, 3, 16, {513, 77}, 40}, rng(), true, 2);
+}
+
+TEST(CudaDecode, BatchOneSmallWorkShapes) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  // The benchmark's batch-1 shapes at a reduced context, with the planner's choice, and one
+  // CTA per (sequence, kv head) (no cross-CTA merge).
+  for (const char* name : {"turboquant_4bit_nc", "tq-k4v4", "turboquant_k8v4", "fp8"}) {
+    run_decode_case(find_format(name), DecodeShape{128, 8, 4, 16, {1024 + static_cast<int>(rng() % 64)}, 0}, rng());
+    if (HasFatalFailure()) return;
+    run_decode_case(find_format(name), DecodeShape{64, 3, 3, 16, {1500 + static_cast<int>(rng() % 64)}, 0}, rng());
+    if (HasFatalFailure()) return;
+    run_decode_case(find_format(name), DecodeShape{128, 2, 4, 16, {300, 299}, 8}, rng());
+    if (HasFatalFailure()) return;
+    run_decode_case(find_format(name), DecodeShape{64, 3, 3, 32, {600, 301, 0}, 40, true}, rng());
+    if (HasFatalFailure()) return;
+    // 16 CTAs per (sequence, kv head): a non-portable cluster where the device fits one.
+    run_decode_case(find_format(name), DecodeShape{128, 2, 4, 16, {2000, 1500 + static_cast<int>(rng() % 64)}, 128},
+                    rng());
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(CudaDecode, UnpreparedWorkspaceGivesNaN) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // 0xff-poisoned counters (no init_decode_workspace), 16 and 4 CTAs per (sequence, kv head),
+  // the workspace merge forced (a cluster merge needs no counters).
+  run_decode_case(find_format("turboquant_4bit_nc"), DecodeShape{128, 2, 4, 16, {900, 700}, 128, true}, seed, false, 1,
+                  false);
+  if (HasFatalFailure()) return;
+  run_decode_case(find_format("tq-k4v2"), DecodeShape{128, 2, 4, 16, {900, 700}, 32, true}, seed + 1, false, 1,
+                  false);
 }
 
 TEST(CudaDecode, RejectsSlotLayoutAndBadGroups) {
