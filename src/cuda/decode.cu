@@ -607,8 +607,10 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.0f, l_run1 = 0.0f, z_run0 = 0.0f, z_run1 = 0.0f;
   [[maybe_unused]] float s1_run0 = 0.0f, s1_run1 = 0.0f;  // V_U4: running sum of P (see value_frag)
 
-  // Two tiles per iteration: fewer loop and ring-bookkeeping instructions (no spills at 128 registers).
-#pragma unroll 2
+  // Two tiles per iteration for the ring-fed formats: fewer loop and ring-bookkeeping instructions
+  // (no spills at 128 registers); the 16-bit formats hold a whole tile in registers.
+  constexpr int kUnroll = T::ASYNC ? 2 : 1;
+#pragma unroll kUnroll
   for (int tile = t_begin; tile < t_end; ++tile) {
     if constexpr (T::ASYNC) {
       if (tile + T::NST - 1 < t_end) issue(__ldg(bt + ((tile + T::NST - 1) >> p.tpp_log2)), tile + T::NST - 1, wr);
