@@ -74,10 +74,12 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 const std::vector<std::pair<std::string, std::string>>& named_recipes() {
   static const std::vector<std::pair<std::string, std::string>> r = {
-      // Chosen on SmolLM2-135M-Instruct (30 layers, head_dim 64) by the per-layer sensitivity
-      // scan of docs/RESULTS.md: centred keys (channel balancing did not help at 4K); the six
-      // most sensitive inner layers get one more key bit.
-      {"tq-4.36", "k4v4+c+L19.18.13.25.17.23=k5v4"},
+      // Chosen on SmolLM2-135M-Instruct (30 layers, head_dim 64), centred keys (channel
+      // balancing did not help at 4K). tq-4.36: key and value bits per layer from
+      // scripts/allocate_bits.py over a per-layer scan on Exodus (not the evaluation text);
+      // tq-3.36: the six most key-sensitive layers get one more key bit (the allocator's
+      // 3.365-bit answer measured no better). See docs/FORMAT.md, "Named recipes".
+      {"tq-4.36", "k5v4+c+L4.6.7.8.24.25=k4v3+L3.11=k4v4+L14.15.20.22.26.27=k5v3+L17=k6v3"},
       {"tq-3.36", "k3v3+c+L19.18.13.25.17.23=k4v3"},
       {"tq-2.75", "k3v2+c"},
   };

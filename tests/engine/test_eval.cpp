@@ -81,6 +81,11 @@ TEST(CacheSpec, NamedRecipesResolve) {
     EXPECT_EQ(a.centre_keys, b.centre_keys) << name;
     EXPECT_EQ(a.scale_channels, b.scale_channels) << name;
   }
+  // Each recipe stays inside the budget its name promises (vLLM's preset it competes with).
+  EXPECT_LE(resolve_cache_spec("tq-4.36", c).bits, 4.375);
+  EXPECT_NEAR(resolve_cache_spec("tq-4.36", c).bits, 4.365, 1e-3);
+  EXPECT_LE(resolve_cache_spec("tq-3.36", c).bits, 3.375);
+  EXPECT_DOUBLE_EQ(resolve_cache_spec("tq-2.75", c).bits, 2.75);
 }
 
 TEST(CacheSpec, BadSpecsThrow) {
