@@ -59,9 +59,10 @@ void attention(const ContiguousCache& cache, int layer, const float* q, int n_q,
         for (int j = 0; j < G; ++j) {
           const size_t off = (static_cast<size_t>(t) * Hq + static_cast<size_t>(h) * G + j) * d;
           cpu::push_query(codec, q + off, plan.scale, g);
-          g.begin.push_back(key_begin(cache, pos, params.window));
-          g.end.push_back(pos);
+          g.begin.push_back(key_begin(cache, pos, params));
+          g.end.push_back(key_end(pos, params));
           g.out.push_back(out + off);
+          if (params.lse) g.lse.push_back(params.lse + static_cast<size_t>(t) * Hq + static_cast<size_t>(h) * G + j);
           ++g.rows;
         }
       }

@@ -15,7 +15,9 @@ struct AttentionPlan {
 AttentionPlan check_attention(const ContiguousCache& cache, int layer, int n_q, int64_t q_pos0,
                               const AttentionParams& params);
 
-// First key position visible from a query at `pos` (window and eviction applied).
-int64_t key_begin(const ContiguousCache& cache, int64_t pos, int window);
+// First / last key position visible from a query at `pos` (window, eviction and the
+// min_key_pos / exclude_recent cuts applied; begin > end when it sees none).
+int64_t key_begin(const ContiguousCache& cache, int64_t pos, const AttentionParams& params);
+int64_t key_end(int64_t pos, const AttentionParams& params);
 
 }  // namespace tqkv

@@ -74,8 +74,15 @@ void run_attention_groups(const SlotCodec& codec, const std::vector<AttnGroup>& 
   int64_t total = 0;
   std::vector<int64_t> lo(groups.size()), hi(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
-    lo[g] = *std::min_element(groups[g].begin.begin(), groups[g].begin.end());
-    hi[g] = *std::max_element(groups[g].end.begin(), groups[g].end.end());
+    // Rows that see no key (begin > end) do not widen the group's range.
+    lo[g] = std::numeric_limits<int64_t>::max();
+    hi[g] = std::numeric_limits<int64_t>::min();
+    for (int r = 0; r < groups[g].rows; ++r)
+      if (groups[g].begin[r] <= groups[g].end[r]) {
+        lo[g] = std::min(lo[g], groups[g].begin[r]);
+        hi[g] = std::max(hi[g], groups[g].end[r]);
+      }
+    if (lo[g] > hi[g]) lo[g] = 0, hi[g] = -1;
     total += std::max<int64_t>(0, hi[g] - lo[g] + 1);
   }
   const int64_t chunk = std::max<int64_t>(256, (total + 4 * threads - 1) / (4 * threads));
@@ -131,6 +138,7 @@ void run_attention_groups(const SlotCodec& codec, const std::vector<AttnGroup>& 
       float M = -std::numeric_limits<float>::infinity();
       for (int ti = first_task[gi]; ti < first_task[gi + 1]; ++ti) M = std::max(M, state[tasks[ti].state + r]);
       std::fill(o.begin(), o.end(), 0.0f);
+      float lse = -std::numeric_limits<float>::infinity();
       if (M != -std::numeric_limits<float>::infinity()) {
         double L = 0;
         for (int ti = first_task[gi]; ti < first_task[gi + 1]; ++ti) {
@@ -143,11 +151,13 @@ void run_attention_groups(const SlotCodec& codec, const std::vector<AttnGroup>& 
           const float* acc = s + 3 * g.rows + static_cast<size_t>(r) * d;
           for (int i = 0; i < d; ++i) o[i] += e * (acc[i] + zs);
         }
+        lse = M + static_cast<float>(std::log(L));
         const float inv = static_cast<float>(1.0 / L);
         for (int i = 0; i < d; ++i) o[i] *= inv;
         if (rotate_back) codec.rotation().inverse(o.data());
       }
       std::memcpy(g.out[r], o.data(), sizeof(float) * d);
+      if (!g.lse.empty()) *g.lse[r] = lse;
     }
   });
 }

@@ -26,6 +26,7 @@ struct AttnGroup {
   std::vector<float> q;               // [rows, dim] in the key domain, times the softmax scale
   std::vector<int64_t> begin, end;    // [rows] visible key positions [begin, end]
   std::vector<float*> out;            // [rows] where each output row goes ([dim] floats)
+  std::vector<float*> lse;            // [rows] where each row's log-sum-exp goes, or empty
 };
 
 KernelFormat kernel_format(const SlotCodec& codec);

@@ -27,17 +27,20 @@ AttentionPlan check_attention(const ContiguousCache& cache, int layer, int n_q, 
                                            std::to_string(cache.first_pos()) + ", " +
                                            std::to_string(cache.seq_len()) + ")");
   if (params.window < 0) throw Error(ErrorCode::InvalidArgument, "attention: negative window");
+  if (params.exclude_recent < 0) throw Error(ErrorCode::InvalidArgument, "attention: negative exclude_recent");
   AttentionPlan plan;
   plan.group = params.n_q_heads / H;
   plan.scale = params.scale != 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(cache.head_dim()));
   return plan;
 }
 
-int64_t key_begin(const ContiguousCache& cache, int64_t pos, int window) {
-  int64_t begin = cache.first_pos();
-  if (window > 0) begin = std::max(begin, pos - window + 1);
+int64_t key_begin(const ContiguousCache& cache, int64_t pos, const AttentionParams& params) {
+  int64_t begin = std::max(cache.first_pos(), params.min_key_pos);
+  if (params.window > 0) begin = std::max(begin, pos - params.window + 1);
   return begin;
 }
+
+int64_t key_end(int64_t pos, const AttentionParams& params) { return pos - params.exclude_recent; }
 
 void attention_reference(const ContiguousCache& cache, int layer, const float* q, int n_q, int64_t q_pos0,
                          const AttentionParams& params, float* out) {
@@ -47,11 +50,10 @@ void attention_reference(const ContiguousCache& cache, int layer, const float* q
   std::vector<const uint8_t*> slots;
   for (int t = 0; t < n_q; ++t) {
     const int64_t pos = q_pos0 + t;
-    const int64_t begin = key_begin(cache, pos, params.window);
-    slots.clear();
+    const int64_t begin = key_begin(cache, pos, params), end = key_end(pos, params);
     for (int h = 0; h < H; ++h) {
       slots.clear();
-      for (int64_t p = begin; p <= pos; ++p) slots.push_back(cache.slot(layer, h, p));
+      for (int64_t p = begin; p <= end; ++p) slots.push_back(cache.slot(layer, h, p));
       const size_t off = (static_cast<size_t>(t) * params.n_q_heads + static_cast<size_t>(h) * plan.group) * d;
       reference_attention(codec, slots.data(), static_cast<int>(slots.size()), q + off, plan.group, plan.scale,
                           out + off);

@@ -4,9 +4,11 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tqkv/attention.h"
+#include "tqkv/simd.h"
 #include "tqkv/error.h"
 
 namespace tqkv {
@@ -152,6 +154,108 @@ TEST(Attention, SingleTokenRoundTrip) {
     const double bound = f.key == KeyCodec::Mse ? 0.85 : 0.95;
     EXPECT_GT(min_cosine(out, v, d), bound) << f.name;
   }
+}
+
+// Merges outputs over disjoint key sets by their log-sum-exps (what the engine does with its
+// uncompressed side caches).
+std::vector<float> merge_by_lse(const std::vector<std::vector<float>>& outs, const std::vector<std::vector<float>>& lses,
+                                int rows, int d) {
+  std::vector<float> out(static_cast<size_t>(rows) * d, 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    float m = -INFINITY;
+    for (const auto& l : lses) m = std::max(m, l[r]);
+    double sum = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (lses[i][r] == -INFINITY) continue;
+      const double w = std::exp(static_cast<double>(lses[i][r]) - m);
+      sum += w;
+      for (int j = 0; j < d; ++j) out[static_cast<size_t>(r) * d + j] += static_cast<float>(w * outs[i][static_cast<size_t>(r) * d + j]);
+    }
+    for (int j = 0; j < d; ++j) out[static_cast<size_t>(r) * d + j] = static_cast<float>(out[static_cast<size_t>(r) * d + j] / sum);
+  }
+  return out;
+}
+
+// Attention split into a "sink" part [0, S), a middle part and a recent part (p - W, p] by
+// min_key_pos / exclude_recent / window, merged by the returned log-sum-exps, equals attention
+// over every key, at every SIMD level; the reference applies the same cuts; lse is exact.
+TEST(Attention, KeyRangeCutsAndLogSumExpMergeExactly) {
+  const int d = 64, H = 2, Hq = 6, S = 3, W = 5, n = 40, n_q = 12;
+  ContiguousCacheConfig cfg;
+  cfg.n_kv_heads = H;
+  cfg.head_dim = d;
+  cfg.capacity = 64;
+  for (const char* name : {"f32", "tq-k4v3"}) {
+    cfg.layer_formats = {&find_format(name)};
+    ContiguousCache cache(cfg);
+    const auto k = gaussian(static_cast<size_t>(n) * H * d, 31, 0.5f), v = gaussian(k.size(), 32);
+    cache.write(0, 0, n, k.data(), v.data());
+    const auto q = gaussian(static_cast<size_t>(n_q) * Hq * d, 33);
+    const int64_t pos0 = n - n_q;  // the first rows' recent parts reach back into the sink
+    const int rows = n_q * Hq;
+    AttentionParams all;
+    all.n_q_heads = Hq;
+    testing_util::LevelGuard guard;
+    for (SimdLevel level : testing_util::supported_levels()) {
+      set_simd_level(level);
+      std::vector<float> full(q.size());
+      attention(cache, 0, q.data(), n_q, pos0, all, full.data());
+      AttentionParams mid = all, recent = all;
+      mid.min_key_pos = S;
+      mid.exclude_recent = W;
+      recent.window = W;
+      recent.min_key_pos = S;
+      std::vector<std::vector<float>> outs(3, std::vector<float>(q.size(), NAN)), lses(3, std::vector<float>(rows, NAN));
+      mid.lse = lses[0].data();
+      recent.lse = lses[1].data();
+      attention(cache, 0, q.data(), n_q, pos0, mid, outs[0].data());
+      attention(cache, 0, q.data(), n_q, pos0, recent, outs[1].data());
+      // The sink part row by row: a query at p sees keys [0, S) = keys up to p - (p - S + 1).
+      for (int t = 0; t < n_q; ++t) {
+        AttentionParams sink = all;
+        sink.exclude_recent = static_cast<int>(pos0 + t - S + 1);
+        sink.lse = lses[2].data() + static_cast<size_t>(t) * Hq;
+        attention(cache, 0, q.data() + static_cast<size_t>(t) * Hq * d, 1, pos0 + t, sink,
+                  outs[2].data() + static_cast<size_t>(t) * Hq * d);
+      }
+      EXPECT_LT(rel_error(merge_by_lse(outs, lses, rows, d), full), 1e-5) << name << " " << simd_level_name(level);
+      // The reference with the same cuts.
+      std::vector<float> ref(q.size());
+      mid.lse = nullptr;
+      attention_reference(cache, 0, q.data(), n_q, pos0, mid, ref.data());
+      EXPECT_LT(rel_error(outs[0], ref), 1e-5) << name;
+      if (std::string(name) == "f32") {  // lse against a direct sum over the recent keys
+        for (int t = 0; t < n_q; ++t)
+          for (int h = 0; h < Hq; ++h) {
+            const int64_t p = pos0 + t;
+            double sum = 0;
+            for (int64_t j = std::max<int64_t>(S, p - W + 1); j <= p; ++j) {
+              double dot = 0;
+              for (int i = 0; i < d; ++i)
+                dot += q[(static_cast<size_t>(t) * Hq + h) * d + i] * k[(static_cast<size_t>(j) * H + h / 3) * d + i];
+              sum += std::exp(dot / std::sqrt(static_cast<double>(d)));
+            }
+            EXPECT_NEAR(lses[1][t * Hq + h], std::log(sum), 1e-4);
+          }
+      }
+    }
+  }
+  // A row that sees no key: output 0 and lse -inf.
+  cfg.layer_formats = {&find_format("f16")};
+  ContiguousCache cache(cfg);
+  const auto k = gaussian(static_cast<size_t>(4) * H * d, 34);
+  cache.write(0, 0, 4, k.data(), k.data());
+  std::vector<float> q(Hq * d, 1.0f), out(q.size(), NAN), lse(Hq, NAN);
+  AttentionParams none;
+  none.n_q_heads = Hq;
+  none.min_key_pos = 10;
+  none.lse = lse.data();
+  attention(cache, 0, q.data(), 1, 3, none, out.data());
+  for (float x : out) EXPECT_EQ(x, 0.0f);
+  for (float x : lse) EXPECT_EQ(x, -INFINITY);
+  none.min_key_pos = 0;
+  none.exclude_recent = -1;
+  EXPECT_THROW(attention(cache, 0, q.data(), 1, 3, none, out.data()), Error);
 }
 
 TEST(Attention, BadArgumentsThrow) {
