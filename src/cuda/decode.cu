@@ -983,22 +983,20 @@ Kernel pick(const CacheCodec& codec) {
 
 size_t align256(size_t x) { return (x + 255) & ~size_t{255}; }
 
-// The largest thread-block cluster (CTAs per (sequence, kv head) merged in DSMEM) to run this
-// kernel with on the current device for `units` (sequence, kv head) pairs: 16 where that many
-// non-portable clusters of 16 are resident at once, else the portable 8.
-int max_cluster_ctas(const Kernel& k, int64_t units) {
+// How many clusters of `ctas` CTAs of this kernel the device holds at once (0 if none).
+int resident_clusters(const Kernel& k, int ctas) {
   TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-  if (cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+  if (ctas > kMaxClusterCtas && cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
     (void)cudaGetLastError();
-    return kMaxClusterCtas;
+    return 0;
   }
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kMaxClusterCtasNonPortable, 1, 1);
+  cfg.gridDim = dim3(ctas, 1, 1);
   cfg.blockDim = dim3(k.warps * 32);
   cfg.dynamicSmemBytes = k.smem;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kMaxClusterCtasNonPortable;
+  attr[0].val.clusterDim.x = ctas;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
@@ -1008,12 +1006,23 @@ int max_cluster_ctas(const Kernel& k, int64_t units) {
     (void)cudaGetLastError();
     n = 0;
   }
-  // Measured on the H200: 16-CTA clusters pay off while the grid covers at most half the SMs
-  // (3 kv heads at batch 1), not at 8 kv heads (128 CTAs), even where that many are resident.
-  int dev = 0, sms = 0;
-  TQKV_CUDA_CHECK(cudaGetDevice(&dev));
-  TQKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return n >= units && units * kMaxClusterCtasNonPortable * 2 <= sms ? kMaxClusterCtasNonPortable : kMaxClusterCtas;
+  return n;
+}
+
+// Whether `units` (sequence, kv head) pairs of `ctas` CTAs each should merge as clusters in
+// DSMEM: only when every cluster is resident at once (a cluster grid that needs more than one
+// wave packs the SMs worse than plain CTAs: 5-CTA clusters at d = 64, batch 16 ran 25% slower),
+// and, measured on the H200, 16-CTA clusters only while the grid covers at most half the SMs
+// (3 kv heads at batch 1), not at 8 kv heads (128 CTAs), even where that many are resident.
+bool use_cluster(const Kernel& k, int64_t units, int ctas) {
+  if (ctas < 2 || ctas > kMaxClusterCtasNonPortable) return false;
+  if (ctas > kMaxClusterCtas) {
+    int dev = 0, sms = 0;
+    TQKV_CUDA_CHECK(cudaGetDevice(&dev));
+    TQKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (units * ctas * 2 > sms) return false;
+  }
+  return resident_clusters(k, ctas) >= units;
 }
 
 
@@ -1069,7 +1078,9 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     // At least 2 tiles per warp for short contexts, 8 for long ones (the merge reads every CTA's partial).
     const int64_t min_tiles = tiles <= 512 ? 2 : 8;
     // Short contexts: at most one cluster of CTAs per (sequence, kv head), merged in DSMEM.
-    const int64_t cap = tiles <= 512 ? max_cluster_ctas(k, units) : kMaxSplits / k.warps;
+    const int64_t cap = tiles > 512 ? kMaxSplits / k.warps
+                        : use_cluster(k, units, kMaxClusterCtasNonPortable) ? kMaxClusterCtasNonPortable
+                                                                            : kMaxClusterCtas;
     const int64_t max_ctas = std::max<int64_t>(1, std::min<int64_t>(tiles / (min_tiles * k.warps), cap));
     // CTAs per (sequence, kv head): the smallest count whose grid keeps >= 90% of the resident
     // CTA slots busy over its waves (else the best one allowed). Fewer CTAs mean fewer table
@@ -1097,10 +1108,7 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
   plan.n_q_heads = n_q_heads;
   plan.max_seq_len = max_seq_len;
   const int ctas = num_splits / k.warps;
-  plan.cluster_merge =
-      ctas > 1 && (ctas <= kMaxClusterCtas ||
-                   (ctas <= kMaxClusterCtasNonPortable &&
-                    max_cluster_ctas(k, static_cast<int64_t>(batch) * kv.n_kv_heads) >= ctas));
+  plan.cluster_merge = use_cluster(k, static_cast<int64_t>(batch) * kv.n_kv_heads, ctas);
   const Workspace w = workspace_layout(plan, kv.n_kv_heads, group, codec.head_dim(), k.warps);
   plan.workspace_bytes = w.bytes;
   return plan;
