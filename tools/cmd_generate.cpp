@@ -62,8 +62,7 @@ void register_generate(CLI::App& app) {
     const int ctx = std::min(o.ctx, c.ctx_train);
     const CacheSpec spec = resolve_cache_spec(o.skip >= 0 ? o.format + "+skip" + std::to_string(o.skip) : o.format, c);
     tqkv::ContiguousCache cache = make_spec_cache(spec, c, ctx);
-    KeyCentring centring;
-    centring.scale_channels = spec.scale_channels;
+    SpecState state(spec, cache);
     std::string text = o.raw ? o.prompt : tok.apply_chat_template({{"user", o.prompt}}, true);
     // Templates that spell out the BOS marker (Llama 3) must not get a second one.
     const bool bos_in_text = tok.bos() >= 0 && text.rfind(tok.piece(tok.bos()), 0) == 0;
@@ -81,7 +80,8 @@ void register_generate(CLI::App& app) {
     g.n_predict = o.n;
     g.sampler = {o.temp, o.top_k, o.top_p, o.seed};
     g.stop_at_end_of_generation = !o.ignore_eos;
-    if (spec.centre_keys) g.centring = &centring;
+    g.centring = state.centring();
+    g.recent = state.recent();
     const GenerateStats st = generate(model, tok, cache, prompt, g, [&](int32_t id) {
       if (tok.is_control(id)) return;
       const std::string p = tok.piece(id);

@@ -1,6 +1,7 @@
 #include "cache_spec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <deque>
 #include <mutex>
 #include <sstream>
@@ -130,6 +131,15 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
       vc = ValueCodec::Mse;
     } else if (o == "raw") {
       nc = false;
+    } else if (o.size() > 1 && o[0] == 'w' && std::isdigit(static_cast<unsigned char>(o[1]))) {
+      size_t used = 0;
+      try {
+        out.recent_window = std::stoi(o.substr(1), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != o.size() - 1 || out.recent_window < 1 || out.recent_window > (1 << 20))
+        bad_spec(spec, "bad recent window '" + o + "'");
     } else if (o.rfind("skip", 0) == 0 && o.size() > 4) {
       try {
         skip = std::stoi(o.substr(4));
@@ -191,8 +201,20 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
   out.bits = n_inner ? sum / n_inner : 0;
   out.bits_all = sum_all / cfg.n_layers;
   if (out.centre_keys) det << (out.scale_channels ? " centred+scaled-keys" : " centred-keys");
+  if (out.recent_window) det << " f16-window-" << out.recent_window;
   out.detail = det.str();
   return out;
+}
+
+double CacheSpec::bits_all_at(int ctx) const {
+  int compressed = 0;
+  for (const Format* f : layers) compressed += f->compressed();
+  return layers.empty() ? bits_all : bits_all + window_bits(ctx) * compressed / static_cast<double>(layers.size());
+}
+
+SpecState::SpecState(const CacheSpec& spec, const ContiguousCache& cache) : centre_(spec.centre_keys) {
+  centring_.scale_channels = spec.scale_channels;
+  if (spec.recent_window > 0) recent_ = std::make_unique<RecentWindow>(cache, spec.recent_window);
 }
 
 void check_cache_spec(const std::string& spec) {

@@ -16,13 +16,18 @@
 //     skip<N>        the first and last N layers in f16 (default: the format's, 2)
 //     L<i>.<j>..=k<K>v<V>   those layers use K/V bits instead (same law/rotation/codecs)
 //     only<i>.<j>..  only those layers compressed, every other one f16 (per-layer sensitivity)
+//     w<N>           the compressed layers read their N most recent tokens from f16 copies
+//                    (RecentWindow, recent_window.h)
 //
 #pragma once
+#include <algorithm>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "model.h"
+#include "recent_window.h"
 
 namespace tqkv::engine {
 
@@ -32,8 +37,14 @@ struct CacheSpec {
   std::vector<const Format*> layers;  // [n_layers]
   bool centre_keys = false;
   bool scale_channels = false;
+  int recent_window = 0;  // w<N>: uncompressed copies of the N most recent tokens
   double bits = 0;      // bits per element of the compressed layers' slots (metadata included)
   double bits_all = 0;  // the same averaged over every layer (boundary layers included)
+  // Bits per element of the compressed layers with the recent window's f16 copies spread
+  // over a full cache of ctx positions (= bits without a window).
+  double bits_at(int ctx) const { return bits + window_bits(ctx); }
+  double bits_all_at(int ctx) const;
+  double window_bits(int ctx) const { return ctx > 0 ? 16.0 * std::min(recent_window, ctx) / ctx : 0.0; }
 };
 
 // Throws std::invalid_argument for a malformed spec or unknown name.
@@ -44,6 +55,20 @@ void check_cache_spec(const std::string& spec);
 // One line for --help: the format names, the recipes and where the grammar is documented.
 std::string cache_spec_help();
 ContiguousCache make_spec_cache(const CacheSpec& spec, const ModelConfig& cfg, int capacity);
+
+// The engine state a spec asks for next to its cache (fresh for every fresh cache): key
+// centring and the recent window. Pass centring() and recent() to Model::forward.
+class SpecState {
+ public:
+  SpecState(const CacheSpec& spec, const ContiguousCache& cache);
+  KeyCentring* centring() { return centre_ ? &centring_ : nullptr; }
+  RecentWindow* recent() { return recent_.get(); }
+
+ private:
+  bool centre_;
+  KeyCentring centring_;
+  std::unique_ptr<RecentWindow> recent_;
+};
 
 // The named recipes (name, spec) that the study selected; see docs/FORMAT.md.
 const std::vector<std::pair<std::string, std::string>>& named_recipes();

@@ -40,8 +40,8 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
     rows[i].format = s.name;
     rows[i].detail = s.detail;
     rows[i].ctx = ctx;
-    rows[i].bits = s.bits;
-    rows[i].bits_all = s.bits_all;
+    rows[i].bits = s.bits_at(ctx);  // a recent window's f16 copies counted over a full cache
+    rows[i].bits_all = s.bits_all_at(ctx);
   }
   std::vector<float> lref(static_cast<size_t>(opt.batch) * V), lt(static_cast<size_t>(opt.batch) * V);
   std::vector<int32_t> chunk(ctx);
@@ -50,20 +50,22 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
     std::copy_n(tokens.begin() + static_cast<int64_t>(c) * ctx, ctx, chunk.begin());
     if (opt.bos >= 0) chunk[0] = opt.bos;
     std::vector<ContiguousCache> caches;
-    std::vector<KeyCentring> centring(n_rows);
-    for (size_t i = 1; i < n_rows; ++i) centring[i].scale_channels = specs[i - 1].scale_channels;
+    std::vector<std::unique_ptr<SpecState>> states;
     for (size_t i = 0; i < n_rows; ++i) {
-      caches.push_back(make_spec_cache(i == 0 ? ref : specs[i - 1], cfg, ctx));
+      const CacheSpec& s = i == 0 ? ref : specs[i - 1];
+      caches.push_back(make_spec_cache(s, cfg, ctx));
+      states.push_back(std::make_unique<SpecState>(s, caches.back()));
       rows[i].bytes_per_token = static_cast<double>(caches.back().bytes_per_token());
+      if (RecentWindow* w = states.back()->recent())
+        rows[i].bytes_per_token += static_cast<double>(w->bytes_per_window_position()) * std::min(w->window(), ctx) / ctx;
     }
     for (int p = 0; p < ctx; p += opt.batch) {
       const int m = std::min(opt.batch, ctx - p);
       const int j0 = std::max(p, first), j1 = std::min(p + m, ctx - 1);  // scored rows [j0, j1)
       for (size_t i = 0; i < n_rows; ++i) {
-        const CacheSpec& s = i == 0 ? ref : specs[i - 1];
         float* out = i == 0 ? lref.data() : lt.data();
         auto t0 = clock::now();
-        model.forward(chunk.data() + p, m, p, caches[i], out, true, s.centre_keys ? &centring[i] : nullptr);
+        model.forward(chunk.data() + p, m, p, caches[i], out, true, states[i]->centring(), states[i]->recent());
         rows[i].seconds += std::chrono::duration<double>(clock::now() - t0).count();
         for (int j = j0; j < j1; ++j) {
           float* lp = out + static_cast<size_t>(j - p) * V;
@@ -152,14 +154,12 @@ std::vector<PasskeyCell> passkey(const Model& model, const Tokenizer& tok, const
         cell.depth = depth;
         for (const Trial& tr : trials) {
           ContiguousCache cache = make_spec_cache(s, cfg, ctx);
-          KeyCentring kc;
-          kc.scale_channels = s.scale_channels;
-          KeyCentring* kcp = s.centre_keys ? &kc : nullptr;
+          SpecState st(s, cache);
           const int n = static_cast<int>(tr.prompt.size());
           // Prefill in batches of 512 (the centring mean comes from the first one).
           for (int p = 0; p < n; p += 512) {
             const int m = std::min(512, n - p);
-            model.forward(tr.prompt.data() + p, m, p, cache, logits.data(), false, kcp);
+            model.forward(tr.prompt.data() + p, m, p, cache, logits.data(), false, st.centring(), st.recent());
           }
           std::vector<int32_t> out;
           int64_t pos = n;
@@ -167,7 +167,7 @@ std::vector<PasskeyCell> passkey(const Model& model, const Tokenizer& tok, const
             const int32_t id = argmax(logits.data(), V);
             if (tok.is_end_of_generation(id)) break;
             out.push_back(id);
-            model.forward(&id, 1, pos++, cache, logits.data(), false, kcp);
+            model.forward(&id, 1, pos++, cache, logits.data(), false, st.centring(), st.recent());
           }
           const std::string said = tok.decode(out, true);
           ++cell.trials;

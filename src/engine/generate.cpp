@@ -36,7 +36,7 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache
 
   auto t0 = clock::now();
   double c0 = cpu_seconds();
-  model.forward(prompt.data(), n_prompt, 0, cache, logits.data(), false, opt.centring);
+  model.forward(prompt.data(), n_prompt, 0, cache, logits.data(), false, opt.centring, opt.recent);
   st.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   st.prompt_cpu_seconds = cpu_seconds() - c0;
 
@@ -49,7 +49,7 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache
     if (i + 1 == opt.n_predict || pos >= cache.capacity()) break;  // no need to run the last token
     t0 = clock::now();
     c0 = cpu_seconds();
-    model.forward(&id, 1, pos, cache, logits.data(), false, opt.centring);
+    model.forward(&id, 1, pos, cache, logits.data(), false, opt.centring, opt.recent);
     st.decode_seconds += std::chrono::duration<double>(clock::now() - t0).count();
     st.decode_cpu_seconds += cpu_seconds() - c0;
     ++pos;

@@ -15,8 +15,9 @@ struct GenerateOptions {
   int n_predict = 128;
   SamplerParams sampler;
   bool stop_at_end_of_generation = true;
-  // Key-centring state when the cache's spec centres keys (cache_spec.h); empty at the start.
+  // The cache spec's engine state (cache_spec.h SpecState), passed to every forward.
   KeyCentring* centring = nullptr;
+  RecentWindow* recent = nullptr;
 };
 
 struct GenerateStats {

@@ -9,6 +9,7 @@
 #include "dequant.h"
 #include "gguf.h"
 #include "qgemv.h"
+#include "recent_window.h"
 #include "thread_pool.h"
 #include "tqkv/attention.h"
 #include "tqkv/error.h"
@@ -285,9 +286,18 @@ ContiguousCache Model::make_cache(const std::string& format, int capacity, int s
 }
 
 void Model::forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache& cache, float* logits,
-                    bool all_logits, KeyCentring* centring) const {
+                    bool all_logits, KeyCentring* centring, RecentWindow* recent) const {
   const ModelConfig& c = cfg_;
   if (n <= 0) throw Error(ErrorCode::InvalidArgument, "forward: no tokens");
+  if (recent && n > recent->max_batch()) {  // its ring holds max_batch new tokens at a time
+    const int b = recent->max_batch();
+    for (int t = 0; t < n; t += b) {
+      const int m = std::min(b, n - t);
+      float* lg = all_logits ? logits + static_cast<size_t>(t) * c.n_vocab : logits;
+      forward(tokens + t, m, pos0 + t, cache, lg, all_logits, centring, recent);
+    }
+    return;
+  }
   if (pos0 != cache.seq_len())
     throw Error(ErrorCode::OutOfRange, "forward: position " + std::to_string(pos0) + " does not follow the cache (" +
                                            std::to_string(cache.seq_len()) + " tokens held)");
@@ -321,7 +331,12 @@ void Model::forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache&
     // The new keys/values go into the (possibly compressed) cache first; attention then reads
     // every position, the new ones included, from the cache, exactly as decode will later.
     cache.write(l, pos0, n, k.data(), v.data());
-    tqkv::attention(cache, l, q.data(), n, pos0, ap, att.data());
+    if (recent && recent->covers(l)) {
+      recent->write(l, pos0, n, k.data(), v.data());
+      recent->attention(cache, l, q.data(), n, pos0, ap, att.data());
+    } else {
+      tqkv::attention(cache, l, q.data(), n, pos0, ap, att.data());
+    }
     matmul(att.data(), n, L.wo, xn.data());
     for (size_t i = 0; i < N * d; ++i) x[i] += xn[i];
 

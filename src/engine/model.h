@@ -19,6 +19,7 @@
 namespace tqkv::engine {
 
 class GgufFile;
+class RecentWindow;
 
 // How RoPE pairs the coordinates of a head: Llama GGUFs (whose q/k rows the converter
 // permuted) rotate adjacent pairs (2i, 2i+1); NeoX-style models (Qwen2, Gemma, ...) rotate
@@ -90,8 +91,10 @@ class Model {
   // [first_pos, pos0) before the call) and appends their keys and values to the cache.
   // logits: [n, n_vocab] when all_logits, else [n_vocab] for the last token only.
   // centring: when given, keys are centred before they are cached (see KeyCentring).
+  // recent: when given, the compressed layers attend to their most recent tokens through its
+  // uncompressed copies (recent_window.h); inputs longer than its max_batch run in pieces.
   void forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache& cache, float* logits,
-               bool all_logits, KeyCentring* centring = nullptr) const;
+               bool all_logits, KeyCentring* centring = nullptr, RecentWindow* recent = nullptr) const;
 
  private:
   struct Layer {

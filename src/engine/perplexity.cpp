@@ -16,14 +16,13 @@ void run_chunk(const Model& model, const int32_t* toks, int n, const CacheSpec& 
                std::vector<float>& logits, size_t& bytes_per_token) {
   const int V = model.config().n_vocab;
   ContiguousCache cache = make_spec_cache(spec, model.config(), n);
-  KeyCentring centring;
-  centring.scale_channels = spec.scale_channels;
+  SpecState state(spec, cache);
   bytes_per_token = cache.bytes_per_token();
   logits.resize(static_cast<size_t>(n) * V);
   for (int p = 0; p < n; p += batch) {
     const int m = std::min(batch, n - p);
-    model.forward(toks + p, m, p, cache, logits.data() + static_cast<size_t>(p) * V, true,
-                  spec.centre_keys ? &centring : nullptr);
+    model.forward(toks + p, m, p, cache, logits.data() + static_cast<size_t>(p) * V, true, state.centring(),
+                  state.recent());
   }
 }
 

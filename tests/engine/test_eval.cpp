@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "engine/eval.h"
@@ -153,6 +154,57 @@ TEST_F(SmolEval, CentringChangesCompressedLogits) {
   double diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(double(a[i]) - b[i]));
   EXPECT_GT(diff, 1e-3);
+}
+
+// +w<N>: with a window longer than the text every compressed layer reads f16 copies only, so
+// the logits are those of an f16 cache; a short window moves the logits towards the f16
+// cache's; an input longer than the window's max_batch is split exactly as a caller would.
+// (Runs that batch differently are not compared: 1-2 token batches take the quantized-weight
+// products, and 2-bit codes turn their rounding differences into visible logit changes.)
+TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
+  const std::vector<int32_t> ids = tok_->encode(
+      "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
+      "darkness was upon the face of the deep.",
+      false);
+  const int n = static_cast<int>(ids.size()), V = model_->config().n_vocab;
+  const ModelConfig& cfg = model_->config();
+  auto run = [&](const std::string& spec_name, int piece, int max_batch) {
+    const CacheSpec spec = resolve_cache_spec(spec_name, cfg);
+    ContiguousCache cache = make_spec_cache(spec, cfg, 64);
+    std::unique_ptr<RecentWindow> w;
+    if (spec.recent_window) w = std::make_unique<RecentWindow>(cache, spec.recent_window, max_batch);
+    std::vector<float> logits(static_cast<size_t>(n) * V);
+    for (int p = 0; p < n; p += piece) {
+      const int m = std::min(piece, n - p);
+      model_->forward(ids.data() + p, m, p, cache, logits.data() + static_cast<size_t>(p) * V, true, nullptr, w.get());
+    }
+    return logits;
+  };
+  auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double m = 0;
+    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+    return m;
+  };
+  auto mean_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double m = 0;
+    for (size_t i = 0; i < a.size(); ++i) m += std::abs(double(a[i]) - b[i]);
+    return m / static_cast<double>(a.size());
+  };
+  const auto f16 = run("f16", n, 512);
+  EXPECT_LT(max_diff(run("tq-k2v2+w1000", n, 512), f16), 2e-3);
+  const auto plain = run("tq-k2v2", n, 512), windowed = run("tq-k2v2+w8", n, 512);
+  EXPECT_GT(max_diff(plain, f16), 0.1);  // 2-bit codes do move the logits
+  EXPECT_LT(mean_diff(windowed, f16), 0.8 * mean_diff(plain, f16));
+  // Forward splits inputs longer than max_batch into max_batch pieces, like a caller would
+  // (same ring size on both sides: a different one only reorders float sums, but 2-bit codes
+  // amplify that).
+  EXPECT_EQ(max_diff(run("tq-k2v2+w8", n, 5), run("tq-k2v2+w8", 5, 5)), 0.0);
+  EXPECT_EQ(max_diff(run("tq-k2v2+w8", 6, 3), run("tq-k2v2+w8", 3, 3)), 0.0);
+  // The window's bytes are counted: 16 bits per element for W of ctx positions.
+  const CacheSpec w8 = resolve_cache_spec("tq-k4v4+w8", cfg);
+  EXPECT_DOUBLE_EQ(w8.bits_at(512), w8.bits + 16.0 * 8 / 512);
+  EXPECT_THROW(resolve_cache_spec("tq-k4v4+w0", cfg), std::invalid_argument);
+  EXPECT_THROW(resolve_cache_spec("tq-k4v4+w3x", cfg), std::invalid_argument);
 }
 
 TEST_F(SmolEval, LockstepEvaluation) {
