@@ -17,8 +17,12 @@
 // is what lets every thread read contiguous code bytes. Per-token scales (MSE norms, uniform
 // scale) are folded into the scores / into P; the uniform zero point adds sum_t p_t z_t.
 // Code -> value lookups use a shared-memory table replicated per lane (entry e of lane l at
-// word e*32 + l), so a warp's 32 random lookups never conflict on a bank. Each warp writes
-// its normalised partial output and log2-sum-exp; merge.cu combines the splits.
+// word e*32 + l), so a warp's 32 random lookups never conflict on a bank.
+// The merge is part of the same launch: the warps of a CTA combine their partial outputs by
+// log-sum-exp in shared memory; where a (sequence, kv head) has several CTAs, they either form a
+// thread-block cluster and merge through distributed shared memory (small grids: batch 1), or
+// each writes its partial to the workspace and the last to finish (a counter per (sequence, kv
+// head), reset by that CTA) merges them. Either way the grid is fixed by the plan.
 #include <algorithm>
 #include <cmath>
 #include <string>
