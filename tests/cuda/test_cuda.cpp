@@ -512,8 +512,9 @@ TEST(CudaDecode, BatchOneSmallWorkShapes) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  // The benchmark's batch-1 shapes at a reduced context, with the planner's choice, and one
-  // CTA per (sequence, kv head) (no cross-CTA merge).
+  // The benchmark's batch-1 shapes at a reduced context with the planner's choice (clusters),
+  // one CTA per (sequence, kv head) (no cross-CTA merge), the workspace merge forced, and 16
+  // CTAs per (sequence, kv head).
   for (const char* name : {"turboquant_4bit_nc", "tq-k4v4", "turboquant_k8v4", "fp8"}) {
     run_decode_case(find_format(name), DecodeShape{128, 8, 4, 16, {1024 + static_cast<int>(rng() % 64)}, 0}, rng());
     if (HasFatalFailure()) return;
