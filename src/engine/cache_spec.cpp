@@ -82,6 +82,11 @@ const std::vector<std::pair<std::string, std::string>>& named_recipes() {
       // 3.365-bit answer measured no better). See docs/FORMAT.md, "Named recipes".
       {"tq-4.36", "k5v4+c+L4.6.7.8.24.25=k4v3+L3.11=k4v4+L14.15.20.22.26.27=k5v3+L17=k6v3"},
       {"tq-3.36", "k3v3+c+L19.18.13.25.17.23=k4v3"},
+      // Bases for long contexts, meant with a recent window whose f16 copies the budget pays
+      // for at 4K: tq-4.25+w32 and tq-3.12+w64 are 4.375 / 3.365 bits at ctx 4096 (same
+      // allocator, budgets 4.25 / 3.125).
+      {"tq-4.25", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3"},
+      {"tq-3.12", "k4v2+c+L4.5.6.7.8.9.24.25.26=k3v2+L3.10.11=k3v3+L2=k4v3+L17=k5v2"},
       {"tq-2.75", "k3v2+c"},
   };
   return r;

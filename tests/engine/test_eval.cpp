@@ -87,6 +87,8 @@ TEST(CacheSpec, NamedRecipesResolve) {
   EXPECT_NEAR(resolve_cache_spec("tq-4.36", c).bits, 4.365, 1e-3);
   EXPECT_LE(resolve_cache_spec("tq-3.36", c).bits, 3.375);
   EXPECT_DOUBLE_EQ(resolve_cache_spec("tq-2.75", c).bits, 2.75);
+  EXPECT_DOUBLE_EQ(resolve_cache_spec("tq-4.25+w32", c).bits_at(4096), 4.375);
+  EXPECT_LE(resolve_cache_spec("tq-3.12+w64", c).bits_at(4096), 3.375);
 }
 
 TEST(CacheSpec, BadSpecsThrow) {
