@@ -477,8 +477,9 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   const int split = blockIdx.x * T::WARPS + warp;
   const int group = p.group;
 
-  // This warp's range of tiles; its first pages are requested before the tables and queries
-  // are set up, so that their latency overlaps the setup.
+  // This warp's range of tiles. The page ids of its first tiles, seq_lens[b] and the queries are
+  // requested together and the tables are built while they are in flight; the first pages are
+  // issued as soon as their ids arrive, and the queries are rotated while the pages load.
   // Tiles per split come from the plan's max_seq_len, not from this sequence's length, so the
   // page ids of the warp's first tiles are read while seq_lens[b] is still in flight. (The last
   // split takes any tiles beyond max_seq_len: a longer sequence stays correct, only slower.)
@@ -492,6 +493,33 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     pre[i] = idx < p.bt_stride ? __ldg(bt + idx) : 0;
   }
   const int len = p.seq_lens[b];
+  // The queries of this kv head's group (one warp per head), into registers.
+  constexpr int E = D / 32;
+  constexpr int QPW = (kMaxGroup + T::WARPS - 1) / T::WARPS;  // query heads per warp
+  float qx[QPW][E];
+#pragma unroll
+  for (int jj = 0; jj < QPW; ++jj) {
+    const int j = warp + jj * T::WARPS;
+    const int64_t q0 = (static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j) * D + E * lane;
+#pragma unroll
+    for (int i = 0; i < E; ++i) qx[jj][i] = j < group ? load_elem(p.q, p.q_dtype, q0 + i) : 0.0f;
+  }
+  // Lookup tables (replicated per lane): the 32 copies of an entry are 8 16-byte stores.
+  for (int i = tid; i < (T::KLUT + T::VLUT) / 4; i += blockDim.x) {
+    const int e = i >> 3;
+    uint32_t w = 0;
+    if (e < T::KLUT / 32) {
+      if constexpr (KK == K_MSE4) w = pack_h2(p.tab.k_levels[e & 15], p.tab.k_levels[e >> 4]);
+      else if constexpr (KK == K_MSE3) w = pack_h2(p.tab.k_levels[e & 7], p.tab.k_levels[e >> 3]);
+    } else {
+      const int x = e - T::KLUT / 32;
+      if constexpr (VK == V_M4) w = pack_h2(p.tab.v_levels[x & 15], p.tab.v_levels[x >> 4]);
+      else if constexpr (VK == V_M3) w = pack_h2(p.tab.v_levels[x & 7], p.tab.v_levels[x >> 3]);
+      else if constexpr (VK == V_U3) w = pack_h2(static_cast<float>(x & 7), static_cast<float>(x >> 3));
+      else if constexpr (VK == V_M2) w = pack_h2(p.tab.v_levels[x & 3], p.tab.v_levels[x >> 2]);
+    }
+    reinterpret_cast<uint4*>(smem)[i] = make_uint4(w, w, w, w);
+  }
   const int ntiles = (len + kTileTokens - 1) / kTileTokens;
   const int t_begin = min(ntiles, split * per);
   const int t_end = split == p.num_splits - 1 ? ntiles : min(ntiles, t_begin + per);
@@ -548,36 +576,20 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   } else if (t_begin < t_end) {
     load_tile(cur, p.pages + static_cast<int64_t>(pre[0]) * p.page_bytes + sec_off, (t_begin & tpp_mask) * kTileTokens, to);
   }
-  // Lookup tables (replicated per lane): the 32 copies of an entry are 8 16-byte stores.
-  for (int i = tid; i < (T::KLUT + T::VLUT) / 4; i += blockDim.x) {
-    const int e = i >> 3;
-    uint32_t w = 0;
-    if (e < T::KLUT / 32) {
-      if constexpr (KK == K_MSE4) w = pack_h2(p.tab.k_levels[e & 15], p.tab.k_levels[e >> 4]);
-      else if constexpr (KK == K_MSE3) w = pack_h2(p.tab.k_levels[e & 7], p.tab.k_levels[e >> 3]);
-    } else {
-      const int x = e - T::KLUT / 32;
-      if constexpr (VK == V_M4) w = pack_h2(p.tab.v_levels[x & 15], p.tab.v_levels[x >> 4]);
-      else if constexpr (VK == V_M3) w = pack_h2(p.tab.v_levels[x & 7], p.tab.v_levels[x >> 3]);
-      else if constexpr (VK == V_U3) w = pack_h2(static_cast<float>(x & 7), static_cast<float>(x >> 3));
-      else if constexpr (VK == V_M2) w = pack_h2(p.tab.v_levels[x & 3], p.tab.v_levels[x >> 2]);
-    }
-    reinterpret_cast<uint4*>(smem)[i] = make_uint4(w, w, w, w);
-  }
-  // Queries of this kv head's group, one warp per head: rotate in registers (keys live in the
-  // rotated domain), keep in smem.
-  for (int j = warp; j < group; j += T::WARPS) {
-    constexpr int E = D / 32;
-    float x[E];
-    const int64_t q0 = (static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j) * D + E * lane;
+  // Rotate the queries in registers (keys live in the rotated domain) and keep them in smem.
 #pragma unroll
-    for (int i = 0; i < E; ++i) {
-      x[i] = load_elem(p.q, p.q_dtype, q0 + i);
-      if (p.keys_rotated && sign_negative(p.tab, E * lane + i)) x[i] = -x[i];
-    }
-    if (p.keys_rotated) warp_fwht<E>(x, lane);
+  for (int jj = 0; jj < QPW; ++jj) {
+    const int j = warp + jj * T::WARPS;
+    if (j < group) {
+      if (p.keys_rotated) {
 #pragma unroll
-    for (int i = 0; i < E; ++i) qs[j * D + E * lane + i] = x[i];
+        for (int i = 0; i < E; ++i)
+          if (sign_negative(p.tab, E * lane + i)) qx[jj][i] = -qx[jj][i];
+        warp_fwht<E>(qx[jj], lane);
+      }
+#pragma unroll
+      for (int i = 0; i < E; ++i) qs[j * D + E * lane + i] = qx[jj][i];
+    }
   }
   __syncthreads();
   const float qscale = p.scale_log2 * (p.keys_rotated ? p.tab.rot_scale : 1.0f);
@@ -825,15 +837,24 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
       float den = w;
 #pragma unroll
       for (int o2 = 16; o2 > 0; o2 >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o2);
-      constexpr int E = D / 32;
       float x[E];
 #pragma unroll
       for (int i = 0; i < E; ++i) x[i] = 0.0f;
-      for (int k = 0; k < ctas; ++k) {
-        const float wk = __shfl_sync(0xffffffffu, w, k);
-        const float* rf = cl.map_shared_rank(fin, k) + j * D + E * lane;
+      // Eight CTAs' partials at a time: all the remote loads first, then the sums.
+      for (int k0 = 0; k0 < ctas; k0 += 8) {
+        float r[8][E];
 #pragma unroll
-        for (int i = 0; i < E; ++i) x[i] += wk * rf[i];
+        for (int kk = 0; kk < 8; ++kk) {
+          const float* rf = cl.map_shared_rank(fin, k0 + kk < ctas ? k0 + kk : 0) + j * D + E * lane;
+#pragma unroll
+          for (int i = 0; i < E; ++i) r[kk][i] = k0 + kk < ctas ? rf[i] : 0.0f;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          const float wk = __shfl_sync(0xffffffffu, w, (k0 + kk) & 31);
+#pragma unroll
+          for (int i = 0; i < E; ++i) x[i] += wk * r[kk][i];
+        }
       }
       const float inv = den > 0.0f ? 1.0f / den : 0.0f;
 #pragma unroll
