@@ -133,9 +133,12 @@ def main():
     ap.add_argument("--png", default="docs/quality_per_bit.png")
     ap.add_argument("--markdown")
     a = ap.parse_args()
-    ours = []
-    for p in a.eval_json:
-        ours += load_rows(p)[1]
+    ours, seen = [], set()
+    for p in a.eval_json:  # several runs of one ctx merge; a (format, ctx) keeps its first row
+        for r in load_rows(p)[1]:
+            if (r["format"], r["ctx"]) not in seen:
+                seen.add((r["format"], r["ctx"]))
+                ours.append(r)
     llama = load_llama(a.llamacpp)
     pk = None
     for p in a.passkey:
