@@ -2,8 +2,10 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 
+#include "recent_window.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -55,7 +57,10 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache
     ++pos;
   }
   st.kv_bytes_per_token = cache.bytes_per_token();
-  st.kv_bytes = st.kv_bytes_per_token * static_cast<size_t>(cache.seq_len() - cache.first_pos());
+  const int64_t held = cache.seq_len() - cache.first_pos();
+  st.kv_bytes = st.kv_bytes_per_token * static_cast<size_t>(held);
+  if (opt.recent)  // the window's f16 copies of the last positions (its prefill workspace not counted)
+    st.kv_bytes += opt.recent->bytes_per_window_position() * static_cast<size_t>(std::min<int64_t>(opt.recent->window(), held));
   return st;
 }
 

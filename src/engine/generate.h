@@ -29,7 +29,7 @@ struct GenerateStats {
   // depends on the neighbours, CPU time much less.
   double prompt_cpu_seconds = 0;
   double decode_cpu_seconds = 0;
-  size_t kv_bytes = 0;        // cache memory actually holding the sequence's positions
+  size_t kv_bytes = 0;        // cache memory holding the sequence's positions (+ a recent window's copies)
   size_t kv_bytes_per_token = 0;
   double prompt_tokens_per_second() const { return prompt_seconds > 0 ? n_prompt / prompt_seconds : 0; }
   double decode_tokens_per_second() const {
