@@ -21,7 +21,7 @@ STUDY=${STUDY:-tq-k4v4+c,tq-4.36+skip0,turboquant_4bit_nc+skip0}
 NAMED=${NAMED:-tq-4.36,tq-3.36,tq-2.75,tq-4.25+w4,tq-4.25+w32,tq-3.12+w8,tq-3.12+w64}
 F512=${F512:-$BASE,$STUDY,$NAMED}
 F4K=${F4K:-$BASE,tq-k4v4+c,$NAMED}
-FPK=${FPK:-f16,turboquant_4bit_nc,tq-4.36,tq-4.25+w32,tq-3.36}
+FPK=${FPK:-f16,turboquant_4bit_nc,tq-4.36,tq-4.25+w32}
 
 "$TQKV" eval --formats "$F512" --ctx 512 --tokens "$TOKENS" -t "$THREADS" --json "$OUT/eval_512.json"
 "$TQKV" eval --formats "$F4K" --ctx 4096 --tokens "$TOKENS" -t "$THREADS" --json "$OUT/eval_4096.json"
