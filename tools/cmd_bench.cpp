@@ -21,10 +21,10 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "tqkv/paged_cache.h"
 #include "tqkv/simd.h"
@@ -51,14 +51,6 @@ double process_cpu_seconds() {
   timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
 }
 
 Row time_format(const tqkv::Format& f, const BenchOptions& o) {

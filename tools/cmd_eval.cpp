@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "engine/eval.h"
 #include "engine/gguf.h"
@@ -21,23 +22,6 @@ namespace {
 const char* kDefaultFormats =
     "f16,fp8,turboquant_k8v4,turboquant_4bit_nc,turboquant_k3v4_nc,turboquant_3bit_nc,tq-k4v2,tq-k3v2,tq-k4v3,"
     "tq-k4v4,tq-4.36,tq-3.36,tq-2.75";
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string x;
-  while (std::getline(ss, x, ','))
-    if (!x.empty()) out.push_back(x);
-  return out;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "cannot read text '" + path + "' (run scripts/fetch_text.sh)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 nlohmann::json row_json(const tqkv::engine::EvalRow& r) {
   return {{"format", r.format},     {"detail", r.detail},         {"ctx", r.ctx},
@@ -83,7 +67,7 @@ void register_eval(CLI::App& app) {
   static Opts o;
   cmd->add_option("-m,--model", o.model, "GGUF model (default: $TQKV_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   cmd->add_option("-f,--file", o.text, "text file (default: $TQKV_TEXT or data/kjv-genesis.txt)");
-  cmd->add_option("--formats", o.formats, "comma-separated cache specs (src/engine/eval.h grammar)")->capture_default_str();
+  cmd->add_option("--formats", o.formats, "comma-separated cache specs (src/engine/cache_spec.h grammar)")->capture_default_str();
   cmd->add_option("--ctx", o.ctx, "comma-separated context sizes")->capture_default_str();
   cmd->add_option("--tokens", o.tokens, "text tokens per context size (floor(tokens/ctx) chunks)")->capture_default_str();
   cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();

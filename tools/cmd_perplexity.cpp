@@ -2,12 +2,11 @@
 // a GGUF model on a text with the KV cache in a tqkv format, plus KL divergence and top-1
 // agreement against the f32-cache run of the same model on the same text.
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "engine/cache_spec.h"
 #include "engine/gguf.h"
@@ -43,15 +42,12 @@ void register_perplexity(CLI::App& app) {
     tqkv::set_attention_threads(o.threads);  // and tqkv::attention (0 = default)
     const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string tpath = o.text.empty() ? default_text_path() : o.text;
-    std::ifstream in(tpath, std::ios::binary);
-    if (!in) throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "cannot read text '" + tpath + "' (run scripts/fetch_text.sh)");
-    std::stringstream ss;
-    ss << in.rdbuf();
+    const std::string text = read_text(tpath);
     GgufFile file = GgufFile::open(mpath);
     Tokenizer tok = Tokenizer::from_gguf(file);
     Model model = Model::load(file);
     // The text is data, not a prompt: special-token markup in it stays plain text.
-    const std::vector<int32_t> tokens = tok.encode(ss.str(), false, false);
+    const std::vector<int32_t> tokens = tok.encode(text, false, false);
     PerplexityOptions p;
     p.ctx = std::min(o.ctx, model.config().ctx_train);
     p.max_chunks = o.chunks;

@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <sstream>
 #include <stdexcept>
