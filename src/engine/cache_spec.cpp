@@ -145,6 +145,15 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
       }
       if (used != o.size() - 1 || out.recent_window < 1 || out.recent_window > (1 << 20))
         bad_spec(spec, "bad recent window '" + o + "'");
+    } else if (o.rfind("sink", 0) == 0 && o.size() > 4) {
+      size_t used = 0;
+      try {
+        out.sinks = std::stoi(o.substr(4), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != o.size() - 4 || out.sinks < 1 || out.sinks > RecentWindow::kMaxSinks)
+        bad_spec(spec, "bad sink count '" + o + "' (1.." + std::to_string(RecentWindow::kMaxSinks) + ")");
     } else if (o.rfind("skip", 0) == 0 && o.size() > 4) {
       try {
         skip = std::stoi(o.substr(4));
@@ -207,6 +216,7 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
   out.bits_all = sum_all / cfg.n_layers;
   if (out.centre_keys) det << (out.scale_channels ? " centred+scaled-keys" : " centred-keys");
   if (out.recent_window) det << " f16-window-" << out.recent_window;
+  if (out.sinks) det << " f16-sinks-" << out.sinks;
   out.detail = det.str();
   return out;
 }
@@ -219,7 +229,8 @@ double CacheSpec::bits_all_at(int ctx) const {
 
 SpecState::SpecState(const CacheSpec& spec, const ContiguousCache& cache) : centre_(spec.centre_keys) {
   centring_.scale_channels = spec.scale_channels;
-  if (spec.recent_window > 0) recent_ = std::make_unique<RecentWindow>(cache, spec.recent_window);
+  if (spec.recent_window > 0 || spec.sinks > 0)
+    recent_ = std::make_unique<RecentWindow>(cache, spec.recent_window, 512, spec.sinks);
 }
 
 void check_cache_spec(const std::string& spec) {

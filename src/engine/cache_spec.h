@@ -18,6 +18,7 @@
 //     only<i>.<j>..  only those layers compressed, every other one f16 (per-layer sensitivity)
 //     w<N>           the compressed layers read their N most recent tokens from f16 copies
 //                    (RecentWindow, recent_window.h)
+//     sink<N>        ... and their first N positions (attention sinks, N <= 64) too
 //
 #pragma once
 #include <algorithm>
@@ -38,13 +39,14 @@ struct CacheSpec {
   bool centre_keys = false;
   bool scale_channels = false;
   int recent_window = 0;  // w<N>: uncompressed copies of the N most recent tokens
+  int sinks = 0;          // sink<N>: uncompressed copies of the first N tokens
   double bits = 0;      // bits per element of the compressed layers' slots (metadata included)
   double bits_all = 0;  // the same averaged over every layer (boundary layers included)
-  // Bits per element of the compressed layers with the recent window's f16 copies spread
-  // over a full cache of ctx positions (= bits without a window).
+  // Bits per element of the compressed layers with the f16 copies (recent window and sinks)
+  // spread over a full cache of ctx positions (= bits without copies).
   double bits_at(int ctx) const { return bits + window_bits(ctx); }
   double bits_all_at(int ctx) const;
-  double window_bits(int ctx) const { return ctx > 0 ? 16.0 * std::min(recent_window, ctx) / ctx : 0.0; }
+  double window_bits(int ctx) const { return ctx > 0 ? 16.0 * std::min(recent_window + sinks, ctx) / ctx : 0.0; }
 };
 
 // Throws std::invalid_argument for a malformed spec or unknown name.

@@ -55,7 +55,7 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
       states.push_back(std::make_unique<SpecState>(s, caches.back()));
       rows[i].bytes_per_token = static_cast<double>(caches.back().bytes_per_token());
       if (RecentWindow* w = states.back()->recent())
-        rows[i].bytes_per_token += static_cast<double>(w->bytes_per_window_position()) * std::min(w->window(), ctx) / ctx;
+        rows[i].bytes_per_token += static_cast<double>(w->copy_bytes(ctx)) / ctx;
     }
     for (int p = 0; p < ctx; p += opt.batch) {
       const int m = std::min(opt.batch, ctx - p);

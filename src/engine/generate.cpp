@@ -59,8 +59,8 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache
   st.kv_bytes_per_token = cache.bytes_per_token();
   const int64_t held = cache.seq_len() - cache.first_pos();
   st.kv_bytes = st.kv_bytes_per_token * static_cast<size_t>(held);
-  if (opt.recent)  // the window's f16 copies of the last positions (its prefill workspace not counted)
-    st.kv_bytes += opt.recent->bytes_per_window_position() * static_cast<size_t>(std::min<int64_t>(opt.recent->window(), held));
+  if (opt.recent)  // the f16 copies of the sinks and the last positions (prefill workspace not counted)
+    st.kv_bytes += opt.recent->copy_bytes(held);
   return st;
 }
 

@@ -5,29 +5,61 @@
 #include <string>
 
 #include "tqkv/error.h"
+#include "tqkv/half.h"
 
 namespace tqkv::engine {
 namespace {
 
-ContiguousCacheConfig copy_config(const ContiguousCache& main, int window, int max_batch) {
-  if (window < 1) throw Error(ErrorCode::InvalidArgument, "recent window must be at least 1 token");
+constexpr float kNone = -std::numeric_limits<float>::infinity();
+
+ContiguousCacheConfig copy_config(const ContiguousCache& main, int window, int max_batch, int sinks) {
+  if (window < 0 || sinks < 0 || window + sinks < 1)
+    throw Error(ErrorCode::InvalidArgument, "uncompressed copies: need a recent window or sinks of at least 1 token");
+  if (sinks > RecentWindow::kMaxSinks)
+    throw Error(ErrorCode::InvalidArgument, "attention sinks: at most " + std::to_string(RecentWindow::kMaxSinks));
   if (max_batch < 1) throw Error(ErrorCode::InvalidArgument, "recent window: max_batch must be at least 1");
   ContiguousCacheConfig c;
   c.n_layers = main.n_layers();
   c.n_kv_heads = main.n_kv_heads();
   c.head_dim = main.head_dim();
-  c.capacity = window + max_batch;
+  c.capacity = window > 0 ? window + max_batch : 1;  // a sinks-only instance never writes it
   c.layer_formats.assign(main.n_layers(), &find_format("f16"));
   c.seed = main.config().seed;
   return c;
 }
 
+// Folds a part (its rows' outputs w and log-sum-exps b) into the running result (o, a).
+void merge_part(size_t rows, int d, float* out, float* lse, const float* part, const float* part_lse) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float a = lse[r], b = part_lse[r];
+    if (b == kNone) continue;
+    float* o = out + r * d;
+    const float* w = part + r * d;
+    if (a == kNone) {
+      for (int i = 0; i < d; ++i) o[i] = w[i];
+      lse[r] = b;
+      continue;
+    }
+    const float m = std::max(a, b), ea = std::exp(a - m), eb = std::exp(b - m), inv = 1.0f / (ea + eb);
+    for (int i = 0; i < d; ++i) o[i] = (ea * o[i] + eb * w[i]) * inv;
+    lse[r] = m + std::log(ea + eb);
+  }
+}
+
 }  // namespace
 
-RecentWindow::RecentWindow(const ContiguousCache& main, int window, int max_batch)
-    : window_(window), max_batch_(max_batch), copies_(copy_config(main, window, max_batch)) {
+RecentWindow::RecentWindow(const ContiguousCache& main, int window, int max_batch, int sinks)
+    : window_(window),
+      max_batch_(max_batch),
+      sinks_(sinks),
+      n_kv_heads_(main.n_kv_heads()),
+      head_dim_(main.head_dim()),
+      copies_(copy_config(main, window, max_batch, sinks)) {
   covered_.resize(main.n_layers());
   for (int l = 0; l < main.n_layers(); ++l) covered_[l] = main.format(l).compressed();
+  const size_t n = static_cast<size_t>(main.n_layers()) * n_kv_heads_ * sinks_ * head_dim_;
+  sink_k_.assign(n, 0.0f);
+  sink_v_.assign(n, 0.0f);
 }
 
 void RecentWindow::write(int layer, int64_t pos0, int n, const float* k, const float* v) {
@@ -35,35 +67,87 @@ void RecentWindow::write(int layer, int64_t pos0, int n, const float* k, const f
     throw Error(ErrorCode::Capacity, "recent window: a batch of " + std::to_string(n) + " tokens exceeds max_batch " +
                                          std::to_string(max_batch_));
   if (!covers(layer)) return;
-  copies_.write(layer, pos0, n, k, v);
+  const int H = n_kv_heads_, d = head_dim_;
+  const int n_sink = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(pos0 + n, sinks_) - pos0));
+  const size_t row = static_cast<size_t>(H) * d;
+  for (size_t i = 0; i < static_cast<size_t>(n_sink) * row; ++i)  // check before anything is written
+    if (!(std::fabs(k[i]) <= 65504.0f) || !(std::fabs(v[i]) <= 65504.0f))
+      throw Error(ErrorCode::Overflow, "attention sink: key or value element beyond the fp16 range (or NaN)");
+  if (window_ > 0) copies_.write(layer, pos0, n, k, v);
+  for (int t = 0; t < n_sink; ++t)
+    for (int h = 0; h < H; ++h) {
+      const size_t dst = ((static_cast<size_t>(layer) * H + h) * sinks_ + static_cast<size_t>(pos0 + t)) * d;
+      for (int i = 0; i < d; ++i) {
+        sink_k_[dst + i] = half_to_float(float_to_half(k[t * row + h * d + i]));
+        sink_v_[dst + i] = half_to_float(float_to_half(v[t * row + h * d + i]));
+      }
+    }
+}
+
+void RecentWindow::sink_attention(int layer, const float* q, int n, int64_t pos0, const AttentionParams& params,
+                                  float* out, float* lse) const {
+  const int Hq = params.n_q_heads, H = n_kv_heads_, d = head_dim_, group = Hq / H;
+  const float scale = params.scale != 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  float score[kMaxSinks];
+  for (int t = 0; t < n; ++t) {
+    const int64_t p = pos0 + t;
+    int64_t begin = params.min_key_pos;
+    if (params.window > 0) begin = std::max<int64_t>(begin, p - params.window + 1);
+    const int64_t end = std::min<int64_t>(sinks_ - 1, p);
+    for (int hq = 0; hq < Hq; ++hq) {
+      const size_t r = static_cast<size_t>(t) * Hq + hq;
+      float* o = out + r * d;
+      for (int i = 0; i < d; ++i) o[i] = 0;
+      lse[r] = kNone;
+      if (begin > end) continue;
+      const float* qr = q + r * d;
+      const size_t base = (static_cast<size_t>(layer) * H + hq / group) * sinks_;
+      float m = kNone;
+      for (int64_t j = begin; j <= end; ++j) {
+        const float* kj = sink_k_.data() + (base + j) * d;
+        float s = 0;
+        for (int i = 0; i < d; ++i) s += qr[i] * kj[i];
+        score[j] = s * scale;
+        m = std::max(m, score[j]);
+      }
+      float sum = 0;
+      for (int64_t j = begin; j <= end; ++j) {
+        const float e = std::exp(score[j] - m);
+        sum += e;
+        const float* vj = sink_v_.data() + (base + j) * d;
+        for (int i = 0; i < d; ++i) o[i] += e * vj[i];
+      }
+      for (int i = 0; i < d; ++i) o[i] /= sum;
+      lse[r] = m + std::log(sum);
+    }
+  }
 }
 
 void RecentWindow::attention(const ContiguousCache& main, int layer, const float* q, int n, int64_t pos0,
                              const AttentionParams& params, float* out) {
   const int Hq = params.n_q_heads, d = main.head_dim();
   const size_t rows = static_cast<size_t>(n) * Hq;
-  out_recent_.resize(rows * d);
   lse_main_.resize(rows);
-  lse_recent_.resize(rows);
-  AttentionParams older = params, recent = params;
+  AttentionParams older = params;
+  older.min_key_pos = std::max<int64_t>(params.min_key_pos, sinks_);
   older.exclude_recent = window_;
   older.lse = lse_main_.data();
-  recent.window = params.window > 0 ? std::min(params.window, window_) : window_;
-  recent.lse = lse_recent_.data();
   tqkv::attention(main, layer, q, n, pos0, older, out);
-  tqkv::attention(copies_, layer, q, n, pos0, recent, out_recent_.data());
-  constexpr float kNone = -std::numeric_limits<float>::infinity();
-  for (size_t r = 0; r < rows; ++r) {
-    const float a = lse_main_[r], b = lse_recent_[r];
-    if (b == kNone) continue;  // only older keys (cannot happen for a causal query: it sees itself)
-    float* o = out + r * d;
-    const float* w = out_recent_.data() + r * d;
-    if (a == kNone) {
-      for (int i = 0; i < d; ++i) o[i] = w[i];
-      continue;
-    }
-    const float m = std::max(a, b), ea = std::exp(a - m), eb = std::exp(b - m), inv = 1.0f / (ea + eb);
-    for (int i = 0; i < d; ++i) o[i] = (ea * o[i] + eb * w[i]) * inv;
+  if (window_ > 0) {
+    out_recent_.resize(rows * d);
+    lse_recent_.resize(rows);
+    AttentionParams recent = params;
+    recent.min_key_pos = older.min_key_pos;
+    recent.window = params.window > 0 ? std::min(params.window, window_) : window_;
+    recent.lse = lse_recent_.data();
+    tqkv::attention(copies_, layer, q, n, pos0, recent, out_recent_.data());
+    merge_part(rows, d, out, lse_main_.data(), out_recent_.data(), lse_recent_.data());
+  }
+  if (sinks_ > 0 && pos0 + n > params.min_key_pos) {
+    out_sink_.resize(rows * d);
+    lse_sink_.resize(rows);
+    sink_attention(layer, q, n, pos0, params, out_sink_.data(), lse_sink_.data());
+    merge_part(rows, d, out, lse_main_.data(), out_sink_.data(), lse_sink_.data());
   }
 }
 
@@ -72,6 +156,11 @@ size_t RecentWindow::bytes_per_window_position() const {
   for (int l = 0; l < copies_.n_layers(); ++l)
     if (covers(l)) b += copies_.slot_bytes(l) * static_cast<size_t>(copies_.n_kv_heads());
   return b;
+}
+
+size_t RecentWindow::copy_bytes(int64_t held) const {
+  const int64_t positions = std::min<int64_t>(window_, held) + std::min<int64_t>(sinks_, held);
+  return bytes_per_window_position() * static_cast<size_t>(positions);
 }
 
 }  // namespace tqkv::engine

@@ -9,8 +9,14 @@
 // exactly by their log-sum-exps (AttentionParams::exclude_recent / window / lse). Only the
 // compressed layers get a window; uncompressed layers attend as usual.
 //
-// Memory: N * 2 * head_dim * 2 bytes per compressed (layer, kv head) on top of the cache
-// (plus max_batch positions of prefill workspace); docs/FORMAT.md counts the N positions.
+// Attention sinks (the option +sink<S>): the first S positions (the BOS token and its
+// neighbours, to which many heads send most of their attention whatever the query) are kept
+// as f16 copies too, for good: a query reads [0, S) from them, [S, p - N] from the compressed
+// slots and (p - N, p] from the window, three parts merged by log-sum-exp. Either part may be
+// absent (window 0 or sinks 0), not both.
+//
+// Memory: (N + S) * 2 * head_dim * 2 bytes per compressed (layer, kv head) on top of the cache
+// (plus max_batch positions of prefill workspace); docs/FORMAT.md counts the N + S positions.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -22,30 +28,44 @@ namespace tqkv::engine {
 
 class RecentWindow {
  public:
-  // Throws tqkv::Error(InvalidArgument) for window < 1 or max_batch < 1.
-  RecentWindow(const ContiguousCache& main, int window, int max_batch = 512);
+  static constexpr int kMaxSinks = 64;
+  // Throws tqkv::Error(InvalidArgument) for a negative window or sink count, both 0, more than
+  // kMaxSinks sinks or
+  // max_batch < 1.
+  RecentWindow(const ContiguousCache& main, int window, int max_batch = 512, int sinks = 0);
 
   int window() const { return window_; }
+  int sinks() const { return sinks_; }
   int max_batch() const { return max_batch_; }
   bool covers(int layer) const { return covered_.at(layer) != 0; }
 
   // Mirrors what was just written to the main cache for one layer (same positions, same
   // centred keys). Positions must follow on from the previous call; a batch of more than
-  // max_batch tokens throws (Model::forward splits its input instead).
+  // max_batch tokens throws (Model::forward splits its input instead), so does a sink element
+  // beyond the fp16 range (tqkv::Error(Overflow), nothing written).
   void write(int layer, int64_t pos0, int n, const float* k, const float* v);
 
-  // Attention of n queries at pos0.. for one covered layer: the main cache's positions up to
-  // p - window, the window's (p - window, p], merged.
+  // Attention of n queries at pos0.. for one covered layer: the sinks' [0, S), the main cache's
+  // positions [S, p - window], the window's (p - window, p], merged.
   void attention(const ContiguousCache& main, int layer, const float* q, int n, int64_t pos0,
                  const AttentionParams& params, float* out);
 
-  // Bytes of the window's copies for one position of every covered (layer, kv head).
+  // Bytes of the copies for one position of every covered (layer, kv head).
   size_t bytes_per_window_position() const;
+  // Bytes of all copies once the cache holds `held` positions (the prefill workspace not counted).
+  size_t copy_bytes(int64_t held) const;
 
  private:
-  int window_, max_batch_;
+  // The sink part of attention for rows [n, n_q_heads] into out/lse (scalar: S is a handful).
+  void sink_attention(int layer, const float* q, int n, int64_t pos0, const AttentionParams& params, float* out,
+                      float* lse) const;
+
+  int window_, max_batch_, sinks_;
+  int n_kv_heads_, head_dim_;
+  std::vector<float> sink_k_, sink_v_;  // [n_layers][n_kv_heads][sinks][head_dim], fp16-rounded
+  std::vector<float> out_sink_, lse_sink_;
   std::vector<uint8_t> covered_;  // [n_layers]
-  ContiguousCache copies_;        // f16, capacity window + max_batch
+  ContiguousCache copies_;        // f16, capacity window + max_batch (unused when window is 0)
   std::vector<float> out_recent_, lse_main_, lse_recent_;
 };
 

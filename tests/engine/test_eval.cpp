@@ -207,6 +207,12 @@ TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
   EXPECT_DOUBLE_EQ(w8.bits_at(512), w8.bits + 16.0 * 8 / 512);
   EXPECT_THROW(resolve_cache_spec("tq-k4v4+w0", cfg), std::invalid_argument);
   EXPECT_THROW(resolve_cache_spec("tq-k4v4+w3x", cfg), std::invalid_argument);
+  // Sinks count like the window: 16 bits per element for S of ctx positions.
+  const CacheSpec s1 = resolve_cache_spec("tq-k4v4+sink1+w7", cfg);
+  EXPECT_EQ(s1.sinks, 1);
+  EXPECT_DOUBLE_EQ(s1.bits_at(512), w8.bits_at(512));
+  for (const char* bad : {"tq-k4v4+sink0", "tq-k4v4+sink65", "tq-k4v4+sinkx", "tq-k4v4+sink2x"})
+    EXPECT_THROW(resolve_cache_spec(bad, cfg), std::invalid_argument) << bad;
 }
 
 TEST_F(SmolEval, LockstepEvaluation) {
