@@ -7,7 +7,8 @@ f16), on calibration text that is *not* the evaluation text:
     k<KS>v8+c+only<l>   keys at KS bits, values at 8: the KL that layer l's keys cause
     k8v<VS>+c+only<l>   values at VS bits, keys at 8: the KL that layer l's values cause
 
-(`--scan-specs` prints that list.) The model of the allocation: KL is additive over layers and
+(`--scan-specs` prints that list; `--suffix +sink1+w7` scans with those options on, e.g.
+attention sinks and a recent window, and appends them to the spec it prints.) The model of the allocation: KL is additive over layers and
 over keys/values, and each term scales with the Lloyd-Max distortion D(b) of its width,
 
     KL(b_k, b_v) = sum_l  a_l D(b_k,l) / D(KS)  +  c_l D(b_v,l) / D(VS),
@@ -41,19 +42,19 @@ def distortion(tqkv, dim):
     return out
 
 
-def scan_specs(layers):
+def scan_specs(layers, suffix=""):
     specs = []
     for l in layers:
-        specs += [f"k{KEY_SCAN}v8+c+only{l}", f"k8v{VALUE_SCAN}+c+only{l}"]
+        specs += [f"k{KEY_SCAN}v8+c+only{l}{suffix}", f"k8v{VALUE_SCAN}+c+only{l}{suffix}"]
     return ",".join(specs)
 
 
-def load_scan(path):
+def load_scan(path, suffix=""):
     doc = json.load(open(path))
     rows = [r for run in doc["runs"] for r in run["rows"]]
     key, value = {}, {}
     for r in rows:
-        m = re.fullmatch(r"k(\d)v(\d)\+c\+only(\d+)", r["format"])
+        m = re.fullmatch(r"k(\d)v(\d)\+c\+only(\d+)" + re.escape(suffix), r["format"])
         if not m:
             continue
         kb, vb, layer = int(m[1]), int(m[2]), int(m[3])
@@ -63,7 +64,7 @@ def load_scan(path):
             value[layer] = max(r["kl_mean"], 1e-6)
     layers = sorted(set(key) & set(value))
     if not layers:
-        sys.exit(f"{path}: no k{KEY_SCAN}v8+c+only<l> / k8v{VALUE_SCAN}+c+only<l> rows")
+        sys.exit(f"{path}: no k{KEY_SCAN}v8+c+only<l>{suffix} / k8v{VALUE_SCAN}+c+only<l>{suffix} rows")
     return doc["head_dim"], layers, key, value
 
 
@@ -112,17 +113,18 @@ def main():
     ap.add_argument("--budget", type=float, default=4.375, help="bits per element (metadata included)")
     ap.add_argument("--tqkv", default="build/release/tqkv")
     ap.add_argument("--scan-specs", metavar="L0-L1", help="print the scan's specs for layers L0..L1 and exit")
+    ap.add_argument("--suffix", default="", help="options every scan spec carries (e.g. +sink1+w7)")
     args = ap.parse_args()
     if args.scan_specs:
         lo, hi = map(int, args.scan_specs.split("-"))
-        print(scan_specs(range(lo, hi + 1)))
+        print(scan_specs(range(lo, hi + 1), args.suffix))
         return
     if not args.scan:
         ap.error("a scan JSON is required")
-    dim, layers, key, value = load_scan(args.scan)
+    dim, layers, key, value = load_scan(args.scan, args.suffix)
     D = distortion(args.tqkv, dim)
     bits, b, kl = allocate(layers, key, value, D, dim, args.budget)
-    print(spec_string(bits, True))
+    print(spec_string(bits, True) + args.suffix)
     print(f"# {b:.4f} bits/element over {len(layers)} layers, predicted KL {kl:.4f} (additive model)", file=sys.stderr)
     for l in layers:
         print(f"#   L{l}: k{bits[l][0]}v{bits[l][1]}  (scan KL keys {key[l]:.4f}, values {value[l]:.4f})", file=sys.stderr)

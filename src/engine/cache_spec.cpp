@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <deque>
 #include <mutex>
 #include <sstream>
@@ -145,6 +146,14 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
       }
       if (used != o.size() - 1 || out.recent_window < 1 || out.recent_window > (1 << 20))
         bad_spec(spec, "bad recent window '" + o + "'");
+    } else if (o.rfind("fill", 0) == 0 && o.size() > 4) {
+      size_t used = 0;
+      try {
+        out.fill_bits = std::stod(o.substr(4), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != o.size() - 4 || !(out.fill_bits > 0 && out.fill_bits <= 32)) bad_spec(spec, "bad bit budget '" + o + "'");
     } else if (o.rfind("sink", 0) == 0 && o.size() > 4) {
       size_t used = 0;
       try {
@@ -214,11 +223,23 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
   }
   out.bits = n_inner ? sum / n_inner : 0;
   out.bits_all = sum_all / cfg.n_layers;
+  if (out.fill_bits > 0 && out.recent_window > 0) bad_spec(spec, "fill<B> and w<N> both set the recent window");
+  if (out.fill_bits > 0 && out.fill_bits <= out.bits)
+    bad_spec(spec, "the slots alone take " + std::to_string(out.bits) + " bits per element, no room for fill" +
+                       std::to_string(out.fill_bits));
   if (out.centre_keys) det << (out.scale_channels ? " centred+scaled-keys" : " centred-keys");
   if (out.recent_window) det << " f16-window-" << out.recent_window;
+  if (out.fill_bits > 0) det << " f16-window-to-" << out.fill_bits << "-bits";
   if (out.sinks) det << " f16-sinks-" << out.sinks;
   out.detail = det.str();
   return out;
+}
+
+int CacheSpec::window_at(int ctx) const {
+  if (fill_bits <= 0 || ctx <= 0) return recent_window;
+  // Whole f16 positions (16 bits per element each, over ctx) that fit next to the slots.
+  const int positions = static_cast<int>(std::floor((fill_bits - bits) * ctx / 16.0 + 1e-9));
+  return std::max(0, positions - sinks);
 }
 
 double CacheSpec::bits_all_at(int ctx) const {
@@ -229,8 +250,8 @@ double CacheSpec::bits_all_at(int ctx) const {
 
 SpecState::SpecState(const CacheSpec& spec, const ContiguousCache& cache) : centre_(spec.centre_keys) {
   centring_.scale_channels = spec.scale_channels;
-  if (spec.recent_window > 0 || spec.sinks > 0)
-    recent_ = std::make_unique<RecentWindow>(cache, spec.recent_window, 512, spec.sinks);
+  const int window = spec.window_at(cache.capacity());
+  if (window > 0 || spec.sinks > 0) recent_ = std::make_unique<RecentWindow>(cache, window, 512, spec.sinks);
 }
 
 void check_cache_spec(const std::string& spec) {

@@ -19,6 +19,9 @@
 //     w<N>           the compressed layers read their N most recent tokens from f16 copies
 //                    (RecentWindow, recent_window.h)
 //     sink<N>        ... and their first N positions (attention sinks, N <= 64) too
+//     fill<B>        a recent window as long as fits in B bits per element at the cache's
+//                    capacity (instead of w<N>: the window grows with the context, the bits
+//                    per element stay at most B)
 //
 #pragma once
 #include <algorithm>
@@ -40,13 +43,18 @@ struct CacheSpec {
   bool scale_channels = false;
   int recent_window = 0;  // w<N>: uncompressed copies of the N most recent tokens
   int sinks = 0;          // sink<N>: uncompressed copies of the first N tokens
+  double fill_bits = 0;   // fill<B>: the window is as long as B bits per element allow (0: off)
   double bits = 0;      // bits per element of the compressed layers' slots (metadata included)
   double bits_all = 0;  // the same averaged over every layer (boundary layers included)
   // Bits per element of the compressed layers with the f16 copies (recent window and sinks)
   // spread over a full cache of ctx positions (= bits without copies).
   double bits_at(int ctx) const { return bits + window_bits(ctx); }
   double bits_all_at(int ctx) const;
-  double window_bits(int ctx) const { return ctx > 0 ? 16.0 * std::min(recent_window + sinks, ctx) / ctx : 0.0; }
+  double window_bits(int ctx) const {
+    return ctx > 0 ? 16.0 * std::min(window_at(ctx) + sinks, ctx) / ctx : 0.0;
+  }
+  // The recent window of a cache of ctx positions: w<N>'s N, or what fill<B> leaves room for.
+  int window_at(int ctx) const;
 };
 
 // Throws std::invalid_argument for a malformed spec or unknown name.

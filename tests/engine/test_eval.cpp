@@ -91,6 +91,31 @@ TEST(CacheSpec, NamedRecipesResolve) {
   EXPECT_LE(resolve_cache_spec("tq-3.12+w64", c).bits_at(4096), 3.375);
 }
 
+// +sink<N> and +fill<B>: the f16 copies count 16 bits per element for their positions.
+TEST(CacheSpec, SinksAndFillCountTheirCopies) {
+  const ModelConfig cfg = smol_like();
+  // Sinks count like the window: 16 bits per element for S of ctx positions.
+  const CacheSpec s1 = resolve_cache_spec("tq-k4v4+sink1+w7", cfg);
+  EXPECT_EQ(s1.sinks, 1);
+  EXPECT_DOUBLE_EQ(s1.bits_at(512), s1.bits + 16.0 * 8 / 512);
+  // fill<B>: the window takes what the budget leaves at the cache's capacity, sinks first.
+  const CacheSpec f = resolve_cache_spec("tq-k4v4+sink1+fill4.375", cfg);
+  EXPECT_EQ(f.window_at(512), 3);  // (4.375 - 4.25) * 512 / 16 = 4 positions, 1 of them the sink
+  EXPECT_EQ(f.window_at(4096), 31);
+  EXPECT_DOUBLE_EQ(f.bits_at(512), 4.375);
+  EXPECT_DOUBLE_EQ(f.bits_at(1000), 4.25 + 16.0 * 7 / 1000);  // floor(7.8) positions
+  {
+    ContiguousCache cache = make_spec_cache(f, cfg, 4096);
+    SpecState st(f, cache);
+    ASSERT_NE(st.recent(), nullptr);
+    EXPECT_EQ(st.recent()->window(), 31);
+    EXPECT_EQ(st.recent()->sinks(), 1);
+  }
+  for (const char* bad : {"tq-k4v4+sink0", "tq-k4v4+sink65", "tq-k4v4+sinkx", "tq-k4v4+sink2x", "tq-k4v4+fill4",
+                          "tq-k4v4+fill4.5+w8", "tq-k4v4+fillx", "tq-k4v4+fill-1"})
+    EXPECT_THROW(resolve_cache_spec(bad, cfg), std::invalid_argument) << bad;
+}
+
 TEST(CacheSpec, BadSpecsThrow) {
   const ModelConfig c = smol_like();
   for (const char* s : {"nope", "k9v2", "k4v", "tq-k4v2+zz", "k4v4+L40=k4v4", "k4v4+Lx=k4v4", "k4v4+L3=q"})
@@ -207,12 +232,6 @@ TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
   EXPECT_DOUBLE_EQ(w8.bits_at(512), w8.bits + 16.0 * 8 / 512);
   EXPECT_THROW(resolve_cache_spec("tq-k4v4+w0", cfg), std::invalid_argument);
   EXPECT_THROW(resolve_cache_spec("tq-k4v4+w3x", cfg), std::invalid_argument);
-  // Sinks count like the window: 16 bits per element for S of ctx positions.
-  const CacheSpec s1 = resolve_cache_spec("tq-k4v4+sink1+w7", cfg);
-  EXPECT_EQ(s1.sinks, 1);
-  EXPECT_DOUBLE_EQ(s1.bits_at(512), w8.bits_at(512));
-  for (const char* bad : {"tq-k4v4+sink0", "tq-k4v4+sink65", "tq-k4v4+sinkx", "tq-k4v4+sink2x"})
-    EXPECT_THROW(resolve_cache_spec(bad, cfg), std::invalid_argument) << bad;
 }
 
 TEST_F(SmolEval, LockstepEvaluation) {
