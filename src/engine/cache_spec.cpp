@@ -89,6 +89,14 @@ const std::vector<std::pair<std::string, std::string>>& named_recipes() {
       {"tq-4.25", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3"},
       {"tq-3.12", "k4v2+c+L4.5.6.7.8.9.24.25.26=k3v2+L3.10.11=k3v3+L2=k4v3+L17=k5v2"},
       {"tq-2.75", "k3v2+c"},
+      // Budgets with f16 copies of the attention sink (BOS) and of a recent window as long as
+      // the budget allows at the cache's capacity (fill): at most 4.375 / 3.375 / 2.5 bits per
+      // element at every context. Slot bits per layer from a second per-layer scan on Exodus
+      // run with +sink1+w7 on (scripts/allocate_bits.py --suffix, budgets 3.125 and 2.375);
+      // at 4.25 that scan's answer was no better than tq-4.25's, which tq-4.375 keeps.
+      {"tq-4.375", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3+sink1+fill4.375"},
+      {"tq-3.375", "k3v2+c+L11=k2v2+L5.7.8.9.16.18.20.26=k4v2+L14.15.17.21.23.24=k4v3+sink1+fill3.375"},
+      {"tq-2.5", "k2v2+c+L5.8.9.14.20.23=k3v2+sink1+fill2.5"},
   };
   return r;
 }

@@ -89,6 +89,14 @@ TEST(CacheSpec, NamedRecipesResolve) {
   EXPECT_DOUBLE_EQ(resolve_cache_spec("tq-2.75", c).bits, 2.75);
   EXPECT_DOUBLE_EQ(resolve_cache_spec("tq-4.25+w32", c).bits_at(4096), 4.375);
   EXPECT_LE(resolve_cache_spec("tq-3.12+w64", c).bits_at(4096), 3.375);
+  // The budget recipes stay within their budget at every context, and fill it closely.
+  for (auto [name, budget] : {std::pair{"tq-4.375", 4.375}, std::pair{"tq-3.375", 3.375}, std::pair{"tq-2.5", 2.5}})
+    for (int ctx : {256, 512, 1000, 4096, 32768}) {
+      const CacheSpec s = resolve_cache_spec(name, c);
+      EXPECT_EQ(s.sinks, 1) << name;
+      EXPECT_LE(s.bits_at(ctx), budget + 1e-12) << name << " " << ctx;
+      EXPECT_GT(s.bits_at(ctx), budget - 16.0 / ctx) << name << " " << ctx;  // within one f16 position
+    }
 }
 
 // +sink<N> and +fill<B>: the f16 copies count 16 bits per element for their positions.
