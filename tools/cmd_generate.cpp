@@ -71,8 +71,9 @@ void register_generate(CLI::App& app) {
       std::fprintf(stderr, "model: %s (%s, %d layers, %d/%d heads, head_dim %d), weights in memory %.0f MiB\n",
                    path.c_str(), c.arch.c_str(), c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                    model.weight_bytes() / 1048576.0);
-      std::fprintf(stderr, "kv cache: %s (%s; %.3g bits/element in the compressed layers), ctx %d\n\n",
-                   o.format.c_str(), spec.detail.c_str(), spec.bits, ctx);
+      // bits_at: the slots plus any f16 copies (sinks, window) spread over the full context.
+      std::fprintf(stderr, "kv cache: %s (%s; %.4g bits/element in the compressed layers), ctx %d\n\n",
+                   o.format.c_str(), spec.detail.c_str(), spec.bits_at(ctx), ctx);
       if (!o.raw) std::printf("%s\n\n", o.prompt.c_str());
       std::fflush(stdout);
     }

@@ -154,6 +154,15 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
       }
       if (used != o.size() - 1 || out.recent_window < 1 || out.recent_window > (1 << 20))
         bad_spec(spec, "bad recent window '" + o + "'");
+    } else if (o.size() > 1 && o[0] == 'o' && std::isdigit(static_cast<unsigned char>(o[1]))) {
+      size_t used = 0;
+      try {
+        out.outliers = std::stoi(o.substr(1), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != o.size() - 1 || out.outliers < 2 || out.outliers % 2 != 0 || out.outliers >= cfg.head_dim)
+        bad_spec(spec, "bad outlier channel count '" + o + "' (even, 2.." + std::to_string(cfg.head_dim - 2) + ")");
     } else if (o.rfind("fill", 0) == 0 && o.size() > 4) {
       size_t used = 0;
       try {
@@ -217,14 +226,30 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
     for (int l : layers)
       if (out.layers[l]->compressed()) out.layers[l] = &make(kv.first, kv.second);
   const int d = cfg.head_dim;
+  // o<N>: the split's bits per element (b per channel, N more bits, a second fp16 norm) are
+  // counted; the layer stores the reconstruction through 8-bit key codes (outlier_keys.h).
+  std::vector<double> split_extra(cfg.n_layers, 0.0);
+  if (out.outliers > 0) {
+    out.split_key_bits.assign(cfg.n_layers, 0);
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      const Format& lf = *out.layers[l];
+      if (!lf.compressed()) continue;
+      if (lf.key != KeyCodec::Mse || lf.key_bits > 7) bad_spec(spec, "o<N> needs Mse keys of at most 7 bits");
+      out.split_key_bits[l] = lf.key_bits;
+      const double split_bits = lf.bits_per_element(d) + (out.outliers + 16) / (2.0 * d);
+      out.layers[l] = &variant_format(KeyCodec::Mse, 8, lf.value, lf.value_bits, lf.norm_correction, lf.law, lf.rotation);
+      split_extra[l] = split_bits - out.layers[l]->bits_per_element(d);
+    }
+  }
+  out.model = cfg;
   double sum = 0, sum_all = 0;
   int n_inner = 0;
   std::ostringstream det;
   for (int l = 0; l < cfg.n_layers; ++l) {
     const Format& lf = *out.layers[l];
-    sum_all += lf.bits_per_element(d);
+    sum_all += lf.bits_per_element(d) + split_extra[l];
     if (lf.compressed() || !inner.compressed()) {
-      sum += lf.bits_per_element(d);
+      sum += lf.bits_per_element(d) + split_extra[l];
       ++n_inner;
     }
     if (l == 0 || out.layers[l] != out.layers[l - 1]) det << (l ? " " : "") << "L" << l << ":" << lf.name;
@@ -238,6 +263,7 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
   if (out.centre_keys) det << (out.scale_channels ? " centred+scaled-keys" : " centred-keys");
   if (out.recent_window) det << " f16-window-" << out.recent_window;
   if (out.fill_bits > 0) det << " f16-window-to-" << out.fill_bits << "-bits";
+  if (out.outliers > 0) det << " outlier-split-" << out.outliers << " (study: split codec's bits, 8-bit storage)";
   if (out.sinks) det << " f16-sinks-" << out.sinks;
   out.detail = det.str();
   return out;
@@ -256,8 +282,14 @@ double CacheSpec::bits_all_at(int ctx) const {
   return layers.empty() ? bits_all : bits_all + window_bits(ctx) * compressed / static_cast<double>(layers.size());
 }
 
-SpecState::SpecState(const CacheSpec& spec, const ContiguousCache& cache) : centre_(spec.centre_keys) {
+SpecState::SpecState(const CacheSpec& spec, const ContiguousCache& cache)
+    : centre_(spec.centre_keys || spec.outliers > 0) {
+  centring_.centre = spec.centre_keys;
   centring_.scale_channels = spec.scale_channels;
+  if (spec.outliers > 0) {
+    outliers_ = std::make_unique<OutlierKeySplit>(spec.model, spec.outliers, spec.split_key_bits);
+    centring_.outliers = outliers_.get();
+  }
   const int window = spec.window_at(cache.capacity());
   if (window > 0 || spec.sinks > 0) recent_ = std::make_unique<RecentWindow>(cache, window, 512, spec.sinks);
 }

@@ -19,6 +19,9 @@
 //     w<N>           the compressed layers read their N most recent tokens from f16 copies
 //                    (RecentWindow, recent_window.h)
 //     sink<N>        ... and their first N positions (attention sinks, N <= 64) too
+//     o<N>           study: N outlier key channels per (layer, kv head) at one more bit, each
+//                    part its own rotation and norm (outlier_keys.h; quality only, simulated
+//                    storage, bits counted as the split codec's)
 //     fill<B>        a recent window as long as fits in B bits per element at the cache's
 //                    capacity (instead of w<N>: the window grows with the context, the bits
 //                    per element stay at most B)
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "model.h"
+#include "outlier_keys.h"
 #include "recent_window.h"
 
 namespace tqkv::engine {
@@ -44,6 +48,9 @@ struct CacheSpec {
   int recent_window = 0;  // w<N>: uncompressed copies of the N most recent tokens
   int sinks = 0;          // sink<N>: uncompressed copies of the first N tokens
   double fill_bits = 0;   // fill<B>: the window is as long as B bits per element allow (0: off)
+  int outliers = 0;       // o<N>: outlier key channels (study, OutlierKeySplit)
+  std::vector<int> split_key_bits;  // o<N>: [n_layers] each layer's b (0 = not split)
+  ModelConfig model;      // the config the spec was resolved for
   double bits = 0;      // bits per element of the compressed layers' slots (metadata included)
   double bits_all = 0;  // the same averaged over every layer (boundary layers included)
   // Bits per element of the compressed layers with the f16 copies (recent window and sinks)
@@ -77,6 +84,7 @@ class SpecState {
  private:
   bool centre_;
   KeyCentring centring_;
+  std::unique_ptr<OutlierKeySplit> outliers_;
   std::unique_ptr<RecentWindow> recent_;
 };
 

@@ -54,6 +54,8 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
       caches.push_back(make_spec_cache(s, cfg, ctx));
       states.push_back(std::make_unique<SpecState>(s, caches.back()));
       rows[i].bytes_per_token = static_cast<double>(caches.back().bytes_per_token());
+      if (s.outliers > 0)  // the split codec's bytes, not the study's 8-bit storage
+        rows[i].bytes_per_token = s.bits_all * 2.0 * cfg.head_dim * cfg.n_kv_heads * cfg.n_layers / 8.0;
       if (RecentWindow* w = states.back()->recent())
         rows[i].bytes_per_token += static_cast<double>(w->copy_bytes(ctx)) / ctx;
     }

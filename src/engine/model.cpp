@@ -9,6 +9,7 @@
 #include "dequant.h"
 #include "gguf.h"
 #include "qgemv.h"
+#include "outlier_keys.h"
 #include "recent_window.h"
 #include "thread_pool.h"
 #include "tqkv/attention.h"
@@ -128,7 +129,7 @@ void centre_keys(KeyCentring& kc, const ModelConfig& c, int layer, int capacity,
     for (size_t i = 0; i < per_layer; ++i) {
       double theta = 0;
       rope_partner(c, static_cast<int>(i % hd), &theta);
-      mu[i] = theta * capacity <= 1.0 ? static_cast<float>(acc[i] / n) : 0.0f;
+      mu[i] = kc.centre && theta * capacity <= 1.0 ? static_cast<float>(acc[i] / n) : 0.0f;
     }
     if (kc.scale_channels) {
       std::vector<double> kk(per_layer, 0.0), qq(per_layer, 0.0);
@@ -330,7 +331,13 @@ void Model::forward(const int32_t* tokens, int n, int64_t pos0, ContiguousCache&
       centre_keys(*centring, c, l, cache.capacity(), n, k.data(), q.data());
     // The new keys/values go into the (possibly compressed) cache first; attention then reads
     // every position, the new ones included, from the cache, exactly as decode will later.
-    cache.write(l, pos0, n, k.data(), v.data());
+    if (centring && centring->outliers) {  // the study's split codec: its reconstruction is cached,
+      std::vector<float> split(k);          // the exact keys still go to the f16 copies below
+      centring->outliers->apply(l, n, split.data());
+      cache.write(l, pos0, n, split.data(), v.data());
+    } else {
+      cache.write(l, pos0, n, k.data(), v.data());
+    }
     if (recent && recent->covers(l)) {
       recent->write(l, pos0, n, k.data(), v.data());
       recent->attention(cache, l, q.data(), n, pos0, ap, att.data());

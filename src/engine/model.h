@@ -20,6 +20,7 @@ namespace tqkv::engine {
 
 class GgufFile;
 class RecentWindow;
+class OutlierKeySplit;
 
 // How RoPE pairs the coordinates of a head: Llama GGUFs (whose q/k rows the converter
 // permuted) rotate adjacent pairs (2i, 2i+1); NeoX-style models (Qwen2, Gemma, ...) rotate
@@ -67,8 +68,14 @@ inline constexpr int kQuantizedMaxTokens = 2;
 // s_i = sqrt(rms_i(k - mu) / rms_i(q)), rms over both channels of a RoPE pair (the balance
 // that minimises the score error of an isotropic key error, as in SmoothQuant with alpha
 // 1/2), normalised to geometric mean 1.
+//
+// outliers (the study option +o<N>, outlier_keys.h): the cache receives the centred keys'
+// outlier-split reconstruction (a recent window's copies the exact centred keys).
+// centre = false leaves mu at 0 (a split without centring).
 struct KeyCentring {
+  bool centre = true;
   bool scale_channels = false;
+  OutlierKeySplit* outliers = nullptr;
   std::vector<float> mean;         // [n_layers, n_kv_heads, head_dim], filled layer by layer
   std::vector<float> scale;        // [n_layers, n_kv_heads, head_dim]; 1 without scale_channels
   std::vector<uint8_t> estimated;  // [n_layers]: mean of that layer is set
