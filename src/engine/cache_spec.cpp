@@ -89,14 +89,16 @@ const std::vector<std::pair<std::string, std::string>>& named_recipes() {
       {"tq-4.25", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3"},
       {"tq-3.12", "k4v2+c+L4.5.6.7.8.9.24.25.26=k3v2+L3.10.11=k3v3+L2=k4v3+L17=k5v2"},
       {"tq-2.75", "k3v2+c"},
-      // Budgets with f16 copies of the attention sink (BOS) and of a recent window as long as
-      // the budget allows at the cache's capacity (fill): at most 4.375 / 3.375 / 2.5 bits per
-      // element at every context. Slot bits per layer from a second per-layer scan on Exodus
-      // run with +sink1+w7 on (scripts/allocate_bits.py --suffix, budgets 3.125 and 2.375);
-      // at 4.25 that scan's answer was no better than tq-4.25's, which tq-4.375 keeps.
-      {"tq-4.375", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3+sink1+fill4.375"},
-      {"tq-3.375", "k3v2+c+L11=k2v2+L5.7.8.9.16.18.20.26=k4v2+L14.15.17.21.23.24=k4v3+sink1+fill3.375"},
-      {"tq-2.5", "k2v2+c+L5.8.9.14.20.23=k3v2+sink1+fill2.5"},
+      // Budgets: the slots plus copies of the attention sink (BOS, f16) and of a recent window
+      // stored as 6-bit Mse codes (wq6: near-f16 quality at 6.25 bits, so the window is 2.5x
+      // longer than an f16 one for the same bits), as long as the budget allows at the cache's
+      // capacity (fill): at most 4.375 / 3.375 / 2.5 bits per element at every context. Slot
+      // bits per layer from a second per-layer scan on Exodus with +sink1+w7 on
+      // (scripts/allocate_bits.py --suffix, budgets 3.125 and 2.375); at 4.25 that scan's
+      // answer was no better than tq-4.25's, which tq-4.375 keeps.
+      {"tq-4.375", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3+sink1+wq6+fill4.375"},
+      {"tq-3.375", "k3v2+c+L11=k2v2+L5.7.8.9.16.18.20.26=k4v2+L14.15.17.21.23.24=k4v3+sink1+wq6+fill3.375"},
+      {"tq-2.5", "k2v2+c+L5.8.9.14.20.23=k3v2+sink1+wq6+fill2.5"},
   };
   return r;
 }
@@ -163,6 +165,16 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
       }
       if (used != o.size() - 1 || out.outliers < 2 || out.outliers % 2 != 0 || out.outliers >= cfg.head_dim)
         bad_spec(spec, "bad outlier channel count '" + o + "' (even, 2.." + std::to_string(cfg.head_dim - 2) + ")");
+    } else if (o.rfind("wq", 0) == 0 && o.size() > 2) {
+      int b = 0;
+      size_t used = 0;
+      try {
+        b = std::stoi(o.substr(2), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != o.size() - 2 || b < 4 || b > 8) bad_spec(spec, "bad window code width '" + o + "' (4..8)");
+      out.window_format = &variant_format(KeyCodec::Mse, b, ValueCodec::Mse, b, true, Law::Sphere, RotationKind::Srht);
     } else if (o.rfind("fill", 0) == 0 && o.size() > 4) {
       size_t used = 0;
       try {
@@ -262,18 +274,31 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
                        std::to_string(out.fill_bits));
   if (out.centre_keys) det << (out.scale_channels ? " centred+scaled-keys" : " centred-keys");
   if (out.recent_window) det << " f16-window-" << out.recent_window;
-  if (out.fill_bits > 0) det << " f16-window-to-" << out.fill_bits << "-bits";
+  if (out.fill_bits > 0) det << " window-to-" << out.fill_bits << "-bits";
+  if (out.window_format) det << " window-as-" << out.window_format->name;
   if (out.outliers > 0) det << " outlier-split-" << out.outliers << " (study: split codec's bits, 8-bit storage)";
   if (out.sinks) det << " f16-sinks-" << out.sinks;
   out.detail = det.str();
   return out;
 }
 
+namespace {
+double copy_bits(const CacheSpec& s) {  // bits per element of one window position
+  return s.window_format ? s.window_format->bits_per_element(s.model.head_dim) : 16.0;
+}
+}  // namespace
+
 int CacheSpec::window_at(int ctx) const {
   if (fill_bits <= 0 || ctx <= 0) return recent_window;
-  // Whole f16 positions (16 bits per element each, over ctx) that fit next to the slots.
-  const int positions = static_cast<int>(std::floor((fill_bits - bits) * ctx / 16.0 + 1e-9));
-  return std::max(0, positions - sinks);
+  // Whole window positions that fit next to the slots and the f16 sinks, over ctx positions.
+  const double room = (fill_bits - bits) * ctx - 16.0 * sinks;
+  return std::max(0, static_cast<int>(std::floor(room / copy_bits(*this) + 1e-9)));
+}
+
+double CacheSpec::window_bits(int ctx) const {
+  if (ctx <= 0) return 0.0;
+  const int s = std::min(sinks, ctx), w = std::min(window_at(ctx), ctx - s);
+  return (16.0 * s + copy_bits(*this) * w) / ctx;
 }
 
 double CacheSpec::bits_all_at(int ctx) const {
@@ -291,7 +316,8 @@ SpecState::SpecState(const CacheSpec& spec, const ContiguousCache& cache)
     centring_.outliers = outliers_.get();
   }
   const int window = spec.window_at(cache.capacity());
-  if (window > 0 || spec.sinks > 0) recent_ = std::make_unique<RecentWindow>(cache, window, 512, spec.sinks);
+  if (window > 0 || spec.sinks > 0)
+    recent_ = std::make_unique<RecentWindow>(cache, window, 512, spec.sinks, spec.window_format);
 }
 
 void check_cache_spec(const std::string& spec) {

@@ -22,6 +22,7 @@
 //     o<N>           study: N outlier key channels per (layer, kv head) at one more bit, each
 //                    part its own rotation and norm (outlier_keys.h; quality only, simulated
 //                    storage, bits counted as the split codec's)
+//     wq<B>          the window's copies as B-bit Mse codes (k<B>v<B>, B in 4..8) instead of f16
 //     fill<B>        a recent window as long as fits in B bits per element at the cache's
 //                    capacity (instead of w<N>: the window grows with the context, the bits
 //                    per element stay at most B)
@@ -49,6 +50,7 @@ struct CacheSpec {
   int sinks = 0;          // sink<N>: uncompressed copies of the first N tokens
   double fill_bits = 0;   // fill<B>: the window is as long as B bits per element allow (0: off)
   int outliers = 0;       // o<N>: outlier key channels (study, OutlierKeySplit)
+  const Format* window_format = nullptr;  // wq<B>: how the window is stored (nullptr: f16)
   std::vector<int> split_key_bits;  // o<N>: [n_layers] each layer's b (0 = not split)
   ModelConfig model;      // the config the spec was resolved for
   double bits = 0;      // bits per element of the compressed layers' slots (metadata included)
@@ -57,9 +59,7 @@ struct CacheSpec {
   // spread over a full cache of ctx positions (= bits without copies).
   double bits_at(int ctx) const { return bits + window_bits(ctx); }
   double bits_all_at(int ctx) const;
-  double window_bits(int ctx) const {
-    return ctx > 0 ? 16.0 * std::min(window_at(ctx) + sinks, ctx) / ctx : 0.0;
-  }
+  double window_bits(int ctx) const;
   // The recent window of a cache of ctx positions: w<N>'s N, or what fill<B> leaves room for.
   int window_at(int ctx) const;
 };

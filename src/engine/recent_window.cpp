@@ -12,7 +12,8 @@ namespace {
 
 constexpr float kNone = -std::numeric_limits<float>::infinity();
 
-ContiguousCacheConfig copy_config(const ContiguousCache& main, int window, int max_batch, int sinks) {
+ContiguousCacheConfig copy_config(const ContiguousCache& main, int window, int max_batch, int sinks,
+                                  const Format* window_format) {
   if (window < 0 || sinks < 0 || window + sinks < 1)
     throw Error(ErrorCode::InvalidArgument, "uncompressed copies: need a recent window or sinks of at least 1 token");
   if (sinks > RecentWindow::kMaxSinks)
@@ -23,7 +24,7 @@ ContiguousCacheConfig copy_config(const ContiguousCache& main, int window, int m
   c.n_kv_heads = main.n_kv_heads();
   c.head_dim = main.head_dim();
   c.capacity = window > 0 ? window + max_batch : 1;  // a sinks-only instance never writes it
-  c.layer_formats.assign(main.n_layers(), &find_format("f16"));
+  c.layer_formats.assign(main.n_layers(), window_format ? window_format : &find_format("f16"));
   c.seed = main.config().seed;
   return c;
 }
@@ -48,13 +49,14 @@ void merge_part(size_t rows, int d, float* out, float* lse, const float* part, c
 
 }  // namespace
 
-RecentWindow::RecentWindow(const ContiguousCache& main, int window, int max_batch, int sinks)
+RecentWindow::RecentWindow(const ContiguousCache& main, int window, int max_batch, int sinks,
+                           const Format* window_format)
     : window_(window),
       max_batch_(max_batch),
       sinks_(sinks),
       n_kv_heads_(main.n_kv_heads()),
       head_dim_(main.head_dim()),
-      copies_(copy_config(main, window, max_batch, sinks)) {
+      copies_(copy_config(main, window, max_batch, sinks, window_format)) {
   covered_.resize(main.n_layers());
   for (int l = 0; l < main.n_layers(); ++l) covered_[l] = main.format(l).compressed();
   const size_t n = static_cast<size_t>(main.n_layers()) * n_kv_heads_ * sinks_ * head_dim_;
@@ -158,9 +160,16 @@ size_t RecentWindow::bytes_per_window_position() const {
   return b;
 }
 
+size_t RecentWindow::bytes_per_sink_position() const {
+  size_t b = 0;
+  for (int l = 0; l < copies_.n_layers(); ++l)
+    if (covers(l)) b += static_cast<size_t>(4) * head_dim_ * n_kv_heads_;  // f16 key and value
+  return b;
+}
+
 size_t RecentWindow::copy_bytes(int64_t held) const {
-  const int64_t positions = std::min<int64_t>(window_, held) + std::min<int64_t>(sinks_, held);
-  return bytes_per_window_position() * static_cast<size_t>(positions);
+  return bytes_per_window_position() * static_cast<size_t>(std::min<int64_t>(window_, held)) +
+         bytes_per_sink_position() * static_cast<size_t>(std::min<int64_t>(sinks_, held));
 }
 
 }  // namespace tqkv::engine

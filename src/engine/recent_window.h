@@ -32,7 +32,10 @@ class RecentWindow {
   // Throws tqkv::Error(InvalidArgument) for a negative window or sink count, both 0, more than
   // kMaxSinks sinks or
   // max_batch < 1.
-  RecentWindow(const ContiguousCache& main, int window, int max_batch = 512, int sinks = 0);
+  // window_format: how the window's copies are stored (default f16; an 8-bit Mse pair costs
+  // half as much for a near-f16 window). Sinks are always f16.
+  RecentWindow(const ContiguousCache& main, int window, int max_batch = 512, int sinks = 0,
+               const Format* window_format = nullptr);
 
   int window() const { return window_; }
   int sinks() const { return sinks_; }
@@ -50,8 +53,9 @@ class RecentWindow {
   void attention(const ContiguousCache& main, int layer, const float* q, int n, int64_t pos0,
                  const AttentionParams& params, float* out);
 
-  // Bytes of the copies for one position of every covered (layer, kv head).
+  // Bytes of one window / one sink position of every covered (layer, kv head).
   size_t bytes_per_window_position() const;
+  size_t bytes_per_sink_position() const;
   // Bytes of all copies once the cache holds `held` positions (the prefill workspace not counted).
   size_t copy_bytes(int64_t held) const;
 

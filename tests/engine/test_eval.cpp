@@ -119,7 +119,20 @@ TEST(CacheSpec, SinksAndFillCountTheirCopies) {
     EXPECT_EQ(st.recent()->window(), 31);
     EXPECT_EQ(st.recent()->sinks(), 1);
   }
+  // wq<B>: the window's copies as B-bit Mse pairs, counted at their own bits (8.25 at d = 64).
+  const CacheSpec q8 = resolve_cache_spec("tq-k4v4+sink1+wq8+fill4.375", cfg);
+  EXPECT_EQ(q8.window_at(512), 5);  // (0.125 * 512 - 16) / 8.25 = 5.8
+  EXPECT_DOUBLE_EQ(q8.bits_at(512), 4.25 + (16.0 + 8.25 * 5) / 512);
+  {
+    ContiguousCache cache = make_spec_cache(q8, cfg, 512);
+    SpecState st(q8, cache);
+    ASSERT_NE(st.recent(), nullptr);
+    EXPECT_EQ(st.recent()->window(), 5);
+    EXPECT_EQ(st.recent()->bytes_per_window_position(), 26u * 3 * 132);  // 26 compressed layers
+    EXPECT_EQ(st.recent()->bytes_per_sink_position(), 26u * 3 * 256);
+  }
   for (const char* bad : {"tq-k4v4+sink0", "tq-k4v4+sink65", "tq-k4v4+sinkx", "tq-k4v4+sink2x", "tq-k4v4+fill4",
+                          "tq-k4v4+wq3", "tq-k4v4+wq9", "tq-k4v4+wqx",
                           "tq-k4v4+fill4.5+w8", "tq-k4v4+fillx", "tq-k4v4+fill-1"})
     EXPECT_THROW(resolve_cache_spec(bad, cfg), std::invalid_argument) << bad;
 }

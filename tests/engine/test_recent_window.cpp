@@ -114,7 +114,9 @@ TEST(RecentWindow, SinksWindowAndCompressedPartsMergeExactly) {
     const auto want = oracle(s.cache, 1, k, v, q, n_total, 0, S, W);
     EXPECT_LT(rel_error(out, want), 1e-5) << "S=" << S << " W=" << W;
     // Memory: S sink positions and W window positions of f16 copies.
-    EXPECT_EQ(rw.copy_bytes(n_total), rw.bytes_per_window_position() * static_cast<size_t>(S + std::min(W, n_total)));
+    EXPECT_EQ(rw.copy_bytes(n_total), rw.bytes_per_window_position() * static_cast<size_t>(std::min(W, n_total)) +
+                                          rw.bytes_per_sink_position() * static_cast<size_t>(S));
+    EXPECT_EQ(rw.bytes_per_sink_position(), rw.bytes_per_window_position());  // both f16 here
   }
 }
 
