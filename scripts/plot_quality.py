@@ -90,6 +90,15 @@ def markdown(ours, llama, passkey):
     return "\n".join(out) + "\n"
 
 
+def short_label(fmt):
+    """Plot label: a spec's per-layer lists (L<i>.<j>=k<K>v<V>) shortened to one 'L..'."""
+    if len(fmt) <= 28:
+        return fmt
+    import re
+    rest = re.sub(r"\+L[\d.]+=k\d+v\d+", "", fmt)
+    return rest.replace("+", "+L..+", 1) if rest != fmt else fmt
+
+
 def plot(ours, llama, png):
     import matplotlib
     matplotlib.use("Agg")
@@ -103,7 +112,7 @@ def plot(ours, llama, png):
         ax.scatter([r["bits_per_element"] for r in rs], [r["kl_mean"] for r in rs], marker=markers.get(ctx, "^"),
                    color="tab:blue" if ctx == 512 else "tab:green", label=f"tqkv, ctx {ctx}", zorder=3)
         for i, r in enumerate(sorted(rs, key=lambda r: (r["bits_per_element"], r["kl_mean"]))):
-            ax.annotate(f"{r['format']} ({ctx})", (r["bits_per_element"], r["kl_mean"]), fontsize=6,
+            ax.annotate(f"{short_label(r['format'])} ({ctx})", (r["bits_per_element"], r["kl_mean"]), fontsize=6,
                         xytext=(5, -2), textcoords="offset points")
     for ctx in sorted({r["ctx"] for r in llama}):
         ls = [r for r in llama if r["ctx"] == ctx and r["kl_mean"] and r["kl_mean"] > 0]

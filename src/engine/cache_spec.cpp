@@ -43,6 +43,25 @@ const Format& variant_format(KeyCodec kc, int kb, ValueCodec vc, int vb, bool nc
   throw std::invalid_argument("cache spec '" + spec + "': " + why);
 }
 
+// The number after the first `prefix` characters of option o, checked to lie in [lo, hi] (an
+// integer unless fractional); a malformed or out-of-range one is a bad spec.
+double option_number(const std::string& spec, const std::string& o, size_t prefix, double lo, double hi,
+                     const char* what, bool fractional = false) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = fractional ? std::stod(o.substr(prefix), &used) : std::stoi(o.substr(prefix), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != o.size() - prefix || !(x >= lo && x <= hi)) {
+    std::ostringstream os;
+    os << "bad " << what << " '" << o << "' (" << lo << ".." << hi << ")";
+    bad_spec(spec, os.str());
+  }
+  return x;
+}
+
 bool parse_kv(const std::string& s, int& kb, int& vb) {
   if (s.size() < 4 || s[0] != 'k') return false;
   const size_t v = s.find('v');
@@ -148,50 +167,17 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
     } else if (o == "raw") {
       nc = false;
     } else if (o.size() > 1 && o[0] == 'w' && std::isdigit(static_cast<unsigned char>(o[1]))) {
-      size_t used = 0;
-      try {
-        out.recent_window = std::stoi(o.substr(1), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != o.size() - 1 || out.recent_window < 1 || out.recent_window > (1 << 20))
-        bad_spec(spec, "bad recent window '" + o + "'");
+      out.recent_window = static_cast<int>(option_number(spec, o, 1, 1, 1 << 20, "recent window"));
     } else if (o.size() > 1 && o[0] == 'o' && std::isdigit(static_cast<unsigned char>(o[1]))) {
-      size_t used = 0;
-      try {
-        out.outliers = std::stoi(o.substr(1), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != o.size() - 1 || out.outliers < 2 || out.outliers % 2 != 0 || out.outliers >= cfg.head_dim)
-        bad_spec(spec, "bad outlier channel count '" + o + "' (even, 2.." + std::to_string(cfg.head_dim - 2) + ")");
+      out.outliers = static_cast<int>(option_number(spec, o, 1, 2, cfg.head_dim - 2, "outlier channel count"));
+      if (out.outliers % 2 != 0) bad_spec(spec, "outlier channel count '" + o + "' must be even");
     } else if (o.rfind("wq", 0) == 0 && o.size() > 2) {
-      int b = 0;
-      size_t used = 0;
-      try {
-        b = std::stoi(o.substr(2), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != o.size() - 2 || b < 4 || b > 8) bad_spec(spec, "bad window code width '" + o + "' (4..8)");
+      const int b = static_cast<int>(option_number(spec, o, 2, 4, 8, "window code width"));
       out.window_format = &variant_format(KeyCodec::Mse, b, ValueCodec::Mse, b, true, Law::Sphere, RotationKind::Srht);
     } else if (o.rfind("fill", 0) == 0 && o.size() > 4) {
-      size_t used = 0;
-      try {
-        out.fill_bits = std::stod(o.substr(4), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != o.size() - 4 || !(out.fill_bits > 0 && out.fill_bits <= 32)) bad_spec(spec, "bad bit budget '" + o + "'");
+      out.fill_bits = option_number(spec, o, 4, 1e-9, 32, "bit budget", true);
     } else if (o.rfind("sink", 0) == 0 && o.size() > 4) {
-      size_t used = 0;
-      try {
-        out.sinks = std::stoi(o.substr(4), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != o.size() - 4 || out.sinks < 1 || out.sinks > RecentWindow::kMaxSinks)
-        bad_spec(spec, "bad sink count '" + o + "' (1.." + std::to_string(RecentWindow::kMaxSinks) + ")");
+      out.sinks = static_cast<int>(option_number(spec, o, 4, 1, RecentWindow::kMaxSinks, "sink count"));
     } else if (o.rfind("skip", 0) == 0 && o.size() > 4) {
       try {
         skip = std::stoi(o.substr(4));
