@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -44,6 +45,23 @@ struct Row {
   double seconds, cpu_seconds, tokens_heads, bytes_per_s, speedup = 0, cpu_speedup = 0;
   int layers;
 };
+
+// A traits-table name, or k<K>v<V> (K, V in 1..8): Mse keys and values with the tq-k<K>v<V>
+// family's codecs (sphere law, SRHT, norm correction), as the engine's per-layer widths use.
+const tqkv::Format& bench_format(const std::string& name) {
+  using namespace tqkv;
+  if (const Format* f = try_find_format(name)) return *f;
+  int kb = 0, vb = 0;
+  char tail = 0;
+  if (std::sscanf(name.c_str(), "k%dv%d%c", &kb, &vb, &tail) != 2 || kb < 1 || kb > 8 || vb < 1 || vb > 8)
+    return find_format(name);  // throws, naming every valid format
+  static std::deque<std::string> names;
+  static std::deque<Format> made;
+  names.push_back(name);
+  made.push_back(Format{names.back().c_str(), KeyCodec::Mse, static_cast<uint8_t>(kb), ValueCodec::Mse,
+                        static_cast<uint8_t>(vb), true, Law::Sphere, RotationKind::Srht, "bench: Mse pair"});
+  return made.back();
+}
 
 // CPU time of the whole process (all threads): unlike wall time it does not grow while other
 // processes hold the cores, so on a shared machine it is the steadier measure of the kernel.
@@ -142,7 +160,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--dim", o.dim, "head dimension")->check(CLI::Range(2, 1024));
   cmd->add_option("--gqa", o.gqa, "query heads per kv head")->check(CLI::Range(1, 64));
   cmd->add_option("--kv-heads", o.kv_heads, "kv heads")->check(CLI::Range(1, 256));
-  cmd->add_option("--formats", o.formats, "comma-separated formats (default: all)");
+  cmd->add_option("--formats", o.formats, "comma-separated formats or k<K>v<V> Mse pairs (default: all)");
   cmd->add_option("--block-size", o.block_size, "page size in tokens (16, 32, 64, 128)");
   cmd->add_option("--layout", o.layout, "page arrangement: slot or page")->check(CLI::IsMember({"slot", "page"}));
   cmd->add_option("--threads", o.threads, "attention threads (default: all hardware threads)");
@@ -158,7 +176,7 @@ void register_bench(CLI::App& app) {
     if (o.formats.empty()) {
       for (const Format& f : all_formats()) formats.push_back(&f);
     } else {
-      for (const auto& name : split_list(o.formats)) formats.push_back(&find_format(name));
+      for (const auto& name : split_list(o.formats)) formats.push_back(&bench_format(name));
     }
     const Format* f16 = &find_format("f16");
     const bool listed_f16 = std::find(formats.begin(), formats.end(), f16) != formats.end();

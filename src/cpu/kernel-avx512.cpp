@@ -85,19 +85,27 @@ struct IsaAvx512 {
   template <int B>
   static __m512i code_ints(const uint8_t* p, int i) {
     if constexpr (B >= 5) {
-      // 16 codes in 2B bytes, read exactly as two 64-bit words of 8 codes; each 64-bit lane is
-      // shifted to one code, then the low halves are gathered in order. lut() masks the lanes.
-      uint64_t a0 = 0, a1 = 0;
-      std::memcpy(&a0, p + (i / 8) * B, B);
-      std::memcpy(&a1, p + (i / 8 + 1) * B, B);
-      const __m512i w = _mm512_set_epi64(static_cast<long long>(a1), static_cast<long long>(a1), static_cast<long long>(a1),
-                                         static_cast<long long>(a1), static_cast<long long>(a0), static_cast<long long>(a0),
-                                         static_cast<long long>(a0), static_cast<long long>(a0));
-      const __m512i lo = _mm512_srlv_epi64(w, _mm512_set_epi64(3 * B, 2 * B, B, 0, 3 * B, 2 * B, B, 0));
-      const __m512i hi = _mm512_srlv_epi64(w, _mm512_set_epi64(7 * B, 6 * B, 5 * B, 4 * B, 7 * B, 6 * B, 5 * B, 4 * B));
-      // lo's 32-bit lane 2k holds code k (k < 4) and 8 + (lane - 8) / 2 above; hi the codes + 4.
-      const __m512i order = _mm512_set_epi32(30, 28, 26, 24, 14, 12, 10, 8, 22, 20, 18, 16, 6, 4, 2, 0);
-      return _mm512_permutex2var_epi32(lo, order, hi);
+      // 16 codes in exactly 2B bytes (a masked load reads nothing past them), broadcast to the
+      // four 128-bit lanes; one byte shuffle gives lane k the two bytes that hold code k's bits
+      // (bit offset B*k: byte B*k/8, shift B*k%8, and shift + B <= 15), one variable shift
+      // puts the code at bit 0. Bits above B hold neighbours; lut() and codes() mask them.
+      static constexpr auto tables = [] {
+        struct {
+          int8_t ctl[64];
+          int32_t shift[16];
+        } t{};
+        for (int k = 0; k < 16; ++k) {
+          const int byte = B * k / 8, sh = B * k % 8;
+          t.ctl[4 * k] = static_cast<int8_t>(byte);
+          t.ctl[4 * k + 1] = sh + B > 8 ? static_cast<int8_t>(byte + 1) : static_cast<int8_t>(-128);
+          t.ctl[4 * k + 2] = t.ctl[4 * k + 3] = static_cast<int8_t>(-128);  // high bit set: zero
+          t.shift[k] = sh;
+        }
+        return t;
+      }();
+      const __m128i raw = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (2 * B)) - 1u), p + (i / 8) * B);
+      const __m512i two = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(raw), _mm512_loadu_si512(tables.ctl));
+      return _mm512_srlv_epi32(two, _mm512_loadu_si512(tables.shift));
     } else if constexpr (B == 4) {
       const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i / 2));
       return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, _mm_srli_epi16(b, 4)));
@@ -121,7 +129,16 @@ struct IsaAvx512 {
   }
   template <int B>
   static V lut(const uint8_t* p, int i, const float* table16) {
-    if constexpr (B >= 5) {  // table16 is the full 2^B-entry level table here
+    if constexpr (B == 5) {  // table16 is the full 2^B-entry level table here
+      // A 32-entry table in two registers: vpermi2ps reads the low 5 bits of each lane.
+      return _mm512_permutex2var_ps(_mm512_loadu_ps(table16), code_ints<B>(p, i), _mm512_loadu_ps(table16 + 16));
+    } else if constexpr (B == 6) {
+      // 64 entries: two 32-entry lookups, bit 5 of the code picks one.
+      const __m512i c = code_ints<B>(p, i);
+      const V lo = _mm512_permutex2var_ps(_mm512_loadu_ps(table16), c, _mm512_loadu_ps(table16 + 16));
+      const V hi = _mm512_permutex2var_ps(_mm512_loadu_ps(table16 + 32), c, _mm512_loadu_ps(table16 + 48));
+      return _mm512_mask_blend_ps(_mm512_test_epi32_mask(c, _mm512_set1_epi32(32)), lo, hi);
+    } else if constexpr (B >= 7) {
       return _mm512_i32gather_ps(_mm512_and_si512(code_ints<B>(p, i), _mm512_set1_epi32((1 << B) - 1)), table16, 4);
     } else {
       return _mm512_permutexvar_ps(code_ints<B>(p, i), _mm512_loadu_ps(table16));

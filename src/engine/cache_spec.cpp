@@ -256,8 +256,7 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
   out.bits_all = sum_all / cfg.n_layers;
   if (out.fill_bits > 0 && out.recent_window > 0) bad_spec(spec, "fill<B> and w<N> both set the recent window");
   if (out.fill_bits > 0 && out.fill_bits <= out.bits)
-    bad_spec(spec, "the slots alone take " + std::to_string(out.bits) + " bits per element, no room for fill" +
-                       std::to_string(out.fill_bits));
+    bad_spec(spec, "the slots alone take " + std::to_string(out.bits) + " bits per element: no room for a window");
   if (out.centre_keys) det << (out.scale_channels ? " centred+scaled-keys" : " centred-keys");
   if (out.recent_window) det << " f16-window-" << out.recent_window;
   if (out.fill_bits > 0) det << " window-to-" << out.fill_bits << "-bits";

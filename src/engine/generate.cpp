@@ -59,7 +59,7 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache
   st.kv_bytes_per_token = cache.bytes_per_token();
   const int64_t held = cache.seq_len() - cache.first_pos();
   st.kv_bytes = st.kv_bytes_per_token * static_cast<size_t>(held);
-  if (opt.recent)  // the f16 copies of the sinks and the last positions (prefill workspace not counted)
+  if (opt.recent)  // the copies of the sinks and the last positions (prefill workspace not counted)
     st.kv_bytes += opt.recent->copy_bytes(held);
   return st;
 }
