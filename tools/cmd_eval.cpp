@@ -21,7 +21,7 @@ namespace {
 
 const char* kDefaultFormats =
     "f16,fp8,turboquant_k8v4,turboquant_4bit_nc,turboquant_k3v4_nc,turboquant_3bit_nc,tq-k4v2,tq-k3v2,tq-k4v3,"
-    "tq-k4v4,tq-4.36,tq-3.36,tq-2.75";
+    "tq-k4v4,tq-4.36,tq-3.36,tq-2.75,tq-4.375,tq-3.375,tq-2.5";
 
 nlohmann::json row_json(const tqkv::engine::EvalRow& r) {
   return {{"format", r.format},     {"detail", r.detail},         {"ctx", r.ctx},
