@@ -86,17 +86,51 @@ struct IsaAvx2 {
   template <int B>
   static __m256i code_ints(const uint8_t* p, int i) {
     if constexpr (B >= 5) {
-      // 8 codes in exactly B bytes (no read past them): shift a 64-bit word per lane pair, keep
-      // each product's low 32 bits. Lanes hold code + neighbours' bits; lut() masks them.
-      uint64_t a = 0;
-      std::memcpy(&a, p + (i / 8) * B, B);
-      const __m256i w = _mm256_set1_epi64x(static_cast<long long>(a));
-      const __m256i lo = _mm256_srlv_epi64(w, _mm256_set_epi64x(3 * B, 2 * B, B, 0));
-      const __m256i hi = _mm256_srlv_epi64(w, _mm256_set_epi64x(7 * B, 6 * B, 5 * B, 4 * B));
-      const __m256i even = _mm256_set_epi32(6, 4, 2, 0, 6, 4, 2, 0);
-      return _mm256_blend_epi32(_mm256_permutevar8x32_epi32(lo, even), _mm256_permutevar8x32_epi32(hi, even), 0xf0);
+      // 8 codes in exactly B bytes (no read past them), in both 128-bit lanes; one byte shuffle
+      // gives lane k the two bytes that hold code k's bits (bit offset B*k: byte B*k/8, shift
+      // B*k%8, shift + B <= 15), one variable shift puts the code at bit 0. Bits above B hold
+      // neighbours; lut() and codes() mask them.
+      static constexpr auto tables = [] {
+        struct {
+          int8_t ctl[32];
+          int32_t shift[8];
+        } t{};
+        for (int k = 0; k < 8; ++k) {
+          const int byte = B * k / 8, sh = B * k % 8;
+          t.ctl[4 * k] = static_cast<int8_t>(byte);
+          t.ctl[4 * k + 1] = sh + B > 8 ? static_cast<int8_t>(byte + 1) : static_cast<int8_t>(-128);
+          t.ctl[4 * k + 2] = t.ctl[4 * k + 3] = static_cast<int8_t>(-128);  // high bit set: zero
+          t.shift[k] = sh;
+        }
+        return t;
+      }();
+      const __m256i w = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128(static_cast<long long>(load_bytes<B>(p + (i / 8) * B))));
+      const __m256i two = _mm256_shuffle_epi8(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tables.ctl)));
+      return _mm256_srlv_epi32(two, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tables.shift)));
     } else {
       return narrow_code_ints<B>(p, i);
+    }
+  }
+  // The B (5..8) bytes at p as the low bytes of a word, read as whole 4-, 2- and 1-byte loads:
+  // a memcpy of B bytes into a zeroed word went through the stack and stalled every read on a
+  // failed store-to-load forward (half of the 5-bit kernel's time).
+  template <int B>
+  static uint64_t load_bytes(const uint8_t* p) {
+    if constexpr (B == 8) {
+      uint64_t a;
+      std::memcpy(&a, p, 8);
+      return a;
+    } else {
+      uint32_t lo;
+      std::memcpy(&lo, p, 4);
+      uint64_t hi = 0;
+      if constexpr (B == 5 || B == 7) hi = p[B - 1];
+      if constexpr (B >= 6) {
+        uint16_t h;
+        std::memcpy(&h, p + 4, 2);
+        hi = (hi << 16) | h;
+      }
+      return lo | (hi << 32);
     }
   }
   template <int B>
@@ -119,10 +153,21 @@ struct IsaAvx2 {
   template <int B>
   static V lut(const uint8_t* p, int i, const float* table16) {
     const __m256i c = code_ints<B>(p, i);
-    if constexpr (B >= 5) {  // table16 is the full 2^B-entry level table here
+    if constexpr (B >= 7) {  // table16 is the full 2^B-entry level table here
       return _mm256_i32gather_ps(table16, _mm256_and_si256(c, _mm256_set1_epi32((1 << B) - 1)), 4);
     } else {
-      return lut16<B>(c, table16);
+      return lut_regs<B>(c, table16);
+    }
+  }
+  // 2^B entries in 8-entry registers: a lookup in each half of the table, the code's bit B-1
+  // picks one (5 bits: 4 permutes and 3 blends, which beat a gather; 6 bits: 8 and 7).
+  template <int B>
+  static V lut_regs(__m256i c, const float* table) {
+    if constexpr (B <= 4) {
+      return lut16<B>(c, table);
+    } else {
+      const V lo = lut_regs<B - 1>(c, table), hi = lut_regs<B - 1>(c, table + (1 << (B - 1)));
+      return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(c, 32 - B)));
     }
   }
   template <int B>
