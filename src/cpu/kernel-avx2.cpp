@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "kernel_impl.h"
+#include "wide_codes.h"
 
 namespace tqkv::cpu {
 namespace {
@@ -86,24 +87,9 @@ struct IsaAvx2 {
   template <int B>
   static __m256i code_ints(const uint8_t* p, int i) {
     if constexpr (B >= 5) {
-      // 8 codes in exactly B bytes (no read past them), in both 128-bit lanes; one byte shuffle
-      // gives lane k the two bytes that hold code k's bits (bit offset B*k: byte B*k/8, shift
-      // B*k%8, shift + B <= 15), one variable shift puts the code at bit 0. Bits above B hold
-      // neighbours; lut() and codes() mask them.
-      static constexpr auto tables = [] {
-        struct {
-          int8_t ctl[32];
-          int32_t shift[8];
-        } t{};
-        for (int k = 0; k < 8; ++k) {
-          const int byte = B * k / 8, sh = B * k % 8;
-          t.ctl[4 * k] = static_cast<int8_t>(byte);
-          t.ctl[4 * k + 1] = sh + B > 8 ? static_cast<int8_t>(byte + 1) : static_cast<int8_t>(-128);
-          t.ctl[4 * k + 2] = t.ctl[4 * k + 3] = static_cast<int8_t>(-128);  // high bit set: zero
-          t.shift[k] = sh;
-        }
-        return t;
-      }();
+      // 8 codes in exactly B bytes (no read past them) in both 128-bit lanes, then one byte
+      // shuffle and one shift (wide_codes.h). lut() and codes() mask the neighbours' bits.
+      static constexpr auto tables = wide_code_tables<B, 8>();
       const __m256i w = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128(static_cast<long long>(load_bytes<B>(p + (i / 8) * B))));
       const __m256i two = _mm256_shuffle_epi8(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tables.ctl)));
       return _mm256_srlv_epi32(two, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tables.shift)));

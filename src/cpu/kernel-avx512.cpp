@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "kernel_impl.h"
+#include "wide_codes.h"
 
 namespace tqkv::cpu {
 namespace {
@@ -86,23 +87,9 @@ struct IsaAvx512 {
   static __m512i code_ints(const uint8_t* p, int i) {
     if constexpr (B >= 5) {
       // 16 codes in exactly 2B bytes (a masked load reads nothing past them), broadcast to the
-      // four 128-bit lanes; one byte shuffle gives lane k the two bytes that hold code k's bits
-      // (bit offset B*k: byte B*k/8, shift B*k%8, and shift + B <= 15), one variable shift
-      // puts the code at bit 0. Bits above B hold neighbours; lut() and codes() mask them.
-      static constexpr auto tables = [] {
-        struct {
-          int8_t ctl[64];
-          int32_t shift[16];
-        } t{};
-        for (int k = 0; k < 16; ++k) {
-          const int byte = B * k / 8, sh = B * k % 8;
-          t.ctl[4 * k] = static_cast<int8_t>(byte);
-          t.ctl[4 * k + 1] = sh + B > 8 ? static_cast<int8_t>(byte + 1) : static_cast<int8_t>(-128);
-          t.ctl[4 * k + 2] = t.ctl[4 * k + 3] = static_cast<int8_t>(-128);  // high bit set: zero
-          t.shift[k] = sh;
-        }
-        return t;
-      }();
+      // four 128-bit lanes, then one byte shuffle and one shift (wide_codes.h). lut() and
+      // codes() mask the neighbours' bits above B.
+      static constexpr auto tables = wide_code_tables<B, 16>();
       const __m128i raw = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (2 * B)) - 1u), p + (i / 8) * B);
       const __m512i two = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(raw), _mm512_loadu_si512(tables.ctl));
       return _mm512_srlv_epi32(two, _mm512_loadu_si512(tables.shift));
