@@ -11,7 +11,8 @@
 
 #include "cli_util.h"
 #include "commands.h"
-#include "engine/eval.h"
+#include "eval/eval.h"
+#include "engine/cpu_device.h"
 #include "engine/gguf.h"
 #include "engine/paths.h"
 #include "engine/tokenizer.h"
@@ -23,7 +24,7 @@ const char* kDefaultFormats =
     "f16,fp8,turboquant_k8v4,turboquant_4bit_nc,turboquant_k3v4_nc,turboquant_3bit_nc,tq-k4v2,tq-k3v2,tq-k4v3,"
     "tq-k4v4,tq-4.36,tq-3.36,tq-2.75,tq-4.375,tq-3.375,tq-2.5";
 
-nlohmann::json row_json(const tqkv::engine::EvalRow& r) {
+nlohmann::json row_json(const tqkv::eval::EvalRow& r) {
   return {{"format", r.format},     {"detail", r.detail},         {"ctx", r.ctx},
           {"chunks", r.chunks},     {"scored_tokens", r.tokens},  {"bits_per_element", r.bits},
           {"bits_all_layers", r.bits_all}, {"bytes_per_token", r.bytes_per_token}, {"ppl", r.ppl},
@@ -61,6 +62,7 @@ std::string markdown(const nlohmann::json& runs) {
 void register_eval(CLI::App& app) {
   auto* cmd = app.add_subcommand("eval", "Quality per bit: every KV-cache format vs the f32 cache on a model and text");
   struct Opts {
+    std::string device = "cpu";
     std::string model, text, formats = kDefaultFormats, ctx = "512,4096", json, markdown;
     int tokens = 20480, threads = 0, batch = 512;
   };
@@ -72,19 +74,21 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--tokens", o.tokens, "text tokens per context size (floor(tokens/ctx) chunks)")->capture_default_str();
   cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_option("--json", o.json, "write the results as JSON to this file (updated after every chunk)");
   cmd->add_option("--markdown", o.markdown, "write the Markdown table to this file");
   cmd->callback([] {
     using namespace tqkv::engine;
+    using namespace tqkv::eval;
     set_num_threads(o.threads);
     const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string tpath = o.text.empty() ? default_text_path() : o.text;
     const std::string text = read_text(tpath);
     GgufFile file = GgufFile::open(mpath);
     Tokenizer tok = Tokenizer::from_gguf(file);
-    Model model = Model::load(file);
+    Model model = Model::load(file, make_device(o.device));
     std::vector<CacheSpec> specs;
-    for (const std::string& s : split_list(o.formats)) specs.push_back(resolve_cache_spec(s, model.config()));
+    for (const std::string& s : split_list(o.formats)) specs.push_back(model.resolve(s));
     const std::vector<int32_t> tokens = tok.encode(text, false, false);
     nlohmann::json out = {{"model", mpath}, {"text", tpath}, {"text_tokens", tokens.size()},
                           {"head_dim", model.config().head_dim}, {"n_layers", model.config().n_layers},
@@ -116,6 +120,7 @@ void register_eval(CLI::App& app) {
 void register_passkey(CLI::App& app) {
   auto* cmd = app.add_subcommand("passkey", "Passkey retrieval at long context, per cache format, context and depth");
   struct Opts {
+    std::string device = "cpu";
     std::string model, text, formats = "f16,turboquant_4bit_nc,turboquant_3bit_nc,tq-4.36,tq-3.36", ctx = "1024,4096",
                              depths = "0.1,0.5,0.9", json;
     int trials = 4, threads = 0;
@@ -130,17 +135,19 @@ void register_passkey(CLI::App& app) {
   cmd->add_option("--trials", o.trials, "trials per cell")->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of the keys and haystack offsets")->capture_default_str();
   cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_option("--json", o.json, "write the cells as JSON to this file (updated after every cell)");
   cmd->callback([] {
     using namespace tqkv::engine;
+    using namespace tqkv::eval;
     set_num_threads(o.threads);
     const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string text = read_text(o.text.empty() ? default_text_path() : o.text);
     GgufFile file = GgufFile::open(mpath);
     Tokenizer tok = Tokenizer::from_gguf(file);
-    Model model = Model::load(file);
+    Model model = Model::load(file, make_device(o.device));
     std::vector<CacheSpec> specs;
-    for (const std::string& s : split_list(o.formats)) specs.push_back(resolve_cache_spec(s, model.config()));
+    for (const std::string& s : split_list(o.formats)) specs.push_back(model.resolve(s));
     PasskeyOptions p;
     p.ctx.clear();
     for (const auto& c : split_list(o.ctx)) p.ctx.push_back(std::stoi(c));

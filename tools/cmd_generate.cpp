@@ -9,6 +9,8 @@
 #include "commands.h"
 #include "engine/generate.h"
 #include "engine/cache_spec.h"
+#include "engine/model_recipes.h"
+#include "engine/cpu_device.h"
 #include "engine/gguf.h"
 #include "engine/paths.h"
 #include "tqkv/format.h"
@@ -25,6 +27,7 @@ constexpr const char* kDefaultGenerateFormat = "turboquant_k8v4";
 void register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate text with a GGUF model, the KV cache in any tqkv format");
   struct Opts {
+    std::string device = "cpu";
     std::string model, prompt = kDefaultPrompt, format = kDefaultGenerateFormat;
     int n = 128, ctx = 2048, skip = -1, threads = 0, top_k = 40;
     float temp = 0.0f, top_p = 0.95f;
@@ -36,7 +39,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("-p,--prompt", o.prompt, "prompt text (wrapped in the model's chat template unless --raw)")
       ->capture_default_str();
   cmd->add_option("-n,--n-predict", o.n, "tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help())->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help(tqkv::engine::known_recipe_names()))->capture_default_str();
   cmd->add_option("--kv-skip-layers", o.skip,
                   "first and last N layers keep an f16 cache (default: 2 for compressed formats, capped at half)");
   cmd->add_option("-c,--ctx", o.ctx, "context length (cache capacity), capped at the model's")
@@ -46,23 +49,24 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-p", o.top_p, "nucleus cut when sampling")->capture_default_str();
   cmd->add_option("--seed", o.seed, "sampling seed")->capture_default_str();
   cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_flag("--raw", o.raw, "feed the prompt as is, without the chat template");
   cmd->add_flag("-q,--quiet", o.quiet, "print only the generated text and the stats line");
   cmd->add_flag("--ignore-eos", o.ignore_eos, "generate all -n tokens even past end of turn (for timing)");
   cmd->callback([] {
     using namespace tqkv::engine;
-    check_cache_spec(o.format);  // a bad spec fails before the model loads
+    check_cache_spec(o.format, known_recipe_names());  // a bad spec fails before the model loads
     set_num_threads(o.threads);            // the engine's matrix products
     tqkv::set_attention_threads(o.threads);  // and tqkv::attention (0 = default)
     const std::string path = o.model.empty() ? default_model_path() : o.model;
     GgufFile file = GgufFile::open(path);
     Tokenizer tok = Tokenizer::from_gguf(file);
-    Model model = Model::load(file);
+    Model model = Model::load(file, make_device(o.device));
     const ModelConfig& c = model.config();
     const int ctx = std::min(o.ctx, c.ctx_train);
-    const CacheSpec spec = resolve_cache_spec(o.skip >= 0 ? o.format + "+skip" + std::to_string(o.skip) : o.format, c);
-    tqkv::ContiguousCache cache = make_spec_cache(spec, c, ctx);
-    SpecState state(spec, cache);
+    const CacheSpec spec = model.resolve(o.skip >= 0 ? o.format + "+skip" + std::to_string(o.skip) : o.format);
+    std::unique_ptr<KvCache> cache = model.make_cache(spec, ctx);
+    const int64_t seq = cache->add_sequence();
     std::string text = o.raw ? o.prompt : tok.apply_chat_template({{"user", o.prompt}}, true);
     // Templates that spell out the BOS marker (Llama 3) must not get a second one.
     const bool bos_in_text = tok.bos() >= 0 && text.rfind(tok.piece(tok.bos()), 0) == 0;
@@ -81,9 +85,7 @@ void register_generate(CLI::App& app) {
     g.n_predict = o.n;
     g.sampler = {o.temp, o.top_k, o.top_p, o.seed};
     g.stop_at_end_of_generation = !o.ignore_eos;
-    g.centring = state.centring();
-    g.recent = state.recent();
-    const GenerateStats st = generate(model, tok, cache, prompt, g, [&](int32_t id) {
+    const GenerateStats st = generate(model, tok, *cache, seq, prompt, g, [&](int32_t id) {
       if (tok.is_control(id)) return;
       const std::string p = tok.piece(id);
       std::fwrite(p.data(), 1, p.size(), stdout);
@@ -93,9 +95,9 @@ void register_generate(CLI::App& app) {
     std::fflush(stdout);
     std::fprintf(stderr,
                  "\nprompt: %d tokens, %.1f tokens/s | decode: %d tokens, %.1f tokens/s | kv cache (%s): %zu bytes "
-                 "(%zu bytes/token) | per CPU-second: prompt %.1f, decode %.1f tokens\n",
+                 "(%.0f bytes/token, copies included) | per CPU-second: prompt %.1f, decode %.1f tokens\n",
                  st.n_prompt, st.prompt_tokens_per_second(), st.n_decoded, st.decode_tokens_per_second(),
-                 o.format.c_str(), st.kv_bytes, st.kv_bytes_per_token, st.prompt_tokens_per_cpu_second(),
+                 o.format.c_str(), st.kv.total(), st.kv.per_token(), st.prompt_tokens_per_cpu_second(),
                  st.decode_tokens_per_cpu_second());
   });
 }

@@ -9,9 +9,11 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "engine/cache_spec.h"
+#include "engine/model_recipes.h"
+#include "engine/cpu_device.h"
 #include "engine/gguf.h"
 #include "engine/paths.h"
-#include "engine/perplexity.h"
+#include "eval/perplexity.h"
 #include "engine/tokenizer.h"
 #include "tqkv/error.h"
 #include "tqkv/format.h"
@@ -20,6 +22,7 @@
 void register_perplexity(CLI::App& app) {
   auto* cmd = app.add_subcommand("perplexity", "Perplexity and KL/top-1 vs the f32 cache of a GGUF model on a text");
   struct Opts {
+    std::string device = "cpu";
     std::string model, text, format = "f32";
     int ctx = 512, chunks = 0, skip = -1, threads = 0, batch = 512;
     bool json = false, no_compare = false;
@@ -30,14 +33,16 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("-c,--ctx", o.ctx, "tokens per chunk")->check(CLI::Range(16, 1 << 20))->capture_default_str();
   cmd->add_option("--chunks", o.chunks, "score at most this many chunks (0: all)")->capture_default_str();
   cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help())->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help(tqkv::engine::known_recipe_names()))->capture_default_str();
   cmd->add_option("--kv-skip-layers", o.skip, "first and last N layers keep an f16 cache (default: the formats')");
   cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_flag("--no-compare", o.no_compare, "skip the f32-cache run (no KL / top-1)");
   cmd->add_flag("--json", o.json, "print one JSON object: ppl, kld, top1, tokens, kv_bytes_per_token");
   cmd->callback([] {
     using namespace tqkv::engine;
-    check_cache_spec(o.format);  // a bad spec fails before the model loads
+    using namespace tqkv::eval;
+    check_cache_spec(o.format, known_recipe_names());  // a bad spec fails before the model loads
     set_num_threads(o.threads);            // the engine's matrix products
     tqkv::set_attention_threads(o.threads);  // and tqkv::attention (0 = default)
     const std::string mpath = o.model.empty() ? default_model_path() : o.model;
@@ -45,7 +50,7 @@ void register_perplexity(CLI::App& app) {
     const std::string text = read_text(tpath);
     GgufFile file = GgufFile::open(mpath);
     Tokenizer tok = Tokenizer::from_gguf(file);
-    Model model = Model::load(file);
+    Model model = Model::load(file, make_device(o.device));
     // The text is data, not a prompt: special-token markup in it stays plain text.
     const std::vector<int32_t> tokens = tok.encode(text, false, false);
     PerplexityOptions p;

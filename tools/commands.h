@@ -12,4 +12,5 @@ void register_generate(CLI::App& app);
 void register_perplexity(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_passkey(CLI::App& app);
+void register_calibrate(CLI::App& app);
 #endif

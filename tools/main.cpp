@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   register_perplexity(app);
   register_eval(app);
   register_passkey(app);
+  register_calibrate(app);
 #endif
   try {
     app.parse(argc, argv);

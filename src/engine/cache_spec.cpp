@@ -6,7 +6,9 @@
 #include <deque>
 #include <mutex>
 #include <sstream>
-#include <stdexcept>
+
+#include "tqkv/contiguous_cache.h"
+#include "tqkv/error.h"
 
 namespace tqkv::engine {
 namespace {
@@ -40,7 +42,7 @@ const Format& variant_format(KeyCodec kc, int kb, ValueCodec vc, int vb, bool nc
 }
 
 [[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
-  throw std::invalid_argument("cache spec '" + spec + "': " + why);
+  throw Error(ErrorCode::InvalidArgument, "cache spec '" + spec + "': " + why);
 }
 
 // The number after the first `prefix` characters of option o, checked to lie in [lo, hi] (an
@@ -93,50 +95,27 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 }  // namespace
 
-const std::vector<std::pair<std::string, std::string>>& named_recipes() {
-  static const std::vector<std::pair<std::string, std::string>> r = {
-      // Chosen on SmolLM2-135M-Instruct (30 layers, head_dim 64), centred keys (channel
-      // balancing did not help at 4K). tq-4.36: key and value bits per layer from
-      // scripts/allocate_bits.py over a per-layer scan on Exodus (not the evaluation text);
-      // tq-3.36: the six most key-sensitive layers get one more key bit (the allocator's
-      // 3.365-bit answer measured no better). See docs/FORMAT.md, "Named recipes".
-      {"tq-4.36", "k5v4+c+L4.6.7.8.24.25=k4v3+L3.11=k4v4+L14.15.20.22.26.27=k5v3+L17=k6v3"},
-      {"tq-3.36", "k3v3+c+L19.18.13.25.17.23=k4v3"},
-      // Bases for long contexts, meant with a recent window whose f16 copies the budget pays
-      // for at 4K: tq-4.25+w32 and tq-3.12+w64 are 4.375 / 3.365 bits at ctx 4096 (same
-      // allocator, budgets 4.25 / 3.125).
-      {"tq-4.25", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3"},
-      {"tq-3.12", "k4v2+c+L4.5.6.7.8.9.24.25.26=k3v2+L3.10.11=k3v3+L2=k4v3+L17=k5v2"},
-      {"tq-2.75", "k3v2+c"},
-      // Budgets: the slots plus copies of the attention sink (BOS, f16) and of a recent window
-      // stored as 6-bit Mse codes (wq6: near-f16 quality at 6.25 bits, so the window is 2.5x
-      // longer than an f16 one for the same bits), as long as the budget allows at the cache's
-      // capacity (fill): at most 4.375 / 3.375 / 2.5 bits per element at every context. Slot
-      // bits per layer from a second per-layer scan on Exodus with +sink1+w7 on
-      // (scripts/allocate_bits.py --suffix, budgets 3.125 and 2.375); at 4.25 that scan's
-      // answer was no better than tq-4.25's, which tq-4.375 keeps.
-      {"tq-4.375", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3+sink1+wq6+fill4.375"},
-      {"tq-3.375", "k3v2+c+L11=k2v2+L5.7.8.9.16.18.20.26=k4v2+L14.15.17.21.23.24=k4v3+sink1+wq6+fill3.375"},
-      {"tq-2.5", "k2v2+c+L5.8.9.14.20.23=k3v2+sink1+wq6+fill2.5"},
-  };
-  return r;
-}
-
-CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
+CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg, const SpecSources& sources) {
   std::vector<std::string> parts = split(spec, '+');
   std::string base = parts[0];
   std::vector<std::string> opts(parts.begin() + 1, parts.end());
-  for (const auto& [name, recipe] : named_recipes())
+  bool recipe_found = false;
+  for (const auto& [name, recipe] : sources.recipes)
     if (base == name) {
       std::vector<std::string> rp = split(recipe, '+');
       base = rp[0];
       opts.insert(opts.begin(), rp.begin() + 1, rp.end());
+      recipe_found = true;
       break;
     }
+  if (!recipe_found && sources.why_not) {
+    const std::string why = sources.why_not(base);
+    if (!why.empty()) bad_spec(spec, why);
+  }
   const Format* f = try_find_format(base);
   int kb = 0, vb = 0;
   if (!f) {
-    if (!parse_kv(base, kb, vb)) bad_spec(spec, "unknown format '" + base + "'; valid: " + format_names_joined());
+    if (!parse_kv(base, kb, vb)) bad_spec(spec, "unknown format or recipe '" + base + "'; formats: " + format_names_joined());
     f = &variant_format(KeyCodec::Mse, kb, ValueCodec::Mse, vb, true, Law::Sphere, RotationKind::Srht);
   }
   KeyCodec kc = f->key;
@@ -168,16 +147,13 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
       nc = false;
     } else if (o.size() > 1 && o[0] == 'w' && std::isdigit(static_cast<unsigned char>(o[1]))) {
       out.recent_window = static_cast<int>(option_number(spec, o, 1, 1, 1 << 20, "recent window"));
-    } else if (o.size() > 1 && o[0] == 'o' && std::isdigit(static_cast<unsigned char>(o[1]))) {
-      out.outliers = static_cast<int>(option_number(spec, o, 1, 2, cfg.head_dim - 2, "outlier channel count"));
-      if (out.outliers % 2 != 0) bad_spec(spec, "outlier channel count '" + o + "' must be even");
     } else if (o.rfind("wq", 0) == 0 && o.size() > 2) {
       const int b = static_cast<int>(option_number(spec, o, 2, 4, 8, "window code width"));
       out.window_format = &variant_format(KeyCodec::Mse, b, ValueCodec::Mse, b, true, Law::Sphere, RotationKind::Srht);
     } else if (o.rfind("fill", 0) == 0 && o.size() > 4) {
       out.fill_bits = option_number(spec, o, 4, 1e-9, 32, "bit budget", true);
     } else if (o.rfind("sink", 0) == 0 && o.size() > 4) {
-      out.sinks = static_cast<int>(option_number(spec, o, 4, 1, RecentWindow::kMaxSinks, "sink count"));
+      out.sinks = static_cast<int>(option_number(spec, o, 4, 1, CacheSpec::kMaxSinks, "sink count"));
     } else if (o.rfind("skip", 0) == 0 && o.size() > 4) {
       try {
         skip = std::stoi(o.substr(4));
@@ -224,30 +200,15 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
     for (int l : layers)
       if (out.layers[l]->compressed()) out.layers[l] = &make(kv.first, kv.second);
   const int d = cfg.head_dim;
-  // o<N>: the split's bits per element (b per channel, N more bits, a second fp16 norm) are
-  // counted; the layer stores the reconstruction through 8-bit key codes (outlier_keys.h).
-  std::vector<double> split_extra(cfg.n_layers, 0.0);
-  if (out.outliers > 0) {
-    out.split_key_bits.assign(cfg.n_layers, 0);
-    for (int l = 0; l < cfg.n_layers; ++l) {
-      const Format& lf = *out.layers[l];
-      if (!lf.compressed()) continue;
-      if (lf.key != KeyCodec::Mse || lf.key_bits > 7) bad_spec(spec, "o<N> needs Mse keys of at most 7 bits");
-      out.split_key_bits[l] = lf.key_bits;
-      const double split_bits = lf.bits_per_element(d) + (out.outliers + 16) / (2.0 * d);
-      out.layers[l] = &variant_format(KeyCodec::Mse, 8, lf.value, lf.value_bits, lf.norm_correction, lf.law, lf.rotation);
-      split_extra[l] = split_bits - out.layers[l]->bits_per_element(d);
-    }
-  }
   out.model = cfg;
   double sum = 0, sum_all = 0;
   int n_inner = 0;
   std::ostringstream det;
   for (int l = 0; l < cfg.n_layers; ++l) {
     const Format& lf = *out.layers[l];
-    sum_all += lf.bits_per_element(d) + split_extra[l];
+    sum_all += lf.bits_per_element(d);
     if (lf.compressed() || !inner.compressed()) {
-      sum += lf.bits_per_element(d) + split_extra[l];
+      sum += lf.bits_per_element(d);
       ++n_inner;
     }
     if (l == 0 || out.layers[l] != out.layers[l - 1]) det << (l ? " " : "") << "L" << l << ":" << lf.name;
@@ -261,9 +222,19 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
   if (out.recent_window) det << " f16-window-" << out.recent_window;
   if (out.fill_bits > 0) det << " window-to-" << out.fill_bits << "-bits";
   if (out.window_format) det << " window-as-" << out.window_format->name;
-  if (out.outliers > 0) det << " outlier-split-" << out.outliers << " (study: split codec's bits, 8-bit storage)";
   if (out.sinks) det << " f16-sinks-" << out.sinks;
   out.detail = det.str();
+  if (out.centre_keys) {
+    if (!sources.key_stats)
+      bad_spec(spec, "key centring (+c/+s) needs key statistics for this model, and its recipe file has none: run "
+                     "`tqkv calibrate` (docs/FORMAT.md, \"Recipe files\")");
+    const KeyStats& ks = *sources.key_stats;
+    const bool any_model = cfg.n_layers == 1 << 16;  // check_cache_spec: statistics come later
+    if (!any_model && (ks.n_layers != cfg.n_layers || ks.n_kv_heads != cfg.n_kv_heads || ks.head_dim != cfg.head_dim))
+      bad_spec(spec, "the key statistics are shaped for another model (" + std::to_string(ks.n_layers) + " layers, " +
+                         std::to_string(ks.n_kv_heads) + " kv heads, head_dim " + std::to_string(ks.head_dim) + ")");
+    out.key_stats = sources.key_stats;
+  }
   return out;
 }
 
@@ -292,41 +263,41 @@ double CacheSpec::bits_all_at(int ctx) const {
   return layers.empty() ? bits_all : bits_all + window_bits(ctx) * compressed / static_cast<double>(layers.size());
 }
 
-SpecState::SpecState(const CacheSpec& spec, const ContiguousCache& cache)
-    : centre_(spec.centre_keys || spec.outliers > 0) {
-  centring_.centre = spec.centre_keys;
-  centring_.scale_channels = spec.scale_channels;
-  if (spec.outliers > 0) {
-    outliers_ = std::make_unique<OutlierKeySplit>(spec.model, spec.outliers, spec.split_key_bits);
-    centring_.outliers = outliers_.get();
+CacheBytes CacheSpec::bytes(int64_t held, int capacity) const {
+  CacheBytes b;
+  b.positions = held;
+  const int H = model.n_kv_heads, d = model.head_dim;
+  size_t slot_row = 0, copy_sink = 0, copy_window = 0;  // bytes of one position, every layer
+  const size_t window_slot = window_format ? window_format->slot_bytes(d) : find_format("f16").slot_bytes(d);
+  for (const Format* f : layers) {
+    slot_row += f->slot_bytes(d) * static_cast<size_t>(H);
+    if (!f->compressed()) continue;
+    copy_sink += static_cast<size_t>(4) * d * H;  // f16 key and value
+    copy_window += window_slot * static_cast<size_t>(H);
   }
-  const int window = spec.window_at(cache.capacity());
-  if (window > 0 || spec.sinks > 0)
-    recent_ = std::make_unique<RecentWindow>(cache, window, 512, spec.sinks, spec.window_format);
+  b.slots = slot_row * static_cast<size_t>(held);
+  const int64_t s = std::min<int64_t>(sinks, held), w = std::min<int64_t>(window_at(capacity), held);
+  b.copies = copy_sink * static_cast<size_t>(s) + copy_window * static_cast<size_t>(w);
+  return b;
 }
 
-void check_cache_spec(const std::string& spec) {
+void check_cache_spec(const std::string& spec, const std::vector<std::string>& known_recipes) {
   ModelConfig any;  // no layer is out of range, every head dim is fine
   any.n_layers = 1 << 16;
   any.head_dim = 64;
-  resolve_cache_spec(spec, any);
+  any.n_kv_heads = 1;
+  SpecSources names;  // recipe names resolve to f16 here: only the syntax of the options is checked
+  for (const std::string& r : known_recipes) names.recipes.push_back({r, "f16"});
+  names.key_stats = std::make_shared<KeyStats>();  // statistics are checked once the model is known
+  resolve_cache_spec(spec, any, names);
 }
 
-std::string cache_spec_help() {
+std::string cache_spec_help(const std::vector<std::string>& known_recipes) {
   std::string recipes;
-  for (const auto& [name, recipe] : named_recipes()) recipes += (recipes.empty() ? "" : ", ") + name;
-  return "KV-cache spec: a format (" + format_names_joined() + "), a recipe (" + recipes +
-         ") or k<K>v<V> with +options (docs/FORMAT.md, \"Cache specs\")";
-}
-
-ContiguousCache make_spec_cache(const CacheSpec& spec, const ModelConfig& cfg, int capacity) {
-  ContiguousCacheConfig cc;
-  cc.n_layers = cfg.n_layers;
-  cc.n_kv_heads = cfg.n_kv_heads;
-  cc.head_dim = cfg.head_dim;
-  cc.capacity = capacity;
-  cc.layer_formats = spec.layers;
-  return ContiguousCache(cc);
+  for (const std::string& name : known_recipes) recipes += (recipes.empty() ? "" : ", ") + name;
+  return "KV-cache spec: a format (" + format_names_joined() + ")" +
+         (recipes.empty() ? "" : ", a recipe (" + recipes + ")") +
+         " or k<K>v<V> with +options (docs/FORMAT.md, \"Cache specs\")";
 }
 
 }  // namespace tqkv::engine

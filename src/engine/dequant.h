@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "gguf.h"
 
@@ -14,5 +15,9 @@ void dequantize(uint32_t type, const uint8_t* src, float* dst, int64_t n);
 
 // Whole tensor -> float vector of n_elements() (row-major, ne[0] contiguous).
 void dequantize_tensor(const GgufTensor& t, float* dst);
+
+// Expands a tensor of shape [cols (contiguous), rows] to float32 (rows split over the thread
+// pool). Throws tqkv::Error(Format) naming the tensor when the shape differs.
+std::vector<float> expand_tensor(const GgufTensor& t, int64_t cols, int64_t rows = 1);
 
 }  // namespace tqkv::engine

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 
-#include "recent_window.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -19,7 +18,7 @@ double cpu_seconds() {
 
 }  // namespace
 
-GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache& cache,
+GenerateStats generate(const Model& model, const Tokenizer& tok, KvCache& cache, int64_t seq,
                        const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                        const std::function<void(int32_t)>& on_token) {
   using clock = std::chrono::steady_clock;
@@ -29,7 +28,7 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache
     throw Error(ErrorCode::InvalidArgument, "the prompt has " + std::to_string(n_prompt) +
                                                 " tokens but the context holds " + std::to_string(cache.capacity()) +
                                                 "; shorten it or raise --ctx");
-  if (cache.seq_len() != 0) throw Error(ErrorCode::InvalidArgument, "generate needs an empty cache");
+  if (cache.seq_len(seq) != 0) throw Error(ErrorCode::InvalidArgument, "generate needs an empty cache");
   GenerateStats st;
   st.n_prompt = n_prompt;
   const int V = model.config().n_vocab;
@@ -38,7 +37,7 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache
 
   auto t0 = clock::now();
   double c0 = cpu_seconds();
-  model.forward(prompt.data(), n_prompt, 0, cache, logits.data(), false, opt.centring, opt.recent);
+  model.forward(seq, prompt.data(), n_prompt, cache, logits.data(), false);
   st.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   st.prompt_cpu_seconds = cpu_seconds() - c0;
 
@@ -51,16 +50,12 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache
     if (i + 1 == opt.n_predict || pos >= cache.capacity()) break;  // no need to run the last token
     t0 = clock::now();
     c0 = cpu_seconds();
-    model.forward(&id, 1, pos, cache, logits.data(), false, opt.centring, opt.recent);
+    model.forward(seq, &id, 1, cache, logits.data(), false);
     st.decode_seconds += std::chrono::duration<double>(clock::now() - t0).count();
     st.decode_cpu_seconds += cpu_seconds() - c0;
     ++pos;
   }
-  st.kv_bytes_per_token = cache.bytes_per_token();
-  const int64_t held = cache.seq_len() - cache.first_pos();
-  st.kv_bytes = st.kv_bytes_per_token * static_cast<size_t>(held);
-  if (opt.recent)  // the copies of the sinks and the last positions (prefill workspace not counted)
-    st.kv_bytes += opt.recent->copy_bytes(held);
+  st.kv = cache.bytes(seq);
   return st;
 }
 

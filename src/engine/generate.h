@@ -15,9 +15,6 @@ struct GenerateOptions {
   int n_predict = 128;
   SamplerParams sampler;
   bool stop_at_end_of_generation = true;
-  // The cache spec's engine state (cache_spec.h SpecState), passed to every forward.
-  KeyCentring* centring = nullptr;
-  RecentWindow* recent = nullptr;
 };
 
 struct GenerateStats {
@@ -29,8 +26,7 @@ struct GenerateStats {
   // depends on the neighbours, CPU time much less.
   double prompt_cpu_seconds = 0;
   double decode_cpu_seconds = 0;
-  size_t kv_bytes = 0;        // cache memory holding the sequence's positions (+ a recent window's copies)
-  size_t kv_bytes_per_token = 0;
+  CacheBytes kv;  // cache memory holding the sequence's positions, copies included (CacheSpec::bytes)
   double prompt_tokens_per_second() const { return prompt_seconds > 0 ? n_prompt / prompt_seconds : 0; }
   double decode_tokens_per_second() const {
     return decode_seconds > 0 && n_decoded > 1 ? (n_decoded - 1) / decode_seconds : 0;
@@ -41,11 +37,11 @@ struct GenerateStats {
   }
 };
 
-// Runs prompt + up to n_predict new tokens through model on cache (which must be empty and
-// large enough for the prompt; decoding stops when it is full). on_token gets each new id;
-// generation stops early at an end-of-generation token (not passed to on_token).
+// Runs prompt + up to n_predict new tokens through model on sequence seq of cache (which must
+// be empty and large enough for the prompt; decoding stops when it is full). on_token gets each
+// new id; generation stops early at an end-of-generation token (not passed to on_token).
 // Throws tqkv::Error(InvalidArgument) for an empty prompt or one that does not fit the cache.
-GenerateStats generate(const Model& model, const Tokenizer& tok, ContiguousCache& cache,
+GenerateStats generate(const Model& model, const Tokenizer& tok, KvCache& cache, int64_t seq,
                        const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                        const std::function<void(int32_t)>& on_token);
 

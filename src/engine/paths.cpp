@@ -19,5 +19,6 @@ std::string find(const char* env, const char* rel) {
 
 std::string default_model_path() { return find("TQKV_MODEL", kDefaultModelFile); }
 std::string default_text_path() { return find("TQKV_TEXT", kDefaultTextFile); }
+std::string default_calibration_text_path() { return find("TQKV_CALIBRATION_TEXT", kCalibrationTextFile); }
 
 }  // namespace tqkv::engine

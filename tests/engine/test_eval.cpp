@@ -8,30 +8,55 @@
 #include <memory>
 #include <sstream>
 
-#include "engine/eval.h"
 #include "engine/gguf.h"
+#include "engine/key_centring.h"
 #include "engine/model.h"
-#include "engine/perplexity.h"
+#include "engine/model_recipes.h"
 #include "engine/tokenizer.h"
+#include "eval/calibrate.h"
+#include "eval/eval.h"
+#include "eval/perplexity.h"
 #include "smol_model.h"
+#include "tqkv/error.h"
 
 namespace tqkv::engine {
 namespace {
+
+using namespace tqkv::eval;
 
 const std::string kRepo = TQKV_REPO_DIR;
 
 ModelConfig smol_like() {
   ModelConfig c;
+  c.arch = "llama";
   c.n_layers = 30;
   c.n_heads = 9;
   c.n_kv_heads = 3;
   c.head_dim = 64;
+  c.rope.n_rot = 64;
   return c;
 }
 
+// SmolLM2's recipes and key statistics of the right shape (zeros: the grammar tests need them
+// to exist, not their values).
+SpecSources smol_sources() {
+  SpecSources s = model_spec_sources_for_tests(smol_like());
+  auto ks = std::make_shared<KeyStats>();
+  ks->n_layers = 30;
+  ks->n_kv_heads = 3;
+  ks->head_dim = 64;
+  ks->key_mean.assign(30 * 3 * 64, 0.0f);
+  ks->key_sq.assign(30 * 3 * 64, 1.0f);
+  ks->query_sq.assign(30 * 3 * 64, 1.0f);
+  s.key_stats = ks;
+  return s;
+}
+
+CacheSpec resolve(const std::string& spec, const ModelConfig& c) { return resolve_cache_spec(spec, c, smol_sources()); }
+
 TEST(CacheSpec, PresetsKeepTheirSlotBits) {
   const ModelConfig c = smol_like();
-  const CacheSpec s = resolve_cache_spec("turboquant_4bit_nc", c);
+  const CacheSpec s = resolve("turboquant_4bit_nc", c);
   EXPECT_DOUBLE_EQ(s.bits, 4.375);  // 70-byte slot at d = 64
   EXPECT_STREQ(s.layers[0]->name, "f16");
   EXPECT_STREQ(s.layers[1]->name, "f16");
@@ -39,17 +64,17 @@ TEST(CacheSpec, PresetsKeepTheirSlotBits) {
   EXPECT_STREQ(s.layers[29]->name, "f16");
   EXPECT_DOUBLE_EQ(s.bits_all, (4 * 16.0 + 26 * 4.375) / 30);
   EXPECT_FALSE(s.centre_keys);
-  EXPECT_DOUBLE_EQ(resolve_cache_spec("f16", c).bits, 16.0);
-  EXPECT_EQ(resolve_cache_spec("f16", c).layers[0], resolve_cache_spec("f16", c).layers[15]);
+  EXPECT_DOUBLE_EQ(resolve("f16", c).bits, 16.0);
+  EXPECT_EQ(resolve("f16", c).layers[0], resolve("f16", c).layers[15]);
 }
 
 TEST(CacheSpec, OptionsAndVariants) {
   const ModelConfig c = smol_like();
-  const CacheSpec a = resolve_cache_spec("k4v3+c", c);
+  const CacheSpec a = resolve("k4v3+c", c);
   EXPECT_EQ(a.layers[5], &find_format("tq-k4v3"));  // the table's own entry
   EXPECT_TRUE(a.centre_keys);
   EXPECT_FALSE(a.scale_channels);
-  const CacheSpec b = resolve_cache_spec("tq-k4v3+gauss+had+vu+s+skip1", c);
+  const CacheSpec b = resolve("tq-k4v3+gauss+had+vu+s+skip1", c);
   EXPECT_TRUE(b.centre_keys && b.scale_channels);
   EXPECT_STREQ(b.layers[0]->name, "f16");
   const Format& f = *b.layers[1];
@@ -60,12 +85,12 @@ TEST(CacheSpec, OptionsAndVariants) {
   EXPECT_EQ(f.value_bits, 3);
   EXPECT_EQ(f.slot_bytes(64), 32u + 2 + 24 + 4);
   // The same variant twice is one object.
-  EXPECT_EQ(&f, resolve_cache_spec("k4v3+vu+gauss+had", c).layers[3]);
+  EXPECT_EQ(&f, resolve("k4v3+vu+gauss+had", c).layers[3]);
 }
 
 TEST(CacheSpec, PerLayerBits) {
   const ModelConfig c = smol_like();
-  const CacheSpec s = resolve_cache_spec("k3v3+L2.3.27=k4v4+L0=k8v8", c);
+  const CacheSpec s = resolve("k3v3+L2.3.27=k4v4+L0=k8v8", c);
   EXPECT_STREQ(s.layers[0]->name, "f16");  // boundary layers are not overridden
   EXPECT_STREQ(s.layers[2]->name, "tq-k4v4");
   EXPECT_STREQ(s.layers[3]->name, "tq-k4v4");
@@ -76,23 +101,23 @@ TEST(CacheSpec, PerLayerBits) {
 
 TEST(CacheSpec, NamedRecipesResolve) {
   const ModelConfig c = smol_like();
-  for (const auto& [name, recipe] : named_recipes()) {
-    const CacheSpec a = resolve_cache_spec(name, c), b = resolve_cache_spec(recipe, c);
+  for (const auto& [name, recipe] : smol_sources().recipes) {
+    const CacheSpec a = resolve(name, c), b = resolve(recipe, c);
     EXPECT_EQ(a.layers, b.layers) << name;
     EXPECT_EQ(a.centre_keys, b.centre_keys) << name;
     EXPECT_EQ(a.scale_channels, b.scale_channels) << name;
   }
   // Each recipe stays inside the budget its name promises (vLLM's preset it competes with).
-  EXPECT_LE(resolve_cache_spec("tq-4.36", c).bits, 4.375);
-  EXPECT_NEAR(resolve_cache_spec("tq-4.36", c).bits, 4.365, 1e-3);
-  EXPECT_LE(resolve_cache_spec("tq-3.36", c).bits, 3.375);
-  EXPECT_DOUBLE_EQ(resolve_cache_spec("tq-2.75", c).bits, 2.75);
-  EXPECT_DOUBLE_EQ(resolve_cache_spec("tq-4.25+w32", c).bits_at(4096), 4.375);
-  EXPECT_LE(resolve_cache_spec("tq-3.12+w64", c).bits_at(4096), 3.375);
+  EXPECT_LE(resolve("tq-4.36", c).bits, 4.375);
+  EXPECT_NEAR(resolve("tq-4.36", c).bits, 4.365, 1e-3);
+  EXPECT_LE(resolve("tq-3.36", c).bits, 3.375);
+  EXPECT_DOUBLE_EQ(resolve("tq-2.75", c).bits, 2.75);
+  EXPECT_DOUBLE_EQ(resolve("tq-4.25+w32", c).bits_at(4096), 4.375);
+  EXPECT_LE(resolve("tq-3.12+w64", c).bits_at(4096), 3.375);
   // The budget recipes stay within their budget at every context, and fill it closely.
   for (auto [name, budget] : {std::pair{"tq-4.375", 4.375}, std::pair{"tq-3.375", 3.375}, std::pair{"tq-2.5", 2.5}})
     for (int ctx : {256, 512, 1000, 4096, 32768}) {
-      const CacheSpec s = resolve_cache_spec(name, c);
+      const CacheSpec s = resolve(name, c);
       EXPECT_EQ(s.sinks, 1) << name;
       EXPECT_LE(s.bits_at(ctx), budget + 1e-12) << name << " " << ctx;
       EXPECT_GT(s.bits_at(ctx), budget - 16.0 / ctx) << name << " " << ctx;  // within one f16 position
@@ -103,57 +128,82 @@ TEST(CacheSpec, NamedRecipesResolve) {
 TEST(CacheSpec, SinksAndFillCountTheirCopies) {
   const ModelConfig cfg = smol_like();
   // Sinks count like the window: 16 bits per element for S of ctx positions.
-  const CacheSpec s1 = resolve_cache_spec("tq-k4v4+sink1+w7", cfg);
+  const CacheSpec s1 = resolve("tq-k4v4+sink1+w7", cfg);
   EXPECT_EQ(s1.sinks, 1);
   EXPECT_DOUBLE_EQ(s1.bits_at(512), s1.bits + 16.0 * 8 / 512);
   // fill<B>: the window takes what the budget leaves at the cache's capacity, sinks first.
-  const CacheSpec f = resolve_cache_spec("tq-k4v4+sink1+fill4.375", cfg);
+  const CacheSpec f = resolve("tq-k4v4+sink1+fill4.375", cfg);
   EXPECT_EQ(f.window_at(512), 3);  // (4.375 - 4.25) * 512 / 16 = 4 positions, 1 of them the sink
   EXPECT_EQ(f.window_at(4096), 31);
   EXPECT_DOUBLE_EQ(f.bits_at(512), 4.375);
   EXPECT_DOUBLE_EQ(f.bits_at(1000), 4.25 + 16.0 * 7 / 1000);  // floor(7.8) positions
-  {
-    ContiguousCache cache = make_spec_cache(f, cfg, 4096);
-    SpecState st(f, cache);
-    ASSERT_NE(st.recent(), nullptr);
-    EXPECT_EQ(st.recent()->window(), 31);
-    EXPECT_EQ(st.recent()->sinks(), 1);
-  }
+  // The bytes of a full cache: the slots, one f16 sink and 31 f16 window positions per
+  // compressed (layer, kv head).
+  EXPECT_EQ(f.bytes(4096, 4096).copies, 26u * 3 * 256 * (1 + 31));
   // wq<B>: the window's copies as B-bit Mse pairs, counted at their own bits (8.25 at d = 64).
-  const CacheSpec q8 = resolve_cache_spec("tq-k4v4+sink1+wq8+fill4.375", cfg);
+  const CacheSpec q8 = resolve("tq-k4v4+sink1+wq8+fill4.375", cfg);
   EXPECT_EQ(q8.window_at(512), 5);  // (0.125 * 512 - 16) / 8.25 = 5.8
   EXPECT_DOUBLE_EQ(q8.bits_at(512), 4.25 + (16.0 + 8.25 * 5) / 512);
-  {
-    ContiguousCache cache = make_spec_cache(q8, cfg, 512);
-    SpecState st(q8, cache);
-    ASSERT_NE(st.recent(), nullptr);
-    EXPECT_EQ(st.recent()->window(), 5);
-    EXPECT_EQ(st.recent()->bytes_per_window_position(), 26u * 3 * 132);  // 26 compressed layers
-    EXPECT_EQ(st.recent()->bytes_per_sink_position(), 26u * 3 * 256);
-  }
+  EXPECT_EQ(q8.bytes(512, 512).copies, 26u * 3 * (256 + 5 * 132));  // 26 compressed layers
+  EXPECT_EQ(q8.bytes(3, 512).copies, 26u * 3 * (256 + 3 * 132));     // only what is held
   for (const char* bad : {"tq-k4v4+sink0", "tq-k4v4+sink65", "tq-k4v4+sinkx", "tq-k4v4+sink2x", "tq-k4v4+fill4",
                           "tq-k4v4+wq3", "tq-k4v4+wq9", "tq-k4v4+wqx",
                           "tq-k4v4+fill4.5+w8", "tq-k4v4+fillx", "tq-k4v4+fill-1"})
-    EXPECT_THROW(resolve_cache_spec(bad, cfg), std::invalid_argument) << bad;
+    EXPECT_THROW(resolve(bad, cfg), Error) << bad;
 }
 
 TEST(CacheSpec, BadSpecsThrow) {
   const ModelConfig c = smol_like();
   for (const char* s : {"nope", "k9v2", "k4v", "tq-k4v2+zz", "k4v4+L40=k4v4", "k4v4+Lx=k4v4", "k4v4+L3=q"})
-    EXPECT_THROW(resolve_cache_spec(s, c), std::invalid_argument) << s;
+    EXPECT_THROW(resolve(s, c), Error) << s;
 }
 
 TEST(CacheSpec, CheckWithoutAModel) {
-  EXPECT_NO_THROW(check_cache_spec("tq-4.36"));
-  EXPECT_NO_THROW(check_cache_spec("k5v3+c+L7.9=k6v4+skip1"));
-  for (const char* s : {"nope", "k9v2", "tq-k4v2+zz", "k4v4+L3=q"})
-    EXPECT_THROW(check_cache_spec(s), std::invalid_argument) << s;
-  EXPECT_NE(cache_spec_help().find("tq-4.36"), std::string::npos);
+  const std::vector<std::string> names = known_recipe_names();
+  EXPECT_NO_THROW(check_cache_spec("tq-4.36", names));
+  EXPECT_NO_THROW(check_cache_spec("tq-4.36+w8", names));
+  EXPECT_NO_THROW(check_cache_spec("k5v3+c+L7.9=k6v4+skip1", names));
+  for (const char* s : {"nope", "k9v2", "tq-k4v2+zz", "k4v4+L3=q", "tq-4.36"})
+    EXPECT_THROW(check_cache_spec(s, std::string(s) == "tq-4.36" ? std::vector<std::string>{} : names), Error) << s;
+  EXPECT_NE(cache_spec_help(names).find("tq-4.36"), std::string::npos);
+}
+
+// Recipes are the model's: another model's name is refused, and centring needs statistics.
+TEST(CacheSpec, RecipesAndStatisticsBelongToTheModel) {
+  ModelConfig other = smol_like();
+  other.n_layers = 24;
+  SpecSources none;
+  none.why_not = [](const std::string& name) {
+    return name == "tq-4.375" ? std::string("recipe 'tq-4.375' was fitted to another model") : std::string();
+  };
+  try {
+    resolve_cache_spec("tq-4.375", other, none);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fitted to another model"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(resolve_cache_spec("k4v3+c", other, none), Error);
+  EXPECT_NO_THROW(resolve_cache_spec("k4v3", other, none));
+  SpecSources wrong = smol_sources();  // statistics of a 30-layer model
+  EXPECT_THROW(resolve_cache_spec("k4v3+c", other, wrong), Error);
 }
 
 class SmolEval : public testing_util::SmolModelTest {
  protected:
 };
+
+// Key statistics of the real model from a little calibration text (Exodus when present).
+std::shared_ptr<const KeyStats> calibrated(const Model& m, const Tokenizer& tok) {
+  std::string path = kRepo + "/data/kjv-exodus.txt";
+  if (!std::filesystem::exists(path)) path = "/usr/share/common-licenses/GPL-3";
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  CalibrateOptions o;
+  o.ctx = 128;
+  o.max_tokens = 256;
+  return std::make_shared<KeyStats>(calibrate_keys(m, tok.encode(ss.str().substr(0, 4000), false, false), o));
+}
 
 // q.(k - mu) and (q*s).((k - mu)/s) shift every score of a query by the same amount: with an
 // f32 cache the logits must not move beyond float rounding, in prefill and in decode.
@@ -161,29 +211,33 @@ TEST_F(SmolEval, CentringAndScalingLeaveF32LogitsUnchanged) {
   const std::vector<int32_t> ids =
       tok_->encode("In the beginning God created the heaven and the earth. And the earth was without form", false);
   const int n = static_cast<int>(ids.size()), V = model_->config().n_vocab;
-  const CacheSpec f32 = resolve_cache_spec("f32", model_->config());
-  auto run = [&](KeyCentring* kc) {
-    ContiguousCache cache = make_spec_cache(f32, model_->config(), 64);
+  SpecSources src = model_->spec_sources();
+  src.key_stats = calibrated(*model_, *tok_);
+  EXPECT_EQ(src.key_stats->tokens, 256);
+  auto run = [&](const std::string& spec) {
+    auto cache = model_->make_cache(resolve_cache_spec(spec, model_->config(), src), 64);
+    const int64_t seq = cache->add_sequence();
     std::vector<float> logits(static_cast<size_t>(n) * V);
-    model_->forward(ids.data(), n - 4, 0, cache, logits.data(), true, kc);
-    for (int t = n - 4; t < n; ++t)  // decode steps reuse the prompt's mean
-      model_->forward(ids.data() + t, 1, t, cache, logits.data() + static_cast<size_t>(t) * V, true, kc);
+    model_->forward(seq, ids.data(), n - 4, *cache, logits.data(), true);
+    for (int t = n - 4; t < n; ++t)
+      model_->forward(seq, ids.data() + t, 1, *cache, logits.data() + static_cast<size_t>(t) * V, true);
     return logits;
   };
-  const std::vector<float> plain = run(nullptr);
-  for (bool scale : {false, true}) {
-    KeyCentring kc;
-    kc.scale_channels = scale;
-    const std::vector<float> centred = run(&kc);
-    ASSERT_EQ(kc.estimated.size(), static_cast<size_t>(model_->config().n_layers));
+  const std::vector<float> plain = run("f32");
+  for (const char* spec : {"f32+c", "f32+s"}) {
+    const std::vector<float> centred = run(spec);
+    const KeyCentring kc(resolve_cache_spec(spec, model_->config(), src), 64);
+    ASSERT_TRUE(kc.active());
     double mu_norm = 0, worst = 0;
-    for (float m : kc.mean) mu_norm += m * m;
+    for (int l = 0; l < model_->config().n_layers; ++l)
+      for (int i = 0; i < 3 * 64; ++i) mu_norm += kc.mean(l)[i] * kc.mean(l)[i];
     EXPECT_GT(mu_norm, 1.0) << "the keys of SmolLM2 have a clear mean";
     for (size_t i = 0; i < plain.size(); ++i) worst = std::max(worst, std::abs(double(plain[i]) - centred[i]));
-    EXPECT_LT(worst, 2e-3) << "scale " << scale;
-    if (scale) {
+    EXPECT_LT(worst, 2e-3) << spec;
+    if (kc.scales()) {
       bool non_trivial = false;
-      for (float s : kc.scale) non_trivial |= std::abs(s - 1.0f) > 0.1f;
+      for (int l = 0; l < model_->config().n_layers; ++l)
+        for (int i = 0; i < 3 * 64; ++i) non_trivial |= std::abs(kc.scale(l)[i] - 1.0f) > 0.1f;
       EXPECT_TRUE(non_trivial);
     }
   }
@@ -193,12 +247,13 @@ TEST_F(SmolEval, CentringAndScalingLeaveF32LogitsUnchanged) {
 TEST_F(SmolEval, CentringChangesCompressedLogits) {
   const std::vector<int32_t> ids = tok_->encode("And God said, Let there be light: and there was light.", false);
   const int n = static_cast<int>(ids.size()), V = model_->config().n_vocab;
-  const CacheSpec s = resolve_cache_spec("tq-k3v3", model_->config());
+  SpecSources src = model_->spec_sources();
+  src.key_stats = calibrated(*model_, *tok_);
   std::vector<float> a(static_cast<size_t>(n) * V), b(a.size());
-  ContiguousCache c1 = make_spec_cache(s, model_->config(), 64), c2 = make_spec_cache(s, model_->config(), 64);
-  KeyCentring kc;
-  model_->forward(ids.data(), n, 0, c1, a.data(), true);
-  model_->forward(ids.data(), n, 0, c2, b.data(), true, &kc);
+  auto c1 = model_->make_cache(resolve_cache_spec("tq-k3v3", model_->config(), src), 64);
+  auto c2 = model_->make_cache(resolve_cache_spec("tq-k3v3+c", model_->config(), src), 64);
+  model_->forward(c1->add_sequence(), ids.data(), n, *c1, a.data(), true);
+  model_->forward(c2->add_sequence(), ids.data(), n, *c2, b.data(), true);
   double diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(double(a[i]) - b[i]));
   EXPECT_GT(diff, 1e-3);
@@ -216,15 +271,13 @@ TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
       false);
   const int n = static_cast<int>(ids.size()), V = model_->config().n_vocab;
   const ModelConfig& cfg = model_->config();
-  auto run = [&](const std::string& spec_name, int piece, int max_batch) {
-    const CacheSpec spec = resolve_cache_spec(spec_name, cfg);
-    ContiguousCache cache = make_spec_cache(spec, cfg, 64);
-    std::unique_ptr<RecentWindow> w;
-    if (spec.recent_window) w = std::make_unique<RecentWindow>(cache, spec.recent_window, max_batch);
+  auto run = [&](const std::string& spec_name, int piece) {
+    auto cache = model_->make_cache(spec_name, 64);
+    const int64_t seq = cache->add_sequence();
     std::vector<float> logits(static_cast<size_t>(n) * V);
     for (int p = 0; p < n; p += piece) {
       const int m = std::min(piece, n - p);
-      model_->forward(ids.data() + p, m, p, cache, logits.data() + static_cast<size_t>(p) * V, true, nullptr, w.get());
+      model_->forward(seq, ids.data() + p, m, *cache, logits.data() + static_cast<size_t>(p) * V, true);
     }
     return logits;
   };
@@ -238,21 +291,16 @@ TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
     for (size_t i = 0; i < a.size(); ++i) m += std::abs(double(a[i]) - b[i]);
     return m / static_cast<double>(a.size());
   };
-  const auto f16 = run("f16", n, 512);
-  EXPECT_LT(max_diff(run("tq-k2v2+w1000", n, 512), f16), 2e-3);
-  const auto plain = run("tq-k2v2", n, 512), windowed = run("tq-k2v2+w8", n, 512);
+  const auto f16 = run("f16", n);
+  EXPECT_LT(max_diff(run("tq-k2v2+w1000", n), f16), 2e-3);
+  const auto plain = run("tq-k2v2", n), windowed = run("tq-k2v2+w8", n);
   EXPECT_GT(max_diff(plain, f16), 0.1);  // 2-bit codes do move the logits
   EXPECT_LT(mean_diff(windowed, f16), 0.8 * mean_diff(plain, f16));
-  // Forward splits inputs longer than max_batch into max_batch pieces, like a caller would
-  // (same ring size on both sides: a different one only reorders float sums, but 2-bit codes
-  // amplify that).
-  EXPECT_EQ(max_diff(run("tq-k2v2+w8", n, 5), run("tq-k2v2+w8", 5, 5)), 0.0);
-  EXPECT_EQ(max_diff(run("tq-k2v2+w8", 6, 3), run("tq-k2v2+w8", 3, 3)), 0.0);
   // The window's bytes are counted: 16 bits per element for W of ctx positions.
-  const CacheSpec w8 = resolve_cache_spec("tq-k4v4+w8", cfg);
+  const CacheSpec w8 = resolve("tq-k4v4+w8", cfg);
   EXPECT_DOUBLE_EQ(w8.bits_at(512), w8.bits + 16.0 * 8 / 512);
-  EXPECT_THROW(resolve_cache_spec("tq-k4v4+w0", cfg), std::invalid_argument);
-  EXPECT_THROW(resolve_cache_spec("tq-k4v4+w3x", cfg), std::invalid_argument);
+  EXPECT_THROW(resolve("tq-k4v4+w0", cfg), Error);
+  EXPECT_THROW(resolve("tq-k4v4+w3x", cfg), Error);
 }
 
 TEST_F(SmolEval, LockstepEvaluation) {
@@ -266,7 +314,9 @@ TEST_F(SmolEval, LockstepEvaluation) {
   }
   const std::vector<int32_t> toks = tok_->encode(text.substr(0, 6000), false, false);
   std::vector<CacheSpec> specs;
-  for (const char* s : {"f16", "tq-k2v2", "tq-k4v4+c"}) specs.push_back(resolve_cache_spec(s, model_->config()));
+  SpecSources src = model_->spec_sources();
+  src.key_stats = calibrated(*model_, *tok_);
+  for (const char* s : {"f16", "tq-k2v2", "tq-k4v4+c"}) specs.push_back(resolve_cache_spec(s, model_->config(), src));
   EvalOptions o;
   o.ctx = 128;
   o.max_tokens = 256;
@@ -294,7 +344,11 @@ TEST_F(SmolEval, LockstepEvaluation) {
   po.max_chunks = 2;
   po.batch = o.batch;
   po.format = "tq-k4v4+c";
-  const PerplexityResult pr = perplexity(*model_, toks, po);
+  Model& m = *model_;
+  const SpecSources saved = m.spec_sources();
+  m.set_spec_sources(src);
+  const PerplexityResult pr = perplexity(m, toks, po);
+  m.set_spec_sources(saved);
   EXPECT_DOUBLE_EQ(pr.ppl, rows[3].ppl);
   EXPECT_NEAR(pr.kld, rows[3].kld, 1e-9);
   EXPECT_DOUBLE_EQ(pr.top1, rows[3].top1);
@@ -309,7 +363,7 @@ TEST_F(SmolEval, PasskeyWithF32CacheAtShortContext) {
   p.ctx = {256};
   p.depths = {0.5};
   p.trials = 2;
-  const auto cells = passkey(*model_, *tok_, ss.str(), {resolve_cache_spec("f32", model_->config())}, p);
+  const auto cells = passkey(*model_, *tok_, ss.str(), {model_->resolve("f32")}, p);
   ASSERT_EQ(cells.size(), 1u);
   EXPECT_EQ(cells[0].trials, 2);
   ASSERT_EQ(cells[0].answers.size(), 2u);

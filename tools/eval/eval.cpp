@@ -9,16 +9,18 @@
 #include <stdexcept>
 
 #include "perplexity.h"
-#include "sampler.h"
+#include "engine/sampler.h"
 #include "tqkv/error.h"
 
-namespace tqkv::engine {
+namespace tqkv::eval {
+
+using engine::argmax;
 
 std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& tokens,
                               const std::vector<CacheSpec>& specs, const EvalOptions& opt,
                               const std::function<void(int, int, const std::vector<EvalRow>&)>& progress) {
   using clock = std::chrono::steady_clock;
-  const ModelConfig& cfg = model.config();
+  const engine::ModelConfig& cfg = model.config();
   if (opt.ctx < 16) throw Error(ErrorCode::InvalidArgument, "ctx must be at least 16");
   if (opt.batch < 1) throw Error(ErrorCode::InvalidArgument, "batch must be >= 1");
   const int64_t avail = static_cast<int64_t>(tokens.size()) / opt.ctx;
@@ -28,7 +30,7 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
     throw Error(ErrorCode::InvalidArgument, "the text has " + std::to_string(tokens.size()) +
                                                 " tokens, fewer than one chunk of " + std::to_string(opt.ctx));
   const int V = cfg.n_vocab, ctx = opt.ctx, first = ctx / 2;
-  const CacheSpec ref = resolve_cache_spec("f32", cfg);
+  const CacheSpec ref = model.resolve("f32");
   const size_t n_rows = specs.size() + 1;
   std::vector<EvalRow> rows(n_rows);
   std::vector<double> nll(n_rows, 0), kl(n_rows, 0), kl2(n_rows, 0);
@@ -47,17 +49,13 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
   for (int c = 0; c < n_chunks; ++c) {
     std::copy_n(tokens.begin() + static_cast<int64_t>(c) * ctx, ctx, chunk.begin());
     if (opt.bos >= 0) chunk[0] = opt.bos;
-    std::vector<ContiguousCache> caches;
-    std::vector<std::unique_ptr<SpecState>> states;
+    std::vector<std::unique_ptr<engine::KvCache>> caches;
+    std::vector<int64_t> seqs;
     for (size_t i = 0; i < n_rows; ++i) {
       const CacheSpec& s = i == 0 ? ref : specs[i - 1];
-      caches.push_back(make_spec_cache(s, cfg, ctx));
-      states.push_back(std::make_unique<SpecState>(s, caches.back()));
-      rows[i].bytes_per_token = static_cast<double>(caches.back().bytes_per_token());
-      if (s.outliers > 0)  // the split codec's bytes, not the study's 8-bit storage
-        rows[i].bytes_per_token = s.bits_all * 2.0 * cfg.head_dim * cfg.n_kv_heads * cfg.n_layers / 8.0;
-      if (RecentWindow* w = states.back()->recent())
-        rows[i].bytes_per_token += static_cast<double>(w->copy_bytes(ctx)) / ctx;
+      caches.push_back(model.make_cache(s, ctx));
+      seqs.push_back(caches.back()->add_sequence());
+      rows[i].bytes_per_token = s.bytes(ctx, ctx).per_token();  // copies counted over a full chunk
     }
     for (int p = 0; p < ctx; p += opt.batch) {
       const int m = std::min(opt.batch, ctx - p);
@@ -65,7 +63,7 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
       for (size_t i = 0; i < n_rows; ++i) {
         float* out = i == 0 ? lref.data() : lt.data();
         auto t0 = clock::now();
-        model.forward(chunk.data() + p, m, p, caches[i], out, true, states[i]->centring(), states[i]->recent());
+        model.forward(seqs[i], chunk.data() + p, m, *caches[i], out, true);
         rows[i].seconds += std::chrono::duration<double>(clock::now() - t0).count();
         for (int j = j0; j < j1; ++j) {
           float* lp = out + static_cast<size_t>(j - p) * V;
@@ -101,7 +99,7 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
 std::vector<PasskeyCell> passkey(const Model& model, const Tokenizer& tok, const std::string& text,
                                  const std::vector<CacheSpec>& specs, const PasskeyOptions& opt,
                                  const std::function<void(const PasskeyCell&)>& on_cell) {
-  const ModelConfig& cfg = model.config();
+  const engine::ModelConfig& cfg = model.config();
   const std::vector<int32_t> hay = tok.encode(text, false, false);
   const std::string intro =
       "There is a pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -153,13 +151,13 @@ std::vector<PasskeyCell> passkey(const Model& model, const Tokenizer& tok, const
         cell.ctx = ctx;
         cell.depth = depth;
         for (const Trial& tr : trials) {
-          ContiguousCache cache = make_spec_cache(s, cfg, ctx);
-          SpecState st(s, cache);
+          std::unique_ptr<engine::KvCache> cache = model.make_cache(s, ctx);
+          const int64_t seq = cache->add_sequence();
           const int n = static_cast<int>(tr.prompt.size());
-          // Prefill in batches of 512 (the centring mean comes from the first one).
+          // Prefill in batches of 512, as every recorded passkey run did.
           for (int p = 0; p < n; p += 512) {
             const int m = std::min(512, n - p);
-            model.forward(tr.prompt.data() + p, m, p, cache, logits.data(), false, st.centring(), st.recent());
+            model.forward(seq, tr.prompt.data() + p, m, *cache, logits.data(), false);
           }
           std::vector<int32_t> out;
           int64_t pos = n;
@@ -167,7 +165,8 @@ std::vector<PasskeyCell> passkey(const Model& model, const Tokenizer& tok, const
             const int32_t id = argmax(logits.data(), V);
             if (tok.is_end_of_generation(id)) break;
             out.push_back(id);
-            model.forward(&id, 1, pos++, cache, logits.data(), false, st.centring(), st.recent());
+            model.forward(seq, &id, 1, *cache, logits.data(), false);
+            ++pos;
           }
           const std::string said = tok.decode(out, true);
           ++cell.trials;
@@ -182,4 +181,4 @@ std::vector<PasskeyCell> passkey(const Model& model, const Tokenizer& tok, const
   return cells;
 }
 
-}  // namespace tqkv::engine
+}  // namespace tqkv::eval

@@ -9,11 +9,15 @@
 #include <string>
 #include <vector>
 
-#include "cache_spec.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "engine/cache_spec.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
 
-namespace tqkv::engine {
+namespace tqkv::eval {
+
+using engine::CacheSpec;
+using engine::Model;
+using engine::Tokenizer;
 
 struct EvalOptions {
   int ctx = 512;
@@ -58,4 +62,4 @@ std::vector<PasskeyCell> passkey(const Model& model, const Tokenizer& tok, const
                                  const std::vector<CacheSpec>& specs, const PasskeyOptions& opt,
                                  const std::function<void(const PasskeyCell&)>& on_cell = {});
 
-}  // namespace tqkv::engine
+}  // namespace tqkv::eval

@@ -6,7 +6,7 @@
 
 #include "tqkv/error.h"
 
-namespace tqkv::engine {
+namespace tqkv::research {
 
 OutlierKeySplit::OutlierKeySplit(const ModelConfig& cfg, int n, std::vector<int> key_bits)
     : cfg_(cfg), n_(n), key_bits_(std::move(key_bits)) {
@@ -51,11 +51,11 @@ void OutlierKeySplit::apply(int layer, int n, float* k) {
         for (int i = 0; i < d; ++i) e[i] += static_cast<double>(k[t * row + h * d + i]) * k[t * row + h * d + i];
       std::vector<std::vector<int>> groups;
       std::vector<uint8_t> seen(d, 0);
-      const int half = cfg_.n_rot / 2;
+      const int half = cfg_.rope.n_rot / 2;
       for (int i = 0; i < d; ++i) {
         if (seen[i]) continue;
         int p = i;
-        if (i < cfg_.n_rot) p = cfg_.rope == RopeLayout::Adjacent ? (i ^ 1) : (i < half ? i + half : i - half);
+        if (i < cfg_.rope.n_rot) p = cfg_.rope.layout == engine::RopeLayout::Adjacent ? (i ^ 1) : (i < half ? i + half : i - half);
         seen[i] = seen[p] = 1;
         groups.push_back(p == i ? std::vector<int>{i} : std::vector<int>{i, p});
       }
@@ -92,4 +92,4 @@ void OutlierKeySplit::apply(int layer, int n, float* k) {
   }
 }
 
-}  // namespace tqkv::engine
+}  // namespace tqkv::research

@@ -4,25 +4,23 @@
 #include <chrono>
 #include <cmath>
 
-#include "cache_spec.h"
-#include "sampler.h"
+#include "engine/cache_spec.h"
+#include "engine/sampler.h"
 #include "tqkv/error.h"
 
-namespace tqkv::engine {
+namespace tqkv::eval {
 namespace {
 
 // Runs one chunk through a fresh cache in micro-batches; logits [n, V].
-void run_chunk(const Model& model, const int32_t* toks, int n, const CacheSpec& spec, int batch,
-               std::vector<float>& logits, size_t& bytes_per_token) {
+void run_chunk(const Model& model, const int32_t* toks, int n, const engine::CacheSpec& spec, int batch,
+               std::vector<float>& logits) {
   const int V = model.config().n_vocab;
-  ContiguousCache cache = make_spec_cache(spec, model.config(), n);
-  SpecState state(spec, cache);
-  bytes_per_token = cache.bytes_per_token();
+  std::unique_ptr<engine::KvCache> cache = model.make_cache(spec, n);
+  const int64_t seq = cache->add_sequence();
   logits.resize(static_cast<size_t>(n) * V);
   for (int p = 0; p < n; p += batch) {
     const int m = std::min(batch, n - p);
-    model.forward(toks + p, m, p, cache, logits.data() + static_cast<size_t>(p) * V, true, state.centring(),
-                  state.recent());
+    model.forward(seq, toks + p, m, *cache, logits.data() + static_cast<size_t>(p) * V, true);
   }
 }
 
@@ -54,9 +52,9 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
   const int n_chunks =
       static_cast<int>(opt.max_chunks > 0 ? std::min<int64_t>(opt.max_chunks, n_chunks_avail) : n_chunks_avail);
   // A bad spec fails before any work.
-  const CacheSpec spec = resolve_cache_spec(
-      opt.skip_layers >= 0 ? opt.format + "+skip" + std::to_string(opt.skip_layers) : opt.format, model.config());
-  const CacheSpec f32 = resolve_cache_spec("f32", model.config());
+  const engine::CacheSpec spec =
+      model.resolve(opt.skip_layers >= 0 ? opt.format + "+skip" + std::to_string(opt.skip_layers) : opt.format);
+  const engine::CacheSpec f32 = model.resolve("f32");
   const bool compare = opt.compare_to_f32 && opt.format != "f32";
   const int V = model.config().n_vocab, ctx = opt.ctx, first = ctx / 2;
   auto t0 = std::chrono::steady_clock::now();
@@ -66,12 +64,11 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
   int64_t agree = 0;
   std::vector<float> lt, lb;
   std::vector<int32_t> chunk(ctx);
-  size_t bpt = 0, bpt_base = 0;
   for (int c = 0; c < n_chunks; ++c) {
     std::copy_n(tokens.begin() + static_cast<int64_t>(c) * ctx, ctx, chunk.begin());
     if (opt.bos >= 0) chunk[0] = opt.bos;
-    run_chunk(model, chunk.data(), ctx, spec, opt.batch, lt, bpt);
-    if (compare) run_chunk(model, chunk.data(), ctx, f32, opt.batch, lb, bpt_base);
+    run_chunk(model, chunk.data(), ctx, spec, opt.batch, lt);
+    if (compare) run_chunk(model, chunk.data(), ctx, f32, opt.batch, lb);
     for (int j = first; j < ctx - 1; ++j) {
       float* pt = lt.data() + static_cast<size_t>(j) * V;
       log_softmax(pt, V);
@@ -80,7 +77,7 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
         float* pb = lb.data() + static_cast<size_t>(j) * V;
         log_softmax(pb, V);
         kl += kl_divergence(pb, pt, V);
-        agree += argmax(pb, V) == argmax(pt, V);
+        agree += engine::argmax(pb, V) == engine::argmax(pt, V);
       }
       ++r.tokens;
     }
@@ -90,9 +87,9 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
   r.ppl = std::exp(nll / r.tokens);
   r.kld = compare ? kl / r.tokens : 0.0;
   r.top1 = compare ? static_cast<double>(agree) / r.tokens : 1.0;
-  r.kv_bytes_per_token = static_cast<double>(bpt);
+  r.kv_bytes_per_token = spec.bytes(ctx, ctx).per_token();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
 
-}  // namespace tqkv::engine
+}  // namespace tqkv::eval

@@ -7,13 +7,15 @@
 #include <random>
 #include <vector>
 
-#include "engine/cache_spec.h"
-#include "engine/outlier_keys.h"
-#include "smol_model.h"
+#include "../engine/smol_model.h"
+#include "engine/model.h"
+#include "outlier_keys.h"
 #include "tqkv/error.h"
 
-namespace tqkv::engine {
+namespace tqkv::research {
 namespace {
+
+using namespace tqkv::engine;
 
 ModelConfig small_config() {
   ModelConfig c;
@@ -21,8 +23,8 @@ ModelConfig small_config() {
   c.n_heads = 4;
   c.n_kv_heads = 2;
   c.head_dim = 64;
-  c.n_rot = 64;
-  c.rope = RopeLayout::Adjacent;
+  c.rope.n_rot = 64;
+  c.rope.layout = RopeLayout::Adjacent;
   return c;
 }
 
@@ -98,43 +100,34 @@ TEST(OutlierKeySplit, BadArgumentsThrow) {
   EXPECT_THROW(ok.apply(1, 2, k.data()), Error);
 }
 
-TEST(CacheSpec, OutlierSplitCountsTheSplitCodecsBits) {
-  ModelConfig c = small_config();
-  c.n_layers = 30;
-  const CacheSpec s = resolve_cache_spec("k3v3+c+o16", c);
-  EXPECT_EQ(s.outliers, 16);
-  EXPECT_DOUBLE_EQ(s.bits, 3.25 + (16 + 16) / 128.0);  // 16 more code bits and a second norm
-  ASSERT_EQ(s.split_key_bits.size(), 30u);
-  EXPECT_EQ(s.split_key_bits[0], 0);   // f16 boundary layer
-  EXPECT_EQ(s.split_key_bits[10], 3);
-  EXPECT_EQ(s.layers[10]->key_bits, 8);  // the study's storage
-  for (const char* bad : {"k3v3+o0", "k3v3+o3", "k3v3+o64", "turboquant_k8v4+o16", "k8v3+o16", "k3v3+o16x"})
-    EXPECT_THROW(resolve_cache_spec(bad, c), std::invalid_argument) << bad;
-}
-
-// On the real model: the split moves compressed logits, and a window that covers the whole
-// text makes the cache irrelevant again (its copies hold the exact keys, not the split ones).
+// On the real model, through the cache layer's key hook (the seam studies use): the split's
+// reconstruction goes into 8-bit key slots, and it moves the logits away from the plain 8-bit
+// keys' (the split codes at 2 bits are much coarser).
 class SmolOutliers : public testing_util::SmolModelTest {};
 
-TEST_F(SmolOutliers, WindowCopiesKeepExactKeys) {
+TEST_F(SmolOutliers, SplitThroughTheKeyHook) {
   const std::vector<int32_t> ids = tok_->encode("And God said, Let there be light: and there was light.", false);
   const int n = static_cast<int>(ids.size()), V = model_->config().n_vocab;
-  auto run = [&](const std::string& name) {
-    const CacheSpec spec = resolve_cache_spec(name, model_->config());
-    ContiguousCache cache = make_spec_cache(spec, model_->config(), 64);
-    SpecState st(spec, cache);
+  auto run = [&](bool split) {
+    auto cache = model_->make_cache("k8v2", 64);
+    std::vector<int> bits(model_->config().n_layers, 2);
+    OutlierKeySplit study(model_->config(), 16, bits);
+    if (split) cache->set_key_hook([&](int layer, int m, float* k, const float*) { study.apply(layer, m, k); });
     std::vector<float> logits(static_cast<size_t>(n) * V);
-    model_->forward(ids.data(), n, 0, cache, logits.data(), true, st.centring(), st.recent());
+    model_->forward(cache->add_sequence(), ids.data(), n, *cache, logits.data(), true);
+    if (split) {
+      EXPECT_EQ(study.outliers(5, 0).size(), 16u);
+    }
     return logits;
   };
-  auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double m = 0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
-    return m;
-  };
-  EXPECT_GT(max_diff(run("k2v2+c+o16"), run("k2v2+c")), 1e-2);
-  EXPECT_LT(max_diff(run("k2v2+c+o16+w1000"), run("k2v2+c+w1000")), 1e-4);
+  const std::vector<float> a = run(false), b = run(true);
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(b[i]));
+    m = std::max(m, std::abs(double(a[i]) - b[i]));
+  }
+  EXPECT_GT(m, 1e-2);
 }
 
 }  // namespace
-}  // namespace tqkv::engine
+}  // namespace tqkv::research

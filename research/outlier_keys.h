@@ -15,10 +15,12 @@
 #include <memory>
 #include <vector>
 
-#include "model.h"
+#include "engine/model_config.h"
 #include "tqkv/codec.h"
 
-namespace tqkv::engine {
+namespace tqkv::research {
+
+using engine::ModelConfig;
 
 class OutlierKeySplit {
  public:
@@ -44,4 +46,4 @@ class OutlierKeySplit {
   std::deque<SlotCodec> codecs_;
 };
 
-}  // namespace tqkv::engine
+}  // namespace tqkv::research

@@ -7,9 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "model.h"
+#include "engine/model.h"
 
-namespace tqkv::engine {
+namespace tqkv::eval {
+
+using engine::Model;
 
 struct PerplexityOptions {
   int ctx = 512;            // tokens per chunk; chunks do not overlap and start with an empty cache
@@ -27,7 +29,7 @@ struct PerplexityResult {
   double top1 = 1;   // fraction of scored positions whose argmax matches the f32 run
   int64_t tokens = 0;  // scored tokens
   int chunks = 0;
-  double kv_bytes_per_token = 0;
+  double kv_bytes_per_token = 0;  // a full chunk's bytes per position, copies included
   double seconds = 0;
 };
 
@@ -43,4 +45,4 @@ double kl_divergence(const float* logp_ref, const float* logp, int n);
 PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& tokens, const PerplexityOptions& opt,
                             const std::function<void(int, int, double)>& progress = {});
 
-}  // namespace tqkv::engine
+}  // namespace tqkv::eval

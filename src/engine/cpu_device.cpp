@@ -1,0 +1,150 @@
+#include "cpu_device.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cpu_kv_cache.h"
+#include "dequant.h"
+#include "gguf.h"
+#include "qgemv.h"
+#include "thread_pool.h"
+#include "tqkv/error.h"
+
+namespace tqkv::engine {
+
+void set_num_threads(int n) { set_pool_threads(n); }
+
+DeviceBuffer CpuDevice::alloc(size_t n) {
+  float* p = n ? static_cast<float*>(std::malloc(n * sizeof(float))) : nullptr;
+  if (n && !p) throw Error(ErrorCode::Capacity, "cpu: out of memory allocating " + std::to_string(n) + " floats");
+  return DeviceBuffer(p, n, [](float* q) { std::free(q); });
+}
+
+void CpuDevice::to_device(const float* host, size_t n, float* dst) {
+  if (n) std::memcpy(dst, host, n * sizeof(float));
+}
+
+void CpuDevice::to_host(const float* src, size_t n, float* host) {
+  if (n) std::memcpy(host, src, n * sizeof(float));
+}
+
+std::unique_ptr<DeviceMatrix> CpuDevice::load_matrix(const GgufTensor& t, int rows, int cols) {
+  auto m = std::make_unique<CpuMatrix>(rows, cols);
+  m->f32 = expand_tensor(t, cols, rows);
+  if (qgemv_supported(t.type)) {
+    m->qtype = t.type;
+    m->q.assign(t.data, t.data + t.nbytes);
+  }
+  return m;
+}
+
+void CpuDevice::embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) {
+  const auto& m = static_cast<const CpuMatrix&>(table);
+  const int d = m.cols();
+  for (int t = 0; t < n; ++t) {
+    const float* row = &m.f32[static_cast<size_t>(tokens[t]) * d];
+    float* xt = x + static_cast<size_t>(t) * d;
+    if (scale == 1.0f) {
+      std::memcpy(xt, row, d * sizeof(float));
+    } else {
+      for (int i = 0; i < d; ++i) xt[i] = row[i] * scale;
+    }
+  }
+}
+
+// OpenBLAS runs single-threaded inside our blocking pool (thread_pool.h), whose workers
+// split the output features: OpenBLAS's own spinning threads next to anyone else's spinning
+// OpenMP workers made prefill 5x slower on two cores.
+void CpuDevice::matmul(const float* x, int n, const DeviceMatrix& wm, float* y, const float* bias) {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+  const auto& w = static_cast<const CpuMatrix&>(wm);
+  const int in = w.cols(), out = w.rows();
+  const bool quantized = n <= kQuantizedMaxTokens && !w.q.empty();
+  // Slices of at least 64 output rows, so small matrices are not split into tiny products.
+  const int parts = std::max(1, std::min(pool_threads(), out / 64));
+  parallel_for(parts, [&](int p) {
+    const int o0 = static_cast<int>(static_cast<int64_t>(out) * p / parts);
+    const int o1 = static_cast<int>(static_cast<int64_t>(out) * (p + 1) / parts);
+    const int m = o1 - o0;
+    if (m <= 0) return;
+    if (quantized) {
+      for (int t = 0; t < n; ++t)
+        qgemv(w.qtype, w.q.data(), in, o0, o1, x + static_cast<size_t>(t) * in, y + static_cast<size_t>(t) * out + o0);
+    } else {
+      const float* wp = w.f32.data() + static_cast<size_t>(o0) * in;
+      if (n == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, m, in, 1.0f, wp, in, x, 1, 0.0f, y + o0, 1);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, in, 1.0f, x, in, wp, in, 0.0f, y + o0, out);
+      }
+    }
+    if (bias)
+      for (int t = 0; t < n; ++t)
+        for (int o = o0; o < o1; ++o) y[static_cast<size_t>(t) * out + o] += bias[o];
+  });
+}
+
+void CpuDevice::rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) {
+  for (int t = 0; t < n; ++t) {
+    const float* xi = x + static_cast<size_t>(t) * d;
+    float* yi = y + static_cast<size_t>(t) * d;
+    double ss = 0;
+    for (int i = 0; i < d; ++i) ss += static_cast<double>(xi[i]) * xi[i];
+    const float r = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
+    for (int i = 0; i < d; ++i) yi[i] = xi[i] * r * w[i];
+  }
+}
+
+void CpuDevice::rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) {
+  const int half = p.n_rot / 2;
+  std::vector<float> inv_freq(half);
+  for (int i = 0; i < half; ++i)
+    inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(p.base), -2.0 * i / p.n_rot));
+  for (int t = 0; t < n; ++t) {
+    const double pos = static_cast<double>(positions[t]);
+    for (int i = 0; i < half; ++i) {
+      // Angles in double: at positions in the thousands float loses the low bits of pos*freq.
+      const double a = pos * inv_freq[i];
+      const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
+      const int i0 = p.layout == RopeLayout::Adjacent ? 2 * i : i;
+      const int i1 = p.layout == RopeLayout::Adjacent ? 2 * i + 1 : i + half;
+      for (int h = 0; h < heads; ++h) {
+        float* v = x + (static_cast<size_t>(t) * heads + h) * head_dim;
+        const float a0 = v[i0], a1 = v[i1];
+        v[i0] = a0 * c - a1 * s;
+        v[i1] = a0 * s + a1 * c;
+      }
+    }
+  }
+}
+
+void CpuDevice::swiglu(float* gate, const float* up, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // silu(gate) * up
+  }
+}
+
+void CpuDevice::add(float* x, const float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void CpuDevice::gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) {
+  for (int i = 0; i < n; ++i)
+    std::memmove(y + static_cast<size_t>(i) * d, x + static_cast<size_t>(rows[i]) * d, d * sizeof(float));
+}
+
+std::unique_ptr<KvCache> CpuDevice::make_cache(const CacheSpec& spec, const CacheShape& shape) {
+  return std::make_unique<CpuKvCache>(spec, shape);
+}
+
+}  // namespace tqkv::engine

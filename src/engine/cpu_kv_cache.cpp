@@ -1,0 +1,98 @@
+#include "cpu_kv_cache.h"
+
+#include <climits>
+#include <cmath>
+#include <string>
+
+#include "tqkv/attention.h"
+#include "tqkv/error.h"
+
+namespace tqkv::engine {
+namespace {
+
+// Rows of the largest prefill piece the copies' ring takes at once.
+constexpr int kCopyStepTokens = 512;
+
+}  // namespace
+
+CpuKvCache::CpuKvCache(const CacheSpec& spec, const CacheShape& shape)
+    : KvCache(spec, shape), centring_(spec, shape.capacity) {
+  if (shape.capacity < 1 || shape.max_seqs < 1)
+    throw Error(ErrorCode::InvalidArgument, "cache: capacity and sequence count must be at least 1");
+  config_.n_layers = spec.model.n_layers;
+  config_.n_kv_heads = spec.model.n_kv_heads;
+  config_.head_dim = spec.model.head_dim;
+  config_.capacity = shape.capacity;
+  config_.layer_formats = spec.layers;
+  window_ = spec.window_at(shape.capacity);
+}
+
+int64_t CpuKvCache::add_sequence() {
+  if (static_cast<int>(seqs_.size()) >= max_seqs())
+    throw Error(ErrorCode::Capacity, "cache: all " + std::to_string(max_seqs()) + " sequences are in use");
+  Sequence s{ContiguousCache(config_), nullptr};
+  if (window_ > 0 || spec().sinks > 0)
+    s.copies = std::make_unique<RecentWindow>(s.main, window_, kCopyStepTokens, spec().sinks, spec().window_format);
+  const int64_t id = next_id_++;
+  seqs_.emplace(id, std::move(s));
+  return id;
+}
+
+void CpuKvCache::free_sequence(int64_t seq) {
+  at(seq);
+  seqs_.erase(seq);
+}
+
+const CpuKvCache::Sequence& CpuKvCache::at(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw Error(ErrorCode::OutOfRange, "cache: unknown sequence " + std::to_string(seq));
+  return it->second;
+}
+
+int64_t CpuKvCache::seq_len(int64_t seq) const { return at(seq).main.seq_len(); }
+
+int CpuKvCache::max_step_tokens() const { return window_ > 0 || spec().sinks > 0 ? kCopyStepTokens : INT_MAX; }
+
+void CpuKvCache::check(const Batch& batch) const {
+  for (const Batch::Run& r : batch.runs()) {
+    const ContiguousCache& c = at(r.seq).main;
+    if (r.pos0 != c.seq_len())
+      throw Error(ErrorCode::OutOfRange, "forward: position " + std::to_string(r.pos0) + " of sequence " +
+                                             std::to_string(r.seq) + " does not follow the cache (" +
+                                             std::to_string(c.seq_len()) + " tokens held)");
+    if (r.count > c.capacity())
+      throw Error(ErrorCode::Capacity, "forward: " + std::to_string(r.count) +
+                                           " tokens exceed the cache capacity of " + std::to_string(c.capacity()));
+    if (r.count > max_step_tokens())
+      throw Error(ErrorCode::Capacity, "forward: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
+                                           "this cache takes at most " + std::to_string(max_step_tokens()));
+  }
+}
+
+void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
+  const ModelConfig& m = spec().model;
+  const int n = batch.size();
+  centring_.apply(layer, n, k, q);
+  if (key_hook()) key_hook()(layer, n, k, q);
+  AttentionParams ap;
+  ap.n_q_heads = m.n_heads;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  ap.window = m.window(layer);
+  const size_t q_row = static_cast<size_t>(m.n_heads) * m.head_dim;
+  const size_t kv_row = static_cast<size_t>(m.n_kv_heads) * m.head_dim;
+  for (const Batch::Run& r : batch.runs()) {
+    Sequence& s = seqs_.at(r.seq);
+    const size_t t0 = static_cast<size_t>(r.begin);
+    // The new keys and values go into the (possibly compressed) cache first; attention then
+    // reads every position, the new ones included, from the cache, exactly as decode will.
+    s.main.write(layer, r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+    if (s.copies && s.copies->covers(layer)) {
+      s.copies->write(layer, r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+      s.copies->attention(s.main, layer, q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
+    } else {
+      tqkv::attention(s.main, layer, q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
+    }
+  }
+}
+
+}  // namespace tqkv::engine

@@ -1,0 +1,46 @@
+// The CPU cache layer: each sequence owns a tqkv::ContiguousCache of the spec's per-layer
+// formats (a ring of `capacity` positions) and, when the spec asks for copies, a RecentWindow
+// (sinks and recent window, merged with the compressed part by log-sum-exp). Attention runs on
+// the compressed slots through tqkv::attention (SIMD, threads).
+#pragma once
+#include <memory>
+#include <unordered_map>
+
+#include "key_centring.h"
+#include "kv_cache.h"
+#include "recent_window.h"
+#include "tqkv/contiguous_cache.h"
+
+namespace tqkv::engine {
+
+class CpuKvCache final : public KvCache {
+ public:
+  // Throws tqkv::Error(InvalidArgument) for a capacity or sequence count below 1.
+  CpuKvCache(const CacheSpec& spec, const CacheShape& shape);
+
+  int64_t add_sequence() override;
+  void free_sequence(int64_t seq) override;
+  int64_t seq_len(int64_t seq) const override;
+  int max_step_tokens() const override;
+  void check(const Batch& batch) const override;
+  void attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) override;
+
+  // The compressed cache of one sequence (tests, tools that read slots).
+  const ContiguousCache& slots(int64_t seq) const { return at(seq).main; }
+  const KeyCentring& centring() const { return centring_; }
+
+ private:
+  struct Sequence {
+    ContiguousCache main;
+    std::unique_ptr<RecentWindow> copies;
+  };
+  const Sequence& at(int64_t seq) const;
+
+  KeyCentring centring_;
+  ContiguousCacheConfig config_;
+  int window_ = 0;
+  std::unordered_map<int64_t, Sequence> seqs_;
+  int64_t next_id_ = 0;
+};
+
+}  // namespace tqkv::engine

@@ -1,0 +1,110 @@
+// The device interface: the operations a model's forward pass is made of, implemented once
+// per device (cpu_device.h; the CUDA device adds its own). A model definition (model.cpp) is
+// written over this interface only, so it runs unchanged on every device, as ggml's backends
+// and vLLM's model/attention-backend split do.
+//
+// Memory: activations are float arrays in the device's memory (DeviceBuffer); weights are
+// DeviceMatrix objects the device made from GGUF tensors. Integer batch metadata (token ids,
+// positions, row indices) is passed as host arrays; a device copies what its kernels need.
+// Attention is not a device operation of its own: it belongs to the cache (kv_cache.h), which
+// a device makes, because what a cache spec adds (centring, sinks, window) is part of it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace tqkv::engine {
+
+struct GgufTensor;
+class KvCache;
+struct CacheSpec;
+
+// How RoPE pairs the coordinates of a head: Llama GGUFs (whose q/k rows the converter
+// permuted) rotate adjacent pairs (2i, 2i+1); NeoX-style models (Qwen2, Gemma, ...) rotate
+// (i, i + n_rot/2).
+enum class RopeLayout { Adjacent, Halves };
+
+struct RopeParams {
+  int n_rot = 0;  // leading dims of each head that RoPE rotates (even)
+  float base = 10000.0f;
+  RopeLayout layout = RopeLayout::Adjacent;
+};
+
+// A weight matrix [rows (outputs), cols (inputs)] in a device's memory and layout.
+class DeviceMatrix {
+ public:
+  virtual ~DeviceMatrix() = default;
+  int rows() const { return rows_; }
+  int cols() const { return cols_; }
+  virtual size_t bytes() const = 0;  // memory it holds
+
+ protected:
+  DeviceMatrix(int rows, int cols) : rows_(rows), cols_(cols) {}
+
+ private:
+  int rows_, cols_;
+};
+
+// An owned float array in a device's memory. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(float* data, size_t size, void (*release)(float*)) : data_(data, release), size_(size) {}
+  float* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<float, void (*)(float*)> data_{nullptr, nullptr};
+  size_t size_ = 0;
+};
+
+// Sizes of a cache to make: positions per sequence and how many sequences it serves at once.
+struct CacheShape {
+  int capacity = 0;
+  int max_seqs = 1;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;
+
+  // Memory.
+  virtual DeviceBuffer alloc(size_t n) = 0;  // uninitialised
+  virtual void to_device(const float* host, size_t n, float* dst) = 0;
+  virtual void to_host(const float* src, size_t n, float* host) = 0;
+
+  // Weights: a GGUF tensor of shape [cols (contiguous), rows], any type the GGUF reader
+  // dequantizes (the device chooses how to hold it). Throws tqkv::Error(Format) on a shape
+  // mismatch.
+  virtual std::unique_ptr<DeviceMatrix> load_matrix(const GgufTensor& t, int rows, int cols) = 0;
+  // A vector (norm weights, biases) copied to the device as float32.
+  DeviceBuffer load_vector(const float* host, size_t n);
+
+  // Operations. Shapes are row-major; n is the number of tokens (rows).
+  // x[i] = row tokens[i] of the embedding matrix, times `scale`: x [n, table.cols].
+  virtual void embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) = 0;
+  // y[n, w.rows] = x[n, w.cols] * w^T (+ bias[w.rows]).
+  virtual void matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias = nullptr) = 0;
+  // y[t] = x[t] / rms(x[t]) * w, over d features; y may be x.
+  virtual void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) = 0;
+  // Rotates each head of x [n, heads, head_dim] in place, token t at positions[t] (host).
+  virtual void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) = 0;
+  // gate[i] = silu(gate[i]) * up[i] (SwiGLU).
+  virtual void swiglu(float* gate, const float* up, size_t n) = 0;
+  // x[i] += y[i] (residuals).
+  virtual void add(float* x, const float* y, size_t n) = 0;
+  // y[i] = x[rows[i]] for rows of d floats (rows: host indices).
+  virtual void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) = 0;
+
+  // A KV cache of this device for a resolved cache spec (cache_spec.h).
+  virtual std::unique_ptr<KvCache> make_cache(const CacheSpec& spec, const CacheShape& shape) = 0;
+};
+
+// "cpu" (the default), "cuda", or "auto" (the GPU where one is built and present, else the
+// CPU). Throws tqkv::Error(InvalidArgument) for an unknown name or a device not in this build.
+std::shared_ptr<Device> make_device(std::string_view name = "cpu");
+
+}  // namespace tqkv::engine
