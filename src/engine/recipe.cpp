@@ -73,10 +73,17 @@ class Reader {
   int64_t integer(const std::string& k, int64_t lo, int64_t hi) const {
     const json& j = need(k);
     if (!j.is_number_integer()) bad(path_, field(k), std::string("is ") + type_name(j) + ", not an integer");
-    const int64_t v = j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(hi) ? hi + 1 : j.get<int64_t>();
-    if (v < lo || v > hi)
-      bad(path_, field(k), std::to_string(j.get<int64_t>()) + " is out of range " + std::to_string(lo) + ".." + std::to_string(hi));
-    return v;
+    // Non-negative JSON integers parse as unsigned: compare those unsigned, so that none wraps.
+    bool in_range = false;
+    if (j.is_number_unsigned()) {
+      const uint64_t u = j.get<uint64_t>();
+      in_range = hi >= 0 && u <= static_cast<uint64_t>(hi) && static_cast<int64_t>(u) >= lo;
+    } else {
+      const int64_t v = j.get<int64_t>();
+      in_range = v >= lo && v <= hi;
+    }
+    if (!in_range) bad(path_, field(k), j.dump() + " is out of range " + std::to_string(lo) + ".." + std::to_string(hi));
+    return j.is_number_unsigned() ? static_cast<int64_t>(j.get<uint64_t>()) : j.get<int64_t>();
   }
   // Every key is known or a comment (leading '_'): a misspelt optional field is an error, not a
   // silent default.
