@@ -12,6 +12,7 @@ PACKAGES=(
   clang libclang-rt-14-dev                  # libFuzzer target for the GGUF reader
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libboost-dev libopenblas-dev
+  libxxhash-dev                             # XXH3: the weights hash of recipe files
   python3 python3-pip
   bible-kjv bible-kjv-text                  # real evaluation text (scripts/fetch_text.sh)
 )

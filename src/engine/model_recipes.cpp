@@ -1,44 +1,84 @@
-// TEMPORARY: SmolLM2's recipes until the recipe files land.
 #include "model_recipes.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <memory>
+
+#include "gguf.h"
+#include "tqkv/error.h"
 
 namespace tqkv::engine {
 namespace {
-const std::vector<std::pair<std::string, std::string>>& smol() {
-  static const std::vector<std::pair<std::string, std::string>> r = {
-      {"tq-4.36", "k5v4+c+L4.6.7.8.24.25=k4v3+L3.11=k4v4+L14.15.20.22.26.27=k5v3+L17=k6v3"},
-      {"tq-3.36", "k3v3+c+L19.18.13.25.17.23=k4v3"},
-      {"tq-4.25", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3"},
-      {"tq-3.12", "k4v2+c+L4.5.6.7.8.9.24.25.26=k3v2+L3.10.11=k3v3+L2=k4v3+L17=k5v2"},
-      {"tq-2.75", "k3v2+c"},
-      {"tq-4.375", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3+sink1+wq6+fill4.375"},
-      {"tq-3.375", "k3v2+c+L11=k2v2+L5.7.8.9.16.18.20.26=k4v2+L14.15.17.21.23.24=k4v3+sink1+wq6+fill3.375"},
-      {"tq-2.5", "k2v2+c+L5.8.9.14.20.23=k3v2+sink1+wq6+fill2.5"},
-  };
-  return r;
+
+ModelKey key_of(const GgufFile& f, const ModelConfig& cfg) {
+  return ModelKey{cfg.arch, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, weights_hash(f)};
 }
+
 }  // namespace
 
-SpecSources model_spec_sources(const GgufFile&, const ModelConfig& cfg) {
+SpecSources spec_sources(const RecipeBook& book, const ModelKey& key) {
   SpecSources s;
-  if (cfg.arch == "llama" && cfg.n_layers == 30 && cfg.head_dim == 64) s.recipes = smol();
+  for (const RecipeFile& file : book.files()) {
+    if (!(file.model == key)) continue;
+    for (const Recipe& r : file.recipes) {
+      const bool seen = std::any_of(s.recipes.begin(), s.recipes.end(), [&](const auto& p) { return p.first == r.name; });
+      if (!seen) s.recipes.push_back({r.name, r.spec});
+    }
+    if (!s.key_stats && file.key_stats) s.key_stats = std::make_shared<KeyStats>(*file.key_stats);
+  }
+  // Only names that some file defines get a message; anything else is left to the format parser.
+  auto shared = std::make_shared<RecipeBook>(book);
+  const std::vector<std::string> names = book.names();
+  s.why_not = [shared, key, names](const std::string& name) {
+    return std::find(names.begin(), names.end(), name) == names.end() ? std::string() : shared->why_not(key, name);
+  };
   return s;
 }
 
-SpecSources model_spec_sources_for_tests(const ModelConfig& cfg) {
-  SpecSources s;
-  if (cfg.arch == "llama" && cfg.n_layers == 30 && cfg.head_dim == 64) s.recipes = smol();
-  return s;
+SpecSources model_spec_sources(const GgufFile& f, const ModelConfig& cfg) {
+  return spec_sources(RecipeBook::from_default_dirs(), key_of(f, cfg));
 }
 
 std::vector<std::string> known_recipe_names() {
-  std::vector<std::string> n;
-  for (const auto& [name, spec] : smol()) n.push_back(name);
-  return n;
+  try {
+    return RecipeBook::from_default_dirs().names();
+  } catch (const Error&) {
+    return {};
+  }
 }
 
-std::string store_key_stats(const GgufFile&, const ModelConfig&, const std::string&, const KeyStats&,
-                            const std::string&) {
-  return "";
+std::string store_key_stats(const GgufFile& f, const ModelConfig& cfg, const std::string& model_path,
+                            const KeyStats& stats, const std::string& path) {
+  namespace fs = std::filesystem;
+  const ModelKey key = key_of(f, cfg);
+  std::string out = path;
+  if (out.empty()) {
+    const RecipeBook book = RecipeBook::from_default_dirs();
+    if (const RecipeFile* mine = book.for_model(key)) out = mine->path;
+  }
+  std::string stem = fs::path(model_path).stem().string();
+  if (out.empty()) {
+    std::string lower = stem;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    fs::create_directories("recipes");
+    out = "recipes/" + lower + ".json";
+  }
+  RecipeFile file;
+  if (fs::exists(out)) {
+    file = load_recipe_file(out);
+    if (!(file.model == key))
+      throw Error(ErrorCode::InvalidArgument, "recipe file '" + out + "' was fitted to " + file.describe_model() +
+                                                  ", not to this model (" + key.describe() + ")");
+  } else {
+    file.version = RecipeFile::kVersion;
+    file.model_name = stem;
+    file.model_file = fs::path(model_path).filename().string();
+    file.model = key;
+  }
+  file.key_stats = stats;
+  save_recipe_file(file, out);
+  return out;
 }
 
 }  // namespace tqkv::engine

@@ -12,6 +12,7 @@
 #include "engine/key_centring.h"
 #include "engine/model.h"
 #include "engine/model_recipes.h"
+#include "engine/recipe.h"
 #include "engine/tokenizer.h"
 #include "eval/calibrate.h"
 #include "eval/eval.h"
@@ -40,7 +41,9 @@ ModelConfig smol_like() {
 // SmolLM2's recipes and key statistics of the right shape (zeros: the grammar tests need them
 // to exist, not their values).
 SpecSources smol_sources() {
-  SpecSources s = model_spec_sources_for_tests(smol_like());
+  SpecSources s;
+  for (const Recipe& r : load_recipe_file(kRepo + "/recipes/smollm2-135m-instruct.json").recipes)
+    s.recipes.push_back({r.name, r.spec});
   auto ks = std::make_shared<KeyStats>();
   ks->n_layers = 30;
   ks->n_kv_heads = 3;
