@@ -12,7 +12,7 @@
 #include "engine/gguf.h"
 #include "engine/paths.h"
 #include "tqkv/format.h"
-#include "tqkv/simd.h"
+#include "tqkv/threads.h"
 
 namespace {
 constexpr const char* kDefaultPrompt = "What are the three primary colors? Answer briefly.";
@@ -45,15 +45,14 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-k", o.top_k, "top-k cut when sampling")->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "nucleus cut when sampling")->capture_default_str();
   cmd->add_option("--seed", o.seed, "sampling seed")->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
   cmd->add_flag("--raw", o.raw, "feed the prompt as is, without the chat template");
   cmd->add_flag("-q,--quiet", o.quiet, "print only the generated text and the stats line");
   cmd->add_flag("--ignore-eos", o.ignore_eos, "generate all -n tokens even past end of turn (for timing)");
   cmd->callback([] {
     using namespace tqkv::engine;
     check_cache_spec(o.format);  // a bad spec fails before the model loads
-    set_num_threads(o.threads);            // the engine's matrix products
-    tqkv::set_attention_threads(o.threads);  // and tqkv::attention (0 = default)
+    tqkv::set_num_threads(o.threads);  // attention and the matrix products (0 = default)
     const std::string path = o.model.empty() ? default_model_path() : o.model;
     GgufFile file = GgufFile::open(path);
     Tokenizer tok = Tokenizer::from_gguf(file);

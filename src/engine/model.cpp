@@ -11,7 +11,7 @@
 #include "qgemv.h"
 #include "outlier_keys.h"
 #include "recent_window.h"
-#include "thread_pool.h"
+#include "cpu/thread_pool.h"
 #include "tqkv/attention.h"
 #include "tqkv/error.h"
 
@@ -34,8 +34,8 @@ std::vector<float> load(const GgufFile& f, const std::string& name, int64_t cols
   std::vector<float> v(static_cast<size_t>(want));
   const TensorTypeTraits* tr = tensor_type_traits(t.type);
   const size_t row_bytes = static_cast<size_t>(cols / tr->block_elems * tr->block_bytes);
-  const int parts = rows >= 256 ? pool_threads() : 1;
-  parallel_for(parts, [&](int p) {
+  const int parts = rows >= 256 ? cpu::pool_threads() : 1;
+  cpu::parallel_for(parts, [&](int p) {
     for (int64_t r = rows * p / parts; r < rows * (p + 1) / parts; ++r)
       dequantize(t.type, t.data + r * row_bytes, v.data() + r * cols, cols);
   });
@@ -173,8 +173,6 @@ void centre_keys(KeyCentring& kc, const ModelConfig& c, int layer, int capacity,
 
 }  // namespace
 
-void set_num_threads(int n) { set_pool_threads(n); }
-
 // OpenBLAS runs single-threaded inside our blocking pool (thread_pool.h), whose workers
 // split the output features: OpenBLAS's own spinning threads next to anyone else's spinning
 // OpenMP workers made prefill 5x slower on two cores.
@@ -187,8 +185,8 @@ void matmul(const float* x, int n, const Weight& w, float* y, const float* bias)
   const int in = w.cols, out = w.rows;
   const bool quantized = n <= kQuantizedMaxTokens && !w.q.empty();
   // Slices of at least 64 output rows, so small matrices are not split into tiny products.
-  const int parts = std::max(1, std::min(pool_threads(), out / 64));
-  parallel_for(parts, [&](int p) {
+  const int parts = std::max(1, std::min(cpu::pool_threads(), out / 64));
+  cpu::parallel_for(parts, [&](int p) {
     const int o0 = static_cast<int>(static_cast<int64_t>(out) * p / parts);
     const int o1 = static_cast<int>(static_cast<int64_t>(out) * (p + 1) / parts);
     const int m = o1 - o0;

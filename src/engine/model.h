@@ -115,9 +115,6 @@ class Model {
   std::vector<Layer> layers_;
 };
 
-// Threads for BLAS and the OpenMP loops; n <= 0 keeps the libraries' defaults (all cores).
-void set_num_threads(int n);
-
 // y[n, out] = x[n, in] * W[out, in]^T (+ bias): OpenBLAS on the float32 copy, or the
 // quantized kernels for n <= kQuantizedMaxTokens. Rows are split over the thread pool.
 void matmul(const float* x, int n, const Weight& w, float* y, const float* bias = nullptr);
