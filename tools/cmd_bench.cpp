@@ -29,6 +29,7 @@
 #include "commands.h"
 #include "tqkv/paged_cache.h"
 #include "tqkv/simd.h"
+#include "tqkv/threads.h"
 
 namespace {
 
@@ -163,7 +164,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--formats", o.formats, "comma-separated formats or k<K>v<V> Mse pairs (default: all)");
   cmd->add_option("--block-size", o.block_size, "page size in tokens (16, 32, 64, 128)");
   cmd->add_option("--layout", o.layout, "page arrangement: slot or page")->check(CLI::IsMember({"slot", "page"}));
-  cmd->add_option("--threads", o.threads, "attention threads (default: all hardware threads)");
+  cmd->add_option("--threads", o.threads, "threads (default: $TQKV_THREADS or all hardware threads)");
   cmd->add_option("--simd", o.simd, "force a kernel level: scalar, avx2, avx512");
   cmd->add_option("--min-time", o.min_time, "seconds to time each format");
   cmd->add_option("--footprint-mb", o.footprint_mb, "cycle over layers covering at least this much cache");
@@ -171,7 +172,7 @@ void register_bench(CLI::App& app) {
   cmd->callback([] {
     using namespace tqkv;
     if (!o.simd.empty()) set_simd_level(parse_simd_level(o.simd));
-    if (o.threads > 0) set_attention_threads(o.threads);
+    set_num_threads(o.threads);  // 0: the default
     std::vector<const Format*> formats;
     if (o.formats.empty()) {
       for (const Format& f : all_formats()) formats.push_back(&f);
@@ -213,7 +214,7 @@ void register_bench(CLI::App& app) {
     }
     std::printf("decode attention: ctx %d, batch %d, dim %d, %d kv heads x GQA %d, %s layout, block %d, %s, %d threads\n",
                 o.ctx, o.batch, o.dim, o.kv_heads, o.gqa, o.layout.c_str(), o.block_size,
-                std::string(simd_level_name(active_simd_level())).c_str(), attention_threads());
+                std::string(simd_level_name(active_simd_level())).c_str(), num_threads());
     std::printf("%-20s %6s %7s %12s %16s %10s %8s %12s %10s\n", "format", "slot_B", "layers", "s/step",
                 "tokens*heads/s", "GB/s read", "vs f16", "cpu s/step", "cpu vs f16");
     for (const auto& r : rows)

@@ -12,7 +12,7 @@
 #include "engine/model_recipes.h"
 #include "engine/tokenizer.h"
 #include "eval/calibrate.h"
-#include "tqkv/simd.h"
+#include "tqkv/threads.h"
 
 void register_calibrate(CLI::App& app) {
   auto* cmd = app.add_subcommand("calibrate", "Measure a model's key statistics (for +c/+s) into its recipe file");
@@ -28,12 +28,11 @@ void register_calibrate(CLI::App& app) {
                   "recipe file to write (default: the model's recipe file, or recipes/<model file name>.json)");
   cmd->add_option("-c,--ctx", o.ctx, "tokens per chunk")->check(CLI::Range(16, 1 << 20))->capture_default_str();
   cmd->add_option("--tokens", o.tokens, "text tokens used")->check(CLI::Range(16, 1 << 30))->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
-    set_num_threads(o.threads);
-    tqkv::set_attention_threads(o.threads);
+    tqkv::set_num_threads(o.threads);
     const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string tpath = o.text.empty() ? default_calibration_text_path() : o.text;
     GgufFile file = GgufFile::open(mpath);

@@ -12,11 +12,11 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "eval/eval.h"
-#include "engine/cpu_device.h"
 #include "engine/gguf.h"
 #include "engine/paths.h"
 #include "engine/tokenizer.h"
 #include "tqkv/error.h"
+#include "tqkv/threads.h"
 
 namespace {
 
@@ -73,14 +73,14 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--ctx", o.ctx, "comma-separated context sizes")->capture_default_str();
   cmd->add_option("--tokens", o.tokens, "text tokens per context size (floor(tokens/ctx) chunks)")->capture_default_str();
   cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
   cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_option("--json", o.json, "write the results as JSON to this file (updated after every chunk)");
   cmd->add_option("--markdown", o.markdown, "write the Markdown table to this file");
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
-    set_num_threads(o.threads);
+    tqkv::set_num_threads(o.threads);
     const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string tpath = o.text.empty() ? default_text_path() : o.text;
     const std::string text = read_text(tpath);
@@ -134,13 +134,13 @@ void register_passkey(CLI::App& app) {
   cmd->add_option("--depths", o.depths, "comma-separated relative depths in [0, 1]")->capture_default_str();
   cmd->add_option("--trials", o.trials, "trials per cell")->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of the keys and haystack offsets")->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
   cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_option("--json", o.json, "write the cells as JSON to this file (updated after every cell)");
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
-    set_num_threads(o.threads);
+    tqkv::set_num_threads(o.threads);
     const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string text = read_text(o.text.empty() ? default_text_path() : o.text);
     GgufFile file = GgufFile::open(mpath);

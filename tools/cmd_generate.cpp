@@ -10,11 +10,10 @@
 #include "engine/generate.h"
 #include "engine/cache_spec.h"
 #include "engine/model_recipes.h"
-#include "engine/cpu_device.h"
 #include "engine/gguf.h"
 #include "engine/paths.h"
 #include "tqkv/format.h"
-#include "tqkv/simd.h"
+#include "tqkv/threads.h"
 
 namespace {
 constexpr const char* kDefaultPrompt = "What are the three primary colors? Answer briefly.";
@@ -48,7 +47,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-k", o.top_k, "top-k cut when sampling")->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "nucleus cut when sampling")->capture_default_str();
   cmd->add_option("--seed", o.seed, "sampling seed")->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
   cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_flag("--raw", o.raw, "feed the prompt as is, without the chat template");
   cmd->add_flag("-q,--quiet", o.quiet, "print only the generated text and the stats line");
@@ -56,8 +55,7 @@ void register_generate(CLI::App& app) {
   cmd->callback([] {
     using namespace tqkv::engine;
     check_cache_spec(o.format, known_recipe_names());  // a bad spec fails before the model loads
-    set_num_threads(o.threads);            // the engine's matrix products
-    tqkv::set_attention_threads(o.threads);  // and tqkv::attention (0 = default)
+    tqkv::set_num_threads(o.threads);  // attention and the matrix products (0 = default)
     const std::string path = o.model.empty() ? default_model_path() : o.model;
     GgufFile file = GgufFile::open(path);
     Tokenizer tok = Tokenizer::from_gguf(file);

@@ -10,14 +10,13 @@
 #include "commands.h"
 #include "engine/cache_spec.h"
 #include "engine/model_recipes.h"
-#include "engine/cpu_device.h"
 #include "engine/gguf.h"
 #include "engine/paths.h"
 #include "eval/perplexity.h"
 #include "engine/tokenizer.h"
 #include "tqkv/error.h"
 #include "tqkv/format.h"
-#include "tqkv/simd.h"
+#include "tqkv/threads.h"
 
 void register_perplexity(CLI::App& app) {
   auto* cmd = app.add_subcommand("perplexity", "Perplexity and KL/top-1 vs the f32 cache of a GGUF model on a text");
@@ -35,7 +34,7 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help(tqkv::engine::known_recipe_names()))->capture_default_str();
   cmd->add_option("--kv-skip-layers", o.skip, "first and last N layers keep an f16 cache (default: the formats')");
-  cmd->add_option("-t,--threads", o.threads, "threads (default: all cores)");
+  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
   cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_flag("--no-compare", o.no_compare, "skip the f32-cache run (no KL / top-1)");
   cmd->add_flag("--json", o.json, "print one JSON object: ppl, kld, top1, tokens, kv_bytes_per_token");
@@ -43,8 +42,7 @@ void register_perplexity(CLI::App& app) {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
     check_cache_spec(o.format, known_recipe_names());  // a bad spec fails before the model loads
-    set_num_threads(o.threads);            // the engine's matrix products
-    tqkv::set_attention_threads(o.threads);  // and tqkv::attention (0 = default)
+    tqkv::set_num_threads(o.threads);  // attention and the matrix products (0 = default)
     const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string tpath = o.text.empty() ? default_text_path() : o.text;
     const std::string text = read_text(tpath);

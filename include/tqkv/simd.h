@@ -1,9 +1,10 @@
-// Run-time choice of the CPU kernel level and of the attention thread count.
+// Run-time choice of the CPU kernel level (attention kernels, slot encoder and the engine's
+// quantized matrix products alike).
 //
 // The level is detected once (__builtin_cpu_supports) and can be forced with the
 // environment variable TQKV_SIMD=scalar|avx2|avx512 (read once, at first use) or with
 // set_simd_level() (tests use it to run every level). A level the CPU lacks is refused.
-// Threads: TQKV_THREADS=N or set_attention_threads(N); default = hardware threads.
+// Threads: tqkv/threads.h (TQKV_THREADS=N or set_num_threads(N)).
 #pragma once
 #include <string_view>
 
@@ -21,10 +22,6 @@ bool simd_level_supported(SimdLevel level);
 SimdLevel active_simd_level();
 // Forces a level for the whole process; throws tqkv::Error(InvalidArgument) if unsupported.
 void set_simd_level(SimdLevel level);
-
-// Worker threads used by attention (>= 1).
-int attention_threads();
-void set_attention_threads(int n);  // n <= 0 restores the default
 
 // Calls with less work than this (key slots x query rows, summed over kv heads) run on the
 // calling thread: waking workers costs more than it saves. Default 16384; tests set 0.

@@ -67,7 +67,7 @@ void run_attention_groups(const SlotCodec& codec, const std::vector<AttnGroup>& 
   const int d = codec.dim();
   const KernelFormat kf = kernel_format(codec);
   const RunKernel kernel = pick_kernel(kf, active_simd_level());
-  const int threads = attention_threads();
+  const int threads = pool_threads();
 
   // Plan: split each group's key range so that there are a few tasks per thread, but never
   // below 256 keys a task (the merge and the per-task setup must stay negligible).
@@ -114,7 +114,7 @@ void run_attention_groups(const SlotCodec& codec, const std::vector<AttnGroup>& 
   const size_t scratch_floats = kernel_scratch_floats(d, max_rows);
   std::vector<float> scratch(scratch_floats * workers);
 
-  ThreadPool::instance().parallel_for(static_cast<int>(tasks.size()), workers, [&](int ti, int worker) {
+  parallel_for(static_cast<int>(tasks.size()), workers, [&](int ti, int worker) {
     const Task& t = tasks[ti];
     const AttnGroup& g = groups[t.group];
     float* s = state.data() + t.state;
@@ -131,7 +131,7 @@ void run_attention_groups(const SlotCodec& codec, const std::vector<AttnGroup>& 
 
   // Merge the splits of each group by log-sum-exp and rotate Mse values back once.
   const bool rotate_back = codec.format().values_rotated();
-  ThreadPool::instance().parallel_for(static_cast<int>(groups.size()), workers, [&](int gi, int) {
+  parallel_for(static_cast<int>(groups.size()), workers, [&](int gi, int) {
     const AttnGroup& g = groups[gi];
     std::vector<float> o(d);
     for (int r = 0; r < g.rows; ++r) {

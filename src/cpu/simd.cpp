@@ -1,10 +1,9 @@
-// Run-time SIMD level detection, the TQKV_SIMD / TQKV_THREADS overrides and kernel choice.
+// Run-time SIMD level detection, the TQKV_SIMD override and kernel choice.
 #include "tqkv/simd.h"
 
 #include <atomic>
 #include <cstdlib>
 #include <string>
-#include <thread>
 
 #include "kernel.h"
 #include "tqkv/error.h"
@@ -14,7 +13,6 @@ namespace {
 
 constexpr int kUnset = -1;
 std::atomic<int> g_level{kUnset};
-std::atomic<int> g_threads{0};
 constexpr long long kDefaultParallelThreshold = 16384;
 std::atomic<long long> g_parallel_threshold{kDefaultParallelThreshold};
 
@@ -89,16 +87,6 @@ void set_simd_level(SimdLevel level) {
                 "SIMD level " + std::string(simd_level_name(level)) + " is not supported by this CPU");
   g_level.store(static_cast<int>(level));
 }
-
-int attention_threads() {
-  int n = g_threads.load(std::memory_order_relaxed);
-  if (n > 0) return n;
-  n = static_cast<int>(std::thread::hardware_concurrency());
-  if (const char* env = std::getenv("TQKV_THREADS"); env && *env) n = std::atoi(env);
-  return n > 0 ? n : 1;
-}
-
-void set_attention_threads(int n) { g_threads.store(n > 0 ? n : 0); }
 
 long long attention_parallel_threshold() { return g_parallel_threshold.load(std::memory_order_relaxed); }
 

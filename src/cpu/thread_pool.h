@@ -1,42 +1,31 @@
-// A small fork-join pool for the attention kernels (internal). Plain std::thread, mutex and
-// condition variable (so ThreadSanitizer understands every synchronisation, which it does not
-// for libgomp). The caller takes part as worker 0. If another thread is already running a job
-// on the pool, the call runs its job serially on the calling thread instead of waiting.
+// The one fork-join pool (internal): attention kernels, the engine's matrix products and
+// weight loading. Sized by tqkv::set_num_threads / TQKV_THREADS (include/tqkv/threads.h).
+//
+// Workers block on a condition variable between jobs instead of spin-waiting: on a 2-core
+// machine shared with other work, spinning OpenMP or OpenBLAS workers that get descheduled
+// stall every barrier (we measured decode dropping from 19 to 0.7 tokens/s under load), while
+// blocking costs a few microseconds per job. The caller only waits for parts that were
+// started, never for a sleeping worker to wake up. Plain std::thread, mutex and condition
+// variable, so ThreadSanitizer understands every synchronisation (it does not for libgomp).
+//
+// A call made while the pool runs a job (from inside a part, or from another thread) runs its
+// parts serially on the calling thread instead of waiting or deadlocking.
 #pragma once
-#include <atomic>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
-#include <thread>
-#include <vector>
 
 namespace tqkv::cpu {
 
-class ThreadPool {
- public:
-  static ThreadPool& instance();
-  ~ThreadPool();
+// Threads parallel_for(parts, f) spreads over, the caller included: tqkv::num_threads().
+int pool_threads();
 
-  // Calls fn(i, worker) for every i in [0, n), on at most `threads` workers; worker ids are in
-  // [0, threads). Returns when all calls are done.
-  void parallel_for(int n, int threads, const std::function<void(int, int)>& fn);
+// Runs f(0) .. f(parts - 1) on up to pool_threads() threads and returns when all are done.
+// The calling thread takes part 0. If a part throws, parts not yet started are skipped and
+// the first exception is rethrown.
+void parallel_for(int parts, const std::function<void(int part)>& f);
 
- private:
-  ThreadPool() = default;
-  void worker_loop(int id);
-  void work(int id);
-
-  std::mutex busy_;  // held by the caller that owns the current job
-  std::mutex m_;
-  std::condition_variable start_cv_, done_cv_;
-  std::vector<std::thread> workers_;  // worker ids 1 .. size
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  const std::function<void(int, int)>* job_ = nullptr;
-  int job_n_ = 0;
-  int job_workers_ = 0;  // helper workers that take part (ids 1 .. job_workers_)
-  int finished_ = 0;
-  std::atomic<int> next_{0};
-};
+// The same with worker ids, for per-thread scratch: f(i, worker) for i in [0, n) on at most
+// `threads` threads; worker ids are in [0, min(threads, n)) and no two parts run at once with
+// the same id. The caller is worker 0; a serial run (see above) uses worker 0 only.
+void parallel_for(int n, int threads, const std::function<void(int i, int worker)>& f);
 
 }  // namespace tqkv::cpu

@@ -12,12 +12,10 @@
 #include "dequant.h"
 #include "gguf.h"
 #include "qgemv.h"
-#include "thread_pool.h"
+#include "cpu/thread_pool.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
-
-void set_num_threads(int n) { set_pool_threads(n); }
 
 DeviceBuffer CpuDevice::alloc(size_t n) {
   float* p = n ? static_cast<float*>(std::malloc(n * sizeof(float))) : nullptr;
@@ -70,8 +68,8 @@ void CpuDevice::matmul(const float* x, int n, const DeviceMatrix& wm, float* y, 
   const int in = w.cols(), out = w.rows();
   const bool quantized = n <= kQuantizedMaxTokens && !w.q.empty();
   // Slices of at least 64 output rows, so small matrices are not split into tiny products.
-  const int parts = std::max(1, std::min(pool_threads(), out / 64));
-  parallel_for(parts, [&](int p) {
+  const int parts = std::max(1, std::min(cpu::pool_threads(), out / 64));
+  cpu::parallel_for(parts, [&](int p) {
     const int o0 = static_cast<int>(static_cast<int64_t>(out) * p / parts);
     const int o1 = static_cast<int>(static_cast<int64_t>(out) * (p + 1) / parts);
     const int m = o1 - o0;

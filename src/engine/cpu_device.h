@@ -22,9 +22,6 @@ namespace tqkv::engine {
 // float32 GEMM is cheaper.
 inline constexpr int kQuantizedMaxTokens = 2;
 
-// Threads of the CPU device's products and element-wise kernels; n <= 0: all cores.
-void set_num_threads(int n);
-
 class CpuMatrix final : public DeviceMatrix {
  public:
   CpuMatrix(int rows, int cols) : DeviceMatrix(rows, cols) {}

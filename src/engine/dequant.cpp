@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "thread_pool.h"
+#include "cpu/thread_pool.h"
 #include "tqkv/error.h"
 #include "tqkv/half.h"
 
@@ -161,8 +161,8 @@ std::vector<float> expand_tensor(const GgufTensor& t, int64_t cols, int64_t rows
   std::vector<float> v(static_cast<size_t>(want));
   const TensorTypeTraits* tr = tensor_type_traits(t.type);
   const size_t row_bytes = static_cast<size_t>(cols / tr->block_elems * tr->block_bytes);
-  const int parts = rows >= 256 ? pool_threads() : 1;
-  parallel_for(parts, [&](int p) {
+  const int parts = rows >= 256 ? cpu::pool_threads() : 1;
+  cpu::parallel_for(parts, [&](int p) {
     for (int64_t r = rows * p / parts; r < rows * (p + 1) / parts; ++r)
       dequantize(t.type, t.data + r * row_bytes, v.data() + r * cols, cols);
   });

@@ -1,6 +1,5 @@
 #include "qgemv.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -8,6 +7,7 @@
 #include "qgemv_kernels.h"
 #include "tqkv/error.h"
 #include "tqkv/half.h"
+#include "tqkv/simd.h"
 
 namespace tqkv::engine {
 namespace detail {
@@ -73,24 +73,12 @@ QgemvKernels qgemv_scalar() { return {q4_0, q4_1, q8_0}; }
 
 namespace {
 
-const detail::QgemvKernels& kernels_for(const std::string& isa) {
+// One probe for the whole library: the AVX2 kernels need AVX2+FMA+F16C, which every level
+// from SimdLevel::Avx2 up guarantees, so TQKV_SIMD / set_simd_level choose them too.
+const detail::QgemvKernels& kernels_for(SimdLevel level) {
   static const detail::QgemvKernels scalar = detail::qgemv_scalar();
-  static const detail::QgemvKernels avx2 = detail::qgemv_avx2_available() ? detail::qgemv_avx2() : scalar;
-  if (isa == "scalar") return scalar;
-  if (isa == "avx2") {
-    if (!detail::qgemv_avx2_available()) throw Error(ErrorCode::InvalidArgument, "this CPU lacks AVX2/FMA/F16C");
-    return avx2;
-  }
-  throw Error(ErrorCode::InvalidArgument, "unknown qgemv ISA '" + isa + "' (scalar, avx2)");
-}
-
-const std::string& active_isa() {
-  static const std::string isa = [] {
-    const char* e = std::getenv("TQKV_ENGINE_SIMD");
-    if (e && std::string(e) == "scalar") return std::string("scalar");
-    return std::string(detail::qgemv_avx2_available() ? "avx2" : "scalar");
-  }();
-  return isa;
+  static const detail::QgemvKernels avx2 = detail::qgemv_avx2();
+  return level >= SimdLevel::Avx2 ? avx2 : scalar;
 }
 
 void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
@@ -119,15 +107,10 @@ bool qgemv_supported(uint32_t type) {
   return t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q8_0;
 }
 
-const char* qgemv_isa() { return active_isa().c_str(); }
+const char* qgemv_isa() { return active_simd_level() >= SimdLevel::Avx2 ? "avx2" : "scalar"; }
 
 void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y) {
-  run(kernels_for(active_isa()), type, w, cols, r0, r1, x, y);
-}
-
-void qgemv_with(const std::string& isa, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
-                float* y) {
-  run(kernels_for(isa), type, w, cols, r0, r1, x, y);
+  run(kernels_for(active_simd_level()), type, w, cols, r0, r1, x, y);
 }
 
 }  // namespace tqkv::engine

@@ -8,10 +8,10 @@
 // with the per-block sums of x computed once per vector.
 //
 // Kernels: a scalar reference (always compiled, the oracle) and AVX2+FMA+F16C
-// (qgemv_avx2.cpp), picked at run time; TQKV_ENGINE_SIMD=scalar forces the reference.
+// (qgemv_avx2.cpp), picked by tqkv::active_simd_level() (AVX2 from SimdLevel::Avx2 up), so
+// TQKV_SIMD=scalar or set_simd_level(SimdLevel::Scalar) forces the reference.
 #pragma once
 #include <cstdint>
-#include <string>
 
 namespace tqkv::engine {
 
@@ -21,10 +21,7 @@ bool qgemv_supported(uint32_t type);
 // blocks, row stride = cols / block_elems * block_bytes; cols a multiple of 32; y: [r1 - r0].
 void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y);
 
-// The same, forced to one implementation ("scalar" or "avx2"), for parity tests.
-void qgemv_with(const std::string& isa, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
-                float* y);
-// The implementation qgemv uses on this machine.
+// The implementation qgemv uses now: "avx2" or "scalar".
 const char* qgemv_isa();
 
 }  // namespace tqkv::engine

@@ -87,10 +87,6 @@ void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const floa
 
 }  // namespace
 
-bool qgemv_avx2_available() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-
 QgemvKernels qgemv_avx2() { return {q4_0, q4_1, q8_0}; }
 
 }  // namespace tqkv::engine::detail

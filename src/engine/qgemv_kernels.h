@@ -12,7 +12,6 @@ struct QgemvKernels {
 };
 
 QgemvKernels qgemv_scalar();
-bool qgemv_avx2_available();
 QgemvKernels qgemv_avx2();
 
 }  // namespace tqkv::engine::detail

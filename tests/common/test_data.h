@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tqkv/simd.h"
+#include "tqkv/threads.h"
 
 namespace tqkv::testing_util {
 
@@ -37,14 +38,14 @@ inline std::vector<SimdLevel> supported_levels() {
   return out;
 }
 
-// Restores the process-wide SIMD level, attention threads and parallel threshold after a
+// Restores the process-wide SIMD level, thread count and parallel threshold after a
 // test; while alive, even small attention calls are threaded.
 struct LevelGuard {
   SimdLevel level = active_simd_level();
   LevelGuard() { set_attention_parallel_threshold(0); }
   ~LevelGuard() {
     set_simd_level(level);
-    set_attention_threads(0);
+    set_num_threads(0);
     set_attention_parallel_threshold(-1);
   }
 };

@@ -12,6 +12,7 @@
 #include "tqkv/attention.h"
 #include "tqkv/error.h"
 #include "tqkv/simd.h"
+#include "tqkv/threads.h"
 
 namespace tqkv {
 namespace {
@@ -65,7 +66,7 @@ void check_case(const Format& f, const Case& c) {
   for (SimdLevel level : testing_util::supported_levels()) {
     for (int threads : {1, 2, 3}) {
       set_simd_level(level);
-      set_attention_threads(threads);
+      set_num_threads(threads);
       std::vector<float> out(q.size(), NAN);
       attention(cache, 0, q.data(), c.n_q, pos0, p, out.data());
       EXPECT_LT(rel_error(out, ref), 1e-5) << f.name << " level " << simd_level_name(level) << " threads "
@@ -103,7 +104,7 @@ TEST(AttentionSimd, OddHeadDimsFallBackCorrectly) {
 // their own thread; every caller gets the single-threaded answer (and TSan sees no race).
 TEST(AttentionThreads, ConcurrentCallersAgree) {
   LevelGuard guard;
-  set_attention_threads(2);
+  set_num_threads(2);
   ContiguousCacheConfig cfg;
   cfg.n_kv_heads = 2;
   cfg.head_dim = 64;
@@ -154,8 +155,8 @@ TEST(AttentionSimd, LevelOverrideAndNames) {
   set_simd_level(SimdLevel::Scalar);
   EXPECT_EQ(active_simd_level(), SimdLevel::Scalar);
   EXPECT_TRUE(simd_level_supported(SimdLevel::Scalar));
-  set_attention_threads(5);
-  EXPECT_EQ(attention_threads(), 5);
+  set_num_threads(5);
+  EXPECT_EQ(num_threads(), 5);
 }
 
 }  // namespace

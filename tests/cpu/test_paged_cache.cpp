@@ -12,6 +12,7 @@
 #include "tqkv/error.h"
 #include "tqkv/paged_cache.h"
 #include "tqkv/simd.h"
+#include "tqkv/threads.h"
 
 namespace tqkv {
 namespace {
@@ -171,7 +172,7 @@ TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
             if (!simd_level_supported(level)) continue;
             set_simd_level(level);
             for (int threads : {1, 2}) {
-              set_attention_threads(threads);
+              set_num_threads(threads);
               std::vector<float> out(q.size(), NAN);
               paged_attention(cache, 1, seqs, q.data(), p, out.data());
               EXPECT_LT(rel_error(out, ref), 1e-5) << name << " bs " << bs << " level " << simd_level_name(level);

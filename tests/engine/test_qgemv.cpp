@@ -1,5 +1,6 @@
-// Quantized matrix-vector kernels: every ISA against the float32 product of the dequantized
-// matrix (dequant.cpp is itself checked against the gguf package in test_gguf.cpp).
+// Quantized matrix-vector kernels: every SIMD level (set_simd_level) against the float32
+// product of the dequantized matrix (dequant.cpp is itself checked against the gguf package
+// in test_gguf.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "engine/gguf.h"
 #include "engine/qgemv.h"
 #include "tqkv/half.h"
+#include "tqkv/simd.h"
 
 namespace tqkv::engine {
 namespace {
@@ -35,18 +37,23 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
   std::vector<float> x(cols);
   std::normal_distribution<float> nd;
   for (auto& v : x) v = nd(rng);
-  std::vector<std::string> isas = {"scalar"};
-  if (std::string(qgemv_isa()) == "avx2") isas.push_back("avx2");
+  struct Restore {
+    SimdLevel level = active_simd_level();
+    ~Restore() { set_simd_level(level); }
+  } restore;
   for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
     const uint32_t t = static_cast<uint32_t>(type);
     ASSERT_TRUE(qgemv_supported(t));
     const std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);
     std::vector<float> wf(static_cast<size_t>(rows) * cols);
     dequantize(t, w.data(), wf.data(), static_cast<int64_t>(wf.size()));
-    for (const std::string& isa : isas) {
-      SCOPED_TRACE(tensor_type_name(t) + " " + isa);
+    for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
+      if (!simd_level_supported(level)) continue;
+      set_simd_level(level);
+      EXPECT_STREQ(qgemv_isa(), level == SimdLevel::Scalar ? "scalar" : "avx2");
+      SCOPED_TRACE(tensor_type_name(t) + " " + std::string(simd_level_name(level)));
       std::vector<float> y(rows - 5);
-      qgemv_with(isa, t, w.data(), cols, 5, rows, x.data(), y.data());  // a row range not starting at 0
+      qgemv(t, w.data(), cols, 5, rows, x.data(), y.data());  // a row range not starting at 0
       for (int r = 5; r < rows; ++r) {
         double ref = 0, mag = 0;
         for (int c = 0; c < cols; ++c) {
@@ -58,7 +65,7 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
     }
   }
   EXPECT_FALSE(qgemv_supported(static_cast<uint32_t>(TensorType::Q6_K)));
-  EXPECT_THROW(qgemv_with("neon", 2, nullptr, 32, 0, 0, x.data(), nullptr), std::exception);
+  EXPECT_THROW(qgemv(static_cast<uint32_t>(TensorType::Q6_K), nullptr, 32, 0, 0, x.data(), nullptr), std::exception);
 }
 
 }  // namespace
