@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
     const double sdpa_us = it == sdpa.end() ? 0 : it->second;
     for (const auto& name : formats) {
       if (!only_formats.empty() && name != "bf16" && only_formats.find("," + name + ",") == std::string::npos) continue;
-      const tqkv::Format& f = tqkv::find_format(name);
+      const tqkv::Format f = tqkv::find_format(name);
       const tqkv::cuda::CacheCodec codec(f, s.d);
       tqkv::cuda::PagedKv kv{pool, num_blocks, bs, s.hkv, PageLayout::Page};
       // Fill every sequence (the same random 4096-token chunk, stored at different pages).

@@ -39,7 +39,7 @@ struct PagedCacheConfig {
   int block_size = 16;  // tokens per page: 16, 32, 64 or 128
   int num_blocks = 256;
   PageLayout layout = PageLayout::Slot;
-  std::vector<const Format*> layer_formats;  // [n_layers]; empty = kDefaultFormat everywhere
+  std::vector<Format> layer_formats;  // [n_layers]; empty = kDefaultFormat everywhere
   uint64_t seed = kDefaultSeed;
 };
 

@@ -17,12 +17,12 @@ PagedCache::PagedCache(const PagedCacheConfig& config) : config_(config) {
   if (config_.n_layers < 1 || config_.n_kv_heads < 1 || config_.head_dim < 2 || config_.num_blocks < 1)
     throw Error(ErrorCode::InvalidArgument,
                 "paged cache needs n_layers >= 1, n_kv_heads >= 1, head_dim >= 2, num_blocks >= 1");
-  if (config_.layer_formats.empty()) config_.layer_formats.assign(config_.n_layers, &find_format(kDefaultFormat));
+  if (config_.layer_formats.empty()) config_.layer_formats.assign(config_.n_layers, find_format(kDefaultFormat));
   if (static_cast<int>(config_.layer_formats.size()) != config_.n_layers)
     throw Error(ErrorCode::InvalidArgument, "layer_formats has " + std::to_string(config_.layer_formats.size()) +
                                                 " entries for " + std::to_string(config_.n_layers) + " layers");
   for (int l = 0; l < config_.n_layers; ++l) {
-    codecs_.push_back(std::make_unique<SlotCodec>(*config_.layer_formats[l], config_.head_dim, config_.seed));
+    codecs_.push_back(std::make_unique<SlotCodec>(config_.layer_formats[l], config_.head_dim, config_.seed));
     pools_.push_back(std::make_unique<cpu::PageBuffer>(page_bytes(l) * static_cast<size_t>(config_.num_blocks)));
   }
   refs_.assign(config_.num_blocks, 0);
@@ -41,7 +41,7 @@ void PagedCache::check_layer(int layer) const {
 
 const Format& PagedCache::format(int layer) const {
   check_layer(layer);
-  return *config_.layer_formats[layer];
+  return config_.layer_formats[layer];
 }
 
 const SlotCodec& PagedCache::codec(int layer) const {
@@ -126,7 +126,7 @@ std::vector<int64_t> PagedCache::append_slots(int64_t seq, int n) {
 
 // Slot-layout bytes of one (token, head) -> their places in a page (FORMAT.md).
 void PagedCache::place_slot(int layer, int64_t slot, int head, const uint8_t* in) {
-  const Format& f = *config_.layer_formats[layer];
+  const Format& f = config_.layer_formats[layer];
   const int bs = config_.block_size, H = config_.n_kv_heads, d = config_.head_dim;
   const size_t sb = f.slot_bytes(d);
   uint8_t* page = pools_[layer]->data() + (slot / bs) * page_bytes(layer);
@@ -147,7 +147,7 @@ void PagedCache::place_slot(int layer, int64_t slot, int head, const uint8_t* in
 }
 
 void PagedCache::gather_slot(int layer, int32_t block, int t, int head, uint8_t* out) const {
-  const Format& f = *config_.layer_formats[layer];
+  const Format& f = config_.layer_formats[layer];
   const int bs = config_.block_size, H = config_.n_kv_heads, d = config_.head_dim;
   const size_t sb = f.slot_bytes(d);
   const uint8_t* page = pools_[layer]->data() + block * page_bytes(layer);

@@ -3,44 +3,22 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <deque>
-#include <mutex>
 #include <sstream>
 #include <stdexcept>
+
+#include "tqkv/error.h"
 
 namespace tqkv::engine {
 namespace {
 
-// Formats that are not in the traits table (law / rotation / codec variants) live here for the
-// life of the process, so that a Format* stays valid like the table's own entries.
-const Format& variant_format(KeyCodec kc, int kb, ValueCodec vc, int vb, bool nc, Law law, RotationKind rot) {
-  for (const Format& f : all_formats())
-    if (f.key == kc && f.key_bits == kb && f.value == vc && f.value_bits == vb && f.norm_correction == nc &&
-        f.law == law && f.rotation == rot)
-      return f;
-  if (kc == KeyCodec::Mse && vc == ValueCodec::Mse && nc && law == Law::Sphere && rot == RotationKind::Srht &&
-      kb >= 2 && kb <= 4 && vb >= 2 && vb <= 4)
-    return mse_pair_format(kb, vb);
-  static std::mutex mu;
-  static std::deque<std::string> names;
-  static std::deque<Format> formats;
-  std::lock_guard<std::mutex> lock(mu);
-  for (const Format& f : formats)
-    if (f.key == kc && f.key_bits == kb && f.value == vc && f.value_bits == vb && f.norm_correction == nc &&
-        f.law == law && f.rotation == rot)
-      return f;
-  std::ostringstream os;
-  os << 'k' << kb << 'v' << vb << (vc == ValueCodec::Uniform ? "u" : "") << '-' << law_name(law) << '-'
-     << rotation_name(rot) << (nc ? "" : "-raw");
-  const std::string n = os.str();
-  names.push_back(n);
-  formats.push_back(Format{names.back().c_str(), kc, static_cast<uint8_t>(kb), vc, static_cast<uint8_t>(vb), nc, law,
-                           rot, "issue-6 study variant"});
-  return formats.back();
+// Law / rotation / codec variants are plain values: Format::name() spells those not in the
+// traits table.
+Format variant_format(KeyCodec kc, int kb, ValueCodec vc, int vb, bool nc, Law law, RotationKind rot) {
+  return Format{kc, static_cast<uint8_t>(kb), vc, static_cast<uint8_t>(vb), nc, law, rot};
 }
 
 [[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
-  throw std::invalid_argument("cache spec '" + spec + "': " + why);
+  throw Error(ErrorCode::InvalidArgument, "cache spec '" + spec + "': " + why);
 }
 
 // The number after the first `prefix` characters of option o, checked to lie in [lo, hi] (an
@@ -133,19 +111,22 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
       opts.insert(opts.begin(), rp.begin() + 1, rp.end());
       break;
     }
-  const Format* f = try_find_format(base);
+  const NamedFormat* named = find_named_format(base);
   int kb = 0, vb = 0;
-  if (!f) {
+  Format f;
+  if (named) {
+    f = named->format;
+  } else {
     if (!parse_kv(base, kb, vb)) bad_spec(spec, "unknown format '" + base + "'; valid: " + format_names_joined());
-    f = &variant_format(KeyCodec::Mse, kb, ValueCodec::Mse, vb, true, Law::Sphere, RotationKind::Srht);
+    f = variant_format(KeyCodec::Mse, kb, ValueCodec::Mse, vb, true, Law::Sphere, RotationKind::Srht);
   }
-  KeyCodec kc = f->key;
-  ValueCodec vc = f->value;
-  kb = f->key_bits;
-  vb = f->value_bits;
-  bool nc = f->norm_correction;
-  Law law = f->law;
-  RotationKind rot = f->rotation;
+  KeyCodec kc = f.key;
+  ValueCodec vc = f.value;
+  kb = f.key_bits;
+  vb = f.value_bits;
+  bool nc = f.norm_correction;
+  Law law = f.law;
+  RotationKind rot = f.rotation;
   CacheSpec out;
   out.name = spec;
   int skip = -1;
@@ -173,7 +154,7 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
       if (out.outliers % 2 != 0) bad_spec(spec, "outlier channel count '" + o + "' must be even");
     } else if (o.rfind("wq", 0) == 0 && o.size() > 2) {
       const int b = static_cast<int>(option_number(spec, o, 2, 4, 8, "window code width"));
-      out.window_format = &variant_format(KeyCodec::Mse, b, ValueCodec::Mse, b, true, Law::Sphere, RotationKind::Srht);
+      out.window_format = variant_format(KeyCodec::Mse, b, ValueCodec::Mse, b, true, Law::Sphere, RotationKind::Srht);
     } else if (o.rfind("fill", 0) == 0 && o.size() > 4) {
       out.fill_bits = option_number(spec, o, 4, 1e-9, 32, "bit budget", true);
     } else if (o.rfind("sink", 0) == 0 && o.size() > 4) {
@@ -211,18 +192,18 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
     }
   }
   const bool plain_key = kc != KeyCodec::Mse, plain_value = vc != ValueCodec::Mse && vc != ValueCodec::Uniform;
-  auto make = [&](int k, int v) -> const Format& {
-    if (plain_key && plain_value) return *f;
-    return variant_format(kc, plain_key ? f->key_bits : k, vc, plain_value ? f->value_bits : v, nc, law, rot);
+  auto make = [&](int k, int v) -> Format {
+    if (plain_key && plain_value) return f;
+    return variant_format(kc, plain_key ? f.key_bits : k, vc, plain_value ? f.value_bits : v, nc, law, rot);
   };
-  const Format& inner = make(kb, vb);
+  const Format inner = make(kb, vb);
   out.layers = boundary_layer_formats(cfg.n_layers, inner, skip);
   if (!only.empty())
     for (int l = 0; l < cfg.n_layers; ++l)
-      if (std::find(only.begin(), only.end(), l) == only.end()) out.layers[l] = &find_format("f16");
+      if (std::find(only.begin(), only.end(), l) == only.end()) out.layers[l] = find_format("f16");
   for (const auto& [layers, kv] : overrides)
     for (int l : layers)
-      if (out.layers[l]->compressed()) out.layers[l] = &make(kv.first, kv.second);
+      if (out.layers[l].compressed()) out.layers[l] = make(kv.first, kv.second);
   const int d = cfg.head_dim;
   // o<N>: the split's bits per element (b per channel, N more bits, a second fp16 norm) are
   // counted; the layer stores the reconstruction through 8-bit key codes (outlier_keys.h).
@@ -230,13 +211,13 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
   if (out.outliers > 0) {
     out.split_key_bits.assign(cfg.n_layers, 0);
     for (int l = 0; l < cfg.n_layers; ++l) {
-      const Format& lf = *out.layers[l];
+      const Format lf = out.layers[l];
       if (!lf.compressed()) continue;
       if (lf.key != KeyCodec::Mse || lf.key_bits > 7) bad_spec(spec, "o<N> needs Mse keys of at most 7 bits");
       out.split_key_bits[l] = lf.key_bits;
       const double split_bits = lf.bits_per_element(d) + (out.outliers + 16) / (2.0 * d);
-      out.layers[l] = &variant_format(KeyCodec::Mse, 8, lf.value, lf.value_bits, lf.norm_correction, lf.law, lf.rotation);
-      split_extra[l] = split_bits - out.layers[l]->bits_per_element(d);
+      out.layers[l] = variant_format(KeyCodec::Mse, 8, lf.value, lf.value_bits, lf.norm_correction, lf.law, lf.rotation);
+      split_extra[l] = split_bits - out.layers[l].bits_per_element(d);
     }
   }
   out.model = cfg;
@@ -244,13 +225,13 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
   int n_inner = 0;
   std::ostringstream det;
   for (int l = 0; l < cfg.n_layers; ++l) {
-    const Format& lf = *out.layers[l];
+    const Format& lf = out.layers[l];
     sum_all += lf.bits_per_element(d) + split_extra[l];
     if (lf.compressed() || !inner.compressed()) {
       sum += lf.bits_per_element(d) + split_extra[l];
       ++n_inner;
     }
-    if (l == 0 || out.layers[l] != out.layers[l - 1]) det << (l ? " " : "") << "L" << l << ":" << lf.name;
+    if (l == 0 || out.layers[l] != out.layers[l - 1]) det << (l ? " " : "") << "L" << l << ":" << lf.name();
   }
   out.bits = n_inner ? sum / n_inner : 0;
   out.bits_all = sum_all / cfg.n_layers;
@@ -260,7 +241,7 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg) {
   if (out.centre_keys) det << (out.scale_channels ? " centred+scaled-keys" : " centred-keys");
   if (out.recent_window) det << " f16-window-" << out.recent_window;
   if (out.fill_bits > 0) det << " window-to-" << out.fill_bits << "-bits";
-  if (out.window_format) det << " window-as-" << out.window_format->name;
+  if (out.window_format) det << " window-as-" << out.window_format->name();
   if (out.outliers > 0) det << " outlier-split-" << out.outliers << " (study: split codec's bits, 8-bit storage)";
   if (out.sinks) det << " f16-sinks-" << out.sinks;
   out.detail = det.str();
@@ -288,7 +269,7 @@ double CacheSpec::window_bits(int ctx) const {
 
 double CacheSpec::bits_all_at(int ctx) const {
   int compressed = 0;
-  for (const Format* f : layers) compressed += f->compressed();
+  for (const Format& f : layers) compressed += f.compressed();
   return layers.empty() ? bits_all : bits_all + window_bits(ctx) * compressed / static_cast<double>(layers.size());
 }
 
@@ -302,7 +283,8 @@ SpecState::SpecState(const CacheSpec& spec, const ContiguousCache& cache)
   }
   const int window = spec.window_at(cache.capacity());
   if (window > 0 || spec.sinks > 0)
-    recent_ = std::make_unique<RecentWindow>(cache, window, 512, spec.sinks, spec.window_format);
+    recent_ = std::make_unique<RecentWindow>(cache, window, 512, spec.sinks,
+                                             spec.window_format ? &*spec.window_format : nullptr);
 }
 
 void check_cache_spec(const std::string& spec) {

@@ -30,6 +30,7 @@
 #pragma once
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,14 +44,14 @@ namespace tqkv::engine {
 struct CacheSpec {
   std::string name;                  // as asked for
   std::string detail;                // resolved: per-layer formats and options
-  std::vector<const Format*> layers;  // [n_layers]
+  std::vector<Format> layers;        // [n_layers]
   bool centre_keys = false;
   bool scale_channels = false;
   int recent_window = 0;  // w<N>: uncompressed copies of the N most recent tokens
   int sinks = 0;          // sink<N>: uncompressed copies of the first N tokens
   double fill_bits = 0;   // fill<B>: the window is as long as B bits per element allow (0: off)
   int outliers = 0;       // o<N>: outlier key channels (study, OutlierKeySplit)
-  const Format* window_format = nullptr;  // wq<B>: how the window is stored (nullptr: f16)
+  std::optional<Format> window_format;  // wq<B>: how the window is stored (none: f16)
   std::vector<int> split_key_bits;  // o<N>: [n_layers] each layer's b (0 = not split)
   ModelConfig model;      // the config the spec was resolved for
   double bits = 0;      // bits per element of the compressed layers' slots (metadata included)
@@ -64,7 +65,7 @@ struct CacheSpec {
   int window_at(int ctx) const;
 };
 
-// Throws std::invalid_argument for a malformed spec or unknown name.
+// Throws tqkv::Error(InvalidArgument) for a malformed spec or unknown name.
 CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg);
 // The same checks that need no model (names, syntax; not layer ranges), so that a command
 // fails on a bad --kv-cache-dtype before it loads the model.

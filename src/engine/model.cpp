@@ -276,7 +276,7 @@ size_t Model::weight_bytes() const {
 }
 
 ContiguousCache Model::make_cache(const std::string& format, int capacity, int skip_layers) const {
-  const Format& inner = find_format(format);  // throws std::invalid_argument listing valid names
+  const Format inner = find_format(format);  // throws tqkv::Error listing valid names
   ContiguousCacheConfig cc;
   cc.n_layers = cfg_.n_layers;
   cc.n_kv_heads = cfg_.n_kv_heads;

@@ -28,7 +28,7 @@ PagedCacheConfig config(const char* format, int bs, PageLayout layout, int block
   c.block_size = bs;
   c.num_blocks = blocks;
   c.layout = layout;
-  c.layer_formats = {&find_format(format), &find_format(format)};
+  c.layer_formats = {find_format(format), find_format(format)};
   return c;
 }
 
@@ -182,7 +182,7 @@ TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
           cc.n_kv_heads = H;
           cc.head_dim = d;
           cc.capacity = 512;
-          cc.layer_formats = {&find_format(name)};
+          cc.layer_formats = {find_format(name)};
           ContiguousCache flat(cc);
           flat.write(0, 0, 300, kv_a.first.data(), kv_a.second.data());
           AttentionParams ap;

@@ -14,6 +14,7 @@
 #include "engine/perplexity.h"
 #include "engine/tokenizer.h"
 #include "smol_model.h"
+#include "tqkv/error.h"
 
 namespace tqkv::engine {
 namespace {
@@ -33,10 +34,10 @@ TEST(CacheSpec, PresetsKeepTheirSlotBits) {
   const ModelConfig c = smol_like();
   const CacheSpec s = resolve_cache_spec("turboquant_4bit_nc", c);
   EXPECT_DOUBLE_EQ(s.bits, 4.375);  // 70-byte slot at d = 64
-  EXPECT_STREQ(s.layers[0]->name, "f16");
-  EXPECT_STREQ(s.layers[1]->name, "f16");
-  EXPECT_STREQ(s.layers[2]->name, "turboquant_4bit_nc");
-  EXPECT_STREQ(s.layers[29]->name, "f16");
+  EXPECT_EQ(s.layers[0].name(), "f16");
+  EXPECT_EQ(s.layers[1].name(), "f16");
+  EXPECT_EQ(s.layers[2].name(), "turboquant_4bit_nc");
+  EXPECT_EQ(s.layers[29].name(), "f16");
   EXPECT_DOUBLE_EQ(s.bits_all, (4 * 16.0 + 26 * 4.375) / 30);
   EXPECT_FALSE(s.centre_keys);
   EXPECT_DOUBLE_EQ(resolve_cache_spec("f16", c).bits, 16.0);
@@ -46,31 +47,31 @@ TEST(CacheSpec, PresetsKeepTheirSlotBits) {
 TEST(CacheSpec, OptionsAndVariants) {
   const ModelConfig c = smol_like();
   const CacheSpec a = resolve_cache_spec("k4v3+c", c);
-  EXPECT_EQ(a.layers[5], &find_format("tq-k4v3"));  // the table's own entry
+  EXPECT_EQ(a.layers[5].name(), "tq-k4v3");  // the table's own entry
   EXPECT_TRUE(a.centre_keys);
   EXPECT_FALSE(a.scale_channels);
   const CacheSpec b = resolve_cache_spec("tq-k4v3+gauss+had+vu+s+skip1", c);
   EXPECT_TRUE(b.centre_keys && b.scale_channels);
-  EXPECT_STREQ(b.layers[0]->name, "f16");
-  const Format& f = *b.layers[1];
+  EXPECT_EQ(b.layers[0].name(), "f16");
+  const Format& f = b.layers[1];
   EXPECT_EQ(f.law, Law::Gauss);
   EXPECT_EQ(f.rotation, RotationKind::Hadamard);
   EXPECT_EQ(f.value, ValueCodec::Uniform);
   EXPECT_EQ(f.key_bits, 4);
   EXPECT_EQ(f.value_bits, 3);
   EXPECT_EQ(f.slot_bytes(64), 32u + 2 + 24 + 4);
-  // The same variant twice is one object.
-  EXPECT_EQ(&f, resolve_cache_spec("k4v3+vu+gauss+had", c).layers[3]);
+  // The same variant twice is one value.
+  EXPECT_EQ(f, resolve_cache_spec("k4v3+vu+gauss+had", c).layers[3]);
 }
 
 TEST(CacheSpec, PerLayerBits) {
   const ModelConfig c = smol_like();
   const CacheSpec s = resolve_cache_spec("k3v3+L2.3.27=k4v4+L0=k8v8", c);
-  EXPECT_STREQ(s.layers[0]->name, "f16");  // boundary layers are not overridden
-  EXPECT_STREQ(s.layers[2]->name, "tq-k4v4");
-  EXPECT_STREQ(s.layers[3]->name, "tq-k4v4");
-  EXPECT_STREQ(s.layers[4]->name, "tq-k3v3");
-  EXPECT_STREQ(s.layers[27]->name, "tq-k4v4");
+  EXPECT_EQ(s.layers[0].name(), "f16");  // boundary layers are not overridden
+  EXPECT_EQ(s.layers[2].name(), "tq-k4v4");
+  EXPECT_EQ(s.layers[3].name(), "tq-k4v4");
+  EXPECT_EQ(s.layers[4].name(), "tq-k3v3");
+  EXPECT_EQ(s.layers[27].name(), "tq-k4v4");
   EXPECT_NEAR(s.bits, (23 * 3.25 + 3 * 4.25) / 26, 1e-12);
 }
 
@@ -134,20 +135,20 @@ TEST(CacheSpec, SinksAndFillCountTheirCopies) {
   for (const char* bad : {"tq-k4v4+sink0", "tq-k4v4+sink65", "tq-k4v4+sinkx", "tq-k4v4+sink2x", "tq-k4v4+fill4",
                           "tq-k4v4+wq3", "tq-k4v4+wq9", "tq-k4v4+wqx",
                           "tq-k4v4+fill4.5+w8", "tq-k4v4+fillx", "tq-k4v4+fill-1"})
-    EXPECT_THROW(resolve_cache_spec(bad, cfg), std::invalid_argument) << bad;
+    EXPECT_THROW(resolve_cache_spec(bad, cfg), tqkv::Error) << bad;
 }
 
 TEST(CacheSpec, BadSpecsThrow) {
   const ModelConfig c = smol_like();
   for (const char* s : {"nope", "k9v2", "k4v", "tq-k4v2+zz", "k4v4+L40=k4v4", "k4v4+Lx=k4v4", "k4v4+L3=q"})
-    EXPECT_THROW(resolve_cache_spec(s, c), std::invalid_argument) << s;
+    EXPECT_THROW(resolve_cache_spec(s, c), tqkv::Error) << s;
 }
 
 TEST(CacheSpec, CheckWithoutAModel) {
   EXPECT_NO_THROW(check_cache_spec("tq-4.36"));
   EXPECT_NO_THROW(check_cache_spec("k5v3+c+L7.9=k6v4+skip1"));
   for (const char* s : {"nope", "k9v2", "tq-k4v2+zz", "k4v4+L3=q"})
-    EXPECT_THROW(check_cache_spec(s), std::invalid_argument) << s;
+    EXPECT_THROW(check_cache_spec(s), tqkv::Error) << s;
   EXPECT_NE(cache_spec_help().find("tq-4.36"), std::string::npos);
 }
 
@@ -251,8 +252,8 @@ TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
   // The window's bytes are counted: 16 bits per element for W of ctx positions.
   const CacheSpec w8 = resolve_cache_spec("tq-k4v4+w8", cfg);
   EXPECT_DOUBLE_EQ(w8.bits_at(512), w8.bits + 16.0 * 8 / 512);
-  EXPECT_THROW(resolve_cache_spec("tq-k4v4+w0", cfg), std::invalid_argument);
-  EXPECT_THROW(resolve_cache_spec("tq-k4v4+w3x", cfg), std::invalid_argument);
+  EXPECT_THROW(resolve_cache_spec("tq-k4v4+w0", cfg), tqkv::Error);
+  EXPECT_THROW(resolve_cache_spec("tq-k4v4+w3x", cfg), tqkv::Error);
 }
 
 TEST_F(SmolEval, LockstepEvaluation) {

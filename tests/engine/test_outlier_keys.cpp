@@ -55,8 +55,8 @@ TEST(OutlierKeySplit, ChoosesTheHighEnergyPairsAndCodesEachPartOnItsOwn) {
   split.apply(1, n, y.data());
   for (int h = 0; h < c.n_kv_heads; ++h) EXPECT_EQ(split.outliers(1, h), (std::vector<int>{10, 11, 40, 41}));
   // The same as coding the two gathered parts with their own codecs.
-  Format hi_f{"hi", KeyCodec::Mse, b + 1, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht, ""};
-  Format lo_f{"lo", KeyCodec::Mse, b, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht, ""};
+  Format hi_f{KeyCodec::Mse, b + 1, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht};
+  Format lo_f{KeyCodec::Mse, b, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht};
   const SlotCodec hi(hi_f, N), lo(lo_f, d - N);
   std::vector<float> xo(N), xr(d - N), yo(N), yr(d - N);
   std::vector<uint8_t> bo(hi.key_bytes()), br(lo.key_bytes());
@@ -74,7 +74,7 @@ TEST(OutlierKeySplit, ChoosesTheHighEnergyPairsAndCodesEachPartOnItsOwn) {
       for (int i = 0; i < d; ++i) ASSERT_EQ(got[i], i == 10 || i == 11 || i == 40 || i == 41 ? yo[a++] : yr[r++]);
     }
   // On such keys the split beats one b-bit Mse vector by far.
-  Format whole_f{"whole", KeyCodec::Mse, b, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht, ""};
+  Format whole_f{KeyCodec::Mse, b, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht};
   const SlotCodec whole(whole_f, d);
   std::vector<float> z(k.size());
   std::vector<uint8_t> bw(whole.key_bytes());
@@ -87,15 +87,15 @@ TEST(OutlierKeySplit, ChoosesTheHighEnergyPairsAndCodesEachPartOnItsOwn) {
 
 TEST(OutlierKeySplit, BadArgumentsThrow) {
   const ModelConfig c = small_config();
-  EXPECT_THROW(OutlierKeySplit(c, 3, {3, 3, 3}), Error);
-  EXPECT_THROW(OutlierKeySplit(c, 0, {3, 3, 3}), Error);
-  EXPECT_THROW(OutlierKeySplit(c, 64, {3, 3, 3}), Error);
-  EXPECT_THROW(OutlierKeySplit(c, 16, {3, 3}), Error);
-  EXPECT_THROW(OutlierKeySplit(c, 16, {3, 8, 3}), Error);
+  EXPECT_THROW(OutlierKeySplit(c, 3, {3, 3, 3}), tqkv::Error);
+  EXPECT_THROW(OutlierKeySplit(c, 0, {3, 3, 3}), tqkv::Error);
+  EXPECT_THROW(OutlierKeySplit(c, 64, {3, 3, 3}), tqkv::Error);
+  EXPECT_THROW(OutlierKeySplit(c, 16, {3, 3}), tqkv::Error);
+  EXPECT_THROW(OutlierKeySplit(c, 16, {3, 8, 3}), tqkv::Error);
   OutlierKeySplit ok(c, 16, {3, 3, 3});
   auto k = keys_with_outliers(c, 2, 9);
   k[5] = NAN;
-  EXPECT_THROW(ok.apply(1, 2, k.data()), Error);
+  EXPECT_THROW(ok.apply(1, 2, k.data()), tqkv::Error);
 }
 
 TEST(CacheSpec, OutlierSplitCountsTheSplitCodecsBits) {
@@ -107,9 +107,9 @@ TEST(CacheSpec, OutlierSplitCountsTheSplitCodecsBits) {
   ASSERT_EQ(s.split_key_bits.size(), 30u);
   EXPECT_EQ(s.split_key_bits[0], 0);   // f16 boundary layer
   EXPECT_EQ(s.split_key_bits[10], 3);
-  EXPECT_EQ(s.layers[10]->key_bits, 8);  // the study's storage
+  EXPECT_EQ(s.layers[10].key_bits, 8);  // the study's storage
   for (const char* bad : {"k3v3+o0", "k3v3+o3", "k3v3+o64", "turboquant_k8v4+o16", "k8v3+o16", "k3v3+o16x"})
-    EXPECT_THROW(resolve_cache_spec(bad, c), std::invalid_argument) << bad;
+    EXPECT_THROW(resolve_cache_spec(bad, c), tqkv::Error) << bad;
 }
 
 // On the real model: the split moves compressed logits, and a window that covers the whole
