@@ -21,16 +21,12 @@
 
 #include "tqkv/codec.h"
 #include "tqkv/format.h"
+#include "tqkv/page_geometry.h"
 
 namespace tqkv {
 namespace cpu {
 class PageBuffer;
 }
-
-enum class PageLayout : uint8_t {
-  Slot,  // vLLM's: slot of (offset t, head h) at (t * n_kv_heads + h) * slot_bytes
-  Page,  // per head: K codes of all tokens, V codes, K meta plane, V meta planes (FORMAT.md)
-};
 
 struct PagedCacheConfig {
   int n_layers = 1;
@@ -60,7 +56,11 @@ class PagedCache {
   const Format& format(int layer) const;
   const SlotCodec& codec(int layer) const;
   size_t slot_bytes(int layer) const { return format(layer).slot_bytes(config_.head_dim); }
-  size_t page_bytes(int layer) const { return slot_bytes(layer) * config_.block_size * config_.n_kv_heads; }
+  size_t page_bytes(int layer) const { return static_cast<size_t>(geometry(layer).page_bytes()); }
+  // Where each field of a (token, head) lives in a page of this layer (page_geometry.h).
+  PageGeometry geometry(int layer) const {
+    return page_geometry(format(layer), config_.head_dim, config_.block_size, config_.n_kv_heads, config_.layout);
+  }
 
   // Pool state.
   int free_blocks() const { return static_cast<int>(free_.size()); }

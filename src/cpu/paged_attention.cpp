@@ -17,36 +17,29 @@ class PageSource final : public cpu::KvSource {
   PageSource(const PagedCache& cache, int layer, std::span<const int32_t> blocks)
       : cache_(cache), layer_(layer), blocks_(blocks) {}
 
+  // Both layouts give each field a constant stride within a page: one run per page.
   void runs(int head, int64_t k0, int64_t k1, std::vector<cpu::SlotRun>& out) const override {
-    const Format& f = cache_.format(layer_);
-    const int d = cache_.head_dim(), bs = cache_.block_size(), H = cache_.n_kv_heads();
-    const size_t sb = f.slot_bytes(d), pb = cache_.page_bytes(layer_);
+    const PageGeometry g = cache_.geometry(layer_);
+    const int bs = g.block_size;
+    const size_t pb = static_cast<size_t>(g.page_bytes());
     const uint8_t* pool = cache_.pool(layer_);
     for (int64_t p = k0; p <= k1;) {
       const int t0 = static_cast<int>(p % bs);
       const int n = static_cast<int>(std::min<int64_t>(k1 - p + 1, bs - t0));
       const uint8_t* page = pool + blocks_[p / bs] * pb;
-      if (cache_.layout() == PageLayout::Slot) {
-        out.push_back(cpu::slot_layout_run(f, d, page + (static_cast<size_t>(t0) * H + head) * sb, H * sb, p, n));
-      } else {
-        const size_t kcb = f.key_code_bytes(d), vcb = f.value_code_bytes(d), kmb = f.key_meta_bytes();
-        const uint8_t* sec = page + static_cast<size_t>(head) * bs * sb;
-        const uint8_t* meta = sec + bs * (kcb + vcb);
-        cpu::SlotRun r{};
-        r.pos0 = p;
-        r.n = n;
-        r.kc = sec + t0 * kcb;
-        r.kc_stride = kcb;
-        r.vc = sec + bs * kcb + t0 * vcb;
-        r.vc_stride = vcb;
-        if (kmb) r.km = meta + 2 * t0;
-        r.km_stride = 2;
-        meta += bs * kmb;
-        if (f.value_meta_bytes()) r.vm0 = meta + 2 * t0;
-        if (f.value_meta_bytes() >= 4) r.vm1 = meta + 2 * bs + 2 * t0;
-        r.vm0_stride = r.vm1_stride = 2;
-        out.push_back(r);
-      }
+      cpu::SlotRun r{};
+      r.pos0 = p;
+      r.n = n;
+      r.kc = page + g.key_codes(t0, head);
+      r.kc_stride = static_cast<size_t>(g.key_code_stride());
+      if (g.key_meta_bytes) r.km = page + g.key_meta(t0, head);
+      r.km_stride = static_cast<size_t>(g.meta_stride());
+      r.vc = page + g.value_codes(t0, head);
+      r.vc_stride = static_cast<size_t>(g.value_code_stride());
+      if (g.value_meta_bytes) r.vm0 = page + g.value_meta(t0, head, 0);
+      if (g.value_meta_bytes >= 4) r.vm1 = page + g.value_meta(t0, head, 1);
+      r.vm0_stride = r.vm1_stride = static_cast<size_t>(g.meta_stride());
+      out.push_back(r);
       p += n;
     }
   }
