@@ -77,7 +77,7 @@ void run_decode(benchmark::State& state, const tqkv::Format& f, int ctx, int bat
   std::mt19937_64 rng(2);
   std::normal_distribution<float> g;
   for (auto& x : q) x = g(rng);
-  tqkv::PagedAttentionParams p;
+  tqkv::AttentionParams p;
   p.n_q_heads = Hq;
   int layer = 0;
   for (auto _ : state) {

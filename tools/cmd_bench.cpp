@@ -102,7 +102,7 @@ Row time_format(const tqkv::Format& f, const BenchOptions& o) {
   std::mt19937_64 rng(2);
   std::normal_distribution<float> g;
   for (auto& x : q) x = g(rng);
-  PagedAttentionParams p;
+  AttentionParams p;
   p.n_q_heads = Hq;
   paged_attention(cache, 0, seqs, q.data(), p, out.data());  // warm-up (thread pool, pages)
   // Best step time: the machine is shared, and other processes only ever add time.

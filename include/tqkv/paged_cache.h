@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tqkv/attention_params.h"
 #include "tqkv/codec.h"
 #include "tqkv/format.h"
 #include "tqkv/page_geometry.h"
@@ -120,24 +121,18 @@ class PagedCache {
   int64_t next_id_ = 0;
 };
 
-struct PagedAttentionParams {
-  int n_q_heads = 1;  // a multiple of n_kv_heads
-  int head_dim = 0;   // the caller's head dim; must equal the cache's (0: take the cache's)
-  float scale = 0;    // 0 means 1/sqrt(head_dim)
-  int window = 0;     // sliding window (keys in (p - window, p]); 0 = all
-};
-
 // Decode attention for a batch: sequence seqs[b] attends with one query token at its last
-// position (seq_len - 1) over all its tokens.
+// position p = seq_len - 1 over its tokens, honouring every field of params as tqkv::attention
+// does (window, min_key_pos, exclude_recent, lse [n_seqs, n_q_heads]).
 //   q:   [n_seqs, n_q_heads, head_dim]
 //   out: [n_seqs, n_q_heads, head_dim]
 // Throws tqkv::Error (changing nothing) for a bad layer, unknown or empty sequence, head count
 // or head dim.
 void paged_attention(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,
-                     const PagedAttentionParams& params, float* out);
+                     const AttentionParams& params, float* out);
 
 // The same through the scalar reference (tqkv::reference_attention), for tests.
 void paged_attention_reference(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,
-                               const PagedAttentionParams& params, float* out);
+                               const AttentionParams& params, float* out);
 
 }  // namespace tqkv

@@ -368,13 +368,13 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
   a.q_dtype = DType::F32;
   a.out = dout.p;
   a.out_dtype = DType::F32;
-  a.lse = dlse.p;
+  a.params.lse = dlse.p;
   a.block_tables = dbt.p;
   a.block_table_stride = c.max_blocks;
   a.seq_lens = dlens.p;
   a.batch = c.batch;
-  a.n_q_heads = Hq;
-  a.scale = scale;
+  a.params.n_q_heads = Hq;
+  a.params.scale = scale;
   if (graph) {
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
@@ -554,6 +554,48 @@ TEST(CudaDecode, RejectsSlotLayoutAndBadGroups) {
   const tqkv::cuda::CacheCodec f32(find_format("f32"), 128);
   EXPECT_FALSE(f32.decode_supported());
   EXPECT_THROW(tqkv::cuda::CacheCodec(find_format("tq-k4v2"), 96), tqkv::Error);
+}
+
+// The shared AttentionParams fields the kernel does not implement are refused, not ignored
+// (checked on the host before any launch, so no device is needed).
+TEST(CudaDecode, RejectsAttentionParamsItCannotHonour) {
+  const tqkv::cuda::CacheCodec codec(find_format("turboquant_4bit_nc"), 128);
+  uint8_t* fake = reinterpret_cast<uint8_t*>(16);
+  const tqkv::cuda::PagedKv kv{fake, 4, 16, 2, PageLayout::Page};
+  tqkv::cuda::DecodePlan plan;
+  plan.batch = 1;
+  plan.n_q_heads = 4;
+  plan.num_splits = 8;
+  // The message, so that the other argument checks (null pointers here) cannot pass for these.
+  auto error_of = [&](const AttentionParams& ap) {
+    tqkv::cuda::DecodeArgs a;
+    a.batch = 1;
+    a.params = ap;
+    try {
+      tqkv::cuda::run_decode(codec, kv, a, plan, fake);
+    } catch (const tqkv::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto refused = [&](const AttentionParams& ap) {
+    return error_of(ap).find("not implemented") != std::string::npos;
+  };
+  AttentionParams ap;
+  ap.n_q_heads = 4;
+  EXPECT_FALSE(refused(ap));
+  ap.window = 8;
+  EXPECT_TRUE(refused(ap));
+  ap.window = 0;
+  ap.min_key_pos = 1;
+  EXPECT_TRUE(refused(ap));
+  ap.min_key_pos = 0;
+  ap.exclude_recent = 1;
+  EXPECT_TRUE(refused(ap));
+  ap.exclude_recent = 0;
+  ap.head_dim = 64;
+  EXPECT_NE(error_of(ap).find("head dim"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------
