@@ -637,7 +637,7 @@ TEST(CudaDequant, MatchesCpuDecodeAllFormatsDimsLayouts) {
         std::vector<float> gk(dk.n), gv(dv.n), rk(d), rv(d);
         CK(cudaMemcpy(gk.data(), dk.p, dk.bytes(), cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(gv.data(), dv.p, dv.bytes(), cudaMemcpyDeviceToHost));
-        const size_t sb = f->slot_bytes(d);
+        const size_t sb = f.slot_bytes(d);
         for (int t = 0; t < n; ++t)
           for (int h = 0; h < H; ++h) {
             const uint8_t* s = &c.slots[0][(static_cast<size_t>(start + t) * H + h) * sb];
