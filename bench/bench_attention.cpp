@@ -35,7 +35,7 @@ tqkv::PagedCacheConfig config_for(const tqkv::Format& f, int ctx, int batch, int
   cfg.head_dim = dim;
   cfg.block_size = bs;
   cfg.num_blocks = pages * batch;
-  cfg.layer_formats.assign(layers, &f);
+  cfg.layer_formats.assign(layers, f);
   return cfg;
 }
 
@@ -77,7 +77,7 @@ void run_decode(benchmark::State& state, const tqkv::Format& f, int ctx, int bat
   std::mt19937_64 rng(2);
   std::normal_distribution<float> g;
   for (auto& x : q) x = g(rng);
-  tqkv::PagedAttentionParams p;
+  tqkv::AttentionParams p;
   p.n_q_heads = Hq;
   int layer = 0;
   for (auto _ : state) {
@@ -93,12 +93,13 @@ void run_decode(benchmark::State& state, const tqkv::Format& f, int ctx, int bat
 }
 
 void register_all() {
-  for (const tqkv::Format& f : tqkv::all_formats()) {
+  for (const tqkv::NamedFormat& nf : tqkv::named_formats()) {
+    const tqkv::Format& f = nf.format;
     for (int dim : {128, 64}) {
       const int H = dim == 128 ? 8 : 3, gqa = dim == 128 ? 4 : 3;
       for (int ctx : {1024, 4096, 8192, 32768}) {
         for (int batch : {1, 16}) {
-          const std::string name = std::string("BM_DecodeAttention/") + f.name + "/d" + std::to_string(dim) + "/ctx" +
+          const std::string name = std::string("BM_DecodeAttention/") + std::string(nf.name) + "/d" + std::to_string(dim) + "/ctx" +
                                    std::to_string(ctx) + "/b" + std::to_string(batch);
           benchmark::RegisterBenchmark(name.c_str(), [&f, ctx, batch, dim, H, gqa](benchmark::State& st) {
             run_decode(st, f, ctx, batch, dim, H, gqa);
@@ -110,10 +111,10 @@ void register_all() {
   for (tqkv::SimdLevel level : {tqkv::SimdLevel::Scalar, tqkv::SimdLevel::Avx2, tqkv::SimdLevel::Avx512}) {
     if (!tqkv::simd_level_supported(level)) continue;
     for (const char* fname : {"f16", "turboquant_4bit_nc", "tq-k4v2"}) {
-      const tqkv::Format& f = tqkv::find_format(fname);
+      const tqkv::Format f = tqkv::find_format(fname);
       const std::string name =
           std::string("BM_DecodeAttentionLevel/") + std::string(tqkv::simd_level_name(level)) + "/" + fname;
-      benchmark::RegisterBenchmark(name.c_str(), [&f, level](benchmark::State& st) {
+      benchmark::RegisterBenchmark(name.c_str(), [f, level](benchmark::State& st) {
         const tqkv::SimdLevel before = tqkv::active_simd_level();
         tqkv::set_simd_level(level);
         run_decode(st, f, 4096, 1, 128, 8, 4);

@@ -56,9 +56,10 @@ void decode(benchmark::State& state, const tqkv::Format& f, tqkv::SimdLevel leve
 
 const int registered = [] {
   const tqkv::SimdLevel best = tqkv::detected_simd_level();
-  for (const tqkv::Format& f : tqkv::all_formats()) {
+  for (const tqkv::NamedFormat& nf : tqkv::named_formats()) {
+    const tqkv::Format& f = nf.format;
     for (tqkv::SimdLevel level : {tqkv::SimdLevel::Scalar, best}) {
-      const std::string suffix = std::string(f.name) + "/" + std::string(tqkv::simd_level_name(level));
+      const std::string suffix = std::string(nf.name) + "/" + std::string(tqkv::simd_level_name(level));
       benchmark::RegisterBenchmark(("BM_Encode/" + suffix).c_str(),
                                    [&f, level](benchmark::State& s) { encode(s, f, level); });
       benchmark::RegisterBenchmark(("BM_Decode/" + suffix).c_str(),

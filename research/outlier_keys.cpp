@@ -23,9 +23,8 @@ OutlierKeySplit::OutlierKeySplit(const ModelConfig& cfg, int n, std::vector<int>
 const SlotCodec& OutlierKeySplit::codec(int bits, int dim) {
   for (const SlotCodec& c : codecs_)
     if (c.format().key_bits == bits && c.dim() == dim) return c;
-  formats_.push_back(Format{"outlier-split-part", KeyCodec::Mse, static_cast<uint8_t>(bits), ValueCodec::F16, 16, true,
-                            Law::Sphere, RotationKind::Srht, "issue-6 outlier study"});
-  codecs_.emplace_back(formats_.back(), dim);
+  codecs_.emplace_back(
+      Format{KeyCodec::Mse, static_cast<uint8_t>(bits), ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht}, dim);
   return codecs_.back();
 }
 

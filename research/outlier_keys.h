@@ -42,7 +42,6 @@ class OutlierKeySplit {
   int n_;
   std::vector<int> key_bits_;
   std::vector<std::vector<uint8_t>> is_outlier_;  // [layer * heads + head][head_dim]
-  std::deque<Format> formats_;
   std::deque<SlotCodec> codecs_;
 };
 

@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -47,23 +46,6 @@ struct Row {
   int layers;
 };
 
-// A traits-table name, or k<K>v<V> (K, V in 1..8): Mse keys and values with the tq-k<K>v<V>
-// family's codecs (sphere law, SRHT, norm correction), as the engine's per-layer widths use.
-const tqkv::Format& bench_format(const std::string& name) {
-  using namespace tqkv;
-  if (const Format* f = try_find_format(name)) return *f;
-  int kb = 0, vb = 0;
-  char tail = 0;
-  if (std::sscanf(name.c_str(), "k%dv%d%c", &kb, &vb, &tail) != 2 || kb < 1 || kb > 8 || vb < 1 || vb > 8)
-    return find_format(name);  // throws, naming every valid format
-  static std::deque<std::string> names;
-  static std::deque<Format> made;
-  names.push_back(name);
-  made.push_back(Format{names.back().c_str(), KeyCodec::Mse, static_cast<uint8_t>(kb), ValueCodec::Mse,
-                        static_cast<uint8_t>(vb), true, Law::Sphere, RotationKind::Srht, "bench: Mse pair"});
-  return made.back();
-}
-
 // CPU time of the whole process (all threads): unlike wall time it does not grow while other
 // processes hold the cores, so on a shared machine it is the steadier measure of the kernel.
 double process_cpu_seconds() {
@@ -86,7 +68,7 @@ Row time_format(const tqkv::Format& f, const BenchOptions& o) {
   cfg.block_size = bs;
   cfg.num_blocks = pages_per_seq * o.batch;
   cfg.layout = o.layout == "page" ? PageLayout::Page : PageLayout::Slot;
-  cfg.layer_formats.assign(layers, &f);
+  cfg.layer_formats.assign(layers, f);
   PagedCache cache(cfg);
   std::vector<int64_t> seqs;
   for (int b = 0; b < o.batch; ++b) {
@@ -121,7 +103,7 @@ Row time_format(const tqkv::Format& f, const BenchOptions& o) {
   std::mt19937_64 rng(2);
   std::normal_distribution<float> g;
   for (auto& x : q) x = g(rng);
-  PagedAttentionParams p;
+  AttentionParams p;
   p.n_q_heads = Hq;
   paged_attention(cache, 0, seqs, q.data(), p, out.data());  // warm-up (thread pool, pages)
   // Best step time: the machine is shared, and other processes only ever add time.
@@ -139,7 +121,7 @@ Row time_format(const tqkv::Format& f, const BenchOptions& o) {
     elapsed = std::chrono::duration<double>(clock::now() - start).count();
   }
   Row r;
-  r.format = f.name;
+  r.format = f.name();
   r.slot_bytes = slot;
   r.layers = layers;
   r.seconds = best;
@@ -173,23 +155,24 @@ void register_bench(CLI::App& app) {
     using namespace tqkv;
     if (!o.simd.empty()) set_simd_level(parse_simd_level(o.simd));
     set_num_threads(o.threads);  // 0: the default
-    std::vector<const Format*> formats;
+    // Named formats or variants such as k5v4 (Format::parse), as the engine's per-layer widths use.
+    std::vector<Format> formats;
     if (o.formats.empty()) {
-      for (const Format& f : all_formats()) formats.push_back(&f);
+      for (const NamedFormat& f : named_formats()) formats.push_back(f.format);
     } else {
-      for (const auto& name : split_list(o.formats)) formats.push_back(&bench_format(name));
+      for (const auto& name : split_list(o.formats)) formats.push_back(find_format(name));
     }
-    const Format* f16 = &find_format("f16");
+    const Format f16 = find_format("f16");
     const bool listed_f16 = std::find(formats.begin(), formats.end(), f16) != formats.end();
     std::vector<Row> rows;
     double f16_seconds = 0, f16_cpu = 0;
     if (!listed_f16) {
-      const Row r = time_format(*f16, o);
+      const Row r = time_format(f16, o);
       f16_seconds = r.seconds;
       f16_cpu = r.cpu_seconds;
     }
-    for (const Format* f : formats) {
-      rows.push_back(time_format(*f, o));
+    for (const Format& f : formats) {
+      rows.push_back(time_format(f, o));
       if (f == f16) {
         f16_seconds = rows.back().seconds;
         f16_cpu = rows.back().cpu_seconds;

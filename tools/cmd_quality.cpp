@@ -30,7 +30,7 @@ double cosine(const float* a, const float* b, int n) {
 
 void register_quality(CLI::App& app) {
   auto* cmd = app.add_subcommand("quality", "Measure a format's error on random data");
-  static std::string format = tqkv::kDefaultFormat;
+  static std::string format{tqkv::kDefaultFormat};
   static int dim = 128, n = 4096, queries = 16;
   static uint64_t seed = 1;
   static bool json = false;
@@ -41,7 +41,7 @@ void register_quality(CLI::App& app) {
   cmd->add_option("--seed", seed, "random seed");
   cmd->add_flag("--json", json, "print a JSON object");
   cmd->callback([] {
-    const tqkv::Format& f = tqkv::find_format(format);
+    const tqkv::Format f = tqkv::find_format(format);
     const tqkv::SlotCodec codec(f, dim);
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> gauss(0.0f, 1.0f);

@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
     const double sdpa_us = it == sdpa.end() ? 0 : it->second;
     for (const auto& name : formats) {
       if (!only_formats.empty() && name != "bf16" && only_formats.find("," + name + ",") == std::string::npos) continue;
-      const tqkv::Format& f = tqkv::find_format(name);
+      const tqkv::Format f = tqkv::find_format(name);
       const tqkv::cuda::CacheCodec codec(f, s.d);
       tqkv::cuda::PagedKv kv{pool, num_blocks, bs, s.hkv, PageLayout::Page};
       // Fill every sequence (the same random 4096-token chunk, stored at different pages).
@@ -263,8 +263,8 @@ int main(int argc, char** argv) {
       da.block_table_stride = pages_per_seq;
       da.seq_lens = dlens;
       da.batch = s.batch;
-      da.n_q_heads = s.hq;
-      da.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+      da.params.n_q_heads = s.hq;
+      da.params.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
       const double dec_us = time_us([&] { tqkv::cuda::run_decode(codec, kv, da, plan, ws); }, reps);
       std::fprintf(stderr, "# %s d=%d b=%d ctx=%d: %d splits, %s merge\n", name.c_str(), s.d, s.batch, s.ctx,
                    plan.num_splits, plan.cluster_merge ? "cluster" : "workspace");

@@ -16,7 +16,7 @@ namespace tqkv {
 enum class Law : uint8_t { Sphere, Gauss };
 
 std::string_view law_name(Law law);
-Law parse_law(std::string_view name);  // "sphere" | "gauss"; throws std::invalid_argument
+Law parse_law(std::string_view name);  // "sphere" | "gauss"; throws tqkv::Error(InvalidArgument)
 
 struct Codebook {
   Law law;
@@ -36,7 +36,7 @@ struct Codebook {
   uint8_t quantize(float x) const;
 };
 
-// Solves a codebook from scratch (no cache). dim >= 2, 1 <= bits <= 8; throws std::invalid_argument.
+// Solves a codebook from scratch (no cache). dim >= 2, 1 <= bits <= 8; throws tqkv::Error(InvalidArgument).
 Codebook solve_codebook(Law law, int dim, int bits);
 
 // Cached, thread-safe access: solved once per (law, dim, bits) per process.

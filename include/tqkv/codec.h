@@ -19,11 +19,11 @@ class SlotCodec {
   // non-power-of-two dim use a dense rotation. 1-bit and 3-bit packs need nothing special.
   SlotCodec(const Format& format, int dim, uint64_t seed = kDefaultSeed);
 
-  const Format& format() const { return *format_; }
+  const Format& format() const { return format_; }
   int dim() const { return dim_; }
-  size_t slot_bytes() const { return format_->slot_bytes(dim_); }
-  size_t key_bytes() const { return format_->key_bytes(dim_); }
-  size_t value_bytes() const { return format_->value_bytes(dim_); }
+  size_t slot_bytes() const { return format_.slot_bytes(dim_); }
+  size_t key_bytes() const { return format_.key_bytes(dim_); }
+  size_t value_bytes() const { return format_.value_bytes(dim_); }
   const Rotation& rotation() const { return rotation_; }
   const Codebook* key_codebook() const { return key_cb_; }
   const Codebook* value_codebook() const { return value_cb_; }
@@ -50,7 +50,7 @@ class SlotCodec {
   void encode_mse(const float* x, const Codebook& cb, int bits, uint8_t* out) const;
   void decode_mse_rotated(const uint8_t* in, const Codebook& cb, int bits, float* out) const;
 
-  const Format* format_;
+  Format format_;
   int dim_;
   Rotation rotation_;
   const Codebook* key_cb_ = nullptr;

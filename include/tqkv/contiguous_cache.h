@@ -28,15 +28,15 @@ struct ContiguousCacheConfig {
   int n_kv_heads = 1;
   int head_dim = 128;
   int capacity = 4096;                      // slots per (layer, kv-head)
-  std::vector<const Format*> layer_formats;  // [n_layers]; empty = every layer find_format(kDefaultFormat)
+  std::vector<Format> layer_formats;        // [n_layers]; empty = every layer find_format(kDefaultFormat)
   uint64_t seed = kDefaultSeed;             // rotation seed, shared by all layers
 };
 
 // Formats for n_layers: the first and last `skip` layers get `boundary` (uncompressed), the
 // rest get `inner`. skip < 0 means the default: 2 for compressed formats, capped at
 // n_layers / 2; uncompressed formats never skip.
-std::vector<const Format*> boundary_layer_formats(int n_layers, const Format& inner, int skip = -1,
-                                                  const Format& boundary = find_format("f16"));
+std::vector<Format> boundary_layer_formats(int n_layers, const Format& inner, int skip = -1,
+                                           const Format& boundary = Format{});  // Format{} is f16
 
 class ContiguousCache {
  public:
@@ -53,7 +53,7 @@ class ContiguousCache {
   // Both throw tqkv::Error(OutOfRange) for a bad layer.
   const Format& format(int layer) const {
     check_layer(layer);
-    return *config_.layer_formats[layer];
+    return config_.layer_formats[layer];
   }
   const SlotCodec& codec(int layer) const {
     check_layer(layer);

@@ -11,13 +11,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tqkv/attention_params.h"
 #include "tqkv/format.h"
+#include "tqkv/page_geometry.h"
 #include "tqkv/rotation.h"
 
 namespace tqkv::cuda {
 
 enum class DType : uint8_t { F32, F16, BF16 };
-enum class PageLayout : uint8_t { Slot, Page };  // FORMAT.md "slot layout" (vLLM AoS) / "page layout" (SoA)
+using tqkv::PageLayout;  // page_geometry.h: FORMAT.md "slot layout" (vLLM AoS) / "page layout" (SoA)
 
 // Host-side constants of one (format, head_dim, seed), passed to kernels by value: the
 // float-rounded codebook levels and thresholds, the SRHT signs as a bit mask, 1/sqrt(d).
@@ -34,16 +36,16 @@ struct CodecTables {
 class CacheCodec {
  public:
   CacheCodec(const Format& format, int head_dim, uint64_t seed = kDefaultSeed);
-  const Format& format() const { return *format_; }
+  const Format& format() const { return format_; }
   int head_dim() const { return head_dim_; }
   uint64_t seed() const { return seed_; }
-  size_t slot_bytes() const { return format_->slot_bytes(head_dim_); }
+  size_t slot_bytes() const { return format_.slot_bytes(head_dim_); }
   const CodecTables& tables() const { return tables_; }
   // True where run_decode has a kernel for this format (all named formats but f32).
   bool decode_supported() const;
 
  private:
-  const Format* format_;
+  Format format_;
   int head_dim_;
   uint64_t seed_;
   CodecTables tables_;
@@ -73,20 +75,22 @@ struct StoreArgs {
 };
 void store(const CacheCodec& codec, const PagedKv& kv, const StoreArgs& args, cudaStream_t stream = nullptr);
 
-// Split-KV decode attention, one query token per sequence, GQA (query head h uses kv head
-// h / (n_q_heads / n_kv_heads)). Needs the page layout.
+// Split-KV decode attention, one query token per sequence (at its last position), GQA (query
+// head h uses kv head h / (n_q_heads / n_kv_heads)). Needs the page layout.
+// params (attention_params.h, as the CPU paths): n_q_heads, head_dim (0 or the codec's), scale
+// (0: 1/sqrt(head_dim)) and lse ([batch, n_q_heads] device memory, natural log of the softmax
+// denominator) are honoured; window, min_key_pos and exclude_recent are not implemented by the
+// kernel and throw tqkv::Error(InvalidArgument) when set.
 struct DecodeArgs {
   const void* q = nullptr;  // [batch, n_q_heads, head_dim], original domain
   DType q_dtype = DType::BF16;
   void* out = nullptr;  // [batch, n_q_heads, head_dim]
   DType out_dtype = DType::F32;
-  float* lse = nullptr;                  // optional [batch, n_q_heads], natural log of the softmax denominator
   const int32_t* block_tables = nullptr;  // [batch, block_table_stride]
   int block_table_stride = 0;
   const int32_t* seq_lens = nullptr;  // [batch]
   int batch = 0;
-  int n_q_heads = 0;
-  float scale = 0;  // softmax scale (usually 1/sqrt(head_dim))
+  AttentionParams params;
 };
 // Host decisions, fixed for a CUDA graph: how many splits each (sequence, kv head) gets and
 // the workspace the partial outputs need. max_seq_len bounds every seq_lens[b].

@@ -19,18 +19,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tqkv/attention_params.h"
 #include "tqkv/codec.h"
 #include "tqkv/format.h"
+#include "tqkv/page_geometry.h"
 
 namespace tqkv {
 namespace cpu {
 class PageBuffer;
 }
-
-enum class PageLayout : uint8_t {
-  Slot,  // vLLM's: slot of (offset t, head h) at (t * n_kv_heads + h) * slot_bytes
-  Page,  // per head: K codes of all tokens, V codes, K meta plane, V meta planes (FORMAT.md)
-};
 
 struct PagedCacheConfig {
   int n_layers = 1;
@@ -39,7 +36,7 @@ struct PagedCacheConfig {
   int block_size = 16;  // tokens per page: 16, 32, 64 or 128
   int num_blocks = 256;
   PageLayout layout = PageLayout::Slot;
-  std::vector<const Format*> layer_formats;  // [n_layers]; empty = kDefaultFormat everywhere
+  std::vector<Format> layer_formats;  // [n_layers]; empty = kDefaultFormat everywhere
   uint64_t seed = kDefaultSeed;
 };
 
@@ -60,7 +57,11 @@ class PagedCache {
   const Format& format(int layer) const;
   const SlotCodec& codec(int layer) const;
   size_t slot_bytes(int layer) const { return format(layer).slot_bytes(config_.head_dim); }
-  size_t page_bytes(int layer) const { return slot_bytes(layer) * config_.block_size * config_.n_kv_heads; }
+  size_t page_bytes(int layer) const { return static_cast<size_t>(geometry(layer).page_bytes()); }
+  // Where each field of a (token, head) lives in a page of this layer (page_geometry.h).
+  PageGeometry geometry(int layer) const {
+    return page_geometry(format(layer), config_.head_dim, config_.block_size, config_.n_kv_heads, config_.layout);
+  }
 
   // Pool state.
   int free_blocks() const { return static_cast<int>(free_.size()); }
@@ -120,24 +121,18 @@ class PagedCache {
   int64_t next_id_ = 0;
 };
 
-struct PagedAttentionParams {
-  int n_q_heads = 1;  // a multiple of n_kv_heads
-  int head_dim = 0;   // the caller's head dim; must equal the cache's (0: take the cache's)
-  float scale = 0;    // 0 means 1/sqrt(head_dim)
-  int window = 0;     // sliding window (keys in (p - window, p]); 0 = all
-};
-
 // Decode attention for a batch: sequence seqs[b] attends with one query token at its last
-// position (seq_len - 1) over all its tokens.
+// position p = seq_len - 1 over its tokens, honouring every field of params as tqkv::attention
+// does (window, min_key_pos, exclude_recent, lse [n_seqs, n_q_heads]).
 //   q:   [n_seqs, n_q_heads, head_dim]
 //   out: [n_seqs, n_q_heads, head_dim]
 // Throws tqkv::Error (changing nothing) for a bad layer, unknown or empty sequence, head count
 // or head dim.
 void paged_attention(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,
-                     const PagedAttentionParams& params, float* out);
+                     const AttentionParams& params, float* out);
 
 // The same through the scalar reference (tqkv::reference_attention), for tests.
 void paged_attention_reference(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,
-                               const PagedAttentionParams& params, float* out);
+                               const AttentionParams& params, float* out);
 
 }  // namespace tqkv

@@ -15,7 +15,7 @@ struct fa_tq_state {
   int head_dim;
   fa_tq_config config;
   uint64_t seed;
-  const tqkv::Format* format;
+  tqkv::Format format;
 };
 
 struct fa_tq_cache {
@@ -77,10 +77,15 @@ fa_tq_state* fa_tq_init(int head_dim, fa_tq_config config, uint64_t seed) {
   fa_tq_state* out = nullptr;
   guarded([&] {
     if (head_dim < 2) throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "head_dim must be >= 2");
-    const tqkv::Format& f = tqkv::mse_pair_format(config.key_bits, config.value_bits);
+    // The C API keeps the spec's range (tqkv.h); the C++ pairs go from 1 to 8 bits.
+    if (config.key_bits < 2 || config.key_bits > 4 || config.value_bits < 2 || config.value_bits > 4)
+      throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "key_bits and value_bits must be in 2..4, got K" +
+                                                              std::to_string(config.key_bits) + "/V" +
+                                                              std::to_string(config.value_bits));
+    const tqkv::Format f = tqkv::mse_pair_format(config.key_bits, config.value_bits);
     // Build a codec once so that codebooks and the rotation are ready before the first call.
     tqkv::SlotCodec probe(f, head_dim, seed);
-    out = new fa_tq_state{head_dim, config, seed, &f};
+    out = new fa_tq_state{head_dim, config, seed, f};
   });
   return out;
 }

@@ -7,9 +7,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <tuple>
+
+#include "tqkv/error.h"
 
 namespace tqkv {
 
@@ -18,7 +19,7 @@ std::string_view law_name(Law law) { return law == Law::Sphere ? "sphere" : "gau
 Law parse_law(std::string_view name) {
   if (name == "sphere" || name == "beta") return Law::Sphere;
   if (name == "gauss" || name == "gaussian") return Law::Gauss;
-  throw std::invalid_argument("unknown law '" + std::string(name) + "' (valid: sphere, gauss)");
+  throw Error(ErrorCode::InvalidArgument, "unknown law '" + std::string(name) + "' (valid: sphere, gauss)");
 }
 
 namespace {
@@ -84,9 +85,9 @@ struct LawMoments {
 }  // namespace
 
 Codebook solve_codebook(Law law, int dim, int bits) {
-  if (dim < 2) throw std::invalid_argument("codebook dim must be >= 2, got " + std::to_string(dim));
+  if (dim < 2) throw Error(ErrorCode::InvalidArgument, "codebook dim must be >= 2, got " + std::to_string(dim));
   if (bits < 1 || bits > 8)
-    throw std::invalid_argument("codebook bits must be in 1..8, got " + std::to_string(bits));
+    throw Error(ErrorCode::InvalidArgument, "codebook bits must be in 1..8, got " + std::to_string(bits));
   const LawMoments law_m(law, dim);
   const int n = 1 << bits;
   std::vector<double> c(n), t(n - 1), p(n);

@@ -82,7 +82,7 @@ UniformParams uniform_params(const float* x, int n, int bits) {
 }
 
 SlotCodec::SlotCodec(const Format& format, int dim, uint64_t seed)
-    : format_(&format), dim_(dim), rotation_(make_rotation(format.rotation, std::max(dim, 1), seed)) {
+    : format_(format), dim_(dim), rotation_(make_rotation(format.rotation, std::max(dim, 1), seed)) {
   if (dim < 2) throw Error(ErrorCode::InvalidArgument, "head dim must be >= 2, got " + std::to_string(dim));
   if (format.key == KeyCodec::Mse) key_cb_ = &get_codebook(format.law, dim, format.key_bits);
   if (format.value == ValueCodec::Mse) value_cb_ = &get_codebook(format.law, dim, format.value_bits);
@@ -113,7 +113,7 @@ void SlotCodec::encode_mse(const float* x, const Codebook& cb, int bits, uint8_t
     csq += c * c;
   }
   float stored = norm;
-  if (format_->norm_correction && csq > 0) stored = static_cast<float>(norm / std::sqrt(csq));
+  if (format_.norm_correction && csq > 0) stored = static_cast<float>(norm / std::sqrt(csq));
   if (!(stored <= kHalfMax)) overflow("vector norm", stored);
   pack_bits(codes.data(), dim_, bits, out);
   store_u16(out + packed_bytes(dim_, bits), float_to_half(stored));
@@ -126,7 +126,7 @@ void SlotCodec::decode_mse_rotated(const uint8_t* in, const Codebook& cb, int bi
 
 void SlotCodec::encode_key(const float* k, uint8_t* out) const {
   check_finite(k, "key");
-  const Format& f = *format_;
+  const Format& f = format_;
   if (f.key == KeyCodec::Mse) {
     encode_mse(k, *key_cb_, f.key_bits, out);
   } else {
@@ -137,7 +137,7 @@ void SlotCodec::encode_key(const float* k, uint8_t* out) const {
 
 void SlotCodec::encode_value(const float* v, uint8_t* out) const {
   check_finite(v, "value");
-  const Format& f = *format_;
+  const Format& f = format_;
   switch (f.value) {
     case ValueCodec::Mse: encode_mse(v, *value_cb_, f.value_bits, out); return;
     case ValueCodec::Uniform: {
@@ -171,7 +171,7 @@ void SlotCodec::encode(const float* k, const float* v, uint8_t* slot) const {
 }
 
 void SlotCodec::decode_key_domain(const uint8_t* in, float* out) const {
-  const Format& f = *format_;
+  const Format& f = format_;
   if (f.key == KeyCodec::Mse)
     decode_mse_rotated(in, *key_cb_, f.key_bits, out);
   else
@@ -179,7 +179,7 @@ void SlotCodec::decode_key_domain(const uint8_t* in, float* out) const {
 }
 
 void SlotCodec::decode_value_domain(const uint8_t* in, float* out) const {
-  const Format& f = *format_;
+  const Format& f = format_;
   switch (f.value) {
     case ValueCodec::Mse: decode_mse_rotated(in, *value_cb_, f.value_bits, out); return;
     case ValueCodec::Uniform: {
@@ -194,12 +194,12 @@ void SlotCodec::decode_value_domain(const uint8_t* in, float* out) const {
 
 void SlotCodec::decode_key(const uint8_t* in, float* out) const {
   decode_key_domain(in, out);
-  if (format_->keys_rotated()) rotation_.inverse(out);
+  if (format_.keys_rotated()) rotation_.inverse(out);
 }
 
 void SlotCodec::decode_value(const uint8_t* in, float* out) const {
   decode_value_domain(in, out);
-  if (format_->values_rotated()) rotation_.inverse(out);
+  if (format_.values_rotated()) rotation_.inverse(out);
 }
 
 }  // namespace tqkv

@@ -1,8 +1,9 @@
 #include "tqkv/rotation.h"
 
 #include <cmath>
-#include <stdexcept>
 #include <string>
+
+#include "tqkv/error.h"
 
 namespace tqkv {
 
@@ -19,7 +20,7 @@ RotationKind parse_rotation(std::string_view name) {
   if (name == "srht") return RotationKind::Srht;
   if (name == "hadamard") return RotationKind::Hadamard;
   if (name == "dense") return RotationKind::Dense;
-  throw std::invalid_argument("unknown rotation '" + std::string(name) + "' (valid: srht, hadamard, dense)");
+  throw Error(ErrorCode::InvalidArgument, "unknown rotation '" + std::string(name) + "' (valid: srht, hadamard, dense)");
 }
 
 void fwht(float* x, int d) {
@@ -36,9 +37,9 @@ void fwht(float* x, int d) {
 }
 
 Rotation::Rotation(RotationKind kind, int dim, uint64_t seed) : kind_(kind), dim_(dim), seed_(seed) {
-  if (dim < 1) throw std::invalid_argument("rotation dim must be positive, got " + std::to_string(dim));
+  if (dim < 1) throw Error(ErrorCode::InvalidArgument, "rotation dim must be positive, got " + std::to_string(dim));
   if (kind != RotationKind::Dense && !is_power_of_two(dim))
-    throw std::invalid_argument("rotation '" + std::string(rotation_name(kind)) +
+    throw Error(ErrorCode::InvalidArgument, "rotation '" + std::string(rotation_name(kind)) +
                                 "' needs a power-of-two dim, got " + std::to_string(dim));
   SplitMix64 rng(seed);
   if (kind == RotationKind::Srht) {

@@ -26,6 +26,9 @@ AttentionPlan check_attention(const ContiguousCache& cache, int layer, int n_q, 
                                            std::to_string(q_pos0 + n_q) + ") are not in the cache window [" +
                                            std::to_string(cache.first_pos()) + ", " +
                                            std::to_string(cache.seq_len()) + ")");
+  if (params.head_dim != 0 && params.head_dim != cache.head_dim())
+    throw Error(ErrorCode::InvalidArgument, "attention: query head dim " + std::to_string(params.head_dim) +
+                                                " does not match the cache's " + std::to_string(cache.head_dim()));
   if (params.window < 0) throw Error(ErrorCode::InvalidArgument, "attention: negative window");
   if (params.exclude_recent < 0) throw Error(ErrorCode::InvalidArgument, "attention: negative exclude_recent");
   AttentionPlan plan;
@@ -55,8 +58,11 @@ void attention_reference(const ContiguousCache& cache, int layer, const float* q
       slots.clear();
       for (int64_t p = begin; p <= end; ++p) slots.push_back(cache.slot(layer, h, p));
       const size_t off = (static_cast<size_t>(t) * params.n_q_heads + static_cast<size_t>(h) * plan.group) * d;
+      float* lse = params.lse ? params.lse + static_cast<size_t>(t) * params.n_q_heads +
+                                    static_cast<size_t>(h) * plan.group
+                              : nullptr;
       reference_attention(codec, slots.data(), static_cast<int>(slots.size()), q + off, plan.group, plan.scale,
-                          out + off);
+                          out + off, lse);
     }
   }
 }

@@ -10,15 +10,14 @@
 
 namespace tqkv {
 
-std::vector<const Format*> boundary_layer_formats(int n_layers, const Format& inner, int skip,
-                                                  const Format& boundary) {
+std::vector<Format> boundary_layer_formats(int n_layers, const Format& inner, int skip, const Format& boundary) {
   if (n_layers < 1) throw Error(ErrorCode::InvalidArgument, "n_layers must be >= 1");
   if (skip < 0) skip = inner.compressed() ? 2 : 0;
   skip = std::min(skip, n_layers / 2);
-  std::vector<const Format*> out(n_layers, &inner);
+  std::vector<Format> out(n_layers, inner);
   for (int i = 0; i < skip; ++i) {
-    out[i] = &boundary;
-    out[n_layers - 1 - i] = &boundary;
+    out[i] = boundary;
+    out[n_layers - 1 - i] = boundary;
   }
   return out;
 }
@@ -28,12 +27,12 @@ ContiguousCache::ContiguousCache(const ContiguousCacheConfig& config) : config_(
     throw Error(ErrorCode::InvalidArgument,
                 "contiguous cache needs n_layers >= 1, n_kv_heads >= 1, capacity >= 1, head_dim >= 2");
   if (config_.layer_formats.empty())
-    config_.layer_formats.assign(config_.n_layers, &find_format(kDefaultFormat));
+    config_.layer_formats.assign(config_.n_layers, find_format(kDefaultFormat));
   if (static_cast<int>(config_.layer_formats.size()) != config_.n_layers)
     throw Error(ErrorCode::InvalidArgument, "layer_formats has " + std::to_string(config_.layer_formats.size()) +
                                                 " entries for " + std::to_string(config_.n_layers) + " layers");
   for (int l = 0; l < config_.n_layers; ++l) {
-    codecs_.push_back(std::make_unique<SlotCodec>(*config_.layer_formats[l], config_.head_dim, config_.seed));
+    codecs_.push_back(std::make_unique<SlotCodec>(config_.layer_formats[l], config_.head_dim, config_.seed));
     storage_.push_back(
         std::make_unique<cpu::PageBuffer>(static_cast<size_t>(config_.n_kv_heads) * config_.capacity * slot_bytes(l)));
   }

@@ -17,36 +17,29 @@ class PageSource final : public cpu::KvSource {
   PageSource(const PagedCache& cache, int layer, std::span<const int32_t> blocks)
       : cache_(cache), layer_(layer), blocks_(blocks) {}
 
+  // Both layouts give each field a constant stride within a page: one run per page.
   void runs(int head, int64_t k0, int64_t k1, std::vector<cpu::SlotRun>& out) const override {
-    const Format& f = cache_.format(layer_);
-    const int d = cache_.head_dim(), bs = cache_.block_size(), H = cache_.n_kv_heads();
-    const size_t sb = f.slot_bytes(d), pb = cache_.page_bytes(layer_);
+    const PageGeometry g = cache_.geometry(layer_);
+    const int bs = g.block_size;
+    const size_t pb = static_cast<size_t>(g.page_bytes());
     const uint8_t* pool = cache_.pool(layer_);
     for (int64_t p = k0; p <= k1;) {
       const int t0 = static_cast<int>(p % bs);
       const int n = static_cast<int>(std::min<int64_t>(k1 - p + 1, bs - t0));
       const uint8_t* page = pool + blocks_[p / bs] * pb;
-      if (cache_.layout() == PageLayout::Slot) {
-        out.push_back(cpu::slot_layout_run(f, d, page + (static_cast<size_t>(t0) * H + head) * sb, H * sb, p, n));
-      } else {
-        const size_t kcb = f.key_code_bytes(d), vcb = f.value_code_bytes(d), kmb = f.key_meta_bytes();
-        const uint8_t* sec = page + static_cast<size_t>(head) * bs * sb;
-        const uint8_t* meta = sec + bs * (kcb + vcb);
-        cpu::SlotRun r{};
-        r.pos0 = p;
-        r.n = n;
-        r.kc = sec + t0 * kcb;
-        r.kc_stride = kcb;
-        r.vc = sec + bs * kcb + t0 * vcb;
-        r.vc_stride = vcb;
-        if (kmb) r.km = meta + 2 * t0;
-        r.km_stride = 2;
-        meta += bs * kmb;
-        if (f.value_meta_bytes()) r.vm0 = meta + 2 * t0;
-        if (f.value_meta_bytes() >= 4) r.vm1 = meta + 2 * bs + 2 * t0;
-        r.vm0_stride = r.vm1_stride = 2;
-        out.push_back(r);
-      }
+      cpu::SlotRun r{};
+      r.pos0 = p;
+      r.n = n;
+      r.kc = page + g.key_codes(t0, head);
+      r.kc_stride = static_cast<size_t>(g.key_code_stride());
+      if (g.key_meta_bytes) r.km = page + g.key_meta(t0, head);
+      r.km_stride = static_cast<size_t>(g.meta_stride());
+      r.vc = page + g.value_codes(t0, head);
+      r.vc_stride = static_cast<size_t>(g.value_code_stride());
+      if (g.value_meta_bytes) r.vm0 = page + g.value_meta(t0, head, 0);
+      if (g.value_meta_bytes >= 4) r.vm1 = page + g.value_meta(t0, head, 1);
+      r.vm0_stride = r.vm1_stride = static_cast<size_t>(g.meta_stride());
+      out.push_back(r);
       p += n;
     }
   }
@@ -62,8 +55,17 @@ struct PagedPlan {
   float scale;
 };
 
+// Visible keys of the query at pos (the sequence's last position): as key_begin / key_end of
+// the contiguous cache, whose window starts at 0 here. begin > end when it sees none.
+int64_t paged_key_begin(int64_t pos, const AttentionParams& params) {
+  int64_t begin = std::max<int64_t>(0, params.min_key_pos);
+  if (params.window > 0) begin = std::max(begin, pos - params.window + 1);
+  return begin;
+}
+int64_t paged_key_end(int64_t pos, const AttentionParams& params) { return pos - params.exclude_recent; }
+
 PagedPlan check_paged(const PagedCache& cache, int layer, std::span<const int64_t> seqs,
-                      const PagedAttentionParams& params) {
+                      const AttentionParams& params) {
   if (layer < 0 || layer >= cache.n_layers())
     throw Error(ErrorCode::OutOfRange, "paged attention: layer " + std::to_string(layer) + " out of range");
   const int H = cache.n_kv_heads(), d = cache.head_dim();
@@ -74,6 +76,7 @@ PagedPlan check_paged(const PagedCache& cache, int layer, std::span<const int64_
     throw Error(ErrorCode::InvalidArgument, "paged attention: n_q_heads " + std::to_string(params.n_q_heads) +
                                                 " is not a multiple of n_kv_heads " + std::to_string(H));
   if (params.window < 0) throw Error(ErrorCode::InvalidArgument, "paged attention: negative window");
+  if (params.exclude_recent < 0) throw Error(ErrorCode::InvalidArgument, "paged attention: negative exclude_recent");
   for (int64_t s : seqs) {
     if (!cache.has_sequence(s)) throw Error(ErrorCode::OutOfRange, "paged attention: unknown sequence " + std::to_string(s));
     if (cache.seq_len(s) == 0)
@@ -85,7 +88,7 @@ PagedPlan check_paged(const PagedCache& cache, int layer, std::span<const int64_
 }  // namespace
 
 void paged_attention(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,
-                     const PagedAttentionParams& params, float* out) {
+                     const AttentionParams& params, float* out) {
   const PagedPlan plan = check_paged(cache, layer, seqs, params);
   const SlotCodec& codec = cache.codec(layer);
   const int H = cache.n_kv_heads(), Hq = params.n_q_heads, G = plan.group, d = cache.head_dim();
@@ -96,7 +99,7 @@ void paged_attention(const PagedCache& cache, int layer, std::span<const int64_t
   groups.reserve(seqs.size() * H);
   for (size_t b = 0; b < seqs.size(); ++b) {
     const int64_t pos = cache.seq_len(seqs[b]) - 1;
-    const int64_t begin = params.window > 0 ? std::max<int64_t>(0, pos - params.window + 1) : 0;
+    const int64_t begin = paged_key_begin(pos, params), end = paged_key_end(pos, params);
     for (int h = 0; h < H; ++h) {
       cpu::AttnGroup& g = groups.emplace_back();
       g.src = &sources[b];
@@ -105,8 +108,9 @@ void paged_attention(const PagedCache& cache, int layer, std::span<const int64_t
         const size_t off = (b * Hq + static_cast<size_t>(h) * G + j) * d;
         cpu::push_query(codec, q + off, plan.scale, g);
         g.begin.push_back(begin);
-        g.end.push_back(pos);
+        g.end.push_back(end);
         g.out.push_back(out + off);
+        if (params.lse) g.lse.push_back(params.lse + b * Hq + static_cast<size_t>(h) * G + j);
         ++g.rows;
       }
     }
@@ -115,15 +119,15 @@ void paged_attention(const PagedCache& cache, int layer, std::span<const int64_t
 }
 
 void paged_attention_reference(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,
-                               const PagedAttentionParams& params, float* out) {
+                               const AttentionParams& params, float* out) {
   const PagedPlan plan = check_paged(cache, layer, seqs, params);
   const SlotCodec& codec = cache.codec(layer);
   const int H = cache.n_kv_heads(), Hq = params.n_q_heads, d = cache.head_dim();
   const size_t sb = codec.slot_bytes();
   for (size_t b = 0; b < seqs.size(); ++b) {
     const int64_t pos = cache.seq_len(seqs[b]) - 1;
-    const int64_t begin = params.window > 0 ? std::max<int64_t>(0, pos - params.window + 1) : 0;
-    const int n = static_cast<int>(pos - begin + 1);
+    const int64_t begin = paged_key_begin(pos, params);
+    const int n = static_cast<int>(std::max<int64_t>(0, paged_key_end(pos, params) - begin + 1));
     std::vector<uint8_t> bytes(static_cast<size_t>(n) * sb);
     std::vector<const uint8_t*> slots(n);
     for (int h = 0; h < H; ++h) {
@@ -132,7 +136,8 @@ void paged_attention_reference(const PagedCache& cache, int layer, std::span<con
         slots[i] = bytes.data() + i * sb;
       }
       const size_t off = (b * Hq + static_cast<size_t>(h) * plan.group) * d;
-      reference_attention(codec, slots.data(), n, q + off, plan.group, plan.scale, out + off);
+      reference_attention(codec, slots.data(), n, q + off, plan.group, plan.scale, out + off,
+                          params.lse ? params.lse + b * Hq + static_cast<size_t>(h) * plan.group : nullptr);
     }
   }
 }

@@ -17,12 +17,12 @@ PagedCache::PagedCache(const PagedCacheConfig& config) : config_(config) {
   if (config_.n_layers < 1 || config_.n_kv_heads < 1 || config_.head_dim < 2 || config_.num_blocks < 1)
     throw Error(ErrorCode::InvalidArgument,
                 "paged cache needs n_layers >= 1, n_kv_heads >= 1, head_dim >= 2, num_blocks >= 1");
-  if (config_.layer_formats.empty()) config_.layer_formats.assign(config_.n_layers, &find_format(kDefaultFormat));
+  if (config_.layer_formats.empty()) config_.layer_formats.assign(config_.n_layers, find_format(kDefaultFormat));
   if (static_cast<int>(config_.layer_formats.size()) != config_.n_layers)
     throw Error(ErrorCode::InvalidArgument, "layer_formats has " + std::to_string(config_.layer_formats.size()) +
                                                 " entries for " + std::to_string(config_.n_layers) + " layers");
   for (int l = 0; l < config_.n_layers; ++l) {
-    codecs_.push_back(std::make_unique<SlotCodec>(*config_.layer_formats[l], config_.head_dim, config_.seed));
+    codecs_.push_back(std::make_unique<SlotCodec>(config_.layer_formats[l], config_.head_dim, config_.seed));
     pools_.push_back(std::make_unique<cpu::PageBuffer>(page_bytes(l) * static_cast<size_t>(config_.num_blocks)));
   }
   refs_.assign(config_.num_blocks, 0);
@@ -41,7 +41,7 @@ void PagedCache::check_layer(int layer) const {
 
 const Format& PagedCache::format(int layer) const {
   check_layer(layer);
-  return *config_.layer_formats[layer];
+  return config_.layer_formats[layer];
 }
 
 const SlotCodec& PagedCache::codec(int layer) const {
@@ -126,45 +126,36 @@ std::vector<int64_t> PagedCache::append_slots(int64_t seq, int n) {
 
 // Slot-layout bytes of one (token, head) -> their places in a page (FORMAT.md).
 void PagedCache::place_slot(int layer, int64_t slot, int head, const uint8_t* in) {
-  const Format& f = *config_.layer_formats[layer];
-  const int bs = config_.block_size, H = config_.n_kv_heads, d = config_.head_dim;
-  const size_t sb = f.slot_bytes(d);
+  const PageGeometry g = geometry(layer);
+  const int bs = config_.block_size;
   uint8_t* page = pools_[layer]->data() + (slot / bs) * page_bytes(layer);
   const int t = static_cast<int>(slot % bs);
-  if (config_.layout == PageLayout::Slot) {
-    std::memcpy(page + (static_cast<size_t>(t) * H + head) * sb, in, sb);
+  if (g.layout == PageLayout::Slot) {
+    std::memcpy(page + g.slot_offset(t, head), in, g.slot_bytes);
     return;
   }
-  const size_t kcb = f.key_code_bytes(d), vcb = f.value_code_bytes(d), kmb = f.key_meta_bytes(),
-               vmb = f.value_meta_bytes(), kb = f.key_bytes(d);
-  uint8_t* sec = page + static_cast<size_t>(head) * bs * sb;
-  std::memcpy(sec + t * kcb, in, kcb);
-  std::memcpy(sec + bs * kcb + t * vcb, in + kb, vcb);
-  uint8_t* meta = sec + bs * (kcb + vcb);
-  for (size_t j = 0; j < kmb / 2; ++j) std::memcpy(meta + j * 2 * bs + 2 * t, in + kcb + 2 * j, 2);
-  meta += bs * kmb;
-  for (size_t j = 0; j < vmb / 2; ++j) std::memcpy(meta + j * 2 * bs + 2 * t, in + kb + vcb + 2 * j, 2);
+  const int kcb = g.key_code_bytes, kb = kcb + g.key_meta_bytes, vcb = g.value_code_bytes;
+  std::memcpy(page + g.key_codes(t, head), in, kcb);
+  std::memcpy(page + g.value_codes(t, head), in + kb, vcb);
+  for (int j = 0; j < g.key_meta_bytes / 2; ++j) std::memcpy(page + g.key_meta(t, head, j), in + kcb + 2 * j, 2);
+  for (int j = 0; j < g.value_meta_bytes / 2; ++j)
+    std::memcpy(page + g.value_meta(t, head, j), in + kb + vcb + 2 * j, 2);
 }
 
 void PagedCache::gather_slot(int layer, int32_t block, int t, int head, uint8_t* out) const {
-  const Format& f = *config_.layer_formats[layer];
-  const int bs = config_.block_size, H = config_.n_kv_heads, d = config_.head_dim;
-  const size_t sb = f.slot_bytes(d);
+  const PageGeometry g = geometry(layer);
   const uint8_t* page = pools_[layer]->data() + block * page_bytes(layer);
-  if (config_.layout == PageLayout::Slot) {
-    std::memcpy(out, page + (static_cast<size_t>(t) * H + head) * sb, sb);
+  if (g.layout == PageLayout::Slot) {
+    std::memcpy(out, page + g.slot_offset(t, head), g.slot_bytes);
     return;
   }
-  const size_t kcb = f.key_code_bytes(d), vcb = f.value_code_bytes(d), kmb = f.key_meta_bytes(),
-               vmb = f.value_meta_bytes(), kb = f.key_bytes(d);
-  std::memset(out, 0, sb);
-  const uint8_t* sec = page + static_cast<size_t>(head) * bs * sb;
-  std::memcpy(out, sec + t * kcb, kcb);
-  std::memcpy(out + kb, sec + bs * kcb + t * vcb, vcb);
-  const uint8_t* meta = sec + bs * (kcb + vcb);
-  for (size_t j = 0; j < kmb / 2; ++j) std::memcpy(out + kcb + 2 * j, meta + j * 2 * bs + 2 * t, 2);
-  meta += bs * kmb;
-  for (size_t j = 0; j < vmb / 2; ++j) std::memcpy(out + kb + vcb + 2 * j, meta + j * 2 * bs + 2 * t, 2);
+  const int kcb = g.key_code_bytes, kb = kcb + g.key_meta_bytes, vcb = g.value_code_bytes;
+  std::memset(out, 0, g.slot_bytes);
+  std::memcpy(out, page + g.key_codes(t, head), kcb);
+  std::memcpy(out + kb, page + g.value_codes(t, head), vcb);
+  for (int j = 0; j < g.key_meta_bytes / 2; ++j) std::memcpy(out + kcb + 2 * j, page + g.key_meta(t, head, j), 2);
+  for (int j = 0; j < g.value_meta_bytes / 2; ++j)
+    std::memcpy(out + kb + vcb + 2 * j, page + g.value_meta(t, head, j), 2);
 }
 
 void PagedCache::store(int layer, std::span<const int64_t> slot_mapping, const float* k, const float* v,

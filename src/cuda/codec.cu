@@ -26,18 +26,10 @@ Layout make_layout(const CacheCodec& codec, const PagedKv& kv) {
   if (kv.n_kv_heads <= 0) throw_arg("n_kv_heads must be positive");
   Layout L{};
   L.pages = kv.pages;
-  L.page_bytes = static_cast<int64_t>(page_bytes(codec, kv));
-  L.block_size = kv.block_size;
-  L.n_kv_heads = kv.n_kv_heads;
-  L.slot_bytes = static_cast<int>(f.slot_bytes(d));
-  L.kcb = static_cast<int>(f.key_code_bytes(d));
-  L.kmb = static_cast<int>(f.key_meta_bytes());
-  L.vcb = static_cast<int>(f.value_code_bytes(d));
-  L.vmb = static_cast<int>(f.value_meta_bytes());
-  L.page_layout = kv.layout == PageLayout::Page;
-  L.kcodec = static_cast<uint8_t>(f.key);
+  L.geo = page_geometry(f, d, kv.block_size, kv.n_kv_heads, kv.layout);
+  L.kcodec = f.key;
   L.kbits = f.key_bits;
-  L.vcodec = static_cast<uint8_t>(f.value);
+  L.vcodec = f.value;
   L.vbits = f.value_bits;
   L.nc = f.norm_correction;
   return L;
@@ -46,13 +38,13 @@ Layout make_layout(const CacheCodec& codec, const PagedKv& kv) {
 }  // namespace detail
 
 CacheCodec::CacheCodec(const Format& format, int head_dim, uint64_t seed)
-    : format_(&format), head_dim_(head_dim), seed_(seed), tables_{} {
+    : format_(format), head_dim_(head_dim), seed_(seed), tables_{} {
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
     detail::throw_arg("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
   const bool kmse = format.key == KeyCodec::Mse, vmse = format.value == ValueCodec::Mse;
   if ((kmse && (format.key_bits < 2 || format.key_bits > 4)) || (vmse && (format.value_bits < 2 || format.value_bits > 4)) ||
       (format.value == ValueCodec::Uniform && (format.value_bits < 2 || format.value_bits > 4)))
-    detail::throw_arg(std::string("format ") + format.name + ": CUDA kernels support 2..4-bit codes");
+    detail::throw_arg("format " + format.name() + ": CUDA kernels support 2..4-bit codes");
   auto fill = [&](int bits, float* levels, float* thresholds) {
     const Codebook& cb = get_codebook(format.law, head_dim, bits);
     for (int i = 0; i < cb.size(); ++i) levels[i] = cb.levels_f32[i];
@@ -71,7 +63,8 @@ CacheCodec::CacheCodec(const Format& format, int head_dim, uint64_t seed)
 }
 
 size_t page_bytes(const CacheCodec& codec, const PagedKv& kv) {
-  return static_cast<size_t>(kv.block_size) * kv.n_kv_heads * codec.slot_bytes();
+  return static_cast<size_t>(
+      page_geometry(codec.format(), codec.head_dim(), kv.block_size, kv.n_kv_heads, kv.layout).page_bytes());
 }
 
 }  // namespace tqkv::cuda

@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <string>
 
+#include "tqkv/codec_kind.h"
 #include "tqkv/cuda.h"
 #include "tqkv/error.h"
+#include "tqkv/page_geometry.h"
 
 namespace tqkv::cuda::detail {
 
@@ -23,23 +25,21 @@ namespace tqkv::cuda::detail {
     if (tqkv_err_ != cudaSuccess) ::tqkv::cuda::detail::throw_cuda(tqkv_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-// Codec ids as in format.h: keys F32=0 F16=1 BF16=2 Fp8=3 Mse=4; values ... Uniform=4 Mse=5.
-enum : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kFp8 = 3 };
-enum : uint8_t { kKeyMse = 4 };
-enum : uint8_t { kValUniform = 4, kValMse = 5 };
-
-// Where the bytes of one (page, offset, head) live, for either arrangement of a page.
+// One layer's pool as the kernels see it: the page geometry (page_geometry.h, shared with the
+// CPU pool) and the codecs of its format (codec_kind.h).
 struct Layout {
   uint8_t* pages;
-  int64_t page_bytes;
-  int block_size;
-  int n_kv_heads;
-  int slot_bytes;
-  int kcb, kmb, vcb, vmb;  // key/value code and meta bytes
-  bool page_layout;
-  uint8_t kcodec, kbits, vcodec, vbits;
+  PageGeometry geo;
+  KeyCodec kcodec;
+  uint8_t kbits;
+  ValueCodec vcodec;
+  uint8_t vbits;
   bool nc;
 };
+
+// The plain element codecs (F32, F16, BF16, Fp8) have the same ids in KeyCodec and ValueCodec
+// (codec_kind.h), so one element encoder/decoder names them by KeyCodec.
+__host__ __device__ constexpr KeyCodec plain_codec(ValueCodec v) { return static_cast<KeyCodec>(v); }
 
 struct SlotAddr {
   uint8_t* kc;  // key codes
@@ -51,27 +51,15 @@ struct SlotAddr {
 };
 
 __host__ __device__ inline SlotAddr slot_addr(const Layout& L, int64_t page, int off, int h) {
-  uint8_t* base = L.pages + page * L.page_bytes;
+  const PageGeometry& g = L.geo;
+  uint8_t* base = L.pages + page * g.page_bytes();
   SlotAddr a;
-  if (!L.page_layout) {
-    uint8_t* s = base + (static_cast<int64_t>(off) * L.n_kv_heads + h) * L.slot_bytes;
-    const int kb = L.kcb + L.kmb;
-    a.kc = s;
-    a.km = s + L.kcb;
-    a.vc = s + kb;
-    a.vm = s + kb + L.vcb;
-    a.vm1 = 2;
-    a.pad = s + kb + L.vcb + L.vmb;
-  } else {
-    const int bs = L.block_size;
-    uint8_t* sec = base + static_cast<int64_t>(h) * bs * L.slot_bytes;
-    a.kc = sec + off * L.kcb;
-    a.vc = sec + bs * L.kcb + off * L.vcb;
-    a.km = sec + bs * (L.kcb + L.vcb) + off * 2;
-    a.vm = sec + bs * (L.kcb + L.vcb + L.kmb) + off * 2;
-    a.vm1 = 2 * bs;
-    a.pad = sec + bs * (L.kcb + L.vcb + L.kmb + L.vmb) + off;
-  }
+  a.kc = base + g.key_codes(off, h);
+  a.km = base + g.key_meta(off, h);
+  a.vc = base + g.value_codes(off, h);
+  a.vm = base + g.value_meta(off, h);
+  a.vm1 = static_cast<int>(g.value_meta(off, h, 1) - g.value_meta(off, h));
+  a.pad = base + g.pad(off, h);
   return a;
 }
 

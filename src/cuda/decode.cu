@@ -51,6 +51,7 @@ __host__ __device__ constexpr bool is_vmse(int vk) { return vk == V_M2 || vk == 
 
 struct DecodeParams {
   const uint8_t* pages;
+  PageGeometry geo;  // page_geometry.h: where each field of a (token, kv head) lives
   int64_t page_bytes;
   int block_size;
   int tpp_log2;  // log2(tiles per page) = log2(block_size / 16)
@@ -523,23 +524,24 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   const int ntiles = (len + kTileTokens - 1) / kTileTokens;
   const int t_begin = min(ntiles, split * per);
   const int t_end = split == p.num_splits - 1 ? ntiles : min(ntiles, t_begin + per);
-  const int64_t sec_off = static_cast<int64_t>(hkv) * p.block_size * p.slot_bytes;
+  const int64_t sec_off = p.geo.section_offset(hkv);
   const int bs = p.block_size;
 
+  // Offsets within head 0's section (the same within every section).
   ThreadOffsets to;
-  to.k[0] = g * T::KCB + c * T::KCH;
-  to.k[1] = (8 + g) * T::KCB + c * T::KCH;
+  to.k[0] = static_cast<int>(p.geo.key_codes(g, 0)) + c * T::KCH;
+  to.k[1] = static_cast<int>(p.geo.key_codes(8 + g, 0)) + c * T::KCH;
   {
     const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) to.v[i] = bs * T::KCB + toks[i] * T::VCB + g * T::VCH;
+    for (int i = 0; i < 4; ++i) to.v[i] = static_cast<int>(p.geo.value_codes(toks[i], 0)) + g * T::VCH;
   }
-  to.km[0] = bs * (T::KCB + T::VCB) + 2 * g;
-  to.km[1] = to.km[0] + 16;
-  to.vm[0] = bs * (T::KCB + T::VCB + T::KMB) + 2 * g;
-  to.vm[1] = to.vm[0] + 16;
-  to.vz[0] = to.vm[0] + 2 * bs;
-  to.vz[1] = to.vm[1] + 2 * bs;
+  to.km[0] = static_cast<int>(p.geo.key_meta(g, 0));
+  to.km[1] = static_cast<int>(p.geo.key_meta(8 + g, 0));
+  to.vm[0] = static_cast<int>(p.geo.value_meta(g, 0, 0));
+  to.vm[1] = static_cast<int>(p.geo.value_meta(8 + g, 0, 0));
+  to.vz[0] = static_cast<int>(p.geo.value_meta(g, 0, 1));
+  to.vz[1] = static_cast<int>(p.geo.value_meta(8 + g, 0, 1));
   const int tpp_mask = (1 << p.tpp_log2) - 1;
   auto section = [&](int tile, int& off) {
     off = (tile & tpp_mask) * kTileTokens;
@@ -1002,7 +1004,7 @@ Kernel pick(const CacheCodec& codec) {
       default: k = pick_d<256>(kk, vk); break;
     }
   }
-  if (!k.fn) throw_arg(std::string("decode: no kernel for format ") + codec.format().name);
+  if (!k.fn) throw_arg("decode: no kernel for format " + codec.format().name());
   return k;
 }
 
@@ -1077,7 +1079,7 @@ __global__ void init_counters(uint32_t* c, int64_t n) {
 }  // namespace detail
 
 bool CacheCodec::decode_supported() const {
-  const int kk = detail::kind_of_key(*format_), vk = detail::kind_of_value(*format_);
+  const int kk = detail::kind_of_key(format_), vk = detail::kind_of_value(format_);
   for (const auto& e : detail::kEntries)
     if (e.kk == kk && e.vk == vk) return true;
   return false;
@@ -1143,29 +1145,37 @@ void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& a,
                 void* workspace, cudaStream_t stream) {
   using namespace detail;
   if (kv.layout != PageLayout::Page) throw_arg("decode needs the page layout");
-  if (a.batch != plan.batch || a.n_q_heads != plan.n_q_heads) throw_arg("decode: arguments do not match the plan");
+  const AttentionParams& ap = a.params;
+  if (ap.window != 0 || ap.min_key_pos != 0 || ap.exclude_recent != 0)
+    throw_arg("decode: window, min_key_pos and exclude_recent are not implemented on CUDA (must be 0)");
+  if (ap.head_dim != 0 && ap.head_dim != codec.head_dim())
+    throw_arg("decode: query head dim " + std::to_string(ap.head_dim) + " does not match the cache's " +
+              std::to_string(codec.head_dim()));
+  if (a.batch != plan.batch || ap.n_q_heads != plan.n_q_heads) throw_arg("decode: arguments do not match the plan");
   if (!a.q || !a.out || !a.block_tables || !a.seq_lens || !workspace) throw_arg("decode: null argument");
   const Layout L = make_layout(codec, kv);
   const Kernel k = pick(codec);
   const int D = codec.head_dim();
-  const int group = a.n_q_heads / kv.n_kv_heads;
+  const int group = ap.n_q_heads / kv.n_kv_heads;
   DecodeParams p{};
   p.pages = kv.pages;
-  p.page_bytes = L.page_bytes;
+  p.geo = L.geo;
+  p.page_bytes = L.geo.page_bytes();
   p.block_size = kv.block_size;
   p.tpp_log2 = kv.block_size == 16 ? 0 : kv.block_size == 32 ? 1 : kv.block_size == 64 ? 2 : 3;
   p.n_kv_heads = kv.n_kv_heads;
-  p.slot_bytes = L.slot_bytes;
+  p.slot_bytes = L.geo.slot_bytes;
   p.q = a.q;
   p.q_dtype = a.q_dtype;
   p.block_tables = a.block_tables;
   p.bt_stride = a.block_table_stride;
   p.seq_lens = a.seq_lens;
-  p.n_q_heads = a.n_q_heads;
+  p.n_q_heads = ap.n_q_heads;
   p.group = group;
   p.num_splits = plan.num_splits;
   p.max_seq_len = plan.max_seq_len;
-  p.scale_log2 = a.scale * 1.4426950408889634f;
+  const float scale = ap.scale != 0 ? ap.scale : 1.0f / std::sqrt(static_cast<float>(codec.head_dim()));
+  p.scale_log2 = scale * 1.4426950408889634f;
   p.keys_rotated = codec.format().keys_rotated();
   const Workspace w = workspace_layout(plan, kv.n_kv_heads, group, D, k.warps);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
@@ -1175,7 +1185,7 @@ void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& a,
   p.values_rotated = codec.format().values_rotated();
   p.out = a.out;
   p.out_dtype = a.out_dtype;
-  p.lse = a.lse;
+  p.lse = ap.lse;
   p.tab = codec.tables();
   TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
   if (plan.num_splits % k.warps) throw_arg("decode: plan does not match this format");

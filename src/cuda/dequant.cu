@@ -29,13 +29,13 @@ __device__ __forceinline__ uint32_t code_at(const uint8_t* bytes, int nbytes, in
   return (v >> sh) & ((1u << bits) - 1u);
 }
 
-__device__ __forceinline__ float plain_elem(const uint8_t* p, int codec, int i) {
-  if (codec == kF32) {
+__device__ __forceinline__ float plain_elem(const uint8_t* p, KeyCodec codec, int i) {
+  if (codec == KeyCodec::F32) {
     const uint32_t b = p[4 * i] | (p[4 * i + 1] << 8) | (p[4 * i + 2] << 16) | (static_cast<uint32_t>(p[4 * i + 3]) << 24);
     return __uint_as_float(b);
   }
-  if (codec == kF16) return h2f_bits(read_u16(p + 2 * i));
-  if (codec == kBF16) return __uint_as_float(static_cast<uint32_t>(read_u16(p + 2 * i)) << 16);
+  if (codec == KeyCodec::F16) return h2f_bits(read_u16(p + 2 * i));
+  if (codec == KeyCodec::BF16) return __uint_as_float(static_cast<uint32_t>(read_u16(p + 2 * i)) << 16);
   const __half_raw h = __nv_cvt_fp8_to_halfraw(p[i], __NV_E4M3);
   return __half2float(__half(h));
 }
@@ -62,16 +62,16 @@ __global__ void __launch_bounds__(kDequantWarps * 32) dequant_kernel(const __gri
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kDequantWarps + (threadIdx.x >> 5);
   const Layout& L = p.L;
-  if (item >= static_cast<int64_t>(p.n_tokens) * L.n_kv_heads) return;
-  const int i = static_cast<int>(item / L.n_kv_heads), h = static_cast<int>(item % L.n_kv_heads);
+  if (item >= static_cast<int64_t>(p.n_tokens) * L.geo.n_kv_heads) return;
+  const int i = static_cast<int>(item / L.geo.n_kv_heads), h = static_cast<int>(item % L.geo.n_kv_heads);
   const int t = p.start + i;
-  const SlotAddr a = slot_addr(L, p.block_table[t / L.block_size], t % L.block_size, h);
+  const SlotAddr a = slot_addr(L, p.block_table[t / L.geo.block_size], t % L.geo.block_size, h);
   bool srht = false;
 #pragma unroll
   for (int w = 0; w < 8; ++w) srht |= p.tab.sign_bits[w] != 0;
   const int64_t out0 = item * D + lane * E;
   float x[E];
-  if (L.kcodec == kKeyMse) {
+  if (L.kcodec == KeyCodec::Mse) {
     decode_mse<D>(x, a.kc, a.km, L.kbits, p.tab.k_levels, p.tab, srht, lane);
   } else {
 #pragma unroll
@@ -80,9 +80,9 @@ __global__ void __launch_bounds__(kDequantWarps * 32) dequant_kernel(const __gri
 #pragma unroll
   for (int j = 0; j < E; ++j) store_elem(p.k_out, p.out_dtype, out0 + j, x[j]);
 
-  if (L.vcodec == kValMse) {
+  if (L.vcodec == ValueCodec::Mse) {
     decode_mse<D>(x, a.vc, a.vm, L.vbits, p.tab.v_levels, p.tab, srht, lane);
-  } else if (L.vcodec == kValUniform) {
+  } else if (L.vcodec == ValueCodec::Uniform) {
     const float s = h2f_bits(read_u16(a.vm)), z = h2f_bits(read_u16(a.vm + a.vm1));
     const int nbytes = D * L.vbits / 8;
 #pragma unroll
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kDequantWarps * 32) dequant_kernel(const __gri
       x[j] = __fadd_rn(z, __fmul_rn(s, static_cast<float>(code_at(a.vc, nbytes, lane * E + j, L.vbits))));
   } else {
 #pragma unroll
-    for (int j = 0; j < E; ++j) x[j] = plain_elem(a.vc, L.vcodec, lane * E + j);
+    for (int j = 0; j < E; ++j) x[j] = plain_elem(a.vc, plain_codec(L.vcodec), lane * E + j);
   }
 #pragma unroll
   for (int j = 0; j < E; ++j) store_elem(p.v_out, p.out_dtype, out0 + j, x[j]);

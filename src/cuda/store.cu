@@ -128,16 +128,16 @@ __device__ void encode_mse(float (&x)[D / 32], const float* levels, const float*
 }
 
 template <int D>
-__device__ void encode_plain(const float (&x)[D / 32], int codec, uint8_t* dst, int lane) {
+__device__ void encode_plain(const float (&x)[D / 32], KeyCodec codec, uint8_t* dst, int lane) {
   constexpr int E = D / 32;
 #pragma unroll
   for (int j = 0; j < E; ++j) {
     const int i = lane * E + j;
-    if (codec == kF32) {
+    if (codec == KeyCodec::F32) {
       reinterpret_cast<uint32_t*>(dst)[i] = __float_as_uint(x[j]);  // f32 slots are 4-byte aligned
-    } else if (codec == kF16) {
+    } else if (codec == KeyCodec::F16) {
       write_u16(dst + 2 * i, f2h_bits(x[j]));
-    } else if (codec == kBF16) {
+    } else if (codec == KeyCodec::BF16) {
       write_u16(dst + 2 * i, __bfloat16_as_ushort(__float2bfloat16_rn(x[j])));
     } else {
       dst[i] = __nv_cvt_float_to_fp8(x[j], __NV_SATFINITE, __NV_E4M3);
@@ -192,19 +192,19 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_co
   const int wib = threadIdx.x >> 5;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kStoreWarps + wib;
   const Layout& L = p.L;
-  if (item >= static_cast<int64_t>(p.n_tokens) * L.n_kv_heads) return;
-  const int t = static_cast<int>(item / L.n_kv_heads);
-  const int h = static_cast<int>(item % L.n_kv_heads);
+  if (item >= static_cast<int64_t>(p.n_tokens) * L.geo.n_kv_heads) return;
+  const int t = static_cast<int>(item / L.geo.n_kv_heads);
+  const int h = static_cast<int>(item % L.geo.n_kv_heads);
   const int64_t slot = p.slot_mapping[t];
   if (slot < 0) return;
-  const SlotAddr a = slot_addr(L, slot / L.block_size, static_cast<int>(slot % L.block_size), h);
+  const SlotAddr a = slot_addr(L, slot / L.geo.block_size, static_cast<int>(slot % L.geo.block_size), h);
   // This lane's E SRHT sign bits (E divides 32, so they sit in one word).
   const uint32_t neg_mask = (p.tab.sign_bits[(lane * E) >> 5] >> ((lane * E) & 31)) & ((1u << E) - 1u);
   const int64_t base = static_cast<int64_t>(t) * p.token_stride + static_cast<int64_t>(h) * D + lane * E;
 
   float x[E];
   load_row<E>(x, p.k, p.dtype, base);
-  if (L.kcodec == kKeyMse) {
+  if (L.kcodec == KeyCodec::Mse) {
     if (L.kbits == 4) encode_mse<D, 4>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane);
     else if (L.kbits == 3) encode_mse<D, 3>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane);
     else encode_mse<D, 2>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane);
@@ -213,18 +213,19 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_co
   }
 
   load_row<E>(x, p.v, p.dtype, base);
-  if (L.vcodec == kValMse) {
+  if (L.vcodec == ValueCodec::Mse) {
     if (L.vbits == 4) encode_mse<D, 4>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane);
     else if (L.vbits == 3) encode_mse<D, 3>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane);
     else encode_mse<D, 2>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane);
-  } else if (L.vcodec == kValUniform) {
+  } else if (L.vcodec == ValueCodec::Uniform) {
     if (L.vbits == 4) encode_uniform<D, 4>(x, a.vc, a.vm, a.vm + a.vm1, lane);
     else if (L.vbits == 3) encode_uniform<D, 3>(x, a.vc, a.vm, a.vm + a.vm1, lane);
     else encode_uniform<D, 2>(x, a.vc, a.vm, a.vm + a.vm1, lane);
   } else {
-    encode_plain<D>(x, L.vcodec, a.vc, lane);
+    encode_plain<D>(x, plain_codec(L.vcodec), a.vc, lane);
   }
-  if (lane == 0 && ((L.kcb + L.kmb + L.vcb + L.vmb) & 1)) *a.pad = 0;
+  if (lane == 0 && ((L.geo.key_code_bytes + L.geo.key_meta_bytes + L.geo.value_code_bytes + L.geo.value_meta_bytes) & 1))
+    *a.pad = 0;
 }
 
 }  // namespace

@@ -3,42 +3,20 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <deque>
-#include <mutex>
 #include <sstream>
 
 #include "tqkv/contiguous_cache.h"
 #include "tqkv/error.h"
 
+#include "tqkv/error.h"
+
 namespace tqkv::engine {
 namespace {
 
-// Formats that are not in the traits table (law / rotation / codec variants) live here for the
-// life of the process, so that a Format* stays valid like the table's own entries.
-const Format& variant_format(KeyCodec kc, int kb, ValueCodec vc, int vb, bool nc, Law law, RotationKind rot) {
-  for (const Format& f : all_formats())
-    if (f.key == kc && f.key_bits == kb && f.value == vc && f.value_bits == vb && f.norm_correction == nc &&
-        f.law == law && f.rotation == rot)
-      return f;
-  if (kc == KeyCodec::Mse && vc == ValueCodec::Mse && nc && law == Law::Sphere && rot == RotationKind::Srht &&
-      kb >= 2 && kb <= 4 && vb >= 2 && vb <= 4)
-    return mse_pair_format(kb, vb);
-  static std::mutex mu;
-  static std::deque<std::string> names;
-  static std::deque<Format> formats;
-  std::lock_guard<std::mutex> lock(mu);
-  for (const Format& f : formats)
-    if (f.key == kc && f.key_bits == kb && f.value == vc && f.value_bits == vb && f.norm_correction == nc &&
-        f.law == law && f.rotation == rot)
-      return f;
-  std::ostringstream os;
-  os << 'k' << kb << 'v' << vb << (vc == ValueCodec::Uniform ? "u" : "") << '-' << law_name(law) << '-'
-     << rotation_name(rot) << (nc ? "" : "-raw");
-  const std::string n = os.str();
-  names.push_back(n);
-  formats.push_back(Format{names.back().c_str(), kc, static_cast<uint8_t>(kb), vc, static_cast<uint8_t>(vb), nc, law,
-                           rot, "issue-6 study variant"});
-  return formats.back();
+// Law / rotation / codec variants are plain values: Format::name() spells those not in the
+// traits table.
+Format variant_format(KeyCodec kc, int kb, ValueCodec vc, int vb, bool nc, Law law, RotationKind rot) {
+  return Format{kc, static_cast<uint8_t>(kb), vc, static_cast<uint8_t>(vb), nc, law, rot};
 }
 
 [[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
@@ -112,19 +90,22 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg, co
     const std::string why = sources.why_not(base);
     if (!why.empty()) bad_spec(spec, why);
   }
-  const Format* f = try_find_format(base);
+  const NamedFormat* named = find_named_format(base);
   int kb = 0, vb = 0;
-  if (!f) {
+  Format f;
+  if (named) {
+    f = named->format;
+  } else {
     if (!parse_kv(base, kb, vb)) bad_spec(spec, "unknown format or recipe '" + base + "'; formats: " + format_names_joined());
-    f = &variant_format(KeyCodec::Mse, kb, ValueCodec::Mse, vb, true, Law::Sphere, RotationKind::Srht);
+    f = variant_format(KeyCodec::Mse, kb, ValueCodec::Mse, vb, true, Law::Sphere, RotationKind::Srht);
   }
-  KeyCodec kc = f->key;
-  ValueCodec vc = f->value;
-  kb = f->key_bits;
-  vb = f->value_bits;
-  bool nc = f->norm_correction;
-  Law law = f->law;
-  RotationKind rot = f->rotation;
+  KeyCodec kc = f.key;
+  ValueCodec vc = f.value;
+  kb = f.key_bits;
+  vb = f.value_bits;
+  bool nc = f.norm_correction;
+  Law law = f.law;
+  RotationKind rot = f.rotation;
   CacheSpec out;
   out.name = spec;
   int skip = -1;
@@ -149,7 +130,7 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg, co
       out.recent_window = static_cast<int>(option_number(spec, o, 1, 1, 1 << 20, "recent window"));
     } else if (o.rfind("wq", 0) == 0 && o.size() > 2) {
       const int b = static_cast<int>(option_number(spec, o, 2, 4, 8, "window code width"));
-      out.window_format = &variant_format(KeyCodec::Mse, b, ValueCodec::Mse, b, true, Law::Sphere, RotationKind::Srht);
+      out.window_format = variant_format(KeyCodec::Mse, b, ValueCodec::Mse, b, true, Law::Sphere, RotationKind::Srht);
     } else if (o.rfind("fill", 0) == 0 && o.size() > 4) {
       out.fill_bits = option_number(spec, o, 4, 1e-9, 32, "bit budget", true);
     } else if (o.rfind("sink", 0) == 0 && o.size() > 4) {
@@ -187,31 +168,31 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg, co
     }
   }
   const bool plain_key = kc != KeyCodec::Mse, plain_value = vc != ValueCodec::Mse && vc != ValueCodec::Uniform;
-  auto make = [&](int k, int v) -> const Format& {
-    if (plain_key && plain_value) return *f;
-    return variant_format(kc, plain_key ? f->key_bits : k, vc, plain_value ? f->value_bits : v, nc, law, rot);
+  auto make = [&](int k, int v) -> Format {
+    if (plain_key && plain_value) return f;
+    return variant_format(kc, plain_key ? f.key_bits : k, vc, plain_value ? f.value_bits : v, nc, law, rot);
   };
-  const Format& inner = make(kb, vb);
+  const Format inner = make(kb, vb);
   out.layers = boundary_layer_formats(cfg.n_layers, inner, skip);
   if (!only.empty())
     for (int l = 0; l < cfg.n_layers; ++l)
-      if (std::find(only.begin(), only.end(), l) == only.end()) out.layers[l] = &find_format("f16");
+      if (std::find(only.begin(), only.end(), l) == only.end()) out.layers[l] = find_format("f16");
   for (const auto& [layers, kv] : overrides)
     for (int l : layers)
-      if (out.layers[l]->compressed()) out.layers[l] = &make(kv.first, kv.second);
+      if (out.layers[l].compressed()) out.layers[l] = make(kv.first, kv.second);
   const int d = cfg.head_dim;
   out.model = cfg;
   double sum = 0, sum_all = 0;
   int n_inner = 0;
   std::ostringstream det;
   for (int l = 0; l < cfg.n_layers; ++l) {
-    const Format& lf = *out.layers[l];
+    const Format& lf = out.layers[l];
     sum_all += lf.bits_per_element(d);
     if (lf.compressed() || !inner.compressed()) {
       sum += lf.bits_per_element(d);
       ++n_inner;
     }
-    if (l == 0 || out.layers[l] != out.layers[l - 1]) det << (l ? " " : "") << "L" << l << ":" << lf.name;
+    if (l == 0 || out.layers[l] != out.layers[l - 1]) det << (l ? " " : "") << "L" << l << ":" << lf.name();
   }
   out.bits = n_inner ? sum / n_inner : 0;
   out.bits_all = sum_all / cfg.n_layers;
@@ -221,7 +202,7 @@ CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg, co
   if (out.centre_keys) det << (out.scale_channels ? " centred+scaled-keys" : " centred-keys");
   if (out.recent_window) det << " f16-window-" << out.recent_window;
   if (out.fill_bits > 0) det << " window-to-" << out.fill_bits << "-bits";
-  if (out.window_format) det << " window-as-" << out.window_format->name;
+  if (out.window_format) det << " window-as-" << out.window_format->name();
   if (out.sinks) det << " f16-sinks-" << out.sinks;
   out.detail = det.str();
   if (out.centre_keys) {
@@ -259,7 +240,7 @@ double CacheSpec::window_bits(int ctx) const {
 
 double CacheSpec::bits_all_at(int ctx) const {
   int compressed = 0;
-  for (const Format* f : layers) compressed += f->compressed();
+  for (const Format& f : layers) compressed += f.compressed();
   return layers.empty() ? bits_all : bits_all + window_bits(ctx) * compressed / static_cast<double>(layers.size());
 }
 
@@ -269,9 +250,9 @@ CacheBytes CacheSpec::bytes(int64_t held, int capacity) const {
   const int H = model.n_kv_heads, d = model.head_dim;
   size_t slot_row = 0, copy_sink = 0, copy_window = 0;  // bytes of one position, every layer
   const size_t window_slot = window_format ? window_format->slot_bytes(d) : find_format("f16").slot_bytes(d);
-  for (const Format* f : layers) {
-    slot_row += f->slot_bytes(d) * static_cast<size_t>(H);
-    if (!f->compressed()) continue;
+  for (const Format& f : layers) {
+    slot_row += f.slot_bytes(d) * static_cast<size_t>(H);
+    if (!f.compressed()) continue;
     copy_sink += static_cast<size_t>(4) * d * H;  // f16 key and value
     copy_window += window_slot * static_cast<size_t>(H);
   }

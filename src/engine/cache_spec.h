@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,13 +62,13 @@ struct SpecSources {
 struct CacheSpec {
   std::string name;                  // as asked for
   std::string detail;                // resolved: per-layer formats and options
-  std::vector<const Format*> layers;  // [n_layers]
+  std::vector<Format> layers;        // [n_layers]
   bool centre_keys = false;
   bool scale_channels = false;
   int recent_window = 0;  // w<N>: uncompressed copies of the N most recent tokens
   int sinks = 0;          // sink<N>: uncompressed copies of the first N tokens
   double fill_bits = 0;   // fill<B>: the window is as long as B bits per element allow (0: off)
-  const Format* window_format = nullptr;  // wq<B>: how the window is stored (nullptr: f16)
+  std::optional<Format> window_format;  // wq<B>: how the window is stored (none: f16)
   std::shared_ptr<const KeyStats> key_stats;  // set when centre_keys
   ModelConfig model;      // the config the spec was resolved for
   double bits = 0;      // bits per element of the compressed layers' slots (metadata included)

@@ -32,7 +32,8 @@ int64_t CpuKvCache::add_sequence() {
     throw Error(ErrorCode::Capacity, "cache: all " + std::to_string(max_seqs()) + " sequences are in use");
   Sequence s{ContiguousCache(config_), nullptr};
   if (window_ > 0 || spec().sinks > 0)
-    s.copies = std::make_unique<RecentWindow>(s.main, window_, kCopyStepTokens, spec().sinks, spec().window_format);
+    s.copies = std::make_unique<RecentWindow>(s.main, window_, kCopyStepTokens, spec().sinks,
+                                              spec().window_format ? &*spec().window_format : nullptr);
   const int64_t id = next_id_++;
   seqs_.emplace(id, std::move(s));
   return id;

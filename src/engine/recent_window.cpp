@@ -24,7 +24,7 @@ ContiguousCacheConfig copy_config(const ContiguousCache& main, int window, int m
   c.n_kv_heads = main.n_kv_heads();
   c.head_dim = main.head_dim();
   c.capacity = window > 0 ? window + max_batch : 1;  // a sinks-only instance never writes it
-  c.layer_formats.assign(main.n_layers(), window_format ? window_format : &find_format("f16"));
+  c.layer_formats.assign(main.n_layers(), window_format ? *window_format : find_format("f16"));
   c.seed = main.config().seed;
   return c;
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tqkv/codebook.h"
+#include "tqkv/error.h"
 
 namespace tqkv {
 namespace {
@@ -101,10 +102,10 @@ TEST(Codebook, DeterministicAndCached) {
 }
 
 TEST(Codebook, RejectsBadArguments) {
-  EXPECT_THROW(solve_codebook(Law::Gauss, 1, 2), std::invalid_argument);
-  EXPECT_THROW(solve_codebook(Law::Gauss, 64, 0), std::invalid_argument);
-  EXPECT_THROW(solve_codebook(Law::Gauss, 64, 9), std::invalid_argument);
-  EXPECT_THROW(parse_law("beta2"), std::invalid_argument);
+  EXPECT_THROW(solve_codebook(Law::Gauss, 1, 2), Error);
+  EXPECT_THROW(solve_codebook(Law::Gauss, 64, 0), Error);
+  EXPECT_THROW(solve_codebook(Law::Gauss, 64, 9), Error);
+  EXPECT_THROW(parse_law("beta2"), Error);
 }
 
 }  // namespace

@@ -29,8 +29,8 @@ double sq_norm(const float* x, int d) {
 // An MSE key/value format without norm correction: its error on random unit vectors is the
 // codebook's own expected error.
 Format plain_mse(int bits, Law law) {
-  return Format{"test-mse", KeyCodec::Mse, static_cast<uint8_t>(bits), ValueCodec::Mse, static_cast<uint8_t>(bits),
-                false, law, RotationKind::Srht, "test"};
+  return Format{KeyCodec::Mse, static_cast<uint8_t>(bits), ValueCodec::Mse, static_cast<uint8_t>(bits), false, law,
+                RotationKind::Srht};
 }
 
 TEST(Codec, MseMatchesCodebookOnRandomUnitVectors) {
@@ -93,7 +93,8 @@ TEST(Codec, UniformValuesWithinHalfAStep) {
 
 TEST(Codec, EveryFormatRoundTripsWithSmallError) {
   std::mt19937_64 rng(11);
-  for (const Format& f : all_formats()) {
+  for (const NamedFormat& nf : named_formats()) {
+    const Format& f = nf.format;
     for (int d : {64, 96, 128}) {
       const SlotCodec codec(f, d);
       std::vector<uint8_t> slot(codec.slot_bytes());
@@ -114,15 +115,16 @@ TEST(Codec, EveryFormatRoundTripsWithSmallError) {
       // Loose per-bit bounds: 2 bits ~ 0.12, 3 bits ~ 0.035, 4 bits ~ 0.01 (+ margin).
       const double kbound = f.key_bits >= 8 ? 2e-3 : f.key_bits == 4 ? 0.015 : f.key_bits == 3 ? 0.05 : 0.15;
       const double vbound = f.value_bits >= 8 ? 2e-3 : f.value_bits == 4 ? 0.02 : f.value_bits == 3 ? 0.06 : 0.15;
-      EXPECT_LT(kerr / kref, kbound) << f.name << " d " << d;
-      EXPECT_LT(verr / vref, vbound) << f.name << " d " << d;
+      EXPECT_LT(kerr / kref, kbound) << f.name() << " d " << d;
+      EXPECT_LT(verr / vref, vbound) << f.name() << " d " << d;
     }
   }
 }
 
 TEST(Codec, NonFiniteInputThrowsAndLeavesSlotUntouched) {
   const int d = 64;
-  for (const Format& f : all_formats()) {
+  for (const NamedFormat& nf : named_formats()) {
+    const Format& f = nf.format;
     const SlotCodec codec(f, d);
     std::vector<float> k(d, 1.0f), v(d, 1.0f);
     std::vector<uint8_t> slot(codec.slot_bytes(), 0x5A);
@@ -131,22 +133,23 @@ TEST(Codec, NonFiniteInputThrowsAndLeavesSlotUntouched) {
       k[3] = bad;
       try {
         codec.encode(k.data(), v.data(), slot.data());
-        FAIL() << f.name;
+        FAIL() << f.name();
       } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::NonFinite);
       }
       k[3] = 1.0f;
       v[5] = bad;
-      EXPECT_THROW(codec.encode(k.data(), v.data(), slot.data()), Error) << f.name;
+      EXPECT_THROW(codec.encode(k.data(), v.data(), slot.data()), Error) << f.name();
       v[5] = 1.0f;
-      EXPECT_EQ(slot, before) << f.name;
+      EXPECT_EQ(slot, before) << f.name();
     }
   }
 }
 
 TEST(Codec, EdgeCases) {
   const int d = 128;
-  for (const Format& f : all_formats()) {
+  for (const NamedFormat& nf : named_formats()) {
+    const Format& f = nf.format;
     const SlotCodec codec(f, d);
     std::vector<uint8_t> slot(codec.slot_bytes());
     std::vector<float> kb(d), vb(d);
@@ -156,8 +159,8 @@ TEST(Codec, EdgeCases) {
     codec.decode_key(slot.data(), kb.data());
     codec.decode_value(slot.data() + codec.key_bytes(), vb.data());
     for (int i = 0; i < d; ++i) {
-      EXPECT_EQ(kb[i], 0.0f) << f.name;
-      EXPECT_EQ(vb[i], 0.0f) << f.name;
+      EXPECT_EQ(kb[i], 0.0f) << f.name();
+      EXPECT_EQ(vb[i], 0.0f) << f.name();
     }
     // Constant vectors, large and small magnitudes: finite output, bounded relative error.
     // A constant vector is the worst case of the plain Hadamard rotation (vLLM's choice):
@@ -169,30 +172,30 @@ TEST(Codec, EdgeCases) {
     for (float c : {0.7f, -3.0f, 2000.0f, 1e-3f}) {
       std::vector<float> x(d, c);
       if (std::abs(c) > 448 && fp8) {
-        EXPECT_THROW(codec.encode(x.data(), x.data(), slot.data()), Error) << f.name;
+        EXPECT_THROW(codec.encode(x.data(), x.data(), slot.data()), Error) << f.name();
         continue;
       }
       try {
         codec.encode(x.data(), x.data(), slot.data());
       } catch (const Error& e) {
-        EXPECT_TRUE(hadamard_mse_key && e.code() == ErrorCode::Overflow) << f.name << " c=" << c << ": " << e.what();
+        EXPECT_TRUE(hadamard_mse_key && e.code() == ErrorCode::Overflow) << f.name() << " c=" << c << ": " << e.what();
         continue;
       }
       codec.decode_key(slot.data(), kb.data());
       codec.decode_value(slot.data() + codec.key_bytes(), vb.data());
       double ek = 0, ev = 0;
       for (int i = 0; i < d; ++i) {
-        ASSERT_TRUE(std::isfinite(kb[i]) && std::isfinite(vb[i])) << f.name;
+        ASSERT_TRUE(std::isfinite(kb[i]) && std::isfinite(vb[i])) << f.name();
         ek += std::pow(kb[i] - c, 2.0);
         ev += std::pow(vb[i] - c, 2.0);
       }
       const double ref = static_cast<double>(c) * c * d;
       const bool below_fp8 = fp8 && std::abs(c) < 0.01f;
       if (!hadamard_mse_key && !below_fp8) {
-        EXPECT_LT(ek / ref, 0.3) << f.name << " c=" << c;
+        EXPECT_LT(ek / ref, 0.3) << f.name() << " c=" << c;
       }
       if (!below_fp8) {
-        EXPECT_LT(ev / ref, 0.3) << f.name << " c=" << c;
+        EXPECT_LT(ev / ref, 0.3) << f.name() << " c=" << c;
       }
     }
   }

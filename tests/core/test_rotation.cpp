@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "tqkv/error.h"
 #include "tqkv/rotation.h"
 
 namespace tqkv {
@@ -87,7 +88,7 @@ INSTANTIATE_TEST_SUITE_P(All, RotationTest,
 TEST(Rotation, NonPowerOfTwoFallsBackToDense) {
   EXPECT_EQ(make_rotation(RotationKind::Srht, 96).kind(), RotationKind::Dense);
   EXPECT_EQ(make_rotation(RotationKind::Srht, 128).kind(), RotationKind::Srht);
-  EXPECT_THROW(Rotation(RotationKind::Hadamard, 96), std::invalid_argument);
+  EXPECT_THROW(Rotation(RotationKind::Hadamard, 96), Error);
 }
 
 TEST(Rotation, SrhtMatchesDefinition) {

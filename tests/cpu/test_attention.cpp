@@ -70,7 +70,7 @@ TEST(Attention, CausalPrefillGqaWindowMatchesExactForF32) {
   cfg.n_kv_heads = H;
   cfg.head_dim = d;
   cfg.capacity = 64;
-  cfg.layer_formats = {&find_format("f32")};
+  cfg.layer_formats = {find_format("f32")};
   ContiguousCache cache(cfg);
   const auto k = gaussian(static_cast<size_t>(T) * H * d, 1), v = gaussian(k.size(), 2);
   const auto q = gaussian(static_cast<size_t>(T) * Hq * d, 3);
@@ -110,12 +110,13 @@ TEST(Attention, CompressedFormatsCloseToExact) {
   const auto k = gaussian(static_cast<size_t>(T) * H * d, 4), v = gaussian(k.size(), 5);
   const auto q = gaussian(static_cast<size_t>(Hq) * d, 6, sigma_q);
   const auto ref = exact_attention(q, k, v, 1, T - 1, Hq, H, d, 0);
-  for (const Format& f : all_formats()) {
+  for (const NamedFormat& nf : named_formats()) {
+    const Format& f = nf.format;
     ContiguousCacheConfig cfg;
     cfg.n_kv_heads = H;
     cfg.head_dim = d;
     cfg.capacity = T;
-    cfg.layer_formats = {&f};
+    cfg.layer_formats = {f};
     ContiguousCache cache(cfg);
     cache.write(0, 0, T, k.data(), v.data());
     AttentionParams p;
@@ -127,24 +128,25 @@ TEST(Attention, CompressedFormatsCloseToExact) {
     cache.decode(0, 0, T, true, kd.data());
     cache.decode(0, 0, T, false, vd.data());
     const auto on_codes = exact_attention(q, kd, vd, 1, T - 1, Hq, H, d, 0);
-    EXPECT_LT(rel_error(out, on_codes), 1e-5) << f.name;
+    EXPECT_LT(rel_error(out, on_codes), 1e-5) << f.name();
     // 2. Close to exact attention on the original K/V, within the quantisation budget.
     const double dk = codec_distortion(f.key == KeyCodec::Mse, false, f.key == KeyCodec::Fp8, f.key_bits);
     const double dv = codec_distortion(f.value == ValueCodec::Mse, f.value == ValueCodec::Uniform,
                                        f.value == ValueCodec::Fp8, f.value_bits);
     const double budget = 1.5 * (sigma_q * sigma_q * dk + dv) + 2e-3;
-    EXPECT_GT(min_cosine(out, ref, d), 1.0 - budget) << f.name;
+    EXPECT_GT(min_cosine(out, ref, d), 1.0 - budget) << f.name();
   }
 }
 
 // vLLM's round trip: one token, query equal to the key: the output is the value.
 TEST(Attention, SingleTokenRoundTrip) {
   const int d = 128;
-  for (const Format& f : all_formats()) {
+  for (const NamedFormat& nf : named_formats()) {
+    const Format& f = nf.format;
     ContiguousCacheConfig cfg;
     cfg.head_dim = d;
     cfg.capacity = 4;
-    cfg.layer_formats = {&f};
+    cfg.layer_formats = {f};
     ContiguousCache cache(cfg);
     const auto k = gaussian(d, 7), v = gaussian(d, 8);
     cache.write(0, 0, 1, k.data(), v.data());
@@ -152,7 +154,7 @@ TEST(Attention, SingleTokenRoundTrip) {
     std::vector<float> out(d);
     attention(cache, 0, k.data(), 1, 0, p, out.data());
     const double bound = f.key == KeyCodec::Mse ? 0.85 : 0.95;
-    EXPECT_GT(min_cosine(out, v, d), bound) << f.name;
+    EXPECT_GT(min_cosine(out, v, d), bound) << f.name();
   }
 }
 
@@ -186,7 +188,7 @@ TEST(Attention, KeyRangeCutsAndLogSumExpMergeExactly) {
   cfg.head_dim = d;
   cfg.capacity = 64;
   for (const char* name : {"f32", "tq-k4v3"}) {
-    cfg.layer_formats = {&find_format(name)};
+    cfg.layer_formats = {find_format(name)};
     ContiguousCache cache(cfg);
     const auto k = gaussian(static_cast<size_t>(n) * H * d, 31, 0.5f), v = gaussian(k.size(), 32);
     cache.write(0, 0, n, k.data(), v.data());
@@ -241,7 +243,7 @@ TEST(Attention, KeyRangeCutsAndLogSumExpMergeExactly) {
     }
   }
   // A row that sees no key: output 0 and lse -inf.
-  cfg.layer_formats = {&find_format("f16")};
+  cfg.layer_formats = {find_format("f16")};
   ContiguousCache cache(cfg);
   const auto k = gaussian(static_cast<size_t>(4) * H * d, 34);
   cache.write(0, 0, 4, k.data(), k.data());

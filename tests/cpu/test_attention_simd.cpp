@@ -22,18 +22,18 @@ using testing_util::LevelGuard;
 using testing_util::rel_error;
 
 
-std::vector<const Format*> test_formats() {
-  std::vector<const Format*> out;
-  for (const Format& f : all_formats()) out.push_back(&f);
-  for (const char* extra : {"tq-k2v2", "tq-k3v3", "tq-k2v4"}) out.push_back(&find_format(extra));
+std::vector<Format> test_formats() {
+  std::vector<Format> out;
+  for (const NamedFormat& f : named_formats()) out.push_back(f.format);
+  for (const char* extra : {"tq-k2v2", "tq-k3v3", "tq-k2v4"}) out.push_back(find_format(extra));
   // 5-8 bit Mse codes (the engine's per-layer key widths) take the SIMD builds' gather path.
   static const Format wide[] = {
-      {"k5v3", KeyCodec::Mse, 5, ValueCodec::Mse, 3, true, Law::Sphere, RotationKind::Srht, "test"},
-      {"k6v2", KeyCodec::Mse, 6, ValueCodec::Mse, 2, true, Law::Sphere, RotationKind::Srht, "test"},
-      {"k7v5", KeyCodec::Mse, 7, ValueCodec::Mse, 5, true, Law::Gauss, RotationKind::Hadamard, "test"},
-      {"k8v6", KeyCodec::Mse, 8, ValueCodec::Mse, 6, false, Law::Sphere, RotationKind::Srht, "test"},
+      {KeyCodec::Mse, 5, ValueCodec::Mse, 3, true, Law::Sphere, RotationKind::Srht},
+      {KeyCodec::Mse, 6, ValueCodec::Mse, 2, true, Law::Sphere, RotationKind::Srht},
+      {KeyCodec::Mse, 7, ValueCodec::Mse, 5, true, Law::Gauss, RotationKind::Hadamard},
+      {KeyCodec::Mse, 8, ValueCodec::Mse, 6, false, Law::Sphere, RotationKind::Srht},
   };
-  for (const Format& f : wide) out.push_back(&f);
+  for (const Format& f : wide) out.push_back(f);
   return out;
 }
 
@@ -47,7 +47,7 @@ void check_case(const Format& f, const Case& c) {
   cfg.n_kv_heads = c.H;
   cfg.head_dim = c.d;
   cfg.capacity = c.capacity;
-  cfg.layer_formats = {&f};
+  cfg.layer_formats = {f};
   ContiguousCache cache(cfg);
   const auto k = gaussian(static_cast<size_t>(c.written) * c.H * c.d, 11, 0.7f);
   const auto v = gaussian(k.size(), 12);
@@ -69,7 +69,7 @@ void check_case(const Format& f, const Case& c) {
       set_num_threads(threads);
       std::vector<float> out(q.size(), NAN);
       attention(cache, 0, q.data(), c.n_q, pos0, p, out.data());
-      EXPECT_LT(rel_error(out, ref), 1e-5) << f.name << " level " << simd_level_name(level) << " threads "
+      EXPECT_LT(rel_error(out, ref), 1e-5) << f.name() << " level " << simd_level_name(level) << " threads "
                                            << threads << " d " << c.d << " n_q " << c.n_q << " window "
                                            << c.window;
     }
@@ -77,9 +77,9 @@ void check_case(const Format& f, const Case& c) {
 }
 
 TEST(AttentionSimd, DecodeEveryFormatEveryLevelMatchesReference) {
-  for (const Format* f : test_formats()) {
-    check_case(*f, {128, 2, 8, 1024, 700, 1, 0});   // GQA 4:1, splits across threads
-    check_case(*f, {64, 3, 9, 300, 520, 1, 0});     // GQA 3:1, ring wrapped
+  for (const Format& f : test_formats()) {
+    check_case(f, {128, 2, 8, 1024, 700, 1, 0});   // GQA 4:1, splits across threads
+    check_case(f, {64, 3, 9, 300, 520, 1, 0});     // GQA 3:1, ring wrapped
   }
   for (int g : {1, 2, 5, 6, 7, 8, 12})  // every row-block size of the kernel (and two blocks)
     check_case(find_format("turboquant_4bit_nc"), {64, 1, g, 512, 300, 1, 0});
@@ -109,7 +109,7 @@ TEST(AttentionThreads, ConcurrentCallersAgree) {
   cfg.n_kv_heads = 2;
   cfg.head_dim = 64;
   cfg.capacity = 1024;
-  cfg.layer_formats = {&find_format("turboquant_k3v4_nc")};
+  cfg.layer_formats = {find_format("turboquant_k3v4_nc")};
   ContiguousCache cache(cfg);
   const auto k = gaussian(900 * 2 * 64, 1), v = gaussian(k.size(), 2), q = gaussian(8 * 64, 3);
   cache.write(0, 0, 900, k.data(), v.data());

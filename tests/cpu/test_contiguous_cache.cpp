@@ -17,20 +17,20 @@ using testing_util::gaussian;
 TEST(BoundaryLayers, DefaultSkipsTwoCappedAtHalf) {
   const Format& tq = find_format("turboquant_4bit_nc");
   auto f = boundary_layer_formats(30, tq);
-  EXPECT_STREQ(f[0]->name, "f16");
-  EXPECT_STREQ(f[1]->name, "f16");
-  EXPECT_STREQ(f[2]->name, "turboquant_4bit_nc");
-  EXPECT_STREQ(f[27]->name, "turboquant_4bit_nc");
-  EXPECT_STREQ(f[28]->name, "f16");
-  EXPECT_STREQ(f[29]->name, "f16");
+  EXPECT_EQ(f[0].name(), "f16");
+  EXPECT_EQ(f[1].name(), "f16");
+  EXPECT_EQ(f[2].name(), "turboquant_4bit_nc");
+  EXPECT_EQ(f[27].name(), "turboquant_4bit_nc");
+  EXPECT_EQ(f[28].name(), "f16");
+  EXPECT_EQ(f[29].name(), "f16");
   auto g = boundary_layer_formats(3, tq);  // capped at 3 / 2 = 1
-  EXPECT_STREQ(g[0]->name, "f16");
-  EXPECT_STREQ(g[1]->name, "turboquant_4bit_nc");
-  EXPECT_STREQ(g[2]->name, "f16");
+  EXPECT_EQ(g[0].name(), "f16");
+  EXPECT_EQ(g[1].name(), "turboquant_4bit_nc");
+  EXPECT_EQ(g[2].name(), "f16");
   auto h = boundary_layer_formats(6, tq, 0);
-  for (auto* x : h) EXPECT_EQ(x, &tq);
+  for (const auto& x : h) EXPECT_EQ(x, tq);
   auto u = boundary_layer_formats(6, find_format("f16"));
-  for (auto* x : u) EXPECT_STREQ(x->name, "f16");
+  for (const auto& x : u) EXPECT_EQ(x.name(), "f16");
 }
 
 TEST(ContiguousCache, WriteDecodeAndWindow) {
@@ -39,7 +39,7 @@ TEST(ContiguousCache, WriteDecodeAndWindow) {
   cfg.n_kv_heads = 3;
   cfg.head_dim = 64;
   cfg.capacity = 5;
-  cfg.layer_formats = {&find_format("f32"), &find_format("tq-k4v4")};
+  cfg.layer_formats = {find_format("f32"), find_format("tq-k4v4")};
   ContiguousCache cache(cfg);
   const auto k = gaussian(7 * 3 * 64, 1), v = gaussian(7 * 3 * 64, 2);
   cache.write(0, 0, 4, k.data(), v.data());
@@ -79,7 +79,7 @@ TEST(ContiguousCache, BadWritesChangeNothing) {
   EXPECT_THROW(cache.write(0, 1, 5, k.data(), v.data()), Error);
   EXPECT_THROW(cache.evict_oldest(2), Error);
   ContiguousCacheConfig bad = cfg;
-  bad.layer_formats = {&find_format("f16"), &find_format("f16")};
+  bad.layer_formats = {find_format("f16"), find_format("f16")};
   EXPECT_THROW(ContiguousCache{bad}, Error);
 }
 

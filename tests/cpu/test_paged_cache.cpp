@@ -29,7 +29,7 @@ PagedCacheConfig config(const char* format, int bs, PageLayout layout, int block
   c.block_size = bs;
   c.num_blocks = blocks;
   c.layout = layout;
-  c.layer_formats = {&find_format(format), &find_format(format)};
+  c.layer_formats = {find_format(format), find_format(format)};
   return c;
 }
 
@@ -163,7 +163,7 @@ TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
         const std::vector<int64_t> seqs = {a, b, c};
         const auto q = gaussian(seqs.size() * Hq * d, 40);
         for (int window : {0, 33}) {
-          PagedAttentionParams p;
+          AttentionParams p;
           p.n_q_heads = Hq;
           p.window = window;
           std::vector<float> ref(q.size());
@@ -183,7 +183,7 @@ TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
           cc.n_kv_heads = H;
           cc.head_dim = d;
           cc.capacity = 512;
-          cc.layer_formats = {&find_format(name)};
+          cc.layer_formats = {find_format(name)};
           ContiguousCache flat(cc);
           flat.write(0, 0, 300, kv_a.first.data(), kv_a.second.data());
           AttentionParams ap;
@@ -193,6 +193,63 @@ TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
           attention(flat, 0, q.data(), 1, 299, ap, out.data());
           paged_attention(cache, 1, std::vector<int64_t>{a}, q.data(), p, paged.data());
           EXPECT_LT(rel_error(paged, out), 1e-6) << name;
+        }
+      }
+    }
+  }
+}
+
+// Paged attention honours the shared AttentionParams cuts and lse exactly as the contiguous
+// cache does (window, min_key_pos, exclude_recent; a query that sees no key gives 0 and -inf).
+TEST(PagedCache, AttentionParamsMatchContiguous) {
+  const int H = 2, Hq = 4, d = 64, n = 90;
+  for (PageLayout layout : {PageLayout::Slot, PageLayout::Page}) {
+    PagedCache cache(config("tq-k4v2", 16, layout, 16, H, d));
+    const int64_t a = cache.add_sequence();
+    const auto kv = append(cache, a, n, 50);
+    ContiguousCacheConfig cc;
+    cc.n_kv_heads = H;
+    cc.head_dim = d;
+    cc.capacity = 128;
+    cc.layer_formats = {find_format("tq-k4v2")};
+    ContiguousCache flat(cc);
+    flat.write(0, 0, n, kv.first.data(), kv.second.data());
+    const auto q = gaussian(Hq * d, 60);
+    struct Cut {
+      int window;
+      int64_t min_key_pos;
+      int exclude_recent;
+    };
+    for (const Cut& c : {Cut{0, 0, 0}, Cut{20, 0, 0}, Cut{0, 17, 0}, Cut{0, 0, 9}, Cut{30, 70, 5}, Cut{0, 0, n},
+                         Cut{0, n, 0}}) {
+      AttentionParams p;
+      p.n_q_heads = Hq;
+      p.window = c.window;
+      p.min_key_pos = c.min_key_pos;
+      p.exclude_recent = c.exclude_recent;
+      std::vector<float> want(Hq * d), got(Hq * d, NAN), ref(Hq * d, NAN), want_lse(Hq), got_lse(Hq, NAN),
+          ref_lse(Hq, NAN);
+      p.lse = want_lse.data();
+      attention(flat, 0, q.data(), 1, n - 1, p, want.data());
+      p.lse = got_lse.data();
+      paged_attention(cache, 0, std::vector<int64_t>{a}, q.data(), p, got.data());
+      p.lse = ref_lse.data();
+      paged_attention_reference(cache, 0, std::vector<int64_t>{a}, q.data(), p, ref.data());
+      const bool none = c.exclude_recent >= n || c.min_key_pos >= n;
+      for (int i = 0; i < Hq * d; ++i) {
+        EXPECT_NEAR(got[i], want[i], 1e-5) << c.window << "/" << c.min_key_pos << "/" << c.exclude_recent;
+        EXPECT_NEAR(ref[i], want[i], 1e-4);
+        if (none) {
+          EXPECT_EQ(got[i], 0.0f);
+        }
+      }
+      for (int h = 0; h < Hq; ++h) {
+        if (none) {
+          EXPECT_EQ(got_lse[h], -std::numeric_limits<float>::infinity());
+          EXPECT_EQ(ref_lse[h], -std::numeric_limits<float>::infinity());
+        } else {
+          EXPECT_NEAR(got_lse[h], want_lse[h], 1e-4) << h;
+          EXPECT_NEAR(ref_lse[h], want_lse[h], 1e-3) << h;
         }
       }
     }
@@ -224,7 +281,7 @@ TEST(PagedCache, BadInputThrowsAndWritesNothing) {
   EXPECT_THROW(cache.decode(0, s, 7, 2, true, out.data()), Error);
   EXPECT_THROW(cache.decode(0, 99, 0, 1, true, out.data()), Error);
   EXPECT_THROW(cache.fork(99), Error);
-  PagedAttentionParams p;
+  AttentionParams p;
   p.n_q_heads = 6;
   EXPECT_THROW(paged_attention(cache, 0, std::vector<int64_t>{99}, q.data(), p, out.data()), Error);
   p.head_dim = 128;
@@ -233,6 +290,9 @@ TEST(PagedCache, BadInputThrowsAndWritesNothing) {
   p.n_q_heads = 3;
   EXPECT_THROW(paged_attention(cache, 0, std::vector<int64_t>{s}, q.data(), p, out.data()), Error);
   p.n_q_heads = 6;
+  p.exclude_recent = -1;
+  EXPECT_THROW(paged_attention(cache, 0, std::vector<int64_t>{s}, q.data(), p, out.data()), Error);
+  p.exclude_recent = 0;
   const int64_t empty = cache.add_sequence();
   EXPECT_THROW(paged_attention(cache, 0, std::vector<int64_t>{s, empty}, q.data(), p, out.data()), Error);
   EXPECT_THROW(paged_attention(cache, 5, std::vector<int64_t>{s}, q.data(), p, out.data()), Error);

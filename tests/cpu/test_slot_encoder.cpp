@@ -29,7 +29,8 @@ TEST(SlotEncoder, BytesAndDecodesIdenticalToReference) {
   std::mt19937_64 rng(std::random_device{}());  // fresh inputs every run
   for (SimdLevel level : testing_util::supported_levels()) {
     LevelGuard guard(level);
-    for (const Format& f : all_formats()) {
+    for (const NamedFormat& nf : named_formats()) {
+      const Format& f = nf.format;
       for (int d : {64, 96, 128, 256, 20}) {
         const SlotCodec codec(f, d, 17);
         const int n = 40;
@@ -45,7 +46,7 @@ TEST(SlotEncoder, BytesAndDecodesIdenticalToReference) {
         for (int i = 0; i < n; ++i) {
           codec.encode(&k[static_cast<size_t>(i) * d], &v[static_cast<size_t>(i) * d], &ref[i * sb]);
           ASSERT_EQ(0, std::memcmp(&fast[i * stride], &ref[i * sb], sb))
-              << f.name << " d " << d << " slot " << i << " level " << simd_level_name(level);
+              << f.name() << " d " << d << " slot " << i << " level " << simd_level_name(level);
           ASSERT_EQ(fast[i * stride + sb], 0xCD);  // nothing written past the slot
         }
         for (bool keys : {true, false}) {
@@ -58,7 +59,7 @@ TEST(SlotEncoder, BytesAndDecodesIdenticalToReference) {
               codec.decode_value(&ref[i * sb] + codec.key_bytes(), &want[static_cast<size_t>(i) * d]);
           }
           ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
-              << f.name << " d " << d << (keys ? " keys" : " values") << " level " << simd_level_name(level);
+              << f.name() << " d " << d << (keys ? " keys" : " values") << " level " << simd_level_name(level);
         }
       }
     }

@@ -113,16 +113,16 @@ void get_slot(const std::vector<uint8_t>& pool, PageLayout layout, const Format&
   if ((kcb + kmb + vcb + vmb) & 1) slot[sb - 1] = sec[bs * (kcb + kmb + vcb + vmb) + off];
 }
 
-std::vector<const Format*> store_formats() {
-  std::vector<const Format*> v;
-  for (const auto& f : all_formats()) v.push_back(&f);
+std::vector<Format> store_formats() {
+  std::vector<Format> v;
+  for (const NamedFormat& f : named_formats()) v.push_back(f.format);
   return v;
 }
 
-std::vector<const Format*> decode_formats() {
-  std::vector<const Format*> v;
-  for (const auto& f : all_formats())
-    if (tqkv::cuda::CacheCodec(f, 128).decode_supported()) v.push_back(&f);
+std::vector<Format> decode_formats() {
+  std::vector<Format> v;
+  for (const NamedFormat& f : named_formats())
+    if (tqkv::cuda::CacheCodec(f.format, 128).decode_supported()) v.push_back(f.format);
   return v;
 }
 
@@ -216,7 +216,7 @@ void run_store_case(const Format& f, int d, PageLayout layout, DType dtype, uint
                      std::to_string(want_slot[i]);
               ++shown;
             }
-          std::printf("[store] %s d=%d: first differing slot (t=%d h=%d):%s\n", f.name, d, t, h, msg.c_str());
+          std::printf("[store] %s d=%d: first differing slot (t=%d h=%d):%s\n", f.name().c_str(), d, t, h, msg.c_str());
         }
         ++slots_diff;
       }
@@ -232,7 +232,7 @@ void run_store_case(const Format& f, int d, PageLayout layout, DType dtype, uint
   size_t untouched_bad = 0;
   for (size_t i = 0; i < pool_bytes; ++i)
     if (!covered[i] && got[i] != poison[i]) ++untouched_bad;
-  EXPECT_EQ(untouched_bad, 0u) << f.name << " d=" << d << ": bytes outside stored slots were modified";
+  EXPECT_EQ(untouched_bad, 0u) << f.name() << " d=" << d << ": bytes outside stored slots were modified";
 }
 
 TEST(CudaStore, ByteIdenticalToCpuReference) {
@@ -240,17 +240,17 @@ TEST(CudaStore, ByteIdenticalToCpuReference) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   size_t total_all = 0, diff_all = 0;
-  for (const Format* f : store_formats())
+  for (const Format& f : store_formats())
     for (int d : {64, 128, 256})
       for (PageLayout layout : {PageLayout::Slot, PageLayout::Page}) {
         size_t total = 0, diff = 0;
-        run_store_case(*f, d, layout, DType::F32, seed + d + static_cast<int>(layout), total, diff);
+        run_store_case(f, d, layout, DType::F32, seed + d + static_cast<int>(layout), total, diff);
         if (HasFatalFailure()) return;
         total_all += total;
         diff_all += diff;
         // Ties between an element and a threshold (and double sums rounded differently) may flip
         // a code; they are rare. More than 1% of slots different is a bug.
-        EXPECT_LE(diff * 100, total) << f->name << " d=" << d << " layout=" << static_cast<int>(layout) << ": "
+        EXPECT_LE(diff * 100, total) << f.name() << " d=" << d << " layout=" << static_cast<int>(layout) << ": "
                                      << diff << " of " << total << " slots differ";
       }
   std::printf("[store] %zu of %zu slots differ from the CPU reference (ties)\n", diff_all, total_all);
@@ -368,13 +368,13 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
   a.q_dtype = DType::F32;
   a.out = dout.p;
   a.out_dtype = DType::F32;
-  a.lse = dlse.p;
+  a.params.lse = dlse.p;
   a.block_tables = dbt.p;
   a.block_table_stride = c.max_blocks;
   a.seq_lens = dlens.p;
   a.batch = c.batch;
-  a.n_q_heads = Hq;
-  a.scale = scale;
+  a.params.n_q_heads = Hq;
+  a.params.scale = scale;
   if (graph) {
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
@@ -413,7 +413,7 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
   if (!prepare) {  // every (sequence, kv head) with a non-empty range and > 1 CTA: NaN
     size_t nan = 0;
     for (float x : out) nan += std::isnan(x);
-    EXPECT_GT(nan, 0u) << f.name << ": an unprepared workspace must not merge silently";
+    EXPECT_GT(nan, 0u) << f.name() << ": an unprepared workspace must not merge silently";
     for (int b = 0; b < c.batch; ++b)
       for (int j = 0; j < Hq * d; ++j)
         ASSERT_TRUE(std::isnan(out[static_cast<size_t>(b) * Hq * d + j])) << "b=" << b << " j=" << j;
@@ -436,7 +436,7 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
         const float* r = &ref[static_cast<size_t>(j) * d];
         double num = 0, den = 0;
         for (int i = 0; i < d; ++i) {
-          ASSERT_TRUE(std::isfinite(o[i])) << f.name << " b=" << b << " head " << h * s.group + j << " dim " << i;
+          ASSERT_TRUE(std::isfinite(o[i])) << f.name() << " b=" << b << " head " << h * s.group + j << " dim " << i;
           num += (o[i] - r[i]) * static_cast<double>(o[i] - r[i]);
           den += static_cast<double>(r[i]) * r[i];
         }
@@ -448,12 +448,12 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
         }
         const double rel = std::sqrt(num / std::max(den, 1e-30));
         worst = std::max(worst, rel);
-        EXPECT_LT(rel, tol) << f.name << " d=" << d << " b=" << b << " len=" << L << " q head " << h * s.group + j;
-        EXPECT_NEAR(gl, rlse[j], 2e-2 + 2e-3 * std::abs(rlse[j])) << f.name << " lse, b=" << b;
+        EXPECT_LT(rel, tol) << f.name() << " d=" << d << " b=" << b << " len=" << L << " q head " << h * s.group + j;
+        EXPECT_NEAR(gl, rlse[j], 2e-2 + 2e-3 * std::abs(rlse[j])) << f.name() << " lse, b=" << b;
       }
     }
   }
-  std::printf("[decode] %-20s d=%3d group=%d bs=%3d splits=%3d %-9s worst rel err %.2e\n", f.name, d, s.group, s.bs,
+  std::printf("[decode] %-20s d=%3d group=%d bs=%3d splits=%3d %-9s worst rel err %.2e\n", f.name().c_str(), d, s.group, s.bs,
               plan.num_splits, plan.cluster_merge ? "cluster" : "workspace", worst);
 }
 
@@ -462,11 +462,11 @@ TEST(CudaDecode, MatchesReferenceAllFormatsAndDims) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  for (const Format* f : decode_formats())
+  for (const Format& f : decode_formats())
     for (int d : {64, 128, 256}) {
       const int l0 = 1 + static_cast<int>(rng() % 15), l1 = 200 + static_cast<int>(rng() % 300);
       DecodeShape s{d, 2, 4, 16, {l0, l1, 37}, 0};
-      run_decode_case(*f, s, rng());
+      run_decode_case(f, s, rng());
       if (HasFatalFailure()) return;
     }
 }
@@ -556,6 +556,48 @@ TEST(CudaDecode, RejectsSlotLayoutAndBadGroups) {
   EXPECT_THROW(tqkv::cuda::CacheCodec(find_format("tq-k4v2"), 96), tqkv::Error);
 }
 
+// The shared AttentionParams fields the kernel does not implement are refused, not ignored
+// (checked on the host before any launch, so no device is needed).
+TEST(CudaDecode, RejectsAttentionParamsItCannotHonour) {
+  const tqkv::cuda::CacheCodec codec(find_format("turboquant_4bit_nc"), 128);
+  uint8_t* fake = reinterpret_cast<uint8_t*>(16);
+  const tqkv::cuda::PagedKv kv{fake, 4, 16, 2, PageLayout::Page};
+  tqkv::cuda::DecodePlan plan;
+  plan.batch = 1;
+  plan.n_q_heads = 4;
+  plan.num_splits = 8;
+  // The message, so that the other argument checks (null pointers here) cannot pass for these.
+  auto error_of = [&](const AttentionParams& ap) {
+    tqkv::cuda::DecodeArgs a;
+    a.batch = 1;
+    a.params = ap;
+    try {
+      tqkv::cuda::run_decode(codec, kv, a, plan, fake);
+    } catch (const tqkv::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto refused = [&](const AttentionParams& ap) {
+    return error_of(ap).find("not implemented") != std::string::npos;
+  };
+  AttentionParams ap;
+  ap.n_q_heads = 4;
+  EXPECT_FALSE(refused(ap));
+  ap.window = 8;
+  EXPECT_TRUE(refused(ap));
+  ap.window = 0;
+  ap.min_key_pos = 1;
+  EXPECT_TRUE(refused(ap));
+  ap.min_key_pos = 0;
+  ap.exclude_recent = 1;
+  EXPECT_TRUE(refused(ap));
+  ap.exclude_recent = 0;
+  ap.head_dim = 64;
+  EXPECT_NE(error_of(ap).find("head dim"), std::string::npos);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dequantize: paged -> contiguous, vs SlotCodec::decode_key / decode_value.
 
@@ -565,13 +607,13 @@ TEST(CudaDequant, MatchesCpuDecodeAllFormatsDimsLayouts) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   size_t total = 0, differ = 0;
-  for (const Format* f : store_formats())
+  for (const Format& f : store_formats())
     for (int d : {64, 128, 256})
       for (PageLayout layout : {PageLayout::Slot, PageLayout::Page}) {
         const int H = 2, bs = 32, len = 40 + static_cast<int>(rng() % 60);
-        const PagedCase c = make_case(*f, d, H, 1, bs, {len}, layout, rng);
-        const tqkv::cuda::CacheCodec codec(*f, d);
-        const SlotCodec cpu(*f, d);
+        const PagedCase c = make_case(f, d, H, 1, bs, {len}, layout, rng);
+        const tqkv::cuda::CacheCodec codec(f, d);
+        const SlotCodec cpu(f, d);
         const int start = static_cast<int>(rng() % 10), n = len - start;
         DevBuf<uint8_t> pool(c.pool.size());
         DevBuf<int32_t> dbt(c.block_tables.size());
@@ -595,7 +637,7 @@ TEST(CudaDequant, MatchesCpuDecodeAllFormatsDimsLayouts) {
         std::vector<float> gk(dk.n), gv(dv.n), rk(d), rv(d);
         CK(cudaMemcpy(gk.data(), dk.p, dk.bytes(), cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(gv.data(), dv.p, dv.bytes(), cudaMemcpyDeviceToHost));
-        const size_t sb = f->slot_bytes(d);
+        const size_t sb = f.slot_bytes(d);
         for (int t = 0; t < n; ++t)
           for (int h = 0; h < H; ++h) {
             const uint8_t* s = &c.slots[0][(static_cast<size_t>(start + t) * H + h) * sb];
@@ -604,11 +646,11 @@ TEST(CudaDequant, MatchesCpuDecodeAllFormatsDimsLayouts) {
             for (int i = 0; i < d; ++i) {
               const float ak = gk[(static_cast<size_t>(t) * H + h) * d + i];
               const float av = gv[(static_cast<size_t>(t) * H + h) * d + i];
-              ASSERT_TRUE(std::isfinite(ak) && std::isfinite(av)) << f->name << " d=" << d;
+              ASSERT_TRUE(std::isfinite(ak) && std::isfinite(av)) << f.name() << " d=" << d;
               total += 2;
               differ += (ak != rk[i]) + (av != rv[i]);
-              ASSERT_NEAR(ak, rk[i], 1e-5f * (1.0f + std::abs(rk[i]))) << f->name << " d=" << d << " key t=" << t;
-              ASSERT_NEAR(av, rv[i], 1e-5f * (1.0f + std::abs(rv[i]))) << f->name << " d=" << d << " value t=" << t;
+              ASSERT_NEAR(ak, rk[i], 1e-5f * (1.0f + std::abs(rk[i]))) << f.name() << " d=" << d << " key t=" << t;
+              ASSERT_NEAR(av, rv[i], 1e-5f * (1.0f + std::abs(rv[i]))) << f.name() << " d=" << d << " value t=" << t;
             }
           }
       }

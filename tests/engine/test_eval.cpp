@@ -61,10 +61,10 @@ TEST(CacheSpec, PresetsKeepTheirSlotBits) {
   const ModelConfig c = smol_like();
   const CacheSpec s = resolve("turboquant_4bit_nc", c);
   EXPECT_DOUBLE_EQ(s.bits, 4.375);  // 70-byte slot at d = 64
-  EXPECT_STREQ(s.layers[0]->name, "f16");
-  EXPECT_STREQ(s.layers[1]->name, "f16");
-  EXPECT_STREQ(s.layers[2]->name, "turboquant_4bit_nc");
-  EXPECT_STREQ(s.layers[29]->name, "f16");
+  EXPECT_EQ(s.layers[0].name(), "f16");
+  EXPECT_EQ(s.layers[1].name(), "f16");
+  EXPECT_EQ(s.layers[2].name(), "turboquant_4bit_nc");
+  EXPECT_EQ(s.layers[29].name(), "f16");
   EXPECT_DOUBLE_EQ(s.bits_all, (4 * 16.0 + 26 * 4.375) / 30);
   EXPECT_FALSE(s.centre_keys);
   EXPECT_DOUBLE_EQ(resolve("f16", c).bits, 16.0);
@@ -74,31 +74,31 @@ TEST(CacheSpec, PresetsKeepTheirSlotBits) {
 TEST(CacheSpec, OptionsAndVariants) {
   const ModelConfig c = smol_like();
   const CacheSpec a = resolve("k4v3+c", c);
-  EXPECT_EQ(a.layers[5], &find_format("tq-k4v3"));  // the table's own entry
+  EXPECT_EQ(a.layers[5].name(), "tq-k4v3");  // the table's own entry
   EXPECT_TRUE(a.centre_keys);
   EXPECT_FALSE(a.scale_channels);
   const CacheSpec b = resolve("tq-k4v3+gauss+had+vu+s+skip1", c);
   EXPECT_TRUE(b.centre_keys && b.scale_channels);
-  EXPECT_STREQ(b.layers[0]->name, "f16");
-  const Format& f = *b.layers[1];
+  EXPECT_EQ(b.layers[0].name(), "f16");
+  const Format& f = b.layers[1];
   EXPECT_EQ(f.law, Law::Gauss);
   EXPECT_EQ(f.rotation, RotationKind::Hadamard);
   EXPECT_EQ(f.value, ValueCodec::Uniform);
   EXPECT_EQ(f.key_bits, 4);
   EXPECT_EQ(f.value_bits, 3);
   EXPECT_EQ(f.slot_bytes(64), 32u + 2 + 24 + 4);
-  // The same variant twice is one object.
-  EXPECT_EQ(&f, resolve("k4v3+vu+gauss+had", c).layers[3]);
+  // The same variant twice is one value.
+  EXPECT_EQ(f, resolve("k4v3+vu+gauss+had", c).layers[3]);
 }
 
 TEST(CacheSpec, PerLayerBits) {
   const ModelConfig c = smol_like();
   const CacheSpec s = resolve("k3v3+L2.3.27=k4v4+L0=k8v8", c);
-  EXPECT_STREQ(s.layers[0]->name, "f16");  // boundary layers are not overridden
-  EXPECT_STREQ(s.layers[2]->name, "tq-k4v4");
-  EXPECT_STREQ(s.layers[3]->name, "tq-k4v4");
-  EXPECT_STREQ(s.layers[4]->name, "tq-k3v3");
-  EXPECT_STREQ(s.layers[27]->name, "tq-k4v4");
+  EXPECT_EQ(s.layers[0].name(), "f16");  // boundary layers are not overridden
+  EXPECT_EQ(s.layers[2].name(), "tq-k4v4");
+  EXPECT_EQ(s.layers[3].name(), "tq-k4v4");
+  EXPECT_EQ(s.layers[4].name(), "tq-k3v3");
+  EXPECT_EQ(s.layers[27].name(), "tq-k4v4");
   EXPECT_NEAR(s.bits, (23 * 3.25 + 3 * 4.25) / 26, 1e-12);
 }
 

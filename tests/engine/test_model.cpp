@@ -148,9 +148,10 @@ TEST_F(Smol, EveryCacheFormatRuns) {
   const std::vector<float> base = run_all(ids, "f32");
   const float* bl = base.data() + (ids.size() - 1) * V;
   const int32_t base_top = static_cast<int32_t>(std::max_element(bl, bl + V) - bl);
-  for (const Format& f : all_formats()) {
-    SCOPED_TRACE(f.name);
-    const std::vector<float> l = run_all(ids, f.name);
+  for (const NamedFormat& nf : named_formats()) {
+    const Format& f = nf.format;
+    SCOPED_TRACE(f.name());
+    const std::vector<float> l = run_all(ids, f.name());
     const float* last = l.data() + (ids.size() - 1) * V;
     for (int i = 0; i < V; ++i) ASSERT_TRUE(std::isfinite(last[i]));
     // The f32 run's next token stays the first choice of the uncompressed and 8-bit caches,
@@ -164,7 +165,7 @@ TEST_F(Smol, EveryCacheFormatRuns) {
       EXPECT_LT(rank, 3);
     }
     if (f.compressed()) {
-      EXPECT_LT(bytes_per_token(f.name), f16_bytes);
+      EXPECT_LT(bytes_per_token(f.name()), f16_bytes);
     }
   }
 }
@@ -174,13 +175,13 @@ TEST_F(Smol, BoundaryLayers) {
   auto count_inner = [&](const std::string& spec) {
     const CacheSpec s = model_->resolve(spec);
     int n = 0;
-    for (int l = 0; l < L; ++l) n += s.layers[l] == &find_format("tq-k4v2");
+    for (int l = 0; l < L; ++l) n += s.layers[l] == find_format("tq-k4v2");
     return n;
   };
   const CacheSpec def = model_->resolve("tq-k4v2");
   EXPECT_EQ(count_inner("tq-k4v2"), L - 4);
-  EXPECT_EQ(def.layers[0], &find_format("f16"));
-  EXPECT_EQ(def.layers[L - 1], &find_format("f16"));
+  EXPECT_EQ(def.layers[0].name(), "f16");
+  EXPECT_EQ(def.layers[L - 1].name(), "f16");
   EXPECT_EQ(count_inner("tq-k4v2+skip0"), L);
   EXPECT_EQ(count_inner("tq-k4v2+skip5"), L - 10);
   EXPECT_EQ(count_inner("f32"), 0);

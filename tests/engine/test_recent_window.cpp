@@ -34,7 +34,7 @@ struct TwoLayerCache {
     c.n_kv_heads = H;
     c.head_dim = d;
     c.capacity = cap;
-    c.layer_formats = {&find_format(fmt), &find_format(fmt)};
+    c.layer_formats = {find_format(fmt), find_format(fmt)};
     return c;
   }
 };

@@ -57,8 +57,8 @@ TEST(OutlierKeySplit, ChoosesTheHighEnergyPairsAndCodesEachPartOnItsOwn) {
   split.apply(1, n, y.data());
   for (int h = 0; h < c.n_kv_heads; ++h) EXPECT_EQ(split.outliers(1, h), (std::vector<int>{10, 11, 40, 41}));
   // The same as coding the two gathered parts with their own codecs.
-  Format hi_f{"hi", KeyCodec::Mse, b + 1, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht, ""};
-  Format lo_f{"lo", KeyCodec::Mse, b, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht, ""};
+  Format hi_f{KeyCodec::Mse, b + 1, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht};
+  Format lo_f{KeyCodec::Mse, b, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht};
   const SlotCodec hi(hi_f, N), lo(lo_f, d - N);
   std::vector<float> xo(N), xr(d - N), yo(N), yr(d - N);
   std::vector<uint8_t> bo(hi.key_bytes()), br(lo.key_bytes());
@@ -76,7 +76,7 @@ TEST(OutlierKeySplit, ChoosesTheHighEnergyPairsAndCodesEachPartOnItsOwn) {
       for (int i = 0; i < d; ++i) ASSERT_EQ(got[i], i == 10 || i == 11 || i == 40 || i == 41 ? yo[a++] : yr[r++]);
     }
   // On such keys the split beats one b-bit Mse vector by far.
-  Format whole_f{"whole", KeyCodec::Mse, b, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht, ""};
+  Format whole_f{KeyCodec::Mse, b, ValueCodec::F16, 16, true, Law::Sphere, RotationKind::Srht};
   const SlotCodec whole(whole_f, d);
   std::vector<float> z(k.size());
   std::vector<uint8_t> bw(whole.key_bytes());
@@ -89,15 +89,15 @@ TEST(OutlierKeySplit, ChoosesTheHighEnergyPairsAndCodesEachPartOnItsOwn) {
 
 TEST(OutlierKeySplit, BadArgumentsThrow) {
   const ModelConfig c = small_config();
-  EXPECT_THROW(OutlierKeySplit(c, 3, {3, 3, 3}), Error);
-  EXPECT_THROW(OutlierKeySplit(c, 0, {3, 3, 3}), Error);
-  EXPECT_THROW(OutlierKeySplit(c, 64, {3, 3, 3}), Error);
-  EXPECT_THROW(OutlierKeySplit(c, 16, {3, 3}), Error);
-  EXPECT_THROW(OutlierKeySplit(c, 16, {3, 8, 3}), Error);
+  EXPECT_THROW(OutlierKeySplit(c, 3, {3, 3, 3}), tqkv::Error);
+  EXPECT_THROW(OutlierKeySplit(c, 0, {3, 3, 3}), tqkv::Error);
+  EXPECT_THROW(OutlierKeySplit(c, 64, {3, 3, 3}), tqkv::Error);
+  EXPECT_THROW(OutlierKeySplit(c, 16, {3, 3}), tqkv::Error);
+  EXPECT_THROW(OutlierKeySplit(c, 16, {3, 8, 3}), tqkv::Error);
   OutlierKeySplit ok(c, 16, {3, 3, 3});
   auto k = keys_with_outliers(c, 2, 9);
   k[5] = NAN;
-  EXPECT_THROW(ok.apply(1, 2, k.data()), Error);
+  EXPECT_THROW(ok.apply(1, 2, k.data()), tqkv::Error);
 }
 
 // On the real model, through the cache layer's key hook (the seam studies use): the split's
