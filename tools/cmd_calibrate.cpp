@@ -6,6 +6,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "engine_cli.h"
 #include "engine/cpu_device.h"
 #include "engine/gguf.h"
 #include "engine/paths.h"
@@ -22,22 +23,21 @@ void register_calibrate(CLI::App& app) {
     int ctx = 512, tokens = 20480, threads = 0;
   };
   static Opts o;
-  cmd->add_option("-m,--model", o.model, "GGUF model (default: $TQKV_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  add_model_options(cmd, o.model, o.threads, o.device);
   cmd->add_option("-f,--file", o.text, "calibration text, not the evaluation text (default: data/kjv-exodus.txt)");
   cmd->add_option("-o,--output", o.out,
                   "recipe file to write (default: the model's recipe file, or recipes/<model file name>.json)");
   cmd->add_option("-c,--ctx", o.ctx, "tokens per chunk")->check(CLI::Range(16, 1 << 20))->capture_default_str();
   cmd->add_option("--tokens", o.tokens, "text tokens used")->check(CLI::Range(16, 1 << 30))->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
-    tqkv::set_num_threads(o.threads);
-    const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string tpath = o.text.empty() ? default_calibration_text_path() : o.text;
-    GgufFile file = GgufFile::open(mpath);
-    Tokenizer tok = Tokenizer::from_gguf(file);
-    Model model = Model::load(file, make_device(o.device));
+    LoadedModel lm = load_model(o.model, o.threads, o.device);
+    const std::string& mpath = lm.path;
+    const GgufFile& file = lm.file;
+    const Tokenizer& tok = lm.tok;
+    Model& model = lm.model;
     const std::vector<int32_t> tokens = tok.encode(read_text(tpath), false, false);
     CalibrateOptions c;
     c.ctx = std::min(o.ctx, model.config().ctx_train);

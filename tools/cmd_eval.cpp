@@ -11,6 +11,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "engine_cli.h"
 #include "eval/eval.h"
 #include "engine/gguf.h"
 #include "engine/paths.h"
@@ -67,26 +68,23 @@ void register_eval(CLI::App& app) {
     int tokens = 20480, threads = 0, batch = 512;
   };
   static Opts o;
-  cmd->add_option("-m,--model", o.model, "GGUF model (default: $TQKV_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  add_model_options(cmd, o.model, o.threads, o.device);
   cmd->add_option("-f,--file", o.text, "text file (default: $TQKV_TEXT or data/kjv-genesis.txt)");
   cmd->add_option("--formats", o.formats, "comma-separated cache specs (src/engine/cache_spec.h grammar)")->capture_default_str();
   cmd->add_option("--ctx", o.ctx, "comma-separated context sizes")->capture_default_str();
   cmd->add_option("--tokens", o.tokens, "text tokens per context size (floor(tokens/ctx) chunks)")->capture_default_str();
   cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
-  cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_option("--json", o.json, "write the results as JSON to this file (updated after every chunk)");
   cmd->add_option("--markdown", o.markdown, "write the Markdown table to this file");
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
-    tqkv::set_num_threads(o.threads);
-    const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string tpath = o.text.empty() ? default_text_path() : o.text;
     const std::string text = read_text(tpath);
-    GgufFile file = GgufFile::open(mpath);
-    Tokenizer tok = Tokenizer::from_gguf(file);
-    Model model = Model::load(file, make_device(o.device));
+    LoadedModel lm = load_model(o.model, o.threads, o.device);
+    const std::string& mpath = lm.path;
+    const Tokenizer& tok = lm.tok;
+    Model& model = lm.model;
     std::vector<CacheSpec> specs;
     for (const std::string& s : split_list(o.formats)) specs.push_back(model.resolve(s));
     const std::vector<int32_t> tokens = tok.encode(text, false, false);
@@ -127,25 +125,21 @@ void register_passkey(CLI::App& app) {
     uint64_t seed = 6;
   };
   static Opts o;
-  cmd->add_option("-m,--model", o.model, "GGUF model");
+  add_model_options(cmd, o.model, o.threads, o.device);
   cmd->add_option("-f,--file", o.text, "haystack text (default: data/kjv-genesis.txt)");
   cmd->add_option("--formats", o.formats, "comma-separated cache specs")->capture_default_str();
   cmd->add_option("--ctx", o.ctx, "comma-separated context sizes")->capture_default_str();
   cmd->add_option("--depths", o.depths, "comma-separated relative depths in [0, 1]")->capture_default_str();
   cmd->add_option("--trials", o.trials, "trials per cell")->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of the keys and haystack offsets")->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
-  cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_option("--json", o.json, "write the cells as JSON to this file (updated after every cell)");
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
-    tqkv::set_num_threads(o.threads);
-    const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string text = read_text(o.text.empty() ? default_text_path() : o.text);
-    GgufFile file = GgufFile::open(mpath);
-    Tokenizer tok = Tokenizer::from_gguf(file);
-    Model model = Model::load(file, make_device(o.device));
+    LoadedModel lm = load_model(o.model, o.threads, o.device);
+    const Tokenizer& tok = lm.tok;
+    Model& model = lm.model;
     std::vector<CacheSpec> specs;
     for (const std::string& s : split_list(o.formats)) specs.push_back(model.resolve(s));
     PasskeyOptions p;

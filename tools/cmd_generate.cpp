@@ -7,6 +7,7 @@
 #include <string>
 
 #include "commands.h"
+#include "engine_cli.h"
 #include "engine/generate.h"
 #include "engine/cache_spec.h"
 #include "engine/model_recipes.h"
@@ -34,7 +35,7 @@ void register_generate(CLI::App& app) {
     bool raw = false, quiet = false, ignore_eos = false;
   };
   static Opts o;
-  cmd->add_option("-m,--model", o.model, "GGUF model (default: $TQKV_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  add_model_options(cmd, o.model, o.threads, o.device);
   cmd->add_option("-p,--prompt", o.prompt, "prompt text (wrapped in the model's chat template unless --raw)")
       ->capture_default_str();
   cmd->add_option("-n,--n-predict", o.n, "tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
@@ -47,19 +48,16 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-k", o.top_k, "top-k cut when sampling")->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "nucleus cut when sampling")->capture_default_str();
   cmd->add_option("--seed", o.seed, "sampling seed")->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
-  cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_flag("--raw", o.raw, "feed the prompt as is, without the chat template");
   cmd->add_flag("-q,--quiet", o.quiet, "print only the generated text and the stats line");
   cmd->add_flag("--ignore-eos", o.ignore_eos, "generate all -n tokens even past end of turn (for timing)");
   cmd->callback([] {
     using namespace tqkv::engine;
     check_cache_spec(o.format, known_recipe_names());  // a bad spec fails before the model loads
-    tqkv::set_num_threads(o.threads);  // attention and the matrix products (0 = default)
-    const std::string path = o.model.empty() ? default_model_path() : o.model;
-    GgufFile file = GgufFile::open(path);
-    Tokenizer tok = Tokenizer::from_gguf(file);
-    Model model = Model::load(file, make_device(o.device));
+    LoadedModel lm = load_model(o.model, o.threads, o.device);
+    const std::string& mpath = lm.path;
+    const Tokenizer& tok = lm.tok;
+    Model& model = lm.model;
     const ModelConfig& c = model.config();
     const int ctx = std::min(o.ctx, c.ctx_train);
     const CacheSpec spec = model.resolve(o.skip >= 0 ? o.format + "+skip" + std::to_string(o.skip) : o.format);
@@ -71,7 +69,7 @@ void register_generate(CLI::App& app) {
     const std::vector<int32_t> prompt = tok.encode(text, true, tok.add_bos() && !bos_in_text);
     if (!o.quiet) {
       std::fprintf(stderr, "model: %s (%s, %d layers, %d/%d heads, head_dim %d), weights in memory %.0f MiB\n",
-                   path.c_str(), c.arch.c_str(), c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
+                   mpath.c_str(), c.arch.c_str(), c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                    model.weight_bytes() / 1048576.0);
       // bits_at: the slots plus any f16 copies (sinks, window) spread over the full context.
       std::fprintf(stderr, "kv cache: %s (%s; %.4g bits/element in the compressed layers), ctx %d\n\n",

@@ -8,6 +8,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "engine_cli.h"
 #include "engine/cache_spec.h"
 #include "engine/model_recipes.h"
 #include "engine/gguf.h"
@@ -27,28 +28,24 @@ void register_perplexity(CLI::App& app) {
     bool json = false, no_compare = false;
   };
   static Opts o;
-  cmd->add_option("-m,--model", o.model, "GGUF model (default: $TQKV_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  add_model_options(cmd, o.model, o.threads, o.device);
   cmd->add_option("-f,--file", o.text, "text file (default: $TQKV_TEXT or data/kjv-genesis.txt)");
   cmd->add_option("-c,--ctx", o.ctx, "tokens per chunk")->check(CLI::Range(16, 1 << 20))->capture_default_str();
   cmd->add_option("--chunks", o.chunks, "score at most this many chunks (0: all)")->capture_default_str();
   cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help(tqkv::engine::known_recipe_names()))->capture_default_str();
   cmd->add_option("--kv-skip-layers", o.skip, "first and last N layers keep an f16 cache (default: the formats')");
-  cmd->add_option("-t,--threads", o.threads, "threads (default: $TQKV_THREADS or all cores)");
-  cmd->add_option("--device", o.device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
   cmd->add_flag("--no-compare", o.no_compare, "skip the f32-cache run (no KL / top-1)");
   cmd->add_flag("--json", o.json, "print one JSON object: ppl, kld, top1, tokens, kv_bytes_per_token");
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
     check_cache_spec(o.format, known_recipe_names());  // a bad spec fails before the model loads
-    tqkv::set_num_threads(o.threads);  // attention and the matrix products (0 = default)
-    const std::string mpath = o.model.empty() ? default_model_path() : o.model;
     const std::string tpath = o.text.empty() ? default_text_path() : o.text;
     const std::string text = read_text(tpath);
-    GgufFile file = GgufFile::open(mpath);
-    Tokenizer tok = Tokenizer::from_gguf(file);
-    Model model = Model::load(file, make_device(o.device));
+    LoadedModel lm = load_model(o.model, o.threads, o.device);
+    const Tokenizer& tok = lm.tok;
+    Model& model = lm.model;
     // The text is data, not a prompt: special-token markup in it stays plain text.
     const std::vector<int32_t> tokens = tok.encode(text, false, false);
     PerplexityOptions p;

@@ -96,4 +96,9 @@ void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const
   }
 }
 
+void CpuKvCache::read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const {
+  at(seq).main.decode(layer, start, count, keys, out);
+  if (keys) centring_.restore(layer, count, out);
+}
+
 }  // namespace tqkv::engine

@@ -24,8 +24,9 @@ class CpuKvCache final : public KvCache {
   int max_step_tokens() const override;
   void check(const Batch& batch) const override;
   void attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) override;
+  void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
 
-  // The compressed cache of one sequence (tests, tools that read slots).
+  // The compressed cache of one sequence (tests, tools that read slots; keys as stored, centred).
   const ContiguousCache& slots(int64_t seq) const { return at(seq).main; }
   const KeyCentring& centring() const { return centring_; }
 

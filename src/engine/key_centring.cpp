@@ -72,4 +72,12 @@ void KeyCentring::apply(int layer, int n, float* k, float* q) const {
           q[t * q_row + (static_cast<size_t>(h) * group_ + g) * head_dim_ + i] *= sc[static_cast<size_t>(h) * head_dim_ + i];
 }
 
+void KeyCentring::restore(int layer, int n, float* k) const {
+  if (!active_) return;
+  const float* mu = mean(layer);
+  const float* sc = scale(layer);
+  for (int t = 0; t < n; ++t)
+    for (size_t i = 0; i < per_layer_; ++i) k[t * per_layer_ + i] = k[t * per_layer_ + i] * sc[i] + mu[i];
+}
+
 }  // namespace tqkv::engine

@@ -33,6 +33,8 @@ class KeyCentring {
 
   // Host memory: k [n, n_kv_heads, head_dim] -> (k - mu) / s; q [n, n_heads, head_dim] *= s.
   void apply(int layer, int n, float* k, float* q) const;
+  // The inverse for keys read back: k [n, n_kv_heads, head_dim] -> k * s + mu.
+  void restore(int layer, int n, float* k) const;
 
  private:
   bool active_ = false, scales_ = false;

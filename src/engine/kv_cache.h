@@ -51,6 +51,12 @@ class KvCache {
   //   head_dim] (centred in place), v: [n, n_kv_heads, head_dim], out: [n, n_heads, head_dim].
   virtual void attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) = 0;
 
+  // Decodes positions [start, start + count) of one sequence and layer, keys or values, into
+  // host memory out [count, n_kv_heads, head_dim], in the model's domain: centring and channel
+  // scales undone (k = s * decoded + mu), so a caller never sees the cache's internal shift.
+  // Throws tqkv::Error(OutOfRange) for positions the sequence does not hold.
+  virtual void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const = 0;
+
   // Memory holding one sequence's positions, by the one accounting every command reports
   // (CacheSpec::bytes, cache_spec.h).
   CacheBytes bytes(int64_t seq) const {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <sstream>
 
+#include "engine/cpu_kv_cache.h"
 #include "engine/gguf.h"
 #include "engine/key_centring.h"
 #include "engine/model.h"
@@ -244,6 +245,32 @@ TEST_F(SmolEval, CentringAndScalingLeaveF32LogitsUnchanged) {
       EXPECT_TRUE(non_trivial);
     }
   }
+}
+
+// Reading a centred cache back gives the model's keys, not the shifted ones the slots hold.
+TEST_F(SmolEval, ReadUndoesCentring) {
+  const std::vector<int32_t> ids = tok_->encode("And God said, Let there be light: and there was light.", false);
+  const int n = static_cast<int>(ids.size()), V = model_->config().n_vocab, H = 3, d = 64;
+  SpecSources src = model_->spec_sources();
+  src.key_stats = calibrated(*model_, *tok_);
+  std::vector<float> logits(static_cast<size_t>(V));
+  auto plain = model_->make_cache(resolve_cache_spec("f32", model_->config(), src), 64);
+  auto centred = model_->make_cache(resolve_cache_spec("f32+s", model_->config(), src), 64);
+  const int64_t a = plain->add_sequence(), b = centred->add_sequence();
+  model_->forward(a, ids.data(), n, *plain, logits.data(), false);
+  model_->forward(b, ids.data(), n, *centred, logits.data(), false);
+  std::vector<float> ka(static_cast<size_t>(n) * H * d), kb(ka.size()), raw(ka.size());
+  plain->read(7, a, 0, n, true, ka.data());
+  centred->read(7, b, 0, n, true, kb.data());
+  static_cast<const CpuKvCache&>(*centred).slots(b).decode(7, 0, n, true, raw.data());
+  double worst = 0, shifted = 0;
+  for (size_t i = 0; i < ka.size(); ++i) {
+    worst = std::max(worst, std::abs(double(ka[i]) - kb[i]));
+    shifted = std::max(shifted, std::abs(double(ka[i]) - raw[i]));
+  }
+  EXPECT_LT(worst, 1e-3);
+  EXPECT_GT(shifted, 0.1) << "the slots hold the centred keys";
+  EXPECT_THROW(centred->read(7, b, 0, n + 1, true, kb.data()), Error);
 }
 
 // Centring must matter for a compressed cache (otherwise the option would be a no-op).
