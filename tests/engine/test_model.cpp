@@ -309,6 +309,36 @@ TEST_F(Smol, ByteAccountingCountsCopies) {
   EXPECT_EQ(cache->bytes(s).total(), copies.bytes(static_cast<int64_t>(ids.size()), 512).total());
 }
 
+TEST(Batch, RunsAndBadShapes) {
+  const int32_t ids[] = {1, 2, 3, 4, 5};
+  Batch b;
+  b.add(7, ids, 3, 10, false);
+  b.add(2, ids + 3, 2, 0, true);
+  EXPECT_EQ(b.size(), 5);
+  EXPECT_EQ(b.n_logits(), 3);  // the last of sequence 7, both of sequence 2
+  const std::vector<Batch::Run> r = b.runs();
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].seq, 7);
+  EXPECT_EQ(r[0].begin, 0);
+  EXPECT_EQ(r[0].count, 3);
+  EXPECT_EQ(r[0].pos0, 10);
+  EXPECT_EQ(r[1].seq, 2);
+  EXPECT_EQ(r[1].begin, 3);
+  EXPECT_EQ(r[1].count, 2);
+  Batch gap = b;
+  gap.positions[1] = 12;  // 10, 12: not consecutive
+  EXPECT_THROW(gap.runs(), Error);
+  Batch split = b;
+  split.add(7, ids, 1, 13, false);  // sequence 7 again, after sequence 2
+  EXPECT_THROW(split.runs(), Error);
+  Batch ragged = b;
+  ragged.logits.pop_back();
+  EXPECT_THROW(ragged.runs(), Error);
+  Batch negative;
+  negative.add(0, ids, 1, -1, false);
+  EXPECT_THROW(negative.runs(), Error);
+}
+
 TEST(Model, RefusesArchitecturesItCannotRun) {
   for (const char* arch : {"granite", "smollm3", "gemma3", "bert"}) {
     const std::vector<uint8_t> bytes = test::GgufBuilder().str("general.architecture", arch).build();
