@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -128,12 +129,16 @@ TEST_F(CudaSmol, LogitsMatchCpu) {
     const Agreement a = compare(c, g, V);
     std::printf("[ cuda vs cpu ] %-20s mean KL %.3g  top-1 %.3f  max |dlogit| %.3g over %zu positions\n", spec.c_str(),
                 a.mean_kl, a.top1, a.max_abs, ids.size());
-    EXPECT_LE(a.mean_kl, 1e-3);
-    EXPECT_GE(a.top1, 0.9);
+    // Uncompressed caches differ only by the bf16 weights; a compressed cache also flips the odd
+    // code whose input moved across a threshold.
+    const bool plain = !gpu_->resolve(spec).layers[gpu_->config().n_layers / 2].compressed();
+    const double max_kl = plain ? 1e-3 : 1e-2;
+    EXPECT_LE(a.mean_kl, max_kl);
+    EXPECT_GE(a.top1, plain ? 0.9 : 0.85);
     // The decode steps alone (split-KV kernel or the prefill kernel for f32).
     const size_t tail = static_cast<size_t>(8) * V;
     const Agreement d = compare(std::vector<float>(c.end() - tail, c.end()), std::vector<float>(g.end() - tail, g.end()), V);
-    EXPECT_LE(d.mean_kl, 1e-3) << "decode steps";
+    EXPECT_LE(d.mean_kl, max_kl) << "decode steps";
   }
 }
 
