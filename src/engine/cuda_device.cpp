@@ -112,6 +112,7 @@ CudaMatrix::CudaMatrix(int rows, int cols, const float* host) : DeviceMatrix(row
 CudaMatrix::~CudaMatrix() { cudaFree(w_); }
 
 struct CudaDevice::Impl {
+  std::shared_ptr<CUstream_st> owner;  // shared with the caches, which may outlive the device
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   uint16_t* xb = nullptr;  // bf16 copy of a product's input
@@ -138,6 +139,7 @@ CudaDevice::CudaDevice(int ordinal) : impl_(std::make_unique<Impl>()) {
     throw Error(ErrorCode::InvalidArgument, "device 'cuda': no CUDA device is present (use --device cpu)");
   ck(cudaSetDevice(ordinal), "selecting the device");
   ck(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "creating a stream");
+  impl_->owner = std::shared_ptr<CUstream_st>(impl_->stream, [](cudaStream_t s) { cudaStreamDestroy(s); });
   ck_blas(cublasCreate(&impl_->blas), "create");
   ck_blas(cublasSetStream(impl_->blas, impl_->stream), "set stream");
 }
@@ -147,7 +149,6 @@ CudaDevice::~CudaDevice() {
   cudaFree(impl_->xb);
   cudaFree(impl_->ints);
   if (impl_->blas) cublasDestroy(impl_->blas);
-  if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
 cudaStream_t CudaDevice::stream() const { return impl_->stream; }
@@ -223,7 +224,7 @@ void CudaDevice::gather_rows(const float* x, int d, const int32_t* rows, int n, 
 }
 
 std::unique_ptr<KvCache> CudaDevice::make_cache(const CacheSpec& spec, const CacheShape& shape) {
-  return std::make_unique<CudaKvCache>(spec, shape, impl_->stream);
+  return std::make_unique<CudaKvCache>(spec, shape, impl_->owner);
 }
 
 std::shared_ptr<Device> make_cuda_device() { return std::make_shared<CudaDevice>(); }

@@ -23,8 +23,8 @@ void ck(cudaError_t e, const char* what) {
 
 }  // namespace
 
-CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, cudaStream_t stream)
-    : KvCache(spec, shape), stream_(stream), centring_(spec, shape.capacity) {
+CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::shared_ptr<CUstream_st> stream)
+    : KvCache(spec, shape), owner_(std::move(stream)), stream_(owner_.get()), centring_(spec, shape.capacity) {
   if (shape.capacity < 1 || shape.max_seqs < 1)
     throw Error(ErrorCode::InvalidArgument, "cache: capacity and sequence count must be at least 1");
   const ModelConfig& m = spec.model;

@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,7 +33,8 @@ class CudaKvCache final : public KvCache {
  public:
   static constexpr int kBlockSize = 16;
 
-  CudaKvCache(const CacheSpec& spec, const CacheShape& shape, cudaStream_t stream);
+  // stream: the device's (shared, so that a cache may outlive its device).
+  CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::shared_ptr<CUstream_st> stream);
   ~CudaKvCache() override;
 
   int64_t add_sequence() override;
@@ -71,6 +73,7 @@ class CudaKvCache final : public KvCache {
   void* grow(void*& p, size_t& have, size_t bytes);
   Plan& plan_for(const Layer& L, int batch);
 
+  std::shared_ptr<CUstream_st> owner_;
   cudaStream_t stream_;
   KeyCentring centring_;
   float* mean_ = nullptr;   // [n_layers, n_kv_heads, head_dim]
