@@ -4,6 +4,9 @@
 
 #include "cpu_device.h"
 #include "tqkv/error.h"
+#ifdef TQKV_HAS_CUDA
+#include "cuda_device.h"
+#endif
 
 namespace tqkv::engine {
 
@@ -14,11 +17,16 @@ DeviceBuffer Device::load_vector(const float* host, size_t n) {
 }
 
 std::shared_ptr<Device> make_device(std::string_view name) {
-  // No CUDA device exists yet (the GPU engine implements one over src/cuda): "auto" is the CPU.
-  if (name == "cpu" || name == "auto") return std::make_shared<CpuDevice>();
+  if (name == "cpu") return std::make_shared<CpuDevice>();
+#ifdef TQKV_HAS_CUDA
+  if (name == "cuda") return make_cuda_device();  // throws when no GPU is present
+  if (name == "auto") return cuda_device_present() ? make_cuda_device() : std::make_shared<CpuDevice>();
+#else
+  if (name == "auto") return std::make_shared<CpuDevice>();
   if (name == "cuda")
-    throw Error(ErrorCode::InvalidArgument, "device 'cuda': the engine has no CUDA device yet (only the CUDA kernels "
-                                            "and their benchmark run on the GPU); use --device cpu");
+    throw Error(ErrorCode::InvalidArgument, "device 'cuda': this build has no CUDA (configure with -DTQKV_CUDA=ON on a "
+                                            "machine with nvcc); use --device cpu");
+#endif
   throw Error(ErrorCode::InvalidArgument, "unknown device '" + std::string(name) + "' (cpu, cuda, auto)");
 }
 

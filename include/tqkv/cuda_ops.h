@@ -1,0 +1,78 @@
+// CUDA kernels for a transformer's forward pass around the cache (src/cuda/ops/, one op per
+// file): embedding rows, RMSNorm, RoPE, SwiGLU, residual adds and biases, row gathers and
+// scatters, f32 <-> bf16, key centring, and the causal prefill attention over a contiguous
+// (dequantized) K/V. The engine's CUDA device (src/engine/cuda_device.h) is built from them.
+//
+// Every pointer is device memory unless noted; activations are float32, row-major. Every
+// function is asynchronous on `stream` and throws tqkv::Error(InvalidArgument) on bad
+// arguments or a CUDA launch error. bf16 arrays are passed as their raw 16-bit patterns
+// (uint16_t), so this header needs no CUDA headers beyond the runtime API.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tqkv::cuda {
+
+// x[t, :] = table[tokens[t], :] * scale. table: [rows, cols] bf16; tokens: [n]; x: [n, cols].
+void embed_rows(const uint16_t* table, int cols, const int32_t* tokens, int n, float scale, float* x,
+                cudaStream_t stream = nullptr);
+
+// y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of d floats (sum of squares in double, as
+// the CPU); y may be x.
+void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y, cudaStream_t stream = nullptr);
+
+// RoPE in place on x [n, heads, head_dim], token t at positions[t] (device). inv_freq: host
+// array of n_rot / 2 floats (the CPU's base^(-2i/n_rot) rounded to float); angles are formed
+// and turned into cos/sin in double, so positions in the thousands stay exact. halves = false:
+// pairs (2i, 2i+1); true: (i, i + n_rot/2).
+void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, int n_rot, const float* inv_freq,
+          bool halves, cudaStream_t stream = nullptr);
+
+// gate[i] = silu(gate[i]) * up[i].
+void swiglu(float* gate, const float* up, size_t n, cudaStream_t stream = nullptr);
+// x[i] += y[i].
+void add(float* x, const float* y, size_t n, cudaStream_t stream = nullptr);
+// y[t, j] += bias[j] for rows of `cols`.
+void add_bias(float* y, const float* bias, int n, int cols, cudaStream_t stream = nullptr);
+// y[i] = x[rows[i]] (rows of d floats; rows on the device).
+void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y, cudaStream_t stream = nullptr);
+// y[rows[i]] = x[i].
+void scatter_rows(const float* x, int d, const int32_t* rows, int n, float* y, cudaStream_t stream = nullptr);
+
+// Round to nearest even, NaN kept.
+void f32_to_bf16(const float* x, uint16_t* y, size_t n, cudaStream_t stream = nullptr);
+void bf16_to_f32(const uint16_t* x, float* y, size_t n, cudaStream_t stream = nullptr);
+
+// Key centring and channel scales (src/engine/key_centring.h): k [n, n_kv_heads, head_dim] ->
+// (k - mean) / scale; q [n, n_kv_heads * group, head_dim] *= scale of its kv head when
+// scale_queries. mean, scale: [n_kv_heads, head_dim].
+void centre_keys(float* k, float* q, const float* mean, const float* scale, int n, int n_kv_heads, int group,
+                 int head_dim, bool scale_queries, cudaStream_t stream = nullptr);
+
+// Causal attention of a run of queries against a contiguous K/V (a prefill chunk against its
+// sequence's dequantized cache): query i sits at position pos0 + i and sees keys at positions
+// kp <= pos0 + i (and kp > pos0 + i - window when window > 0), key j at position j.
+// Tiled: a CTA takes 16 queries of one head, streams K/V in tiles of 32 keys through shared
+// memory and keeps an online softmax; GQA (query head h reads kv head h / group).
+struct PrefillArgs {
+  const float* q = nullptr;  // [n_q, n_q_heads, head_dim], row stride q_stride floats
+  int64_t q_stride = 0;      // 0: n_q_heads * head_dim
+  const void* k = nullptr;   // [n_kv, n_kv_heads, head_dim]
+  const void* v = nullptr;
+  bool kv_bf16 = true;       // false: float32
+  float* out = nullptr;      // [n_q, n_q_heads, head_dim], row stride out_stride floats
+  int64_t out_stride = 0;    // 0: n_q_heads * head_dim
+  int n_q = 0;
+  int64_t pos0 = 0;          // position of query 0; n_kv >= pos0 + n_q
+  int n_kv = 0;
+  int n_q_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;          // 64, 128 or 256
+  float scale = 0;           // 0: 1/sqrt(head_dim)
+  int window = 0;
+};
+void prefill_attention(const PrefillArgs& args, cudaStream_t stream = nullptr);
+
+}  // namespace tqkv::cuda

@@ -1,0 +1,64 @@
+// The CUDA device (built with TQKV_CUDA): float32 activations in GPU memory, weights
+// dequantized at load (dequant.h, every GGUF type the CPU reads) and held as bf16, matrix
+// products through cuBLAS (bf16 x bf16 with float32 accumulation and output), the
+// element-wise ops of tqkv/cuda_ops.h, and the CUDA cache layer (cuda_kv_cache.h). All work
+// runs in order on one stream; to_host waits for it.
+//
+// Activations come from a caching pool (freed buffers are kept for the next step of the same
+// shape; cudaFree would synchronise the device every step).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "device.h"
+
+namespace tqkv::engine {
+
+// True where the CUDA runtime reports at least one device.
+bool cuda_device_present();
+
+class CudaMatrix final : public DeviceMatrix {
+ public:
+  CudaMatrix(int rows, int cols, const float* host);  // host: [rows, cols] float32
+  ~CudaMatrix() override;
+  CudaMatrix(const CudaMatrix&) = delete;
+  CudaMatrix& operator=(const CudaMatrix&) = delete;
+  size_t bytes() const override { return static_cast<size_t>(rows()) * cols() * 2; }
+  const uint16_t* bf16() const { return w_; }  // [rows, cols], device memory
+
+ private:
+  uint16_t* w_ = nullptr;
+};
+
+class CudaDevice final : public Device {
+ public:
+  // Throws tqkv::Error(InvalidArgument) when no CUDA device is present.
+  explicit CudaDevice(int ordinal = 0);
+  ~CudaDevice() override;
+
+  std::string name() const override { return "cuda"; }
+  DeviceBuffer alloc(size_t n) override;
+  void to_device(const float* host, size_t n, float* dst) override;
+  void to_host(const float* src, size_t n, float* host) override;
+  std::unique_ptr<DeviceMatrix> load_matrix(const GgufTensor& t, int rows, int cols) override;
+  void embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) override;
+  void matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) override;
+  void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) override;
+  void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) override;
+  void swiglu(float* gate, const float* up, size_t n) override;
+  void add(float* x, const float* y, size_t n) override;
+  void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) override;
+  std::unique_ptr<KvCache> make_cache(const CacheSpec& spec, const CacheShape& shape) override;
+
+  cudaStream_t stream() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+std::shared_ptr<Device> make_cuda_device();
+
+}  // namespace tqkv::engine

@@ -1,0 +1,305 @@
+// The forward-pass ops (tqkv/cuda_ops.h) vs scalar CPU references written here the way the
+// CPU device (src/engine/cpu_device.cpp) computes them. Every test skips without a CUDA device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "tqkv/cuda_ops.h"
+#include "tqkv/error.h"
+#include "tqkv/half.h"
+
+namespace {
+
+using namespace tqkv;
+
+bool have_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!have_device()) GTEST_SKIP() << "no CUDA device"
+
+// A device copy of a host vector, copied back by host().
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) throw std::bad_alloc();
+    if (n) cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  explicit Dev(size_t count, T poison) : Dev(std::vector<T>(count, poison)) {}
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    if (n) cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+std::vector<float> randn(size_t n, std::mt19937_64& rng, float s = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, s);
+  std::vector<float> x(n);
+  for (float& v : x) v = nd(rng);
+  return x;
+}
+
+void expect_near_rel(const std::vector<float>& got, const std::vector<float>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], tol * (1.0 + std::fabs(want[i]))) << "at " << i;
+}
+
+TEST(CudaOps, EmbedRows) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(1);
+  const int rows = 50, cols = 96, n = 7;
+  std::vector<uint16_t> table(rows * cols);
+  const std::vector<float> f = randn(table.size(), rng);
+  for (size_t i = 0; i < f.size(); ++i) table[i] = float_to_bf16(f[i]);
+  const std::vector<int32_t> tokens{3, 0, 49, 3, 17, 8, 22};
+  Dev<uint16_t> dt(table);
+  Dev<int32_t> dtok(tokens);
+  Dev<float> x(static_cast<size_t>(n) * cols, NAN);
+  cuda::embed_rows(dt.p, cols, dtok.p, n, 0.5f, x.p);
+  const std::vector<float> got = x.host();
+  for (int t = 0; t < n; ++t)
+    for (int c = 0; c < cols; ++c) ASSERT_EQ(got[t * cols + c], bf16_to_float(table[tokens[t] * cols + c]) * 0.5f);
+}
+
+TEST(CudaOps, RmsNorm) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(2);
+  for (int d : {64, 576, 1000}) {
+    const int n = 5;
+    const std::vector<float> x = randn(static_cast<size_t>(n) * d, rng, 3.0f), w = randn(d, rng);
+    std::vector<float> want(x.size());
+    for (int t = 0; t < n; ++t) {
+      double ss = 0;
+      for (int i = 0; i < d; ++i) ss += static_cast<double>(x[t * d + i]) * x[t * d + i];
+      const float r = static_cast<float>(1.0 / std::sqrt(ss / d + 1e-5f));
+      for (int i = 0; i < d; ++i) want[t * d + i] = x[t * d + i] * r * w[i];
+    }
+    Dev<float> dx(x), dw(w), dy(x.size(), NAN);
+    cuda::rmsnorm(dx.p, dw.p, n, d, 1e-5f, dy.p);
+    expect_near_rel(dy.host(), want, 1e-6);
+    cuda::rmsnorm(dx.p, dw.p, n, d, 1e-5f, dx.p);  // in place
+    expect_near_rel(dx.host(), want, 1e-6);
+  }
+}
+
+// The CPU device's rope (angles in double), both layouts, positions up to 40,000.
+TEST(CudaOps, RopeBothLayoutsAtLargePositions) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(3);
+  for (bool halves : {false, true})
+    for (int head_dim : {64, 128}) {
+      const int n = 9, heads = 3, n_rot = head_dim == 64 ? 64 : 96;
+      const float base = head_dim == 64 ? 10000.0f : 1000000.0f;
+      std::vector<int64_t> pos{0, 1, 2, 17, 511, 4095, 8191, 12345, 40000};
+      std::vector<float> x = randn(static_cast<size_t>(n) * heads * head_dim, rng);
+      std::vector<float> inv(n_rot / 2);
+      for (int i = 0; i < n_rot / 2; ++i) inv[i] = static_cast<float>(std::pow(static_cast<double>(base), -2.0 * i / n_rot));
+      std::vector<float> want = x;
+      const int half = n_rot / 2;
+      for (int t = 0; t < n; ++t)
+        for (int i = 0; i < half; ++i) {
+          const double a = static_cast<double>(pos[t]) * inv[i];
+          const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
+          const int i0 = halves ? i : 2 * i, i1 = halves ? i + half : 2 * i + 1;
+          for (int h = 0; h < heads; ++h) {
+            float* v = want.data() + (static_cast<size_t>(t) * heads + h) * head_dim;
+            const float a0 = v[i0], a1 = v[i1];
+            v[i0] = a0 * c - a1 * s;
+            v[i1] = a0 * s + a1 * c;
+          }
+        }
+      Dev<float> dx(x);
+      Dev<int64_t> dp(pos);
+      cuda::rope(dx.p, n, heads, head_dim, dp.p, n_rot, inv.data(), halves);
+      const std::vector<float> got = dx.host();
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 2e-6f * (1 + std::fabs(want[i]))) << "halves " << halves << " at " << i;
+    }
+}
+
+TEST(CudaOps, SwigluAddBias) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(4);
+  const int n = 6, cols = 130;
+  const size_t total = static_cast<size_t>(n) * cols;
+  const std::vector<float> g = randn(total, rng, 4.0f), u = randn(total, rng), b = randn(cols, rng);
+  std::vector<float> want_sw(total), want_add(total), want_bias(total);
+  for (size_t i = 0; i < total; ++i) {
+    want_sw[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    want_add[i] = g[i] + u[i];
+    want_bias[i] = g[i] + b[i % cols];
+  }
+  {
+    Dev<float> dg(g), du(u);
+    cuda::swiglu(dg.p, du.p, total);
+    expect_near_rel(dg.host(), want_sw, 1e-6);
+  }
+  {
+    Dev<float> dg(g), du(u);
+    cuda::add(dg.p, du.p, total);
+    expect_near_rel(dg.host(), want_add, 0);
+  }
+  {
+    Dev<float> dg(g), db(b);
+    cuda::add_bias(dg.p, db.p, n, cols);
+    expect_near_rel(dg.host(), want_bias, 0);
+  }
+}
+
+TEST(CudaOps, GatherScatterRows) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(5);
+  const int d = 33, n_src = 10;
+  const std::vector<float> x = randn(static_cast<size_t>(n_src) * d, rng);
+  const std::vector<int32_t> rows{9, 2, 5, 0};
+  Dev<float> dx(x), dy(rows.size() * d, NAN);
+  Dev<int32_t> dr(rows);
+  cuda::gather_rows(dx.p, d, dr.p, static_cast<int>(rows.size()), dy.p);
+  const std::vector<float> g = dy.host();
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int c = 0; c < d; ++c) ASSERT_EQ(g[i * d + c], x[rows[i] * d + c]);
+  Dev<float> dz(static_cast<size_t>(n_src) * d, -1.0f);
+  cuda::scatter_rows(dy.p, d, dr.p, static_cast<int>(rows.size()), dz.p);
+  const std::vector<float> z = dz.host();
+  for (int r = 0; r < n_src; ++r) {
+    const bool hit = std::find(rows.begin(), rows.end(), r) != rows.end();
+    for (int c = 0; c < d; ++c) ASSERT_EQ(z[r * d + c], hit ? x[r * d + c] : -1.0f);
+  }
+}
+
+TEST(CudaOps, Bf16Conversion) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(6);
+  std::vector<float> x = randn(5000, rng, 100.0f);
+  x[0] = 0.0f, x[1] = -0.0f, x[2] = std::numeric_limits<float>::infinity(), x[3] = 1e-40f, x[4] = 3.0e38f;
+  Dev<float> dx(x);
+  Dev<uint16_t> dh(x.size(), 0);
+  cuda::f32_to_bf16(dx.p, dh.p, x.size());
+  const std::vector<uint16_t> h = dh.host();
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(h[i], float_to_bf16(x[i])) << "at " << i << " x " << x[i];
+  Dev<float> back(x.size(), NAN);
+  cuda::bf16_to_f32(dh.p, back.p, x.size());
+  const std::vector<float> b = back.host();
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(b[i], bf16_to_float(h[i]));
+}
+
+TEST(CudaOps, CentreKeys) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(7);
+  const int n = 4, kvh = 3, group = 3, hd = 64;
+  const std::vector<float> k = randn(static_cast<size_t>(n) * kvh * hd, rng), q = randn(k.size() * group, rng),
+                           mu = randn(kvh * hd, rng);
+  std::vector<float> sc = randn(kvh * hd, rng);
+  for (float& s : sc) s = 0.5f + std::fabs(s);
+  std::vector<float> wk = k, wq = q;
+  for (size_t i = 0; i < k.size(); ++i) wk[i] = (k[i] - mu[i % (kvh * hd)]) / sc[i % (kvh * hd)];
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < kvh; ++h)
+      for (int g = 0; g < group; ++g)
+        for (int i = 0; i < hd; ++i) wq[((static_cast<size_t>(t) * kvh + h) * group + g) * hd + i] *= sc[h * hd + i];
+  Dev<float> dk(k), dq(q), dm(mu), ds(sc);
+  cuda::centre_keys(dk.p, dq.p, dm.p, ds.p, n, kvh, group, hd, true);
+  expect_near_rel(dk.host(), wk, 0);
+  expect_near_rel(dq.host(), wq, 0);
+}
+
+// Causal attention in double over float K/V: query i at pos0 + i.
+std::vector<float> reference_prefill(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                     int n_q, int64_t pos0, int hq, int hkv, int d, int window) {
+  std::vector<float> out(static_cast<size_t>(n_q) * hq * d);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int i = 0; i < n_q; ++i)
+    for (int h = 0; h < hq; ++h) {
+      const int kh = h / (hq / hkv);
+      const int64_t p = pos0 + i;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+      std::vector<double> s;
+      double mx = -INFINITY;
+      for (int64_t j = lo; j <= p; ++j) {
+        double acc = 0;
+        for (int c = 0; c < d; ++c) acc += static_cast<double>(q[(static_cast<size_t>(i) * hq + h) * d + c]) * k[(j * hkv + kh) * d + c];
+        s.push_back(acc * scale);
+        mx = std::max(mx, s.back());
+      }
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int c = 0; c < d; ++c) {
+        double acc = 0;
+        for (int64_t j = lo; j <= p; ++j) acc += s[j - lo] * v[(j * hkv + kh) * d + c];
+        out[(static_cast<size_t>(i) * hq + h) * d + c] = static_cast<float>(acc / sum);
+      }
+    }
+  return out;
+}
+
+TEST(CudaOps, PrefillAttentionMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(8);
+  struct Case {
+    int d, hq, hkv, n_q;
+    int64_t pos0;
+    int window;
+    bool bf16;
+  };
+  for (const Case& c : {Case{64, 9, 3, 37, 0, 0, false}, Case{64, 9, 3, 5, 100, 0, true}, Case{128, 8, 8, 50, 13, 0, true},
+                        Case{128, 32, 8, 20, 70, 24, false}, Case{256, 4, 1, 17, 3, 0, true}, Case{64, 2, 1, 1, 300, 0, false}}) {
+    const int n_kv = static_cast<int>(c.pos0) + c.n_q;
+    const std::vector<float> q = randn(static_cast<size_t>(c.n_q) * c.hq * c.d, rng);
+    std::vector<float> k = randn(static_cast<size_t>(n_kv) * c.hkv * c.d, rng), v = randn(k.size(), rng);
+    std::vector<uint16_t> kb(k.size()), vb(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      kb[i] = float_to_bf16(k[i]);
+      vb[i] = float_to_bf16(v[i]);
+      if (c.bf16) k[i] = bf16_to_float(kb[i]), v[i] = bf16_to_float(vb[i]);
+    }
+    const std::vector<float> want = reference_prefill(q, k, v, c.n_q, c.pos0, c.hq, c.hkv, c.d, c.window);
+    Dev<float> dq(q), dk(k), dv(v), out(want.size(), NAN);
+    Dev<uint16_t> dkb(kb), dvb(vb);
+    cuda::PrefillArgs a;
+    a.q = dq.p;
+    a.k = c.bf16 ? static_cast<const void*>(dkb.p) : dk.p;
+    a.v = c.bf16 ? static_cast<const void*>(dvb.p) : dv.p;
+    a.kv_bf16 = c.bf16;
+    a.out = out.p;
+    a.n_q = c.n_q;
+    a.pos0 = c.pos0;
+    a.n_kv = n_kv;
+    a.n_q_heads = c.hq;
+    a.n_kv_heads = c.hkv;
+    a.head_dim = c.d;
+    a.window = c.window;
+    cuda::prefill_attention(a);
+    const std::vector<float> got = out.host();
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 2e-5f) << "d " << c.d << " n_q " << c.n_q << " pos0 " << c.pos0 << " at " << i;
+  }
+}
+
+TEST(CudaOps, BadArgumentsThrow) {
+  SKIP_WITHOUT_GPU();
+  cuda::PrefillArgs a;
+  a.n_q = 1;
+  EXPECT_THROW(cuda::prefill_attention(a), tqkv::Error);
+  EXPECT_THROW(cuda::rmsnorm(nullptr, nullptr, 1, 4, 1e-5f, nullptr), tqkv::Error);
+}
+
+}  // namespace
