@@ -290,4 +290,40 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   }
 }
 
+// Not a hot path (tests, tools, bindings): temporary buffers, a synchronous copy.
+void CudaKvCache::read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const {
+  const Sequence& s = at(seq);
+  if (layer < 0 || layer >= static_cast<int>(layers_.size()))
+    throw Error(ErrorCode::OutOfRange, "cache: layer " + std::to_string(layer) + " out of range");
+  if (start < 0 || count < 0 || start + count > s.len)
+    throw Error(ErrorCode::OutOfRange, "cache: positions [" + std::to_string(start) + ", " +
+                                           std::to_string(start + count) + ") of sequence " + std::to_string(seq) +
+                                           " are not held (" + std::to_string(s.len) + " held)");
+  if (count == 0) return;
+  const Layer& L = layers_[layer];
+  const size_t n = static_cast<size_t>(count) * spec().model.n_kv_heads * spec().model.head_dim;
+  int32_t* table = nullptr;
+  float* kd = nullptr;
+  float* vd = nullptr;
+  ck(cudaMalloc(reinterpret_cast<void**>(&table), s.blocks.size() * sizeof(int32_t)), "cudaMalloc");
+  ck(cudaMalloc(reinterpret_cast<void**>(&kd), n * sizeof(float)), "cudaMalloc");
+  ck(cudaMalloc(reinterpret_cast<void**>(&vd), n * sizeof(float)), "cudaMalloc");
+  std::unique_ptr<void, void (*)(void*)> free_table(table, [](void* p) { cudaFree(p); });
+  std::unique_ptr<void, void (*)(void*)> free_k(kd, [](void* p) { cudaFree(p); });
+  std::unique_ptr<void, void (*)(void*)> free_v(vd, [](void* p) { cudaFree(p); });
+  ck(cudaMemcpyAsync(table, s.blocks.data(), s.blocks.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+     "cudaMemcpyAsync");
+  cuda::DequantArgs dq;
+  dq.block_table = table;
+  dq.start = static_cast<int>(start);
+  dq.n_tokens = count;
+  dq.k_out = kd;
+  dq.v_out = vd;
+  dq.out_dtype = cuda::DType::F32;
+  cuda::dequantize(L.codec, L.kv, dq, stream_);
+  ck(cudaMemcpyAsync(out, keys ? kd : vd, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+  ck(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  if (keys) centring_.restore(layer, count, out);
+}
+
 }  // namespace tqkv::engine

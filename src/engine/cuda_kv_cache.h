@@ -43,6 +43,7 @@ class CudaKvCache final : public KvCache {
   int max_step_tokens() const override;
   void check(const Batch& batch) const override;
   void attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) override;
+  void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
 
   int free_blocks() const { return static_cast<int>(free_.size()); }
 

@@ -205,6 +205,34 @@ TEST_F(CudaSmol, VarlenBatchEqualsSeparateRuns) {
   }
 }
 
+// The GPU cache reads back what the CPU cache reads back for the same keys (both decode the
+// same slot bytes; centring undone with the same statistics). The keys themselves differ by the
+// bf16 weights, so the comparison is relative.
+TEST_F(CudaSmol, ReadMatchesCpu) {
+  const std::vector<int32_t> ids = tok_->encode("And God said, Let there be light: and there was light.", false);
+  const int n = static_cast<int>(ids.size()), H = cpu_->config().n_kv_heads, d = cpu_->config().head_dim;
+  for (const std::string spec : {"f16", "turboquant_4bit_nc", "k4v4+c"}) {
+    SCOPED_TRACE(spec);
+    std::vector<float> lc(static_cast<size_t>(cpu_->config().n_vocab)), kc(static_cast<size_t>(n) * H * d), kg(kc.size());
+    auto c = cpu_->make_cache(spec, 64);
+    auto g = gpu_->make_cache(spec, 64);
+    const int64_t sc = c->add_sequence(), sg = g->add_sequence();
+    cpu_->forward(sc, ids.data(), n, *c, lc.data(), false);
+    gpu_->forward(sg, ids.data(), n, *g, lc.data(), false);
+    for (bool keys : {true, false}) {
+      c->read(9, sc, 0, n, keys, kc.data());
+      g->read(9, sg, 0, n, keys, kg.data());
+      double err = 0, mag = 0;
+      for (size_t i = 0; i < kc.size(); ++i) {
+        err += std::fabs(static_cast<double>(kc[i]) - kg[i]);
+        mag += std::fabs(static_cast<double>(kc[i]));
+      }
+      EXPECT_LT(err, 0.05 * mag) << (keys ? "keys" : "values");
+    }
+    EXPECT_THROW(g->read(9, sg, 0, n + 1, true, kg.data()), Error);
+  }
+}
+
 TEST_F(CudaSmol, BadInputThrowsAndChangesNothing) {
   const Model& m = *gpu_;
   auto c = m.make_cache("f16", 32, 2);
