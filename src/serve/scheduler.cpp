@@ -58,21 +58,28 @@ bool Scheduler::is_running(int64_t id) const {
 }
 int Scheduler::pages_of(int64_t id) const { return static_cast<int>(at(id).pages.size()); }
 
-void Scheduler::add(SchedulerRequest r) {
-  const int64_t n = static_cast<int64_t>(r.prompt.size());
-  if (n == 0) throw Error(ErrorCode::InvalidArgument, "the prompt is empty");
-  if (r.max_tokens < 1) throw Error(ErrorCode::InvalidArgument, "max_tokens must be at least 1");
-  if (seqs_.count(r.id)) throw Error(ErrorCode::InvalidArgument, "scheduler: duplicate request " + std::to_string(r.id));
+void Scheduler::check(const SchedulerConfig& cfg, int64_t n, int64_t max_tokens) {
+  if (n <= 0) throw Error(ErrorCode::InvalidArgument, "the prompt is empty");
+  if (max_tokens < 1) throw Error(ErrorCode::InvalidArgument, "max_tokens must be at least 1");
   // The last generated token is never computed, so a request holds at most n + max_tokens - 1
   // positions.
-  const int64_t most = n + r.max_tokens - 1;
-  if (most > cfg_.max_seq_len)
+  const int64_t most = n + max_tokens - 1;
+  if (n >= cfg.max_seq_len)
+    throw Error(ErrorCode::InvalidArgument, "the prompt has " + std::to_string(n) +
+                                                " tokens but the context holds " + std::to_string(cfg.max_seq_len));
+  if (most > cfg.max_seq_len)
     throw Error(ErrorCode::InvalidArgument, "the prompt (" + std::to_string(n) + " tokens) plus max_tokens (" +
-                                                std::to_string(r.max_tokens) + ") exceeds the context of " +
-                                                std::to_string(cfg_.max_seq_len) + " tokens");
-  if (pages_for(most) > cfg_.num_pages)
-    throw Error(ErrorCode::InvalidArgument, "the prompt plus max_tokens needs " + std::to_string(pages_for(most)) +
-                                                " pages but the cache holds " + std::to_string(cfg_.num_pages));
+                                                std::to_string(max_tokens) + ") exceeds the context of " +
+                                                std::to_string(cfg.max_seq_len) + " tokens");
+  const int64_t pages = (most + cfg.block_size - 1) / cfg.block_size;
+  if (pages > cfg.num_pages)
+    throw Error(ErrorCode::InvalidArgument, "the prompt plus max_tokens needs " + std::to_string(pages) +
+                                                " pages but the cache holds " + std::to_string(cfg.num_pages));
+}
+
+void Scheduler::add(SchedulerRequest r) {
+  check(cfg_, static_cast<int64_t>(r.prompt.size()), r.max_tokens);
+  if (seqs_.count(r.id)) throw Error(ErrorCode::InvalidArgument, "scheduler: duplicate request " + std::to_string(r.id));
   Seq s;
   s.tokens = r.prompt;
   s.req = std::move(r);

@@ -73,6 +73,10 @@ class Scheduler {
 
   const SchedulerConfig& config() const { return cfg_; }
 
+  // The checks of add() that need only the config (so a front end can refuse a request before
+  // it reaches the scheduler's thread). Throws tqkv::Error(InvalidArgument).
+  static void check(const SchedulerConfig& config, int64_t n_prompt, int64_t max_tokens);
+
   // Queues a request. Throws tqkv::Error(InvalidArgument) for an empty prompt, max_tokens < 1,
   // a duplicate id, or prompt + max_tokens beyond max_seq_len or beyond what the whole pool
   // holds (such a request could never finish).
