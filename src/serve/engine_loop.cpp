@@ -84,6 +84,18 @@ void EngineLoop::abort_locked_out(int64_t id) {
   ++metrics_.requests_aborted;
 }
 
+void EngineLoop::publish_gauges() {
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_.running = sched_.n_running();
+  metrics_.waiting = sched_.n_waiting();
+  metrics_.pages_used = sched_.pages_used();
+  metrics_.pages_free = sched_.pages_free();
+  metrics_.steps = sched_.stats().steps;
+  metrics_.preemptions = sched_.stats().preemptions;
+  metrics_.prefix_query_pages = sched_.stats().prefix_query_pages;
+  metrics_.prefix_hit_pages = sched_.stats().prefix_hit_pages;
+}
+
 void EngineLoop::run() {
   for (;;) {
     std::vector<Pending> incoming;
@@ -106,6 +118,7 @@ void EngineLoop::run() {
       metrics_.prompt_tokens += live_[p.id].n_prompt;
     }
     for (int64_t id : cancels) abort_locked_out(id);
+    if (!cancels.empty()) publish_gauges();
     if (stopping) {
       std::vector<int64_t> ids;
       for (auto& [id, l] : live_) ids.push_back(id);
@@ -154,16 +167,11 @@ void EngineLoop::run() {
         l.cb(ev);
       }
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    metrics_.generated_tokens += generated;
-    metrics_.running = sched_.n_running();
-    metrics_.waiting = sched_.n_waiting();
-    metrics_.pages_used = sched_.pages_used();
-    metrics_.pages_free = sched_.pages_free();
-    metrics_.steps = sched_.stats().steps;
-    metrics_.preemptions = sched_.stats().preemptions;
-    metrics_.prefix_query_pages = sched_.stats().prefix_query_pages;
-    metrics_.prefix_hit_pages = sched_.stats().prefix_hit_pages;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      metrics_.generated_tokens += generated;
+    }
+    publish_gauges();
   }
 }
 

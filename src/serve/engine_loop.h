@@ -78,6 +78,7 @@ class EngineLoop {
   };
   void run();
   void abort_locked_out(int64_t id);
+  void publish_gauges();  // scheduler gauges -> metrics_
 
   SchedulerConfig cfg_;
   Scheduler sched_;

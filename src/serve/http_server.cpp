@@ -210,6 +210,7 @@ HttpServer::HttpServer(EngineLoop& loop, const engine::Tokenizer& tok, const Htt
   const int threads = cfg_.threads;
   svr_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   svr_->set_payload_max_length(cfg_.max_body_bytes);
+  svr_->set_keep_alive_timeout(1);  // idle keep-alive connections hold a handler thread (and delay stop())
   routes();
 }
 
