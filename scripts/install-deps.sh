@@ -13,6 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libboost-dev libopenblas-dev
   libxxhash-dev                             # XXH3: the weights hash of recipe files
+  libcpp-httplib-dev                        # the HTTP front end of tqkv serve
   python3 python3-pip
   bible-kjv bible-kjv-text                  # real evaluation text (scripts/fetch_text.sh)
 )
@@ -31,4 +32,10 @@ fi
 if ! python3 -c "import numpy, gguf" >/dev/null 2>&1; then
   echo "install-deps: pip install numpy gguf"
   python3 -m pip install --quiet numpy gguf || python3 -m pip install --quiet --break-system-packages numpy gguf
+fi
+
+# The server tests drive `tqkv serve` with the official OpenAI client (tests/serve/test_server.py).
+if ! python3 -c "import openai, pytest" >/dev/null 2>&1; then
+  echo "install-deps: pip install openai pytest"
+  python3 -m pip install --quiet openai pytest || python3 -m pip install --quiet --break-system-packages openai pytest
 fi

@@ -14,3 +14,6 @@ void register_eval(CLI::App& app);
 void register_passkey(CLI::App& app);
 void register_calibrate(CLI::App& app);
 #endif
+#ifdef TQKV_HAVE_SERVE
+void register_serve(CLI::App& app);
+#endif

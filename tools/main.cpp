@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
   register_passkey(app);
   register_calibrate(app);
 #endif
+#ifdef TQKV_HAVE_SERVE
+  register_serve(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -39,6 +39,8 @@ class CpuDevice final : public Device {
   void to_host(const float* src, size_t n, float* host) override;
   std::unique_ptr<DeviceMatrix> load_matrix(const GgufTensor& t, int rows, int cols) override;
   void embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) override;
+  // qgemv on the GGUF blocks for 1-2 rows, SGEMM on the float32 copy beyond.
+  bool row_count_changes_products() const override { return true; }
   void matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) override;
   void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) override;
   void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) override;

@@ -87,6 +87,10 @@ class Device {
   // x[i] = row tokens[i] of the embedding matrix, times `scale`: x [n, table.cols].
   virtual void embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) = 0;
   // y[n, w.rows] = x[n, w.cols] * w^T (+ bias[w.rows]).
+  // row_count_changes_products: true where a row's result depends on how many rows are
+  // multiplied together (different kernels by row count); the model then multiplies each
+  // sequence's rows of a batch separately, so batching changes no sequence's logits.
+  virtual bool row_count_changes_products() const { return false; }
   virtual void matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias = nullptr) = 0;
   // y[t] = x[t] / rms(x[t]) * w, over d features; y may be x.
   virtual void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) = 0;

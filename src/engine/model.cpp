@@ -172,24 +172,37 @@ void Model::forward_step(const Batch& batch, KvCache& cache, float* logits) cons
   DeviceBuffer x = dev.alloc(N * d), xn = dev.alloc(N * d), q = dev.alloc(N * q_dim), k = dev.alloc(N * kv_dim),
                v = dev.alloc(N * kv_dim), att = dev.alloc(N * q_dim), gate = dev.alloc(N * ff), up = dev.alloc(N * ff);
   dev.embed(*tok_embd_, batch.tokens.data(), n, 1.0f, x.data());
+  // Batch invariance: on a device whose products depend on how many rows are multiplied
+  // together (Device::row_count_changes_products: the CPU's quantized kernels for 1-2 rows,
+  // SGEMM beyond), every run's rows get the products they would get alone, so a sequence's
+  // logits do not depend on the sequences it is batched with (the server's greedy answers equal
+  // generate()'s). Elsewhere, and for a batch of one sequence, one product covers every row.
+  const std::vector<Batch::Run> runs = batch.runs();
+  const bool per_run = runs.size() > 1 && dev.row_count_changes_products();
+  auto matmul = [&](const float* in, const DeviceMatrix& w, float* out, const float* bias) {
+    if (!per_run) return dev.matmul(in, n, w, out, bias);
+    for (const Batch::Run& r : runs)
+      dev.matmul(in + static_cast<size_t>(r.begin) * w.cols(), r.count, w, out + static_cast<size_t>(r.begin) * w.rows(),
+                 bias);
+  };
 
   for (int l = 0; l < c.n_layers; ++l) {
     const Layer& L = layers_[l];
     dev.rmsnorm(x.data(), L.attn_norm.data(), n, d, c.rms_eps, xn.data());
-    dev.matmul(xn.data(), n, *L.wq, q.data(), L.bq.data());
-    dev.matmul(xn.data(), n, *L.wk, k.data(), L.bk.data());
-    dev.matmul(xn.data(), n, *L.wv, v.data(), L.bv.data());
+    matmul(xn.data(), *L.wq, q.data(), L.bq.data());
+    matmul(xn.data(), *L.wk, k.data(), L.bk.data());
+    matmul(xn.data(), *L.wv, v.data(), L.bv.data());
     dev.rope(q.data(), n, c.n_heads, hd, batch.positions.data(), c.rope);
     dev.rope(k.data(), n, c.n_kv_heads, hd, batch.positions.data(), c.rope);
     cache.attend(l, batch, q.data(), k.data(), v.data(), att.data());
-    dev.matmul(att.data(), n, *L.wo, xn.data());
+    matmul(att.data(), *L.wo, xn.data(), nullptr);
     dev.add(x.data(), xn.data(), N * d);
 
     dev.rmsnorm(x.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data());
-    dev.matmul(xn.data(), n, *L.w_gate, gate.data());
-    dev.matmul(xn.data(), n, *L.w_up, up.data());
+    matmul(xn.data(), *L.w_gate, gate.data(), nullptr);
+    matmul(xn.data(), *L.w_up, up.data(), nullptr);
     dev.swiglu(gate.data(), up.data(), N * ff);
-    dev.matmul(gate.data(), n, *L.w_down, xn.data());
+    matmul(gate.data(), *L.w_down, xn.data(), nullptr);
     dev.add(x.data(), xn.data(), N * d);
   }
 
@@ -203,7 +216,18 @@ void Model::forward_step(const Batch& batch, KvCache& cache, float* logits) cons
   dev.rmsnorm(r < n ? xn.data() : x.data(), out_norm_.data(), r, d, c.rms_eps, xn.data());
   const DeviceMatrix& head = c.tied_embeddings ? *tok_embd_ : *output_;
   DeviceBuffer out = dev.alloc(static_cast<size_t>(r) * c.n_vocab);
-  dev.matmul(xn.data(), r, head, out.data());
+  if (!per_run) {
+    dev.matmul(xn.data(), r, head, out.data());
+  } else {  // each run's logit rows together: the product that run gets alone
+    int row = 0;
+    for (const Batch::Run& run : runs) {
+      int m = 0;
+      for (int t = run.begin; t < run.begin + run.count; ++t) m += batch.logits[t] != 0;
+      if (m > 0)
+        dev.matmul(xn.data() + static_cast<size_t>(row) * d, m, head, out.data() + static_cast<size_t>(row) * c.n_vocab);
+      row += m;
+    }
+  }
   dev.to_host(out.data(), out.size(), logits);
 }
 

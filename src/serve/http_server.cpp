@@ -1,0 +1,422 @@
+#include "http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "tqkv/error.h"
+
+namespace tqkv::serve {
+namespace {
+
+using json = nlohmann::json;
+
+// A request the client got wrong: OpenAI's error object with a 4xx status.
+struct BadRequest {
+  int status;
+  std::string message;
+  std::string param;
+};
+
+json error_json(const std::string& message, const std::string& type, const std::string& param) {
+  json e = {{"message", message}, {"type", type}, {"code", nullptr}};
+  e["param"] = param.empty() ? json(nullptr) : json(param);
+  return json{{"error", e}};
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "") {
+  res.status = status;
+  const std::string type = status >= 500 ? "server_error" : "invalid_request_error";
+  res.set_content(error_json(message, type, param).dump(), "application/json");
+}
+
+// Events of one request, handed from the engine thread to its handler thread.
+struct Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<TokenEvent> events;
+  void push(const TokenEvent& ev) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(ev);
+    cv.notify_one();
+  }
+  // Waits for at least one event (or the timeout); returns what has arrived.
+  std::deque<TokenEvent> take(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, timeout, [&] { return !events.empty(); });
+    std::deque<TokenEvent> out;
+    out.swap(events);
+    return out;
+  }
+};
+
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+int int_field(const json& body, const char* name, int dflt, int lo, int hi) {
+  const json* v = field(body, name);
+  if (!v) return dflt;
+  if (!v->is_number_integer()) throw BadRequest{400, std::string("'") + name + "' must be an integer", name};
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi)
+    throw BadRequest{400, std::string("'") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                              "], got " + std::to_string(x),
+                     name};
+  return static_cast<int>(x);
+}
+
+double num_field(const json& body, const char* name, double dflt, double lo, double hi) {
+  const json* v = field(body, name);
+  if (!v) return dflt;
+  if (!v->is_number()) throw BadRequest{400, std::string("'") + name + "' must be a number", name};
+  const double x = v->get<double>();
+  if (!(x >= lo && x <= hi))
+    throw BadRequest{400, std::string("'") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                     name};
+  return x;
+}
+
+bool bool_field(const json& body, const char* name, bool dflt) {
+  const json* v = field(body, name);
+  if (!v) return dflt;
+  if (!v->is_boolean()) throw BadRequest{400, std::string("'") + name + "' must be a boolean", name};
+  return v->get<bool>();
+}
+
+struct Parsed {
+  std::vector<int32_t> prompt;
+  RequestOptions opt;
+  bool stream = false;
+  bool include_usage_in_stream = true;
+};
+
+// What completions and chat completions share: sampling, limits, stop, stream.
+void parse_common(const json& body, Parsed& p, int max_seq_len, bool chat) {
+  if (const json* m = field(body, "model"); m && !m->is_string()) throw BadRequest{400, "'model' must be a string", "model"};
+  if (int_field(body, "n", 1, 1, 1) != 1) throw BadRequest{400, "only n = 1 is supported", "n"};
+  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
+    throw BadRequest{400, "logprobs are not supported", "logprobs"};
+  p.stream = bool_field(body, "stream", false);
+  const int n = static_cast<int>(p.prompt.size());
+  const int room = std::max(1, max_seq_len - n);
+  const char* max_name = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  // OpenAI: 16 for completions; chat answers may fill what the context leaves (capped).
+  p.opt.max_tokens = int_field(body, max_name, chat ? std::min(room, 512) : 16, 1, 1 << 30);
+  p.opt.sampler.temperature = static_cast<float>(num_field(body, "temperature", 1.0, 0.0, 2.0));
+  p.opt.sampler.top_p = static_cast<float>(num_field(body, "top_p", 1.0, 1e-9, 1.0));
+  p.opt.sampler.top_k = int_field(body, "top_k", 0, -1, 1 << 30);
+  if (const json* s = field(body, "seed")) {
+    if (!s->is_number_integer()) throw BadRequest{400, "'seed' must be an integer", "seed"};
+    p.opt.sampler.seed = static_cast<uint64_t>(s->get<int64_t>());
+  } else {
+    p.opt.sampler.seed = std::random_device{}();
+  }
+  p.opt.ignore_eos = bool_field(body, "ignore_eos", false);
+  if (const json* s = field(body, "stop")) {
+    if (s->is_string()) {
+      p.opt.stop.push_back(s->get<std::string>());
+    } else if (s->is_array() && s->size() <= 4) {
+      for (const json& x : *s) {
+        if (!x.is_string()) throw BadRequest{400, "'stop' must be a string or up to 4 strings", "stop"};
+        p.opt.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      throw BadRequest{400, "'stop' must be a string or up to 4 strings", "stop"};
+    }
+    for (const std::string& x : p.opt.stop)
+      if (x.empty()) throw BadRequest{400, "'stop' strings must not be empty", "stop"};
+  }
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) throw BadRequest{400, "'stream_options' must be an object", "stream_options"};
+  }
+}
+
+json parse_body(const std::string& body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    throw BadRequest{400, std::string("the body is not valid JSON: ") + e.what(), ""};
+  }
+  if (!j.is_object()) throw BadRequest{400, "the body must be a JSON object", ""};
+  return j;
+}
+
+std::vector<int32_t> encode(const engine::Tokenizer& tok, const std::string& text) {
+  const bool bos_in_text = tok.bos() >= 0 && text.rfind(tok.piece(tok.bos()), 0) == 0;
+  return tok.encode(text, true, tok.add_bos() && !bos_in_text);
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+json usage_json(const TokenEvent& ev) {
+  return {{"prompt_tokens", ev.n_prompt},
+          {"completion_tokens", ev.n_generated},
+          {"total_tokens", ev.n_prompt + ev.n_generated}};
+}
+
+void metric(std::ostringstream& o, const char* name, const char* type, const char* help, double v) {
+  o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << v << "\n";
+}
+
+void histogram(std::ostringstream& o, const char* name, const char* help, const Histogram& h) {
+  o << "# HELP " << name << " " << help << "\n# TYPE " << name << " histogram\n";
+  uint64_t cum = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cum += h.counts[i];
+    o << name << "_bucket{le=\"" << h.bounds[i] << "\"} " << cum << "\n";
+  }
+  cum += h.counts.back();
+  o << name << "_bucket{le=\"+Inf\"} " << cum << "\n" << name << "_sum " << h.sum << "\n" << name << "_count " << h.count << "\n";
+}
+
+}  // namespace
+
+std::string prometheus_text(const EngineMetrics& m) {
+  std::ostringstream o;
+  metric(o, "tqkv_requests_running", "gauge", "Requests in the running batch.", m.running);
+  metric(o, "tqkv_requests_waiting", "gauge", "Requests waiting for admission (preempted ones included).", m.waiting);
+  metric(o, "tqkv_kv_pages_used", "gauge", "KV cache pages in use.", m.pages_used);
+  metric(o, "tqkv_kv_pages_free", "gauge", "KV cache pages free.", m.pages_free);
+  metric(o, "tqkv_kv_page_tokens", "gauge", "Positions per KV cache page.", m.block_size);
+  metric(o, "tqkv_prompt_tokens_total", "counter", "Prompt tokens received.", static_cast<double>(m.prompt_tokens));
+  metric(o, "tqkv_generation_tokens_total", "counter", "Tokens generated.", static_cast<double>(m.generated_tokens));
+  metric(o, "tqkv_requests_finished_total", "counter", "Requests finished.", static_cast<double>(m.requests_finished));
+  metric(o, "tqkv_requests_aborted_total", "counter", "Requests cancelled (client gone, shutdown).",
+         static_cast<double>(m.requests_aborted));
+  metric(o, "tqkv_steps_total", "counter", "Engine steps run.", static_cast<double>(m.steps));
+  metric(o, "tqkv_preemptions_total", "counter", "Requests preempted (recomputed later).", static_cast<double>(m.preemptions));
+  metric(o, "tqkv_prefix_cache_queries_total", "counter", "Full prompt pages looked up at admission.",
+         static_cast<double>(m.prefix_query_pages));
+  metric(o, "tqkv_prefix_cache_hits_total", "counter", "Full prompt pages found and shared.",
+         static_cast<double>(m.prefix_hit_pages));
+  histogram(o, "tqkv_time_to_first_token_seconds", "Time from arrival to the first token.", m.ttft);
+  histogram(o, "tqkv_time_per_output_token_seconds", "Mean time per token after the first, per request.", m.tpot);
+  return o.str();
+}
+
+HttpServer::HttpServer(EngineLoop& loop, const engine::Tokenizer& tok, const HttpConfig& cfg)
+    : loop_(loop), tok_(tok), cfg_(cfg), svr_(std::make_unique<httplib::Server>()) {
+  const int threads = cfg_.threads;
+  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr_->set_payload_max_length(cfg_.max_body_bytes);
+  svr_->set_keep_alive_timeout(1);  // idle keep-alive connections hold a handler thread (and delay stop())
+  routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+  const int port = cfg_.port == 0 ? svr_->bind_to_any_port(cfg_.host) : (svr_->bind_to_port(cfg_.host, cfg_.port) ? cfg_.port : -1);
+  if (port < 0)
+    throw Error(ErrorCode::InvalidArgument, "cannot listen on " + cfg_.host + ":" + std::to_string(cfg_.port));
+  return port;
+}
+
+void HttpServer::listen() { svr_->listen_after_bind(); }
+void HttpServer::stop() {
+  if (svr_) svr_->stop();
+}
+
+void HttpServer::routes() {
+  httplib::Server& s = *svr_;
+  // Errors httplib answers itself (413 body too large, 404, ...) get a JSON body too.
+  s.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const std::string msg = res.status == 413 ? "the request body is too large"
+                            : res.status == 404 ? "no such endpoint"
+                                                : "request failed";
+    send_error(res, res.status, msg);
+  });
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string msg = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+    }
+    send_error(res, 500, msg);
+  });
+
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const std::string fatal = loop_.fatal_error();
+    if (!fatal.empty()) return send_error(res, 503, "the engine stopped: " + fatal);
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(prometheus_text(loop_.metrics()), "text/plain; version=0.0.4");
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json m = {{"object", "list"},
+              {"data", json::array({{{"id", cfg_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tqkv"}}})}};
+    res.set_content(m.dump(), "application/json");
+  });
+
+  auto handle = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
+    Parsed p;
+    try {
+      const json body = parse_body(req.body);
+      if (chat) {
+        const json* msgs = field(body, "messages");
+        if (!msgs || !msgs->is_array() || msgs->empty())
+          throw BadRequest{400, "'messages' must be a non-empty array", "messages"};
+        std::vector<engine::ChatMessage> chat_msgs;
+        for (const json& m : *msgs) {
+          if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+            throw BadRequest{400, "each message needs a string 'role'", "messages"};
+          const std::string role = m["role"].get<std::string>();
+          if (role != "system" && role != "user" && role != "assistant")
+            throw BadRequest{400, "unknown role '" + role + "'", "messages"};
+          if (!m.contains("content") || !m["content"].is_string())
+            throw BadRequest{400, "each message needs a string 'content'", "messages"};
+          chat_msgs.push_back({role, m["content"].get<std::string>()});
+        }
+        p.prompt = encode(tok_, tok_.apply_chat_template(chat_msgs, true));
+      } else {
+        const json* pr = field(body, "prompt");
+        if (!pr) throw BadRequest{400, "'prompt' is required", "prompt"};
+        if (pr->is_string()) {
+          p.prompt = encode(tok_, pr->get<std::string>());
+        } else if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) {
+          p.prompt = encode(tok_, (*pr)[0].get<std::string>());
+        } else if (pr->is_array() && !pr->empty() && (*pr)[0].is_number_integer()) {
+          for (const json& t : *pr) {
+            if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok_.n_vocab())
+              throw BadRequest{400, "'prompt' token ids must be integers in [0, " + std::to_string(tok_.n_vocab()) + ")",
+                               "prompt"};
+            p.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+          }
+        } else {
+          throw BadRequest{400, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt"};
+        }
+        if (p.prompt.empty()) throw BadRequest{400, "the prompt is empty", "prompt"};
+      }
+      parse_common(body, p, loop_.config().max_seq_len, chat);
+    } catch (const BadRequest& e) {
+      return send_error(res, e.status, e.message, e.param);
+    } catch (const Error& e) {
+      return send_error(res, 400, e.what());
+    }
+
+    auto ch = std::make_shared<Channel>();
+    int64_t id = 0;
+    try {
+      id = loop_.submit(p.prompt, p.opt, [ch](const TokenEvent& ev) { ch->push(ev); });
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      return send_error(res, msg.find("shutting down") != std::string::npos ? 503 : 400, msg,
+                        msg.find("max_tokens") != std::string::npos ? "max_tokens" : "prompt");
+    }
+    const std::string rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(id);
+    const int64_t created = unix_now();
+    const std::string model = cfg_.model_name;
+
+    if (!p.stream) {
+      std::string text;
+      TokenEvent last;
+      for (bool done = false; !done;)
+        for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(1000))) {
+          text += ev.text;
+          if (ev.finish != FinishReason::None) {
+            last = ev;
+            done = true;
+          }
+        }
+      if (last.finish == FinishReason::Abort) return send_error(res, 503, "the request was cancelled: the server is stopping");
+      json choice = {{"index", 0}, {"finish_reason", finish_reason_name(last.finish)}};
+      if (chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+      } else {
+        choice["text"] = text;
+        choice["logprobs"] = nullptr;
+      }
+      json out = {{"id", rid},
+                  {"object", chat ? "chat.completion" : "text_completion"},
+                  {"created", created},
+                  {"model", model},
+                  {"choices", json::array({choice})},
+                  {"usage", usage_json(last)}};
+      res.set_content(out.dump(), "application/json");
+      return;
+    }
+
+    // Streaming: one SSE event per step's text; the last carries finish_reason and usage.
+    struct StreamState {
+      bool finished = false, first = true;
+    };
+    auto st = std::make_shared<StreamState>();
+    EngineLoop* loop = &loop_;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [ch, st, id, rid, created, model, chat, loop](size_t, httplib::DataSink& sink) {
+          auto chunk = [&](const std::string& text, const TokenEvent* end) {
+            json c = {{"index", 0}};
+            if (chat) {
+              json delta = json::object();
+              if (st->first) delta["role"] = "assistant";
+              if (!text.empty() || st->first) delta["content"] = text;
+              c["delta"] = delta;
+            } else {
+              c["text"] = text;
+              c["logprobs"] = nullptr;
+            }
+            c["finish_reason"] = end ? json(finish_reason_name(end->finish)) : json(nullptr);
+            json out = {{"id", rid},
+                        {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                        {"created", created},
+                        {"model", model},
+                        {"choices", json::array({c})}};
+            if (end) out["usage"] = usage_json(*end);
+            st->first = false;
+            const std::string line = "data: " + out.dump() + "\n\n";
+            return sink.write(line.data(), line.size());
+          };
+          for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(500))) {
+            if (ev.finish == FinishReason::Abort) {
+              st->finished = true;
+              const std::string err = "data: " + error_json("the request was cancelled", "server_error", "").dump() + "\n\n";
+              sink.write(err.data(), err.size());
+              sink.done();
+              return true;
+            }
+            bool ok = true;
+            if (ev.finish != FinishReason::None) {
+              st->finished = true;
+              ok = (ev.text.empty() || chunk(ev.text, nullptr)) && chunk("", &ev);
+              if (ok) {
+                static const std::string kDone = "data: [DONE]\n\n";
+                ok = sink.write(kDone.data(), kDone.size());
+              }
+              if (ok) sink.done();
+              return ok;
+            }
+            if (!ev.text.empty() || st->first) ok = chunk(ev.text, nullptr);
+            if (!ok) {  // the client went away: free its sequence at the next step
+              loop->cancel(id);
+              st->finished = true;
+              return false;
+            }
+          }
+          return true;
+        },
+        [st, id, loop](bool) {
+          if (!st->finished) loop->cancel(id);
+        });
+  };
+  s.Post("/v1/completions", [handle](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
+  s.Post("/v1/chat/completions", [handle](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
+}
+
+}  // namespace tqkv::serve

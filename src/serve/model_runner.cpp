@@ -1,0 +1,149 @@
+#include "model_runner.h"
+
+#include <algorithm>
+
+#include "engine/batch.h"
+#include "tqkv/error.h"
+
+namespace tqkv::serve {
+namespace {
+
+// Bytes at the end of s that start a UTF-8 character not yet complete.
+size_t incomplete_utf8_tail(const std::string& s) {
+  const size_t n = s.size();
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    size_t len = 1;
+    if ((c & 0xE0) == 0xC0) len = 2;
+    else if ((c & 0xF0) == 0xE0) len = 3;
+    else if ((c & 0xF8) == 0xF0) len = 4;
+    return len > back ? back : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Abort: return "abort";
+    case FinishReason::None: break;
+  }
+  return "";
+}
+
+ModelRunner::ModelRunner(const engine::Model& model, const engine::Tokenizer& tok, const engine::CacheSpec& spec,
+                         int capacity, int max_seqs)
+    : model_(model), tok_(tok), cache_(model.make_cache(spec, capacity, max_seqs)) {}
+
+void ModelRunner::add(int64_t id, const RequestOptions& opt, int n_prompt) {
+  State s;
+  s.opt = opt;
+  s.sampler = std::make_unique<engine::Sampler>(opt.sampler);  // checks the parameters
+  s.n_prompt = n_prompt;
+  reqs_[id] = std::move(s);
+}
+
+void ModelRunner::remove(int64_t id) {
+  auto it = reqs_.find(id);
+  if (it == reqs_.end()) return;
+  if (it->second.seq >= 0) cache_->free_sequence(it->second.seq);
+  reqs_.erase(it);
+}
+
+bool ModelRunner::append_text(State& s, int32_t token) {
+  if (!tok_.is_control(token)) s.text += tok_.piece(token);
+  // A stop string can only end in the new bytes: search from where it could have started.
+  size_t longest = 0;
+  for (const std::string& stop : s.opt.stop) longest = std::max(longest, stop.size());
+  const size_t from = s.emitted > longest ? s.emitted - longest : 0;
+  size_t cut = std::string::npos;
+  for (const std::string& stop : s.opt.stop) {
+    if (stop.empty()) continue;
+    const size_t at = s.text.find(stop, from);
+    if (at != std::string::npos) cut = std::min(cut, at);
+  }
+  if (cut == std::string::npos) return false;
+  s.text.resize(std::max(cut, s.emitted));
+  return true;
+}
+
+std::string ModelRunner::take_emittable(State& s, bool final) {
+  size_t end = s.text.size();
+  if (!final) {
+    end -= incomplete_utf8_tail(s.text);
+    // Hold back the longest tail that is the start of a stop string.
+    size_t hold = 0;
+    for (const std::string& stop : s.opt.stop)
+      for (size_t k = std::min(stop.size() - (stop.empty() ? 0 : 1), end - s.emitted); k > hold; --k)
+        if (s.text.compare(end - k, k, stop, 0, k) == 0) {
+          hold = k;
+          break;
+        }
+    end -= hold;
+  }
+  if (end <= s.emitted) return {};
+  std::string out = s.text.substr(s.emitted, end - s.emitted);
+  s.emitted = end;
+  return out;
+}
+
+std::vector<TokenEvent> ModelRunner::step(const StepPlan& plan, Scheduler& sched) {
+  for (int64_t id : plan.preempted) {
+    auto it = reqs_.find(id);
+    if (it != reqs_.end() && it->second.seq >= 0) {
+      cache_->free_sequence(it->second.seq);
+      it->second.seq = -1;
+    }
+  }
+  if (plan.empty()) return {};
+  engine::Batch batch;
+  std::vector<int64_t> sampled;
+  for (const ScheduledChunk& c : plan.chunks) {
+    State& s = reqs_.at(c.request);
+    if (c.pos0 == 0) {
+      if (s.seq >= 0) cache_->free_sequence(s.seq);
+      s.seq = cache_->add_sequence();
+    }
+    const std::vector<int32_t>& toks = sched.tokens(c.request);
+    batch.add(s.seq, toks.data() + c.pos0, c.count, c.pos0, false);
+    if (c.sample) sampled.push_back(c.request);
+    else batch.logits.back() = 0;
+  }
+  const int V = model_.config().n_vocab;
+  logits_.resize(sampled.size() * static_cast<size_t>(V));
+  model_.forward(batch, *cache_, logits_.data());
+
+  std::vector<TokenEvent> events;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    const int64_t id = sampled[i];
+    State& s = reqs_.at(id);
+    TokenEvent ev;
+    ev.request = id;
+    ev.n_prompt = s.n_prompt;
+    const int32_t token = s.sampler->sample(logits_.data() + i * V, V);
+    if (!s.opt.ignore_eos && tok_.is_end_of_generation(token)) {
+      ev.finish = FinishReason::Stop;
+    } else {
+      ev.token = token;
+      ++s.n_generated;
+      if (append_text(s, token)) ev.finish = FinishReason::Stop;
+      else if (s.n_generated >= s.opt.max_tokens) ev.finish = FinishReason::Length;
+    }
+    ev.text = take_emittable(s, ev.finish != FinishReason::None);
+    ev.n_generated = s.n_generated;
+    if (ev.finish == FinishReason::None) {
+      sched.append_token(id, token);
+    } else {
+      sched.finish(id);
+      remove(id);
+    }
+    events.push_back(std::move(ev));
+  }
+  return events;
+}
+
+}  // namespace tqkv::serve

@@ -1,0 +1,86 @@
+// The model runner of `tqkv serve`: executes a scheduler's step plan (scheduler.h) on the
+// engine — one Model::forward over a varlen Batch of every planned chunk, on one KvCache of
+// max_seqs sequences — then samples a token for every chunk that asks for one, with each
+// request's own Sampler, and decides what the request does next: continue (the token goes
+// back to the scheduler), or finish at end of generation, a stop string or max_tokens.
+//
+// Text: each new token's bytes are appended to the request's text; what is emitted holds back
+// an incomplete UTF-8 character and any tail that could still become a stop string, so a
+// streamed answer never shows a stop string or half a character.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "scheduler.h"
+
+namespace tqkv::serve {
+
+struct RequestOptions {
+  int max_tokens = 16;
+  engine::SamplerParams sampler;  // temperature 0: greedy
+  std::vector<std::string> stop;  // stop strings (not part of the answer)
+  bool ignore_eos = false;
+};
+
+enum class FinishReason { None, Stop, Length, Abort };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", ""
+
+// What one step produced for one request.
+struct TokenEvent {
+  int64_t request = 0;
+  int32_t token = -1;  // the sampled token; -1 when the request ended without one (end of generation)
+  std::string text;    // new text to show (may be empty while a stop string could be forming)
+  FinishReason finish = FinishReason::None;
+  int n_prompt = 0;     // usage: prompt tokens
+  int n_generated = 0;  // usage: tokens generated so far (end-of-generation and stop tokens excluded)
+};
+
+class ModelRunner {
+ public:
+  // A cache of max_seqs sequences of `capacity` positions on the model's device.
+  ModelRunner(const engine::Model& model, const engine::Tokenizer& tok, const engine::CacheSpec& spec, int capacity,
+              int max_seqs);
+
+  engine::KvCache& cache() { return *cache_; }
+  const engine::Tokenizer& tokenizer() const { return tok_; }
+
+  // Registers a request before its first step. Throws tqkv::Error(InvalidArgument) for bad
+  // sampling parameters.
+  void add(int64_t id, const RequestOptions& opt, int n_prompt);
+  // Forgets a request and frees its cache sequence (finished, aborted); unknown ids are ignored.
+  void remove(int64_t id);
+
+  // Runs one step: frees the cache sequences of preempted requests, runs every chunk in one
+  // forward pass, samples, and reports tokens and finishes to the scheduler (append_token,
+  // finish). Returns one event per sampled request, in plan order.
+  std::vector<TokenEvent> step(const StepPlan& plan, Scheduler& sched);
+
+ private:
+  struct State {
+    RequestOptions opt;
+    std::unique_ptr<engine::Sampler> sampler;
+    int64_t seq = -1;  // cache sequence; -1 when it holds none (not started, preempted)
+    int n_prompt = 0;
+    int n_generated = 0;
+    std::string text;     // the whole answer so far
+    size_t emitted = 0;   // bytes of text already reported
+  };
+  // Appends a token's text; returns true when a stop string ended the answer (text cut there).
+  bool append_text(State& s, int32_t token);
+  std::string take_emittable(State& s, bool final);
+
+  const engine::Model& model_;
+  const engine::Tokenizer& tok_;
+  std::unique_ptr<engine::KvCache> cache_;
+  std::unordered_map<int64_t, State> reqs_;
+  std::vector<float> logits_;
+};
+
+}  // namespace tqkv::serve

@@ -1,0 +1,139 @@
+// The model runner and the engine loop on the real SmolLM2 model (skipped when models/ is
+// absent): greedy answers of requests batched together equal each request run alone through
+// generate() with the same model and cache spec (the forward pass is batch-invariant: each
+// run gets the matrix products it would get alone). A prompt split into chunks (chunked
+// prefill) sums in a different order than the whole prompt at once, so the equality is
+// checked with every prompt in one chunk; the scheduler tests cover chunking.
+#include "serve/model_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+
+#include "engine/generate.h"
+#include "engine/smol_model.h"  // tests/engine/smol_model.h
+#include "serve/engine_loop.h"
+#include "tqkv/error.h"
+
+namespace tqkv::serve {
+namespace {
+
+using engine::testing_util::SmolModelTest;
+
+constexpr const char* kSpec = "turboquant_k8v4";
+constexpr int kCtx = 512;
+
+class ModelRunnerTest : public SmolModelTest {
+ protected:
+  std::vector<int32_t> chat(const std::string& q) const {
+    return tok_->encode(tok_->apply_chat_template({{"user", q}}, true), true, false);
+  }
+  std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int n) const {
+    auto cache = model_->make_cache(kSpec, kCtx);
+    engine::GenerateOptions g;
+    g.n_predict = n;
+    std::vector<int32_t> out;
+    engine::generate(*model_, *tok_, *cache, cache->add_sequence(), prompt, g, [&](int32_t id) { out.push_back(id); });
+    return out;
+  }
+};
+
+const std::vector<std::string> kQuestions = {
+    "What are the three primary colors?", "Name a large animal.", "What is two plus two?",
+    "Write one sentence about the sea."};
+
+TEST_F(ModelRunnerTest, GreedyBatchedEqualsAlone) {
+  const int n = 20;
+  SchedulerConfig cfg{.block_size = 16, .num_pages = 256, .max_seqs = 4, .max_seq_len = kCtx, .token_budget = 512};
+  Scheduler sched(cfg);
+  ModelRunner runner(*model_, *tok_, model_->resolve(kSpec), kCtx, cfg.max_seqs);
+  std::map<int64_t, std::vector<int32_t>> got;
+  for (size_t i = 0; i < kQuestions.size(); ++i) {
+    RequestOptions opt;
+    opt.max_tokens = n;
+    const std::vector<int32_t> p = chat(kQuestions[i]);
+    runner.add(static_cast<int64_t>(i), opt, static_cast<int>(p.size()));
+    sched.add({static_cast<int64_t>(i), p, n});
+  }
+  int steps = 0, batched = 0;
+  while (sched.has_work()) {
+    ASSERT_LT(++steps, 1000);
+    const StepPlan plan = sched.schedule();
+    if (plan.chunks.size() > 1) ++batched;
+    for (const TokenEvent& ev : runner.step(plan, sched))
+      if (ev.token >= 0) got[ev.request].push_back(ev.token);
+  }
+  EXPECT_GT(batched, n / 2);  // the requests really shared steps
+  for (size_t i = 0; i < kQuestions.size(); ++i)
+    EXPECT_EQ(got[static_cast<int64_t>(i)], alone(chat(kQuestions[i]), n)) << kQuestions[i];
+}
+
+TEST_F(ModelRunnerTest, StopStringsEndTheAnswerAndAreNotShown) {
+  SchedulerConfig cfg{.block_size = 16, .num_pages = 64, .max_seqs = 1, .max_seq_len = kCtx, .token_budget = 256};
+  const std::vector<int32_t> p = chat(kQuestions[0]);
+  // The free answer, then the same request stopped at its third word.
+  auto run = [&](const std::vector<std::string>& stop) {
+    Scheduler sched(cfg);
+    ModelRunner runner(*model_, *tok_, model_->resolve(kSpec), kCtx, 1);
+    RequestOptions opt;
+    opt.max_tokens = 24;
+    opt.stop = stop;
+    runner.add(0, opt, static_cast<int>(p.size()));
+    sched.add({0, p, opt.max_tokens});
+    std::string text;
+    FinishReason why = FinishReason::None;
+    while (sched.has_work())
+      for (const TokenEvent& ev : runner.step(sched.schedule(), sched)) {
+        text += ev.text;
+        why = ev.finish;
+      }
+    return std::make_pair(text, why);
+  };
+  const auto [full, why_full] = run({});
+  EXPECT_EQ(why_full, FinishReason::Length);
+  const size_t sp = full.find(' ', full.find(' ', 1) + 1);
+  ASSERT_NE(sp, std::string::npos) << full;
+  const std::string stop = full.substr(sp, 3);
+  const auto [cut, why_cut] = run({stop});
+  EXPECT_EQ(why_cut, FinishReason::Stop);
+  EXPECT_EQ(cut, full.substr(0, full.find(stop))) << "stop '" << stop << "'";
+}
+
+TEST_F(ModelRunnerTest, EngineLoopServesConcurrentRequestsAndCancels) {
+  SchedulerConfig cfg{.block_size = 16, .num_pages = 256, .max_seqs = 4, .max_seq_len = kCtx, .token_budget = 64};
+  EngineLoop loop(*model_, *tok_, model_->resolve(kSpec), cfg);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int64_t, std::vector<int32_t>> got;
+  std::map<int64_t, FinishReason> done;
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    RequestOptions opt;
+    opt.max_tokens = i == 2 ? 400 : 12;
+    opt.ignore_eos = i == 2;
+    ids.push_back(loop.submit(chat(kQuestions[i]), opt, [&](const TokenEvent& ev) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (ev.token >= 0) got[ev.request].push_back(ev.token);
+      if (ev.finish != FinishReason::None) done[ev.request] = ev.finish;
+      cv.notify_all();
+    }));
+  }
+  loop.cancel(ids[2]);
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return done.size() == 3; }));
+  EXPECT_EQ(done[ids[2]], FinishReason::Abort);
+  EXPECT_LT(got[ids[2]].size(), 400u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(got[ids[i]], alone(chat(kQuestions[i]), 12));
+  lock.unlock();
+  const EngineMetrics m = loop.metrics();
+  EXPECT_EQ(m.requests_finished, 2);
+  EXPECT_EQ(m.requests_aborted, 1);
+  EXPECT_EQ(m.pages_used, 0);
+  EXPECT_THROW(loop.submit({}, RequestOptions{}, [](const TokenEvent&) {}), tqkv::Error);
+}
+
+}  // namespace
+}  // namespace tqkv::serve

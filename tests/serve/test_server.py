@@ -1,0 +1,253 @@
+"""`tqkv serve` driven like a client would use it: the real binary on a free loopback port,
+called with the official `openai` Python client (and raw HTTP for faults and disconnects).
+
+Skips cleanly when the model (scripts/fetch_model.sh) or the Python packages (openai, pytest;
+scripts/install-deps.sh) are absent. Run by ctest through tests/serve/run_pytest.sh.
+"""
+import concurrent.futures as cf
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+REPO = os.environ.get("TQKV_REPO_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("TQKV_BIN", os.path.join(REPO, "build", "tqkv"))
+MODEL = os.path.join(REPO, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+CTX = 512
+
+if not os.path.exists(MODEL):
+    pytest.skip(f"model not found at {MODEL} (run scripts/fetch_model.sh)", allow_module_level=True)
+if not os.path.exists(BIN):
+    pytest.skip(f"tqkv binary not found at {BIN}", allow_module_level=True)
+
+
+class Server:
+    def __init__(self, *args):
+        self.proc = subprocess.Popen(
+            [BIN, "serve", "-m", MODEL, "--port", "0", "--ctx", str(CTX), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on http://([\d.]+):(\d+)", line)
+        if not m:
+            self.proc.kill()
+            raise RuntimeError("server did not start: " + line + self.proc.stderr.read())
+        self.port = int(m.group(2))
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=120)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("no /health")
+
+    def get(self, path):
+        with urllib.request.urlopen(self.base + path, timeout=30) as r:
+            return r.status, r.read().decode()
+
+    def post_raw(self, path, body, headers=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        c.request("POST", path, body=body, headers=headers or {"Content-Type": "application/json"})
+        r = c.getresponse()
+        out = r.status, r.read().decode()
+        c.close()
+        return out
+
+    def metrics(self):
+        text = self.get("/metrics")[1]
+        return {k: float(v) for k, v in re.findall(r"^(tqkv_[a-z_]+) ([-\d.e+]+)$", text, re.M)}
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--max-seqs", "8")
+    yield s
+    assert s.stop() == 0  # SIGTERM: a clean exit
+
+
+# A shared system text of more than one full page (16 tokens): load requests share its pages.
+SHARED = "You are a careful assistant who answers every question with one short number and nothing else. "
+PROMPTS = [f"Question {i}: what is {i} plus {i + 1}? Answer:" for i in range(8)]
+
+
+def complete(server, prompt, n=12, **kw):
+    return server.client.completions.create(model="m", prompt=prompt, max_tokens=n, temperature=0, **kw)
+
+
+def test_models_and_health(server):
+    models = server.client.models.list()
+    assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert server.get("/health") == (200, '{"status":"ok"}')
+
+
+def test_completion_and_chat(server):
+    r = complete(server, "The capital of France is", n=8)
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens == 5
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    c = server.client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Say hello."}], max_tokens=10, temperature=0)
+    assert c.choices[0].message.role == "assistant" and c.choices[0].message.content
+    assert c.usage.completion_tokens <= 10
+
+
+def test_stream_equals_non_stream(server):
+    msgs = [{"role": "user", "content": "Name three fruits."}]
+    full = server.client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0)
+    parts, usage, finish = [], None, None
+    for chunk in server.client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0,
+                                                       stream=True):
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+        usage = chunk.usage or usage
+    assert "".join(parts) == full.choices[0].message.content
+    assert finish == full.choices[0].finish_reason
+    assert usage.completion_tokens == full.usage.completion_tokens
+    text = "".join(c.choices[0].text for c in server.client.completions.create(
+        model="m", prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True))
+    assert text == complete(server, PROMPTS[0]).choices[0].text
+
+
+def test_greedy_batched_equals_single(server):
+    single = [complete(server, p).choices[0].text for p in PROMPTS]
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as ex:
+        batched = list(ex.map(lambda p: complete(server, p).choices[0].text, PROMPTS))
+    assert batched == single
+
+
+def test_stop_strings(server):
+    full = complete(server, PROMPTS[1], n=16, extra_body={"ignore_eos": True}).choices[0].text
+    assert len(full) >= 6, full
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    r = complete(server, PROMPTS[1], n=16, stop=[stop], extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == full[:full.index(stop)]
+
+
+def test_bounded_load(server):
+    before = server.metrics()
+    n_req = 100
+
+    def one(i):
+        r = server.client.completions.create(model="m", prompt=SHARED + PROMPTS[i % 8], max_tokens=6, temperature=0.7,
+                                             seed=i, extra_body={"ignore_eos": True})
+        return r.usage.completion_tokens
+
+    t0 = time.time()
+    with cf.ThreadPoolExecutor(16) as ex:
+        counts = list(ex.map(one, range(n_req)))
+    elapsed = time.time() - t0
+    assert counts == [6] * n_req
+    after = server.metrics()
+    assert after["tqkv_requests_finished_total"] - before["tqkv_requests_finished_total"] == n_req
+    assert after["tqkv_generation_tokens_total"] - before["tqkv_generation_tokens_total"] == 6 * n_req
+    assert after["tqkv_kv_pages_used"] == 0 and after["tqkv_requests_running"] == 0
+    # Requests with the same prompt share its full pages while both hold them.
+    assert after["tqkv_prefix_cache_hits_total"] > before["tqkv_prefix_cache_hits_total"]
+    print(f"load: {n_req} requests x 6 tokens from 16 clients in {elapsed:.1f} s")
+
+
+def test_faults(server):
+    def err(body, status=400, path="/v1/completions"):
+        code, text = server.post_raw(path, body if isinstance(body, (str, bytes)) else json.dumps(body))
+        assert code == status, (body, code, text)
+        e = json.loads(text)["error"]
+        assert e["message"] and e["type"]
+        return e
+
+    err("{not json")
+    err("[1, 2]")
+    err({"prompt": 5})
+    err({"prompt": ""})
+    err({"prompt": []})
+    err({"prompt": "hi", "max_tokens": "8"})
+    err({"prompt": "hi", "max_tokens": 0})
+    err({"prompt": "hi", "max_tokens": CTX + 10})
+    err({"prompt": "hi " * (CTX + 10), "max_tokens": 4})
+    err({"prompt": "hi", "temperature": "hot"})
+    err({"prompt": "hi", "temperature": -1})
+    err({"prompt": "hi", "top_p": 0})
+    err({"prompt": "hi", "n": 2})
+    err({"prompt": "hi", "stop": 3})
+    err({"prompt": "hi", "stream": "yes"})
+    err({"prompt": [1, -5]})
+    err({"messages": []}, path="/v1/chat/completions")
+    err({"messages": [{"role": "user"}]}, path="/v1/chat/completions")
+    err({"messages": [{"role": "wizard", "content": "x"}]}, path="/v1/chat/completions")
+    err({"prompt": "x" * (2 << 20)}, status=413)
+    err({"prompt": "hi"}, status=404, path="/v1/nothing")
+    # The openai client sees the same as exceptions.
+    with pytest.raises(openai.BadRequestError):
+        server.client.completions.create(model="m", prompt="hi", max_tokens=-1)
+    # Unknown fields are ignored; nothing changed for later requests.
+    code, text = server.post_raw("/v1/completions", json.dumps(
+        {"prompt": PROMPTS[2], "max_tokens": 12, "temperature": 0, "frobnicate": {"x": 1}}))
+    assert code == 200
+    assert json.loads(text)["choices"][0]["text"] == complete(server, PROMPTS[2]).choices[0].text
+    assert server.get("/health")[0] == 200
+
+
+def test_client_disconnect_frees_the_sequence(server):
+    before = server.metrics()
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    c.request("POST", "/v1/completions", body=json.dumps(
+        {"prompt": PROMPTS[3], "max_tokens": 400, "stream": True, "ignore_eos": True, "temperature": 0}),
+        headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200
+    got = b""
+    while got.count(b"data:") < 3:
+        got += r.read1(4096) if hasattr(r, "read1") else r.read(64)
+    c.sock.close()
+    c.close()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = server.metrics()
+        if m["tqkv_requests_running"] == 0 and m["tqkv_requests_aborted_total"] > before["tqkv_requests_aborted_total"]:
+            break
+        time.sleep(0.1)
+    m = server.metrics()
+    assert m["tqkv_requests_aborted_total"] == before["tqkv_requests_aborted_total"] + 1
+    assert m["tqkv_requests_running"] == 0 and m["tqkv_kv_pages_used"] == 0
+    assert m["tqkv_generation_tokens_total"] - before["tqkv_generation_tokens_total"] < 400
+
+
+def test_tiny_cache_preempts_and_completes_everything():
+    # 12 pages of 16 positions: each request below needs 4-5 pages, 8 run at once.
+    s = Server("--max-seqs", "8", "--kv-cache-pages", "12", "--block-size", "16", "--token-budget", "64")
+    try:
+        def one(i):
+            r = s.client.completions.create(model="m", prompt=PROMPTS[i % 8] * 2, max_tokens=40, temperature=0,
+                                            extra_body={"ignore_eos": True})
+            return r.usage.completion_tokens, r.choices[0].finish_reason
+
+        with cf.ThreadPoolExecutor(8) as ex:
+            results = list(ex.map(one, range(12)))
+        assert results == [(40, "length")] * 12
+        m = s.metrics()
+        assert m["tqkv_preemptions_total"] > 0
+        assert m["tqkv_requests_finished_total"] == 12 and m["tqkv_kv_pages_used"] == 0
+        # A request that could never fit the pool is refused up front, not queued forever.
+        with pytest.raises(openai.BadRequestError):
+            s.client.completions.create(model="m", prompt="hi", max_tokens=300)
+    finally:
+        assert s.stop() == 0
