@@ -32,6 +32,8 @@ void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, in
 
 // gate[i] = silu(gate[i]) * up[i].
 void swiglu(float* gate, const float* up, size_t n, cudaStream_t stream = nullptr);
+// gate[i] = gelu(gate[i]) * up[i], GELU's tanh approximation (GeGLU).
+void gelu_glu(float* gate, const float* up, size_t n, cudaStream_t stream = nullptr);
 // x[i] += y[i].
 void add(float* x, const float* y, size_t n, cudaStream_t stream = nullptr);
 // y[t, j] += bias[j] for rows of `cols`.

@@ -154,6 +154,14 @@ TEST(CudaOps, SwigluAddBias) {
     expect_near_rel(dg.host(), want_sw, 1e-6);
   }
   {
+    std::vector<float> want_ge(total);
+    for (size_t i = 0; i < total; ++i)
+      want_ge[i] = 0.5f * g[i] * (1.0f + std::tanh(0.7978845608028654f * (g[i] + 0.044715f * g[i] * g[i] * g[i]))) * u[i];
+    Dev<float> dg(g), du(u);
+    cuda::gelu_glu(dg.p, du.p, total);
+    expect_near_rel(dg.host(), want_ge, 1e-5);
+  }
+  {
     Dev<float> dg(g), du(u);
     cuda::add(dg.p, du.p, total);
     expect_near_rel(dg.host(), want_add, 0);
