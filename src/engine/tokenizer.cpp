@@ -160,6 +160,73 @@ void gpt2_split(std::string_view text, const std::vector<Cp>& cps, size_t b, siz
   }
 }
 
+// Qwen2's split (Llama 3's with single digits), by hand like gpt2_split:
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// The alternatives are tried in order at each position, as the regex engine does.
+void qwen2_split(std::string_view text, const std::vector<Cp>& cps, size_t b, size_t e,
+                 std::vector<std::string_view>& out) {
+  auto emit = [&](size_t i, size_t j) {
+    const size_t off = cps[i].off;
+    out.push_back(text.substr(off, cps[j - 1].off + cps[j - 1].len - off));
+  };
+  auto lower = [&](size_t i) { return i < e && cps[i].cp < 0x80 ? cps[i].cp | 0x20u : 0u; };
+  auto letter = [&](size_t i) { return i < e && is_letter(cps[i].cp); };
+  auto newline = [](uint32_t c) { return c == '\r' || c == '\n'; };
+  auto other = [&](size_t i) {  // [^\s\p{L}\p{N}]
+    return i < e && !is_space(cps[i].cp) && !is_letter(cps[i].cp) && !is_number(cps[i].cp);
+  };
+  size_t i = b;
+  while (i < e) {
+    const uint32_t c = cps[i].cp;
+    if (c == '\'' && i + 1 < e) {  // contractions, any case
+      const uint32_t c1 = lower(i + 1), c2 = lower(i + 2);
+      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
+        emit(i, i + 2);
+        i += 2;
+        continue;
+      }
+      if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
+        emit(i, i + 3);
+        i += 3;
+        continue;
+      }
+    }
+    if (!newline(c) && !is_number(c) && (letter(i) || letter(i + 1))) {  // [^\r\n\p{L}\p{N}]?\p{L}+
+      size_t j = i + 1;
+      while (letter(j)) ++j;
+      emit(i, j);
+      i = j;
+      continue;
+    }
+    if (is_number(c)) {  // \p{N}
+      emit(i, i + 1);
+      ++i;
+      continue;
+    }
+    const size_t j0 = c == ' ' && other(i + 1) ? i + 1 : i;
+    if (other(j0)) {  // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+      size_t j = j0;
+      while (other(j)) ++j;
+      while (j < e && newline(cps[j].cp)) ++j;
+      emit(i, j);
+      i = j;
+      continue;
+    }
+    // A whitespace run [i, j): through its last newline when it has one (`\s*[\r\n]+`), else
+    // all but its last character when a non-space follows (`\s+(?!\S)`), else all of it.
+    size_t j = i, last_nl = 0;
+    while (j < e && is_space(cps[j].cp)) {
+      if (newline(cps[j].cp)) last_nl = j + 1;
+      ++j;
+    }
+    if (j == i) j = i + 1;  // unreachable: every code point is a letter, number, space or other
+    else if (last_nl > 0) j = last_nl;
+    else if (j < e && j - i >= 2) --j;
+    emit(i, j);
+    i = j;
+  }
+}
+
 // GPT-2's byte <-> printable code point table: printable Latin-1 bytes map to themselves,
 // the rest to 256, 257, ... in byte order, so every byte string becomes visible text.
 const std::array<uint32_t, 256>& byte_to_cp() {
@@ -255,6 +322,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   t.add_space_prefix_ = f.get_bool("tokenizer.ggml.add_space_prefix", kind == Kind::SentencePiece);
   const std::string pre = f.get_string("tokenizer.ggml.pre", "default");
   t.split_digits_ = pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r";
+  t.llama3_split_ = pre == "qwen2";
   t.chat_template_ = f.get_string("tokenizer.chat_template", "");
   if (t.eos_ >= 0 && std::find(t.end_of_gen_.begin(), t.end_of_gen_.end(), t.eos_) == t.end_of_gen_.end())
     t.end_of_gen_.push_back(t.eos_);
@@ -320,15 +388,19 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
 void Tokenizer::encode_gpt2(std::string_view text, std::vector<int32_t>& out) const {
   const std::vector<Cp> cps = code_points(text);
   std::vector<std::string_view> words;
-  // SmolLM-style pre-tokenizers first isolate every digit, then apply the GPT-2 split to the
-  // runs in between.
-  size_t b = 0;
-  for (size_t i = 0; i <= cps.size(); ++i) {
-    const bool digit = i < cps.size() && split_digits_ && is_number(cps[i].cp);
-    if (i == cps.size() || digit) {
-      if (i > b) gpt2_split(text, cps, b, i, words);
-      if (digit) words.push_back(text.substr(cps[i].off, cps[i].len));
-      b = i + 1;
+  if (llama3_split_) {
+    qwen2_split(text, cps, 0, cps.size(), words);
+  } else {
+    // SmolLM-style pre-tokenizers first isolate every digit, then apply the GPT-2 split to
+    // the runs in between.
+    size_t b = 0;
+    for (size_t i = 0; i <= cps.size(); ++i) {
+      const bool digit = i < cps.size() && split_digits_ && is_number(cps[i].cp);
+      if (i == cps.size() || digit) {
+        if (i > b) gpt2_split(text, cps, b, i, words);
+        if (digit) words.push_back(text.substr(cps[i].off, cps[i].len));
+        b = i + 1;
+      }
     }
   }
   const auto& b2c = byte_to_cp();
@@ -467,18 +539,30 @@ std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messa
   if (t.find("<|im_start|>") != std::string::npos) {
     // ChatML. Some templates (SmolLM2, Qwen2) insert a default system turn when the
     // conversation has none; lift its text out of the template so we insert the same.
+    // Qwen2.5's sits in a Jinja string literal ('<|im_start|>system\nYou are Qwen, ...'), after
+    // turns that splice in the caller's system text: take the first system turn whose text is
+    // literal up to <|im_end|>, with the literal's \n escapes undone.
     if (!has_system) {
       const std::string open = "<|im_start|>system";
-      const size_t a = t.find(open);
-      if (a != std::string::npos) {
+      for (size_t a = t.find(open); a != std::string::npos; a = t.find(open, a + open.size())) {
         size_t s = a + open.size();
         if (t.compare(s, 2, "\\n") == 0) s += 2;
         else if (s < t.size() && t[s] == '\n') s += 1;
         const size_t e = t.find("<|im_end|>", s);
-        if (e != std::string::npos && t.find("{{", s) > e && t.find("{%", s) > e) {
-          std::string sys = t.substr(s, e - s);
-          out += "<|im_start|>system\n" + sys + "<|im_end|>\n";
+        if (e == std::string::npos) break;
+        const std::string sys = t.substr(s, e - s);
+        if (sys.empty() || sys.find_first_of("{}'\"+") != std::string::npos) continue;
+        std::string text;
+        for (size_t i = 0; i < sys.size(); ++i) {
+          if (sys.compare(i, 2, "\\n") == 0) {
+            text += '\n';
+            ++i;
+          } else {
+            text += sys[i];
+          }
         }
+        out += "<|im_start|>system\n" + text + "<|im_end|>\n";
+        break;
       }
     }
     for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";

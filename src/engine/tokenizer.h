@@ -1,8 +1,9 @@
 // Text <-> token ids, built from a GGUF file's tokenizer.ggml.* metadata.
 //
 // Two models:
-//  - "gpt2": byte-level BPE (GPT-2 style; SmolLM2, Llama 3, Qwen2). Text is split by the
-//    pre-tokenizer named in tokenizer.ggml.pre, each piece's bytes are mapped to printable
+//  - "gpt2": byte-level BPE (GPT-2 style; SmolLM2, Qwen2). Text is split by the
+//    pre-tokenizer named in tokenizer.ggml.pre (GPT-2's rule, with digits isolated for
+//    "smollm"; Llama 3's rule with single digits for "qwen2"), each piece's bytes are mapped to printable
 //    code points, and merges are applied by rank (tokenizer.ggml.merges order).
 //  - "llama": SentencePiece style BPE. Spaces become U+2581, pieces merge by highest score
 //    (tokenizer.ggml.scores), and anything left out of the vocabulary falls back to <0xXX>
@@ -79,6 +80,7 @@ class Tokenizer {
   bool add_bos_ = false;
   bool add_space_prefix_ = true;
   bool split_digits_ = false;  // the pre-tokenizer isolates every digit (SmolLM, StarCoder)
+  bool llama3_split_ = false;  // Llama 3's split rule with single digits (tokenizer.ggml.pre "qwen2")
   std::string chat_template_;
 };
 
