@@ -27,10 +27,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The NumPy reference forward pass (tests/integration/reference_forward.py) and the Hugging
-# Face tokenizer reference (tests/integration/hf_token_ids.py).
-if ! python3 -c "import numpy, gguf, tokenizers" >/dev/null 2>&1; then
-  echo "install-deps: pip install numpy gguf tokenizers"
-  python3 -m pip install --quiet numpy gguf tokenizers ||
-    python3 -m pip install --quiet --break-system-packages numpy gguf tokenizers
+# The NumPy reference forward pass (tests/integration/reference_forward.py) and the tokenizer
+# references (tests/integration/reference_tokenize.py: Hugging Face tokenizers, sentencepiece).
+PY_PACKAGES=(numpy gguf tokenizers sentencepiece protobuf)
+if ! python3 -c "import numpy, gguf, tokenizers, sentencepiece, google.protobuf" >/dev/null 2>&1; then
+  echo "install-deps: pip install ${PY_PACKAGES[*]}"
+  python3 -m pip install --quiet "${PY_PACKAGES[@]}" ||
+    python3 -m pip install --quiet --break-system-packages "${PY_PACKAGES[@]}"
 fi

@@ -277,12 +277,13 @@ void Tokenizer::build_index() {
   for (size_t i = 0; i < tokens_.size(); ++i) {
     index_.emplace(tokens_[i], static_cast<int32_t>(i));
     const int t = types_[i];
-    if ((t == kTypeControl || t == kTypeUser) && !tokens_[i].empty()) specials_.push_back(static_cast<int32_t>(i));
+    if ((t == kTypeControl || t == kTypeUser) && !tokens_[i].empty())
+      specials_[static_cast<unsigned char>(tokens_[i][0])].push_back(static_cast<int32_t>(i));
     if (t == kTypeUnknown && unk_ < 0) unk_ = static_cast<int32_t>(i);
   }
   // Longest first, so "<|im_start|>" wins over any shorter special that is its prefix.
-  std::stable_sort(specials_.begin(), specials_.end(),
-                   [&](int32_t a, int32_t b) { return tokens_[a].size() > tokens_[b].size(); });
+  for (std::vector<int32_t>& v : specials_)
+    std::stable_sort(v.begin(), v.end(), [&](int32_t a, int32_t b) { return tokens_[a].size() > tokens_[b].size(); });
   for (const char* s : {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>"}) {
     const int32_t id = token_id(s);
     if (id >= 0) end_of_gen_.push_back(id);
@@ -342,13 +343,13 @@ bool Tokenizer::is_end_of_generation(int32_t id) const {
   return std::find(end_of_gen_.begin(), end_of_gen_.end(), id) != end_of_gen_.end();
 }
 
-void Tokenizer::split_special(std::string_view text, std::vector<std::pair<std::string_view, int32_t>>& parts) const {
+void Tokenizer::split_special(std::string_view text, bool control,
+                              std::vector<std::pair<std::string_view, int32_t>>& parts) const {
   size_t start = 0, i = 0;
   while (i < text.size()) {
     int32_t hit = -1;
-    for (int32_t id : specials_) {
-      const std::string& s = tokens_[id];
-      if (static_cast<unsigned char>(s[0]) == static_cast<unsigned char>(text[i]) && text.compare(i, s.size(), s) == 0) {
+    for (int32_t id : specials_[static_cast<unsigned char>(text[i])]) {
+      if ((control || types_[id] == kTypeUser) && text.compare(i, tokens_[id].size(), tokens_[id]) == 0) {
         hit = id;
         break;
       }
@@ -369,8 +370,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
   std::vector<int32_t> out;
   if (add_bos && bos_ >= 0) out.push_back(bos_);
   std::vector<std::pair<std::string_view, int32_t>> parts;
-  if (parse_special) split_special(text, parts);
-  else if (!text.empty()) parts.emplace_back(text, -1);
+  split_special(text, parse_special, parts);
   bool first = true;
   for (const auto& [s, id] : parts) {
     if (id >= 0) {
@@ -533,7 +533,17 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_control) c
 }
 
 std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
-  const std::string& t = chat_template_;
+  // A GGUF without a template (Gemma-3-270m's base model has none): the family whose turn
+  // markers the vocabulary has, as the model's own tokenizer_config.json gives it.
+  std::string fallback;
+  if (chat_template_.empty()) {
+    for (const char* marker : {"<start_of_turn>", "<|im_start|>", "<|start_header_id|>"})
+      if (token_id(marker) >= 0 && types_[token_id(marker)] == kTypeControl) {
+        fallback = marker;
+        break;
+      }
+  }
+  const std::string& t = chat_template_.empty() ? fallback : chat_template_;
   std::string out;
   const bool has_system = !messages.empty() && messages[0].role == "system";
   if (t.find("<|im_start|>") != std::string::npos) {
@@ -604,7 +614,7 @@ std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messa
     return out;
   }
   throw Error(ErrorCode::InvalidArgument,
-              t.empty() ? "the model has no chat template; use raw prompting (--raw)"
+              t.empty() ? "the model has no chat template and no known turn markers; use raw prompting (--raw)"
                         : "unrecognised chat template (ChatML, Llama 2/3 and Gemma are supported); use --raw");
 }
 

@@ -1,6 +1,6 @@
 // The independent references the real-model tests compare against, run as Python scripts
 // (tests/integration/): reference_forward.py (NumPy + the PyPI gguf package) for logits and
-// hf_token_ids.py (Hugging Face tokenizers) for token ids. Without the Python packages the
+// reference_tokenize.py (Hugging Face tokenizers, sentencepiece) for token ids. Without the Python packages the
 // tests skip, unless TQKV_REQUIRE_REFERENCE=1 (CI), where a missing package fails.
 #pragma once
 #include <gtest/gtest.h>
@@ -40,8 +40,10 @@ std::vector<T> read_all(const std::string& path) {
   return v;
 }
 
-// Logits of every position, [ids.size(), vocab], from reference_forward.py.
-inline std::vector<float> reference_logits(const std::string& model, const std::vector<int32_t>& ids, int vocab) {
+// Logits of every position (or of the last `tail`), [rows, vocab], from reference_forward.py.
+inline std::vector<float> reference_logits(const std::string& model, const std::vector<int32_t>& ids, int vocab,
+                                           int tail = 0) {
+  const size_t rows = tail > 0 ? static_cast<size_t>(tail) : ids.size();
   const std::string out = temp_path("tqkv_ref") + ".f32";
   std::string cmd = "python3 " + std::string(TQKV_REPO_DIR) + "/tests/integration/reference_forward.py " + model;
   for (int32_t id : ids) {
@@ -50,18 +52,19 @@ inline std::vector<float> reference_logits(const std::string& model, const std::
   }
   cmd += " -o ";
   cmd += out;
+  if (tail > 0) cmd += " --tail " + std::to_string(tail);
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::vector<float> ref = read_all<float>(out);
-  EXPECT_EQ(ref.size(), ids.size() * vocab) << "short reference output";
-  ref.resize(ids.size() * vocab);
+  EXPECT_EQ(ref.size(), rows * vocab) << "short reference output";
+  ref.resize(rows * vocab);
   std::remove(out.c_str());
   return ref;
 }
 
-// Ids of each text file's plain text from hf_token_ids.py.
-inline std::vector<std::vector<int32_t>> hf_token_ids(const std::string& model, const std::vector<std::string>& texts) {
-  const std::string out = temp_path("tqkv_hf_ids");
-  std::string cmd = "python3 " + std::string(TQKV_REPO_DIR) + "/tests/integration/hf_token_ids.py " + model;
+// Ids of each text file's plain text from reference_tokenize.py.
+inline std::vector<std::vector<int32_t>> reference_token_ids(const std::string& model, const std::vector<std::string>& texts) {
+  const std::string out = temp_path("tqkv_ref_ids");
+  std::string cmd = "python3 " + std::string(TQKV_REPO_DIR) + "/tests/integration/reference_tokenize.py " + model;
   for (const std::string& t : texts) {
     cmd += ' ';
     cmd += t;

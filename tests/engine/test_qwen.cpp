@@ -98,7 +98,7 @@ TEST_F(Qwen, ChatTemplate) {
 }
 
 TEST_F(Qwen, KnownIds) {
-  // Expected ids: Hugging Face tokenizers with Qwen2's split rule (tests/integration/hf_token_ids.py).
+  // Expected ids: Hugging Face tokenizers with Qwen2's split rule (tests/integration/reference_tokenize.py).
   const std::vector<std::pair<std::string, std::vector<int32_t>>> cases = {
       {"Hello world", {9707, 1879}},
       {"The year 2024", {785, 1042, 220, 17, 15, 17, 19}},
@@ -122,7 +122,7 @@ TEST_F(Qwen, TokenizerMatchesHuggingFaceOnRealText) {
   for (const char* f : {"/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/Apache-2.0",
                         TQKV_REPO_DIR "/data/kjv-genesis.txt"})
     if (std::filesystem::exists(f)) files.push_back(f);
-  const std::vector<std::vector<int32_t>> hf = testing_util::hf_token_ids(testing_util::kQwen05Model, files);
+  const std::vector<std::vector<int32_t>> hf = testing_util::reference_token_ids(testing_util::kQwen05Model, files);
   for (size_t k = 0; k < files.size(); ++k) {
     const std::string& f = files[k];
     SCOPED_TRACE(f);
