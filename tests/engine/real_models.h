@@ -15,6 +15,7 @@ namespace tqkv::engine::testing_util {
 
 inline const std::string kSmolModel = std::string(TQKV_REPO_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 inline const std::string kQwen05Model = std::string(TQKV_REPO_DIR) + "/models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
+inline const std::string kQwen15Model = std::string(TQKV_REPO_DIR) + "/models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf";
 inline const std::string kGemma3Model = std::string(TQKV_REPO_DIR) + "/models/gemma-3-270m-q4_k_m.gguf";
 
 // File: a type with `static const std::string& path()` and `static const char* fetch()`.
@@ -52,6 +53,10 @@ struct Qwen05File {
   static const char* fetch() { return "scripts/fetch_models.sh qwen2.5-coder-0.5b"; }
 };
 
+struct Qwen15File {
+  static const std::string& path() { return kQwen15Model; }
+  static const char* fetch() { return "scripts/fetch_models.sh qwen2.5-coder-1.5b"; }
+};
 struct Gemma3File {
   static const std::string& path() { return kGemma3Model; }
   static const char* fetch() { return "scripts/fetch_models.sh gemma-3-270m"; }
@@ -59,6 +64,7 @@ struct Gemma3File {
 
 using SmolModelTest = RealModelTest<SmolFile>;
 using Qwen05ModelTest = RealModelTest<Qwen05File>;
+using Qwen15ModelTest = RealModelTest<Qwen15File>;
 using Gemma3ModelTest = RealModelTest<Gemma3File>;
 
 }  // namespace tqkv::engine::testing_util

@@ -1,7 +1,9 @@
 // Qwen2.5-Coder-0.5B-Instruct (qwen2: QKV bias, NeoX RoPE, untied output head, Qwen2's
 // pre-tokenizer, ChatML with a default system prompt), skipped when models/ does not have it
 // (scripts/fetch_models.sh qwen2.5-coder-0.5b): tokenizer against Hugging Face tokenizers,
-// logits against the NumPy reference, greedy answers, every cache format.
+// logits against the NumPy reference, greedy answers, every cache format. The 1.5B model
+// (head_dim 128; scripts/fetch_models.sh qwen2.5-coder-1.5b, not fetched by CI): config,
+// logits of a short prompt, a greedy answer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -190,6 +192,45 @@ TEST_F(Qwen, EveryCacheFormatRuns) {
       EXPECT_LT(model_->resolve(f.name).bytes(1, 16).total(), f16_bytes);
     }
   }
+}
+
+class Qwen15 : public testing_util::Qwen15ModelTest {};
+
+TEST_F(Qwen15, Config) {
+  const ModelConfig& c = model_->config();
+  EXPECT_EQ(c.arch, "qwen2");
+  EXPECT_EQ(c.n_layers, 28);
+  EXPECT_EQ(c.n_heads, 12);
+  EXPECT_EQ(c.n_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_TRUE(c.qkv_bias);
+}
+
+// A short chat prompt (the reference dequantizes 1.5B weights in float64: minutes, ~4 GB).
+TEST_F(Qwen15, LogitsMatchNumpyReference) {
+  if (!have_python_reference()) GTEST_SKIP() << "python3 with numpy + gguf not available";
+  const std::vector<int32_t> ids = tok_->encode("<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n");
+  const int V = model_->config().n_vocab;
+  const std::vector<float> ref = testing_util::reference_logits(testing_util::kQwen15Model, ids, V);
+  auto cache = model_->make_cache("f32", 64);
+  std::vector<float> got(ids.size() * V);
+  model_->forward(cache->add_sequence(), ids.data(), static_cast<int>(ids.size()), *cache, got.data(), true);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const auto e = testing_util::max_err(got.data() + t * V, ref.data() + t * V, V);
+    EXPECT_LE(e.err, 1e-3 * e.mag) << "position " << t << ": max |diff| " << e.err << ", max |logit| " << e.mag;
+  }
+}
+
+TEST_F(Qwen15, GreedyAnswersACodingQuestion) {
+  const std::vector<int32_t> prompt =
+      tok_->encode(tok_->apply_chat_template({{"user", "Write a Python function that reverses a string."}}, true));
+  auto cache = model_->make_cache("tq-k4v4", 256);
+  GenerateOptions g;
+  g.n_predict = 40;
+  std::vector<int32_t> out;
+  generate(*model_, *tok_, *cache, cache->add_sequence(), prompt, g, [&](int32_t id) { out.push_back(id); });
+  const std::string text = tok_->decode(out, true);
+  EXPECT_NE(text.find("def reverse_string("), std::string::npos) << text;
 }
 
 }  // namespace
