@@ -144,14 +144,15 @@ TEST_F(Gemma3, LogitsMatchNumpyReference) {
 }
 
 // Beyond the 512-position window the local layers see only the window: the last positions of
-// a 560-token text, by a batched prefill and by token-by-token decode after it, against the
-// reference's exact windowed attention.
+// an 800-token text, by a batched prefill (in steps of 256) and by token-by-token decode
+// after it, against the reference's exact windowed attention. The local layers' ring holds
+// 767 positions, so it has wrapped.
 TEST_F(Gemma3, SlidingWindowMatchesNumpyReference) {
   if (!have_python_reference()) GTEST_SKIP() << "python3 with numpy + gguf not available";
   if (!std::filesystem::exists(kLongText)) GTEST_SKIP() << "no real text at " << kLongText;
   std::vector<int32_t> ids = prompt(read_text(kLongText));
-  ASSERT_GT(ids.size(), 560u);
-  ids.resize(560);
+  ASSERT_GT(ids.size(), 800u);
+  ids.resize(800);
   const int V = model_->config().n_vocab, n = static_cast<int>(ids.size()), tail = 4;
   const std::vector<float> ref = testing_util::reference_logits(testing_util::kGemma3Model, ids, V, tail);
   const std::vector<float> batched = run_all(ids, "f32");
@@ -204,6 +205,32 @@ TEST_F(Gemma3, EveryCacheFormatRuns) {
       EXPECT_LT(model_->resolve(f.name).bytes(1, 16).total(), f16_bytes);
     }
   }
+}
+
+// The local layers keep a ring of their window plus one step; the byte accounting counts it,
+// and a spec with copies (whose merge reads the whole history) keeps every position.
+TEST_F(Gemma3, WindowLayersKeepARing) {
+  const ModelConfig& c = model_->config();
+  const CacheSpec spec = model_->resolve("tq-k4v4");
+  const int64_t ring = 512 + CacheSpec::kWindowStepTokens - 1;
+  size_t row_full = 0, row_ring = 0;  // bytes per position of the global / local layers
+  for (int l = 0; l < c.n_layers; ++l) {
+    EXPECT_EQ(spec.ring_positions(l, 4096), c.window(l) > 0 ? ring : 0) << "layer " << l;
+    (c.window(l) > 0 ? row_ring : row_full) += spec.layers[l]->slot_bytes(c.head_dim) * c.n_kv_heads;
+  }
+  EXPECT_EQ(spec.bytes(300, 4096).slots, (row_full + row_ring) * 300);
+  EXPECT_EQ(spec.bytes(3000, 4096).slots, row_full * 3000 + row_ring * ring);
+  EXPECT_EQ(spec.ring_positions(0, 512), 0) << "a ring no smaller than the cache";
+  EXPECT_EQ(model_->resolve("tq-k4v4+w8").ring_positions(0, 4096), 0) << "copies read every position";
+
+  auto cache = model_->make_cache(spec, 4096);
+  const int64_t s = cache->add_sequence();
+  std::vector<int32_t> ids = prompt(read_text(kLongText));
+  ids.resize(900);
+  std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+  model_->forward(s, ids.data(), static_cast<int>(ids.size()), *cache, logits.data(), false);
+  EXPECT_EQ(cache->bytes(s).slots, row_full * 900 + row_ring * ring);
+  EXPECT_LT(cache->bytes(s).slots, (row_full + row_ring) * 900);
 }
 
 }  // namespace
