@@ -28,10 +28,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The NumPy reference forward pass (tests/integration/reference_forward.py).
-if ! python3 -c "import numpy, gguf" >/dev/null 2>&1; then
-  echo "install-deps: pip install numpy gguf"
-  python3 -m pip install --quiet numpy gguf || python3 -m pip install --quiet --break-system-packages numpy gguf
+# The NumPy reference forward pass (tests/integration/reference_forward.py) and the tokenizer
+# references (tests/integration/reference_tokenize.py: Hugging Face tokenizers, sentencepiece).
+PY_PACKAGES=(numpy gguf tokenizers sentencepiece protobuf)
+if ! python3 -c "import numpy, gguf, tokenizers, sentencepiece, google.protobuf" >/dev/null 2>&1; then
+  echo "install-deps: pip install ${PY_PACKAGES[*]}"
+  python3 -m pip install --quiet "${PY_PACKAGES[@]}" ||
+    python3 -m pip install --quiet --break-system-packages "${PY_PACKAGES[@]}"
 fi
 
 # The server tests drive `tqkv serve` with the official OpenAI client (tests/serve/test_server.py).

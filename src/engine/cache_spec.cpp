@@ -244,19 +244,29 @@ double CacheSpec::bits_all_at(int ctx) const {
   return layers.empty() ? bits_all : bits_all + window_bits(ctx) * compressed / static_cast<double>(layers.size());
 }
 
+int64_t CacheSpec::ring_positions(int layer, int capacity) const {
+  const int w = model.window(layer);
+  if (w <= 0 || has_copies(capacity)) return 0;
+  bool any_full = false;
+  for (int l = 0; l < model.n_layers; ++l) any_full = any_full || model.window(l) <= 0;
+  const int64_t ring = static_cast<int64_t>(w) + kWindowStepTokens - 1;
+  return any_full && ring < capacity ? ring : 0;
+}
+
 CacheBytes CacheSpec::bytes(int64_t held, int capacity) const {
   CacheBytes b;
   b.positions = held;
   const int H = model.n_kv_heads, d = model.head_dim;
-  size_t slot_row = 0, copy_sink = 0, copy_window = 0;  // bytes of one position, every layer
+  size_t copy_sink = 0, copy_window = 0;  // bytes of one position, every layer
   const size_t window_slot = window_format ? window_format->slot_bytes(d) : find_format("f16").slot_bytes(d);
-  for (const Format& f : layers) {
-    slot_row += f.slot_bytes(d) * static_cast<size_t>(H);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Format& f = layers[l];
+    const int64_t ring = ring_positions(static_cast<int>(l), capacity);
+    b.slots += f.slot_bytes(d) * static_cast<size_t>(H) * static_cast<size_t>(ring > 0 ? std::min(held, ring) : held);
     if (!f.compressed()) continue;
     copy_sink += static_cast<size_t>(4) * d * H;  // f16 key and value
     copy_window += window_slot * static_cast<size_t>(H);
   }
-  b.slots = slot_row * static_cast<size_t>(held);
   const int64_t s = std::min<int64_t>(sinks, held), w = std::min<int64_t>(window_at(capacity), held);
   b.copies = copy_sink * static_cast<size_t>(s) + copy_window * static_cast<size_t>(w);
   return b;

@@ -84,6 +84,13 @@ struct CacheSpec {
   // The recent window of a cache of ctx positions: w<N>'s N, or what fill<B> leaves room for.
   int window_at(int ctx) const;
   bool has_copies(int ctx) const { return sinks > 0 || window_at(ctx) > 0; }
+  // Positions a sliding-window layer (ModelConfig::layer_window) keeps in a cache of
+  // `capacity` positions: a ring of its window plus the most tokens one step may append
+  // (kWindowStepTokens - 1), or 0 for all positions — full-attention layers, specs with copies
+  // (whose merge reads the whole history), models without a full-attention layer, rings no
+  // smaller than the capacity. Every device's cache keeps this many; bytes() counts it.
+  static constexpr int kWindowStepTokens = 256;
+  int64_t ring_positions(int layer, int capacity) const;
   // Bytes of a sequence holding `held` positions in a cache of `capacity` positions.
   CacheBytes bytes(int64_t held, int capacity) const;
 };

@@ -132,6 +132,14 @@ void CpuDevice::swiglu(float* gate, const float* up, size_t n) {
   }
 }
 
+void CpuDevice::gelu_glu(float* gate, const float* up, size_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
 void CpuDevice::add(float* x, const float* y, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] += y[i];
 }

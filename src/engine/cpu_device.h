@@ -45,6 +45,7 @@ class CpuDevice final : public Device {
   void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) override;
   void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) override;
   void swiglu(float* gate, const float* up, size_t n) override;
+  void gelu_glu(float* gate, const float* up, size_t n) override;
   void add(float* x, const float* y, size_t n) override;
   void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) override;
   std::unique_ptr<KvCache> make_cache(const CacheSpec& spec, const CacheShape& shape) override;

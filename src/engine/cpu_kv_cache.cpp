@@ -1,5 +1,6 @@
 #include "cpu_kv_cache.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <string>
@@ -19,18 +20,30 @@ CpuKvCache::CpuKvCache(const CacheSpec& spec, const CacheShape& shape)
     : KvCache(spec, shape), centring_(spec, shape.capacity) {
   if (shape.capacity < 1 || shape.max_seqs < 1)
     throw Error(ErrorCode::InvalidArgument, "cache: capacity and sequence count must be at least 1");
-  config_.n_layers = spec.model.n_layers;
-  config_.n_kv_heads = spec.model.n_kv_heads;
-  config_.head_dim = spec.model.head_dim;
+  config_.n_kv_heads = ring_config_.n_kv_heads = spec.model.n_kv_heads;
+  config_.head_dim = ring_config_.head_dim = spec.model.head_dim;
   config_.capacity = shape.capacity;
-  config_.layer_formats = spec.layers;
+  ring_config_.capacity = 0;
+  config_.layer_formats.clear();
+  ring_config_.layer_formats.clear();
+  for (int l = 0; l < spec.model.n_layers; ++l) {
+    const int64_t ring = spec.ring_positions(l, shape.capacity);
+    in_ring_.push_back(ring > 0);
+    ContiguousCacheConfig& c = ring > 0 ? ring_config_ : config_;
+    index_.push_back(static_cast<int>(c.layer_formats.size()));
+    c.layer_formats.push_back(spec.layers[l]);
+    c.capacity = std::max<int>(c.capacity, static_cast<int>(ring));
+  }
+  config_.n_layers = static_cast<int>(config_.layer_formats.size());
+  ring_config_.n_layers = static_cast<int>(ring_config_.layer_formats.size());
   window_ = spec.window_at(shape.capacity);
 }
 
 int64_t CpuKvCache::add_sequence() {
   if (static_cast<int>(seqs_.size()) >= max_seqs())
     throw Error(ErrorCode::Capacity, "cache: all " + std::to_string(max_seqs()) + " sequences are in use");
-  Sequence s{ContiguousCache(config_), nullptr};
+  Sequence s{ContiguousCache(config_), nullptr, nullptr};
+  if (ring_config_.n_layers > 0) s.ring = std::make_unique<ContiguousCache>(ring_config_);
   if (window_ > 0 || spec().sinks > 0)
     s.copies = std::make_unique<RecentWindow>(s.main, window_, kCopyStepTokens, spec().sinks,
                                               spec().window_format ? &*spec().window_format : nullptr);
@@ -52,7 +65,10 @@ const CpuKvCache::Sequence& CpuKvCache::at(int64_t seq) const {
 
 int64_t CpuKvCache::seq_len(int64_t seq) const { return at(seq).main.seq_len(); }
 
-int CpuKvCache::max_step_tokens() const { return window_ > 0 || spec().sinks > 0 ? kCopyStepTokens : INT_MAX; }
+int CpuKvCache::max_step_tokens() const {
+  if (window_ > 0 || spec().sinks > 0) return kCopyStepTokens;
+  return ring_config_.n_layers > 0 ? CacheSpec::kWindowStepTokens : INT_MAX;
+}
 
 void CpuKvCache::check(const Batch& batch) const {
   for (const Batch::Run& r : batch.runs()) {
@@ -86,12 +102,17 @@ void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const
     const size_t t0 = static_cast<size_t>(r.begin);
     // The new keys and values go into the (possibly compressed) cache first; attention then
     // reads every position, the new ones included, from the cache, exactly as decode will.
-    s.main.write(layer, r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+    if (in_ring_[layer]) {  // the window's positions only; the step appends at most max_step_tokens
+      s.ring->write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+      tqkv::attention(*s.ring, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
+      continue;
+    }
+    s.main.write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
     if (s.copies && s.copies->covers(layer)) {
       s.copies->write(layer, r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
       s.copies->attention(s.main, layer, q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
     } else {
-      tqkv::attention(s.main, layer, q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
+      tqkv::attention(s.main, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
     }
   }
 }

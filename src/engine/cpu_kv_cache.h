@@ -1,7 +1,9 @@
 // The CPU cache layer: each sequence owns a tqkv::ContiguousCache of the spec's per-layer
 // formats (a ring of `capacity` positions) and, when the spec asks for copies, a RecentWindow
-// (sinks and recent window, merged with the compressed part by log-sum-exp). Attention runs on
-// the compressed slots through tqkv::attention (SIMD, threads).
+// (sinks and recent window, merged with the compressed part by log-sum-exp). Sliding-window
+// layers (Gemma 3's local layers) live in a second ContiguousCache whose ring holds only
+// CacheSpec::ring_positions (the window plus one step) when the spec allows it. Attention
+// runs on the compressed slots through tqkv::attention (SIMD, threads).
 #pragma once
 #include <memory>
 #include <unordered_map>
@@ -32,13 +34,16 @@ class CpuKvCache final : public KvCache {
 
  private:
   struct Sequence {
-    ContiguousCache main;
+    ContiguousCache main;                   // full-attention layers (every layer without a ring)
+    std::unique_ptr<ContiguousCache> ring;  // sliding-window layers, when they keep a ring
     std::unique_ptr<RecentWindow> copies;
   };
   const Sequence& at(int64_t seq) const;
 
   KeyCentring centring_;
-  ContiguousCacheConfig config_;
+  ContiguousCacheConfig config_, ring_config_;
+  std::vector<int> index_;    // [n_layers]: the layer's index in main or ring
+  std::vector<bool> in_ring_;  // [n_layers]
   int window_ = 0;
   std::unordered_map<int64_t, Sequence> seqs_;
   int64_t next_id_ = 0;

@@ -214,6 +214,7 @@ void CudaDevice::rope(float* x, int n, int heads, int head_dim, const int64_t* p
 }
 
 void CudaDevice::swiglu(float* gate, const float* up, size_t n) { cuda::swiglu(gate, up, n, impl_->stream); }
+void CudaDevice::gelu_glu(float* gate, const float* up, size_t n) { cuda::gelu_glu(gate, up, n, impl_->stream); }
 
 void CudaDevice::add(float* x, const float* y, size_t n) { cuda::add(x, y, n, impl_->stream); }
 

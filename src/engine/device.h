@@ -92,12 +92,16 @@ class Device {
   // sequence's rows of a batch separately, so batching changes no sequence's logits.
   virtual bool row_count_changes_products() const { return false; }
   virtual void matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias = nullptr) = 0;
-  // y[t] = x[t] / rms(x[t]) * w, over d features; y may be x.
+  // y[t] = x[t] / rms(x[t]) * w, over d features; y may be x. Per-head norms pass
+  // n = tokens * heads rows of d = head_dim.
   virtual void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) = 0;
   // Rotates each head of x [n, heads, head_dim] in place, token t at positions[t] (host).
   virtual void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) = 0;
   // gate[i] = silu(gate[i]) * up[i] (SwiGLU).
   virtual void swiglu(float* gate, const float* up, size_t n) = 0;
+  // gate[i] = gelu(gate[i]) * up[i] (GeGLU), GELU in its tanh approximation
+  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as Gemma's gelu_pytorch_tanh.
+  virtual void gelu_glu(float* gate, const float* up, size_t n) = 0;
   // x[i] += y[i] (residuals).
   virtual void add(float* x, const float* y, size_t n) = 0;
   // y[i] = x[rows[i]] for rows of d floats (rows: host indices).

@@ -1,13 +1,14 @@
 // A model: its config, its weights on a device, and its forward pass over a varlen batch and a
-// KV cache. The forward pass is written once, over the device interface (device.h), for every
-// architecture of the Llama family that the engine runs correctly (Llama, SmolLM2, Mistral;
-// Qwen2 with QKV bias and NeoX RoPE); others are refused by name at load.
+// KV cache. Each architecture's forward pass is written once, over the device interface
+// (device.h), in its own file (architecture.h: the Llama family — Llama, SmolLM2, Mistral,
+// Qwen2 — and Gemma 3); others are refused by name at load.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "architecture.h"
 #include "batch.h"
 #include "cache_spec.h"
 #include "device.h"
@@ -52,19 +53,11 @@ class Model {
   void forward(int64_t seq, const int32_t* tokens, int n, KvCache& cache, float* logits, bool all_logits) const;
 
  private:
-  struct Layer {
-    DeviceBuffer attn_norm, bq, bk, bv, ffn_norm;
-    std::unique_ptr<DeviceMatrix> wq, wk, wv, wo, w_gate, w_up, w_down;
-  };
-  void forward_step(const Batch& batch, KvCache& cache, float* logits) const;
-
   ModelConfig cfg_;
   std::shared_ptr<Device> device_;
   SpecSources sources_;
-  std::unique_ptr<DeviceMatrix> tok_embd_;  // [n_vocab, d_model]
-  DeviceBuffer out_norm_;                   // [d_model]
-  std::unique_ptr<DeviceMatrix> output_;    // [n_vocab, d_model]; null when tied to tok_embd_
-  std::vector<Layer> layers_;
+  const Architecture* arch_ = nullptr;
+  ModelWeights weights_;
 };
 
 }  // namespace tqkv::engine

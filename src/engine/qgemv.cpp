@@ -50,6 +50,28 @@ void q4_1(const uint8_t* w, int cols, int r0, int r1, const float* x, const floa
   }
 }
 
+// Q5_0: the 5th bit of element j is bit j of qh; (q - 16) d = d q - 16 d.
+void q5_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
+  const int nb = cols / 32;
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * 22;
+    float acc = 0;
+    for (int i = 0; i < nb; ++i, b += 22) {
+      uint32_t qh;
+      std::memcpy(&qh, b + 2, 4);
+      const float* xb = x + 32 * i;
+      float s = 0;
+      for (int j = 0; j < 16; ++j) {
+        const int lo = (b[6 + j] & 0x0f) | (((qh >> j) & 1) << 4);
+        const int hi = (b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        s += static_cast<float>(lo) * xb[j] + static_cast<float>(hi) * xb[j + 16];
+      }
+      acc += f16(b) * (s - 16.0f * xsum[i]);
+    }
+    y[r - r0] = acc;
+  }
+}
+
 void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float*, float* y) {
   const int nb = cols / 32;
   for (int r = r0; r < r1; ++r) {
@@ -67,7 +89,7 @@ void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const floa
 
 }  // namespace
 
-QgemvKernels qgemv_scalar() { return {q4_0, q4_1, q8_0}; }
+QgemvKernels qgemv_scalar() { return {q4_0, q4_1, q5_0, q8_0}; }
 
 }  // namespace detail
 
@@ -95,6 +117,7 @@ void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int col
   switch (static_cast<TensorType>(type)) {
     case TensorType::Q4_0: k.q4_0(w, cols, r0, r1, x, xsum.data(), y); break;
     case TensorType::Q4_1: k.q4_1(w, cols, r0, r1, x, xsum.data(), y); break;
+    case TensorType::Q5_0: k.q5_0(w, cols, r0, r1, x, xsum.data(), y); break;
     case TensorType::Q8_0: k.q8_0(w, cols, r0, r1, x, xsum.data(), y); break;
     default: throw Error(ErrorCode::InvalidArgument, "qgemv: unsupported type " + tensor_type_name(type));
   }
@@ -104,7 +127,7 @@ void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int col
 
 bool qgemv_supported(uint32_t type) {
   const auto t = static_cast<TensorType>(type);
-  return t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q8_0;
+  return t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q5_0 || t == TensorType::Q8_0;
 }
 
 const char* qgemv_isa() { return active_simd_level() >= SimdLevel::Avx2 ? "avx2" : "scalar"; }

@@ -1,5 +1,5 @@
 // Matrix-vector products straight from GGUF quantized blocks, for decode: one token streams
-// the weights once, so reading 0.56-1.06 bytes per weight (Q4_0/Q4_1/Q8_0) instead of 4
+// the weights once, so reading 0.56-1.06 bytes per weight (Q4_0/Q4_1/Q5_0/Q8_0) instead of 4
 // (expanded float32) is what sets decode speed.
 //
 // The result equals the float32 product with the dequantized matrix up to summation order:

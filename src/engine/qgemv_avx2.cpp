@@ -67,6 +67,38 @@ void q4_1(const uint8_t* w, int cols, int r0, int r1, const float* x, const floa
   }
 }
 
+// sum_j x_j over the elements of one block whose bit j of qh is set (Q5_0's 5th bits).
+inline __m256 sum_where_bit(uint32_t qh, const float* xb) {
+  const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  __m256 s = _mm256_setzero_ps();
+  for (int k = 0; k < 4; ++k) {
+    const __m256i bits = _mm256_and_si256(_mm256_set1_epi32(static_cast<int>((qh >> (8 * k)) & 0xff)), sel);
+    const __m256 m = _mm256_castsi256_ps(_mm256_cmpeq_epi32(bits, sel));
+    s = _mm256_add_ps(s, _mm256_and_ps(m, _mm256_loadu_ps(xb + 8 * k)));
+  }
+  return s;
+}
+
+void q5_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
+  const int nb = cols / 32;
+  const __m256 sixteen = _mm256_set1_ps(16.0f);
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * 22;
+    __m256 acc = _mm256_setzero_ps();
+    float corr = 0;
+    for (int i = 0; i < nb; ++i, b += 22) {
+      uint32_t qh;
+      std::memcpy(&qh, b + 2, 4);
+      const float d = f16(b);
+      const float* xb = x + 32 * i;
+      const __m256 s = _mm256_fmadd_ps(sum_where_bit(qh, xb), sixteen, dot_nibbles(b + 6, xb));
+      acc = _mm256_fmadd_ps(s, _mm256_set1_ps(d), acc);
+      corr += d * xsum[i];
+    }
+    y[r - r0] = hsum(acc) - 16.0f * corr;
+  }
+}
+
 void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float*, float* y) {
   const int nb = cols / 32;
   for (int r = r0; r < r1; ++r) {
@@ -87,6 +119,6 @@ void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const floa
 
 }  // namespace
 
-QgemvKernels qgemv_avx2() { return {q4_0, q4_1, q8_0}; }
+QgemvKernels qgemv_avx2() { return {q4_0, q4_1, q5_0, q8_0}; }
 
 }  // namespace tqkv::engine::detail

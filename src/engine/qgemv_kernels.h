@@ -8,7 +8,7 @@ namespace tqkv::engine::detail {
 using QgemvFn = void (*)(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y);
 
 struct QgemvKernels {
-  QgemvFn q4_0, q4_1, q8_0;
+  QgemvFn q4_0, q4_1, q5_0, q8_0;
 };
 
 QgemvKernels qgemv_scalar();

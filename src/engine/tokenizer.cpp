@@ -160,6 +160,73 @@ void gpt2_split(std::string_view text, const std::vector<Cp>& cps, size_t b, siz
   }
 }
 
+// Qwen2's split (Llama 3's with single digits), by hand like gpt2_split:
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// The alternatives are tried in order at each position, as the regex engine does.
+void qwen2_split(std::string_view text, const std::vector<Cp>& cps, size_t b, size_t e,
+                 std::vector<std::string_view>& out) {
+  auto emit = [&](size_t i, size_t j) {
+    const size_t off = cps[i].off;
+    out.push_back(text.substr(off, cps[j - 1].off + cps[j - 1].len - off));
+  };
+  auto lower = [&](size_t i) { return i < e && cps[i].cp < 0x80 ? cps[i].cp | 0x20u : 0u; };
+  auto letter = [&](size_t i) { return i < e && is_letter(cps[i].cp); };
+  auto newline = [](uint32_t c) { return c == '\r' || c == '\n'; };
+  auto other = [&](size_t i) {  // [^\s\p{L}\p{N}]
+    return i < e && !is_space(cps[i].cp) && !is_letter(cps[i].cp) && !is_number(cps[i].cp);
+  };
+  size_t i = b;
+  while (i < e) {
+    const uint32_t c = cps[i].cp;
+    if (c == '\'' && i + 1 < e) {  // contractions, any case
+      const uint32_t c1 = lower(i + 1), c2 = lower(i + 2);
+      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
+        emit(i, i + 2);
+        i += 2;
+        continue;
+      }
+      if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
+        emit(i, i + 3);
+        i += 3;
+        continue;
+      }
+    }
+    if (!newline(c) && !is_number(c) && (letter(i) || letter(i + 1))) {  // [^\r\n\p{L}\p{N}]?\p{L}+
+      size_t j = i + 1;
+      while (letter(j)) ++j;
+      emit(i, j);
+      i = j;
+      continue;
+    }
+    if (is_number(c)) {  // \p{N}
+      emit(i, i + 1);
+      ++i;
+      continue;
+    }
+    const size_t j0 = c == ' ' && other(i + 1) ? i + 1 : i;
+    if (other(j0)) {  // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+      size_t j = j0;
+      while (other(j)) ++j;
+      while (j < e && newline(cps[j].cp)) ++j;
+      emit(i, j);
+      i = j;
+      continue;
+    }
+    // A whitespace run [i, j): through its last newline when it has one (`\s*[\r\n]+`), else
+    // all but its last character when a non-space follows (`\s+(?!\S)`), else all of it.
+    size_t j = i, last_nl = 0;
+    while (j < e && is_space(cps[j].cp)) {
+      if (newline(cps[j].cp)) last_nl = j + 1;
+      ++j;
+    }
+    if (j == i) j = i + 1;  // unreachable: every code point is a letter, number, space or other
+    else if (last_nl > 0) j = last_nl;
+    else if (j < e && j - i >= 2) --j;
+    emit(i, j);
+    i = j;
+  }
+}
+
 // GPT-2's byte <-> printable code point table: printable Latin-1 bytes map to themselves,
 // the rest to 256, 257, ... in byte order, so every byte string becomes visible text.
 const std::array<uint32_t, 256>& byte_to_cp() {
@@ -210,12 +277,13 @@ void Tokenizer::build_index() {
   for (size_t i = 0; i < tokens_.size(); ++i) {
     index_.emplace(tokens_[i], static_cast<int32_t>(i));
     const int t = types_[i];
-    if ((t == kTypeControl || t == kTypeUser) && !tokens_[i].empty()) specials_.push_back(static_cast<int32_t>(i));
+    if ((t == kTypeControl || t == kTypeUser) && !tokens_[i].empty())
+      specials_[static_cast<unsigned char>(tokens_[i][0])].push_back(static_cast<int32_t>(i));
     if (t == kTypeUnknown && unk_ < 0) unk_ = static_cast<int32_t>(i);
   }
   // Longest first, so "<|im_start|>" wins over any shorter special that is its prefix.
-  std::stable_sort(specials_.begin(), specials_.end(),
-                   [&](int32_t a, int32_t b) { return tokens_[a].size() > tokens_[b].size(); });
+  for (std::vector<int32_t>& v : specials_)
+    std::stable_sort(v.begin(), v.end(), [&](int32_t a, int32_t b) { return tokens_[a].size() > tokens_[b].size(); });
   for (const char* s : {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>"}) {
     const int32_t id = token_id(s);
     if (id >= 0) end_of_gen_.push_back(id);
@@ -255,6 +323,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   t.add_space_prefix_ = f.get_bool("tokenizer.ggml.add_space_prefix", kind == Kind::SentencePiece);
   const std::string pre = f.get_string("tokenizer.ggml.pre", "default");
   t.split_digits_ = pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r";
+  t.llama3_split_ = pre == "qwen2";
   t.chat_template_ = f.get_string("tokenizer.chat_template", "");
   if (t.eos_ >= 0 && std::find(t.end_of_gen_.begin(), t.end_of_gen_.end(), t.eos_) == t.end_of_gen_.end())
     t.end_of_gen_.push_back(t.eos_);
@@ -274,13 +343,13 @@ bool Tokenizer::is_end_of_generation(int32_t id) const {
   return std::find(end_of_gen_.begin(), end_of_gen_.end(), id) != end_of_gen_.end();
 }
 
-void Tokenizer::split_special(std::string_view text, std::vector<std::pair<std::string_view, int32_t>>& parts) const {
+void Tokenizer::split_special(std::string_view text, bool control,
+                              std::vector<std::pair<std::string_view, int32_t>>& parts) const {
   size_t start = 0, i = 0;
   while (i < text.size()) {
     int32_t hit = -1;
-    for (int32_t id : specials_) {
-      const std::string& s = tokens_[id];
-      if (static_cast<unsigned char>(s[0]) == static_cast<unsigned char>(text[i]) && text.compare(i, s.size(), s) == 0) {
+    for (int32_t id : specials_[static_cast<unsigned char>(text[i])]) {
+      if ((control || types_[id] == kTypeUser) && text.compare(i, tokens_[id].size(), tokens_[id]) == 0) {
         hit = id;
         break;
       }
@@ -301,8 +370,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
   std::vector<int32_t> out;
   if (add_bos && bos_ >= 0) out.push_back(bos_);
   std::vector<std::pair<std::string_view, int32_t>> parts;
-  if (parse_special) split_special(text, parts);
-  else if (!text.empty()) parts.emplace_back(text, -1);
+  split_special(text, parse_special, parts);
   bool first = true;
   for (const auto& [s, id] : parts) {
     if (id >= 0) {
@@ -320,15 +388,19 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
 void Tokenizer::encode_gpt2(std::string_view text, std::vector<int32_t>& out) const {
   const std::vector<Cp> cps = code_points(text);
   std::vector<std::string_view> words;
-  // SmolLM-style pre-tokenizers first isolate every digit, then apply the GPT-2 split to the
-  // runs in between.
-  size_t b = 0;
-  for (size_t i = 0; i <= cps.size(); ++i) {
-    const bool digit = i < cps.size() && split_digits_ && is_number(cps[i].cp);
-    if (i == cps.size() || digit) {
-      if (i > b) gpt2_split(text, cps, b, i, words);
-      if (digit) words.push_back(text.substr(cps[i].off, cps[i].len));
-      b = i + 1;
+  if (llama3_split_) {
+    qwen2_split(text, cps, 0, cps.size(), words);
+  } else {
+    // SmolLM-style pre-tokenizers first isolate every digit, then apply the GPT-2 split to
+    // the runs in between.
+    size_t b = 0;
+    for (size_t i = 0; i <= cps.size(); ++i) {
+      const bool digit = i < cps.size() && split_digits_ && is_number(cps[i].cp);
+      if (i == cps.size() || digit) {
+        if (i > b) gpt2_split(text, cps, b, i, words);
+        if (digit) words.push_back(text.substr(cps[i].off, cps[i].len));
+        b = i + 1;
+      }
     }
   }
   const auto& b2c = byte_to_cp();
@@ -461,24 +533,46 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_control) c
 }
 
 std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
-  const std::string& t = chat_template_;
+  // A GGUF without a template (Gemma-3-270m's base model has none): the family whose turn
+  // markers the vocabulary has, as the model's own tokenizer_config.json gives it.
+  std::string fallback;
+  if (chat_template_.empty()) {
+    for (const char* marker : {"<start_of_turn>", "<|im_start|>", "<|start_header_id|>"})
+      if (token_id(marker) >= 0 && types_[token_id(marker)] == kTypeControl) {
+        fallback = marker;
+        break;
+      }
+  }
+  const std::string& t = chat_template_.empty() ? fallback : chat_template_;
   std::string out;
   const bool has_system = !messages.empty() && messages[0].role == "system";
   if (t.find("<|im_start|>") != std::string::npos) {
     // ChatML. Some templates (SmolLM2, Qwen2) insert a default system turn when the
     // conversation has none; lift its text out of the template so we insert the same.
+    // Qwen2.5's sits in a Jinja string literal ('<|im_start|>system\nYou are Qwen, ...'), after
+    // turns that splice in the caller's system text: take the first system turn whose text is
+    // literal up to <|im_end|>, with the literal's \n escapes undone.
     if (!has_system) {
       const std::string open = "<|im_start|>system";
-      const size_t a = t.find(open);
-      if (a != std::string::npos) {
+      for (size_t a = t.find(open); a != std::string::npos; a = t.find(open, a + open.size())) {
         size_t s = a + open.size();
         if (t.compare(s, 2, "\\n") == 0) s += 2;
         else if (s < t.size() && t[s] == '\n') s += 1;
         const size_t e = t.find("<|im_end|>", s);
-        if (e != std::string::npos && t.find("{{", s) > e && t.find("{%", s) > e) {
-          std::string sys = t.substr(s, e - s);
-          out += "<|im_start|>system\n" + sys + "<|im_end|>\n";
+        if (e == std::string::npos) break;
+        const std::string sys = t.substr(s, e - s);
+        if (sys.empty() || sys.find_first_of("{}'\"+") != std::string::npos) continue;
+        std::string text;
+        for (size_t i = 0; i < sys.size(); ++i) {
+          if (sys.compare(i, 2, "\\n") == 0) {
+            text += '\n';
+            ++i;
+          } else {
+            text += sys[i];
+          }
         }
+        out += "<|im_start|>system\n" + text + "<|im_end|>\n";
+        break;
       }
     }
     for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
@@ -520,7 +614,7 @@ std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messa
     return out;
   }
   throw Error(ErrorCode::InvalidArgument,
-              t.empty() ? "the model has no chat template; use raw prompting (--raw)"
+              t.empty() ? "the model has no chat template and no known turn markers; use raw prompting (--raw)"
                         : "unrecognised chat template (ChatML, Llama 2/3 and Gemma are supported); use --raw");
 }
 

@@ -1,15 +1,19 @@
 // Text <-> token ids, built from a GGUF file's tokenizer.ggml.* metadata.
 //
 // Two models:
-//  - "gpt2": byte-level BPE (GPT-2 style; SmolLM2, Llama 3, Qwen2). Text is split by the
-//    pre-tokenizer named in tokenizer.ggml.pre, each piece's bytes are mapped to printable
+//  - "gpt2": byte-level BPE (GPT-2 style; SmolLM2, Qwen2). Text is split by the
+//    pre-tokenizer named in tokenizer.ggml.pre (GPT-2's rule, with digits isolated for
+//    "smollm"; Llama 3's rule with single digits for "qwen2"), each piece's bytes are mapped to printable
 //    code points, and merges are applied by rank (tokenizer.ggml.merges order).
 //  - "llama": SentencePiece style BPE. Spaces become U+2581, pieces merge by highest score
 //    (tokenizer.ggml.scores), and anything left out of the vocabulary falls back to <0xXX>
 //    byte tokens.
-// Special tokens (control and user-defined types) are matched verbatim in the input when
-// parse_special is set, so chat-template markers like <|im_start|> become single ids.
+// Special tokens are matched verbatim in the input, longest first, as llama.cpp and Hugging
+// Face do: user-defined ones (Gemma's whitespace runs, Qwen's <tool_call>) always, control
+// ones only when parse_special is set, so chat-template markers like <|im_start|> become
+// single ids in prompts and stay text in a document.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -56,14 +60,17 @@ class Tokenizer {
   // The model's chat template (tokenizer.chat_template) rendered for these messages. The
   // templates are Jinja; rather than embed a Jinja engine we recognise the common families
   // (ChatML, Llama 3, Gemma, Llama 2) and render them natively, including ChatML's default
-  // system prompt when the template carries one. Throws Error(InvalidArgument) for an
+  // system prompt when the template carries one. A file without a template gets the family
+  // whose turn markers its vocabulary has as control tokens (<start_of_turn>: Gemma,
+  // <|im_start|>: ChatML, <|start_header_id|>: Llama 3). Throws Error(InvalidArgument) for an
   // unrecognised template.
   std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
   const std::string& chat_template() const { return chat_template_; }
 
  private:
   void build_index();
-  void split_special(std::string_view text, std::vector<std::pair<std::string_view, int32_t>>& parts) const;
+  void split_special(std::string_view text, bool control,
+                     std::vector<std::pair<std::string_view, int32_t>>& parts) const;
   void encode_gpt2(std::string_view text, std::vector<int32_t>& out) const;
   void encode_spm(std::string_view text, std::vector<int32_t>& out, bool first) const;
 
@@ -73,12 +80,14 @@ class Tokenizer {
   std::vector<float> scores_;
   std::unordered_map<std::string, int32_t> index_;
   std::unordered_map<std::string, int> merge_rank_;  // "left right" -> rank
-  std::vector<int32_t> specials_;                    // control/user-defined tokens, longest first
+  // Control and user-defined tokens by their first byte, longest first.
+  std::array<std::vector<int32_t>, 256> specials_;
   std::vector<int32_t> end_of_gen_;
   int32_t bos_ = -1, eos_ = -1, unk_ = -1;
   bool add_bos_ = false;
   bool add_space_prefix_ = true;
   bool split_digits_ = false;  // the pre-tokenizer isolates every digit (SmolLM, StarCoder)
+  bool llama3_split_ = false;  // Llama 3's split rule with single digits (tokenizer.ggml.pre "qwen2")
   std::string chat_template_;
 };
 

@@ -18,7 +18,7 @@
 #include "eval/calibrate.h"
 #include "eval/eval.h"
 #include "eval/perplexity.h"
-#include "smol_model.h"
+#include "real_models.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {

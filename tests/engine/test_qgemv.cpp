@@ -41,7 +41,7 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
     SimdLevel level = active_simd_level();
     ~Restore() { set_simd_level(level); }
   } restore;
-  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
+  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0}) {
     const uint32_t t = static_cast<uint32_t>(type);
     ASSERT_TRUE(qgemv_supported(t));
     const std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);

@@ -18,7 +18,7 @@
 #include "engine/gguf.h"
 #include "engine/recipe.h"
 #include "gguf_builder.h"
-#include "smol_model.h"
+#include "real_models.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {

@@ -194,5 +194,26 @@ TEST(Tokenizer, UnknownChatTemplate) {
   EXPECT_THROW(tok.apply_chat_template({{"user", "x"}}), Error);
 }
 
+// Without a template in the file, the family whose turn markers are control tokens.
+TEST(Tokenizer, ChatTemplateFromTurnMarkersWhenTheFileHasNone) {
+  Tokenizer chatml(Tokenizer::Kind::BytePairGpt2, {"a", "<|im_start|>", "<|im_end|>"}, {1, 3, 3}, {}, {});
+  EXPECT_EQ(chatml.apply_chat_template({{"user", "x"}}), "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
+  Tokenizer gemma(Tokenizer::Kind::BytePairGpt2, {"a", "<start_of_turn>", "<end_of_turn>"}, {1, 3, 3}, {}, {});
+  EXPECT_EQ(gemma.apply_chat_template({{"system", "s"}, {"user", "x"}}),
+            "<start_of_turn>user\ns\n\nx<end_of_turn>\n<start_of_turn>model\n");
+  Tokenizer text(Tokenizer::Kind::BytePairGpt2, {"a", "<start_of_turn>"}, {1, 1}, {}, {});  // not a control token
+  EXPECT_THROW(text.apply_chat_template({{"user", "x"}}), Error);
+}
+
+// User-defined tokens (Gemma's whitespace runs) match in plain text too; control tokens only
+// when asked, as llama.cpp and Hugging Face tokenize.
+TEST(Tokenizer, UserDefinedTokensMatchInPlainText) {
+  Tokenizer tok(Tokenizer::Kind::SentencePiece, {"<unk>", "a", "b", "\n\n", "<c>", "\xe2\x96\x81"}, {2, 1, 1, 4, 3, 1},
+                {0.0f, -1.0f, -1.0f, 0.0f, 0.0f, -1.0f}, {});
+  EXPECT_EQ(tok.encode("a\n\nb", false), (std::vector<int32_t>{5, 1, 3, 2}));  // 5: the dummy prefix
+  EXPECT_EQ(tok.encode("a<c>", true), (std::vector<int32_t>{5, 1, 4}));
+  EXPECT_EQ(tok.encode("a<c>", false), (std::vector<int32_t>{5, 1, 0, 0, 0}));
+}
+
 }  // namespace
 }  // namespace tqkv::engine

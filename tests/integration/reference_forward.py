@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Independent reference for the engine's forward pass: a plain NumPy Llama over a GGUF read
-with the PyPI `gguf` package (its own reader and dequantizers, none of tqkv's code).
+"""Independent reference for the engine's forward pass: a plain NumPy model over a GGUF read
+with the PyPI `gguf` package (its own reader and dequantizers, none of tqkv's code). Llama
+family (llama, mistral, qwen2) and Gemma 3, written from the models' published definitions
+(Hugging Face transformers' modeling_llama / modeling_qwen2 / modeling_gemma3).
 
-    python3 reference_forward.py MODEL.gguf TOKEN_ID [TOKEN_ID ...] -o logits.f32
+    python3 reference_forward.py MODEL.gguf TOKEN_ID [TOKEN_ID ...] -o logits.f32 [--tail N]
 
-writes the logits of every position as float32 [n_tokens, n_vocab], row-major. Attention is
-exact (float64 softmax over all previous positions), so this is the f32-cache oracle that
-tests/engine/reference_test.cpp compares against.
+writes the logits of every position (or of the last N) as float32 [rows, n_vocab], row-major.
+Attention is exact (float64 softmax over the visible positions: all earlier ones, or the
+sliding window of Gemma 3's local layers), so this is the f32-cache oracle that
+tests/engine/test_model.cpp compares against.
 """
 import argparse
 import sys
@@ -28,6 +31,7 @@ def main():
     ap.add_argument("model")
     ap.add_argument("tokens", type=int, nargs="+")
     ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--tail", type=int, default=0, help="write only the last N positions' logits")
     a = ap.parse_args()
 
     r = GGUFReader(a.model)
@@ -38,7 +42,10 @@ def main():
     d = int(field(r, f"{arch}.embedding_length"))
     eps = float(field(r, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
     base = float(field(r, f"{arch}.rope.freq_base", 10000.0))
-    hd = d // n_heads
+    hd = int(field(r, f"{arch}.attention.key_length", d // n_heads))
+    gemma = arch == "gemma3"
+    if arch not in ("llama", "mistral", "qwen2", "gemma3"):
+        sys.exit(f"reference_forward: architecture {arch!r} is not covered")
     tensors = {t.name: t for t in r.tensors}
 
     def W(name):
@@ -53,35 +60,54 @@ def main():
     toks = np.array(a.tokens)
     n = len(toks)
     pos = np.arange(n, dtype=np.float64)
-    inv = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
-    ang = pos[:, None] * inv[None, :]  # [n, hd/2]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
 
-    def rope(x):  # x [n, heads, hd]; llama GGUFs pair adjacent coordinates (2i, 2i+1)
-        if arch == "qwen2":
+    def rope_tables(theta):
+        inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+        ang = pos[:, None] * inv[None, :]  # [n, hd/2]
+        return np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+    def rope(x, cs):  # x [n, heads, hd]
+        cos, sin = cs
+        if arch in ("qwen2", "gemma3"):  # NeoX: rotate (i, i + hd/2)
             x0, x1 = x[..., : hd // 2], x[..., hd // 2:]
             return np.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
+        # llama GGUFs pair adjacent coordinates (2i, 2i+1): the converter permuted q/k rows
         x0, x1 = x[..., 0::2], x[..., 1::2]
         out = np.empty_like(x)
         out[..., 0::2] = x0 * cos - x1 * sin
         out[..., 1::2] = x0 * sin + x1 * cos
         return out
 
+    def gelu_tanh(x):
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+    causal = np.triu(np.full((n, n), -np.inf), 1)
+    rope_global = rope_tables(base)
+    if gemma:
+        # Five local layers (sliding window, RoPE base 10000) for every global one. Gemma's
+        # RMSNorm multiplies by (1 + w); llama.cpp's converter stores 1 + w in the GGUF.
+        window = int(field(r, "gemma3.attention.sliding_window"))
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        local_mask = np.where((j <= i) & (j > i - window), 0.0, -np.inf)
+        rope_local = rope_tables(10000.0)
+
     emb = W("token_embd.weight")
-    x = emb[toks]
-    mask = np.triu(np.full((n, n), -np.inf), 1)
+    x = emb[toks] * (np.sqrt(d) if gemma else 1.0)
     group = n_heads // n_kv
     for l in range(n_layers):
         p = f"blk.{l}."
+        local = gemma and (l + 1) % 6 != 0
+        mask, cs = (local_mask, rope_local) if local else (causal, rope_global)
         h = rmsnorm(x, W(p + "attn_norm.weight"))
         q = h @ W(p + "attn_q.weight").T
         k = h @ W(p + "attn_k.weight").T
         v = h @ W(p + "attn_v.weight").T
         if p + "attn_q.bias" in tensors:
             q, k, v = q + W(p + "attn_q.bias"), k + W(p + "attn_k.bias"), v + W(p + "attn_v.bias")
-        q = rope(q.reshape(n, n_heads, hd))
-        k = rope(k.reshape(n, n_kv, hd))
-        v = v.reshape(n, n_kv, hd)
+        q, k, v = q.reshape(n, n_heads, hd), k.reshape(n, n_kv, hd), v.reshape(n, n_kv, hd)
+        if gemma:
+            q, k = rmsnorm(q, W(p + "attn_q_norm.weight")), rmsnorm(k, W(p + "attn_k_norm.weight"))
+        q, k = rope(q, cs), rope(k, cs)
         o = np.empty((n, n_heads, hd))
         for hh in range(n_heads):
             kv = hh // group
@@ -89,16 +115,24 @@ def main():
             s = np.exp(s - s.max(axis=1, keepdims=True))
             s /= s.sum(axis=1, keepdims=True)
             o[:, hh, :] = s @ v[:, kv, :]
-        x = x + o.reshape(n, d) @ W(p + "attn_output.weight").T
+        o = o.reshape(n, n_heads * hd) @ W(p + "attn_output.weight").T
+        if gemma:
+            o = rmsnorm(o, W(p + "post_attention_norm.weight"))
+        x = x + o
         h = rmsnorm(x, W(p + "ffn_norm.weight"))
         g = h @ W(p + "ffn_gate.weight").T
         u = h @ W(p + "ffn_up.weight").T
-        x = x + (g / (1 + np.exp(-g)) * u) @ W(p + "ffn_down.weight").T
+        f = ((gelu_tanh(g) if gemma else g / (1 + np.exp(-g))) * u) @ W(p + "ffn_down.weight").T
+        if gemma:
+            f = rmsnorm(f, W(p + "post_ffw_norm.weight"))
+        x = x + f
+    if a.tail:
+        x = x[-a.tail:]
     h = rmsnorm(x, W("output_norm.weight"))
     head = W("output.weight") if "output.weight" in tensors else emb
     logits = (h @ head.T).astype(np.float32)
     logits.tofile(a.out)
-    print(f"reference: {n} tokens, vocab {logits.shape[1]}", file=sys.stderr)
+    print(f"reference: {n} tokens, {logits.shape[0]} rows of vocab {logits.shape[1]}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "../engine/smol_model.h"
+#include "../engine/real_models.h"
 #include "engine/model.h"
 #include "outlier_keys.h"
 #include "tqkv/error.h"

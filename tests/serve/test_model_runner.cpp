@@ -14,7 +14,7 @@
 #include <mutex>
 
 #include "engine/generate.h"
-#include "engine/smol_model.h"  // tests/engine/smol_model.h
+#include "engine/real_models.h"  // tests/engine/real_models.h
 #include "serve/engine_loop.h"
 #include "tqkv/error.h"
 

@@ -1,0 +1,106 @@
+// Gemma 3 (text): Llama-like attention with GQA and NeoX RoPE, plus
+//  - the embedding scaled by sqrt(d_model);
+//  - per-head RMSNorm of q and k before RoPE (attn_q_norm, attn_k_norm, [head_dim]);
+//  - "sandwich" norms: RMSNorm of the attention output and of the FFN output before each
+//    residual add (post_attention_norm, post_ffw_norm), next to the usual pre-norms;
+//  - GeGLU FFN with the tanh approximation of GELU;
+//  - local/global layers: five of every six layers attend within a sliding window
+//    (gemma3.attention.sliding_window) with RoPE base 10000, every sixth attends to all
+//    positions with gemma3.rope.freq_base;
+//  - the output head tied to the embeddings.
+// RMSNorm weights are used as stored: llama.cpp's converter writes Gemma's (1 + w). The
+// attention scale 1/sqrt(query_pre_attn_scalar) is 1/sqrt(head_dim) for every size but 27B,
+// which the GGUF does not say; the cache applies 1/sqrt(head_dim).
+#include <cmath>
+#include <string>
+
+#include "architecture.h"
+#include "gguf.h"
+#include "tqkv/error.h"
+
+namespace tqkv::engine {
+namespace {
+
+constexpr int kGlobalEvery = 6;              // layers l with (l + 1) % 6 == 0 are global
+constexpr float kLocalRopeBase = 10000.0f;  // Gemma 3's rope_local_base_freq
+
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::Format, "model: " + what); }
+
+void configure(const GgufFile& f, ModelConfig& c) {
+  c.rope.layout = RopeLayout::Halves;
+  if (f.has("gemma3.rope.scaling.type") && f.get_string("gemma3.rope.scaling.type") != "none")
+    bad("gemma3 with RoPE scaling (" + f.get_string("gemma3.rope.scaling.type") + ") is not supported");
+  const int64_t window = f.get_int("gemma3.attention.sliding_window");
+  if (window <= 0 || window > (1 << 24)) bad("gemma3.attention.sliding_window = " + std::to_string(window) + " is out of range");
+  c.layer_window.assign(c.n_layers, 0);
+  for (int l = 0; l < c.n_layers; ++l)
+    if ((l + 1) % kGlobalEvery != 0) c.layer_window[l] = static_cast<int>(window);
+  c.rope_local = c.rope;
+  c.rope_local.base = kLocalRopeBase;
+}
+
+void load(const WeightLoader& w, const ModelConfig& c, ModelWeights& out) {
+  const int d = c.d_model, hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+  if (!c.tied_embeddings) bad("gemma3 with an untied output head (output.weight) is not supported");
+  out.layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& L = out.layers[l];
+    L.attn_norm = w.vec(p + "attn_norm.weight", d);
+    L.wq = w.matrix(p + "attn_q.weight", d, q_dim);
+    L.wk = w.matrix(p + "attn_k.weight", d, kv_dim);
+    L.wv = w.matrix(p + "attn_v.weight", d, kv_dim);
+    L.q_norm = w.vec(p + "attn_q_norm.weight", hd);
+    L.k_norm = w.vec(p + "attn_k_norm.weight", hd);
+    L.wo = w.matrix(p + "attn_output.weight", q_dim, d);
+    L.post_attn_norm = w.vec(p + "post_attention_norm.weight", d);
+    L.ffn_norm = w.vec(p + "ffn_norm.weight", d);
+    L.w_gate = w.matrix(p + "ffn_gate.weight", d, c.d_ff);
+    L.w_up = w.matrix(p + "ffn_up.weight", d, c.d_ff);
+    L.w_down = w.matrix(p + "ffn_down.weight", c.d_ff, d);
+    L.post_ffn_norm = w.vec(p + "post_ffw_norm.weight", d);
+  }
+}
+
+void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Batch& batch, KvCache& cache,
+             float* logits) {
+  const int n = batch.size();
+  const int d = c.d_model, hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd, ff = c.d_ff;
+  const size_t N = static_cast<size_t>(n);
+  DeviceBuffer x = dev.alloc(N * d), xn = dev.alloc(N * d), q = dev.alloc(N * q_dim), k = dev.alloc(N * kv_dim),
+               v = dev.alloc(N * kv_dim), att = dev.alloc(N * q_dim), gate = dev.alloc(N * ff), up = dev.alloc(N * ff);
+  const StepProducts P(dev, batch);
+  dev.embed(*w.tok_embd, batch.tokens.data(), n, std::sqrt(static_cast<float>(d)), x.data());
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    const RopeParams& rope = c.rope_at(l);
+    dev.rmsnorm(x.data(), L.attn_norm.data(), n, d, c.rms_eps, xn.data());
+    P.matmul(xn.data(), *L.wq, q.data());
+    P.matmul(xn.data(), *L.wk, k.data());
+    P.matmul(xn.data(), *L.wv, v.data());
+    dev.rmsnorm(q.data(), L.q_norm.data(), n * c.n_heads, hd, c.rms_eps, q.data());  // each head its own row
+    dev.rmsnorm(k.data(), L.k_norm.data(), n * c.n_kv_heads, hd, c.rms_eps, k.data());
+    dev.rope(q.data(), n, c.n_heads, hd, batch.positions.data(), rope);
+    dev.rope(k.data(), n, c.n_kv_heads, hd, batch.positions.data(), rope);
+    cache.attend(l, batch, q.data(), k.data(), v.data(), att.data());
+    P.matmul(att.data(), *L.wo, xn.data());
+    dev.rmsnorm(xn.data(), L.post_attn_norm.data(), n, d, c.rms_eps, xn.data());
+    dev.add(x.data(), xn.data(), N * d);
+
+    dev.rmsnorm(x.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data());
+    P.matmul(xn.data(), *L.w_gate, gate.data());
+    P.matmul(xn.data(), *L.w_up, up.data());
+    dev.gelu_glu(gate.data(), up.data(), N * ff);
+    P.matmul(gate.data(), *L.w_down, xn.data());
+    dev.rmsnorm(xn.data(), L.post_ffn_norm.data(), n, d, c.rms_eps, xn.data());
+    dev.add(x.data(), xn.data(), N * d);
+  }
+  output_logits(c, w, dev, P, batch, x.data(), xn.data(), logits);
+}
+
+}  // namespace
+
+const Architecture kGemma3Architecture{"gemma3", configure, load, forward};
+
+}  // namespace tqkv::engine

@@ -1,0 +1,77 @@
+// The Llama family: Llama, SmolLM2, Mistral, Qwen2 (QKV bias, NeoX RoPE).
+//
+// Per layer: RMSNorm -> Q, K, V (+ bias) -> RoPE -> attention through the cache -> output
+// projection + residual -> RMSNorm -> SwiGLU FFN + residual. Final RMSNorm, output head.
+#include <string>
+
+#include "architecture.h"
+#include "gguf.h"
+
+namespace tqkv::engine {
+namespace {
+
+void configure(const GgufFile& /*f*/, ModelConfig& c) {
+  // Llama GGUFs carry q/k rows permuted by the converter to rotate adjacent pairs; Qwen2's
+  // are in the model's own NeoX order.
+  c.rope.layout = c.arch == "qwen2" ? RopeLayout::Halves : RopeLayout::Adjacent;
+  c.layer_window.assign(c.n_layers, 0);  // every layer attends to all positions
+}
+
+void load(const WeightLoader& w, const ModelConfig& c, ModelWeights& out) {
+  const int d = c.d_model, q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+  out.layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& L = out.layers[l];
+    L.attn_norm = w.vec(p + "attn_norm.weight", d);
+    L.wq = w.matrix(p + "attn_q.weight", d, q_dim);
+    L.wk = w.matrix(p + "attn_k.weight", d, kv_dim);
+    L.wv = w.matrix(p + "attn_v.weight", d, kv_dim);
+    L.wo = w.matrix(p + "attn_output.weight", q_dim, d);
+    L.bq = w.optional_vec(p + "attn_q.bias", q_dim);
+    L.bk = w.optional_vec(p + "attn_k.bias", kv_dim);
+    L.bv = w.optional_vec(p + "attn_v.bias", kv_dim);
+    L.ffn_norm = w.vec(p + "ffn_norm.weight", d);
+    L.w_gate = w.matrix(p + "ffn_gate.weight", d, c.d_ff);
+    L.w_up = w.matrix(p + "ffn_up.weight", d, c.d_ff);
+    L.w_down = w.matrix(p + "ffn_down.weight", c.d_ff, d);
+  }
+}
+
+void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Batch& batch, KvCache& cache,
+             float* logits) {
+  const int n = batch.size();
+  const int d = c.d_model, hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd, ff = c.d_ff;
+  const size_t N = static_cast<size_t>(n);
+  DeviceBuffer x = dev.alloc(N * d), xn = dev.alloc(N * d), q = dev.alloc(N * q_dim), k = dev.alloc(N * kv_dim),
+               v = dev.alloc(N * kv_dim), att = dev.alloc(N * q_dim), gate = dev.alloc(N * ff), up = dev.alloc(N * ff);
+  const StepProducts P(dev, batch);
+  dev.embed(*w.tok_embd, batch.tokens.data(), n, 1.0f, x.data());
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    dev.rmsnorm(x.data(), L.attn_norm.data(), n, d, c.rms_eps, xn.data());
+    P.matmul(xn.data(), *L.wq, q.data(), L.bq.data());
+    P.matmul(xn.data(), *L.wk, k.data(), L.bk.data());
+    P.matmul(xn.data(), *L.wv, v.data(), L.bv.data());
+    dev.rope(q.data(), n, c.n_heads, hd, batch.positions.data(), c.rope);
+    dev.rope(k.data(), n, c.n_kv_heads, hd, batch.positions.data(), c.rope);
+    cache.attend(l, batch, q.data(), k.data(), v.data(), att.data());
+    P.matmul(att.data(), *L.wo, xn.data());
+    dev.add(x.data(), xn.data(), N * d);
+
+    dev.rmsnorm(x.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data());
+    P.matmul(xn.data(), *L.w_gate, gate.data());
+    P.matmul(xn.data(), *L.w_up, up.data());
+    dev.swiglu(gate.data(), up.data(), N * ff);
+    P.matmul(gate.data(), *L.w_down, xn.data());
+    dev.add(x.data(), xn.data(), N * d);
+  }
+  output_logits(c, w, dev, P, batch, x.data(), xn.data(), logits);
+}
+
+}  // namespace
+
+const Architecture kLlamaArchitecture{"llama", configure, load, forward};
+
+}  // namespace tqkv::engine

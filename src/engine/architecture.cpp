@@ -1,0 +1,114 @@
+#include "architecture.h"
+
+#include <string>
+
+#include "dequant.h"
+#include "gguf.h"
+#include "tqkv/error.h"
+
+namespace tqkv::engine {
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::Format, "model: " + what); }
+
+// general.architecture -> definition.
+struct Entry {
+  const char* arch;
+  const Architecture* def;
+};
+const Entry kArchitectures[] = {
+    {"llama", &kLlamaArchitecture},
+    {"mistral", &kLlamaArchitecture},
+    {"qwen2", &kLlamaArchitecture},
+    {"gemma3", &kGemma3Architecture},
+};
+
+// Architectures whose GGUFs look like a supported family but need what no definition here
+// does: refused by name rather than run with silently wrong output.
+struct Refused {
+  const char* arch;
+  const char* why;
+};
+constexpr Refused kRefused[] = {
+    {"granite", "its embedding, residual, attention and logit scales"},
+    {"smollm3", "its NoPE layers (no RoPE on every fourth layer)"},
+    {"gemma2", "its attention and final logit soft-capping"},
+};
+
+}  // namespace
+
+const Architecture& find_architecture(const std::string& arch) {
+  for (const Refused& r : kRefused)
+    if (arch == r.arch) bad("architecture '" + arch + "' is not supported yet: the engine does not implement " + r.why);
+  std::string known;
+  for (const Entry& e : kArchitectures) {
+    if (arch == e.arch) return *e.def;
+    known += known.empty() ? "" : ", ";
+    known += e.arch;
+  }
+  bad("architecture '" + arch + "' is not supported (" + known + " are)");
+}
+
+size_t ModelWeights::bytes() const {
+  auto mb = [](const std::unique_ptr<DeviceMatrix>& w) { return w ? w->bytes() : 0; };
+  auto vb = [](const DeviceBuffer& b) { return b.size() * sizeof(float); };
+  size_t n = mb(tok_embd) + vb(out_norm) + mb(output);
+  for (const LayerWeights& L : layers) {
+    for (const auto* v : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.ffn_norm, &L.q_norm, &L.k_norm, &L.post_attn_norm,
+                          &L.post_ffn_norm})
+      n += vb(*v);
+    for (const auto* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += mb(*w);
+  }
+  return n;
+}
+
+bool WeightLoader::has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
+
+std::unique_ptr<DeviceMatrix> WeightLoader::matrix(const std::string& name, int cols, int rows) const {
+  return dev_.load_matrix(f_.tensor(name), rows, cols);
+}
+
+DeviceBuffer WeightLoader::vec(const std::string& name, int n) const {
+  const std::vector<float> v = expand_tensor(f_.tensor(name), n);
+  return dev_.load_vector(v.data(), v.size());
+}
+
+StepProducts::StepProducts(Device& dev, const Batch& batch) : dev_(dev), batch_(batch), runs_(batch.runs()) {
+  per_run_ = runs_.size() > 1 && dev.row_count_changes_products();
+}
+
+void StepProducts::matmul(const float* x, const DeviceMatrix& w, float* y, const float* bias) const {
+  if (!per_run_) return dev_.matmul(x, batch_.size(), w, y, bias);
+  for (const Batch::Run& r : runs_)
+    dev_.matmul(x + static_cast<size_t>(r.begin) * w.cols(), r.count, w, y + static_cast<size_t>(r.begin) * w.rows(), bias);
+}
+
+void StepProducts::matmul_logit_rows(const float* x, const DeviceMatrix& w, float* y) const {
+  if (!per_run_) return dev_.matmul(x, batch_.n_logits(), w, y);
+  int row = 0;  // each run's logit rows together: the product that run gets alone
+  for (const Batch::Run& r : runs_) {
+    int m = 0;
+    for (int t = r.begin; t < r.begin + r.count; ++t) m += batch_.logits[t] != 0;
+    if (m > 0) dev_.matmul(x + static_cast<size_t>(row) * w.cols(), m, w, y + static_cast<size_t>(row) * w.rows());
+    row += m;
+  }
+}
+
+void output_logits(const ModelConfig& c, const ModelWeights& w, Device& dev, const StepProducts& products,
+                   const Batch& batch, float* x, float* tmp, float* logits) {
+  // Logits only for the rows that want them (usually the last token of each sequence).
+  std::vector<int32_t> rows;
+  const int n = batch.size(), d = c.d_model;
+  for (int t = 0; t < n; ++t)
+    if (batch.logits[t]) rows.push_back(t);
+  if (rows.empty()) return;
+  const int r = static_cast<int>(rows.size());
+  if (r < n) dev.gather_rows(x, d, rows.data(), r, tmp);
+  dev.rmsnorm(r < n ? tmp : x, w.out_norm.data(), r, d, c.rms_eps, tmp);
+  const DeviceMatrix& head = c.tied_embeddings ? *w.tok_embd : *w.output;
+  DeviceBuffer out = dev.alloc(static_cast<size_t>(r) * c.n_vocab);
+  products.matmul_logit_rows(tmp, head, out.data());
+  dev.to_host(out.data(), out.size(), logits);
+}
+
+}  // namespace tqkv::engine
