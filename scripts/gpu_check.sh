@@ -4,14 +4,22 @@
 # cache specs and prints both answers and their timings side by side.
 #   bash scripts/gpu_check.sh [BUILD_DIR]          (default build-gpu; needs the model:
 #                                                   scripts/fetch_model.sh)
-# Without Debian's libxxhash-dev (/usr/include/xxhash.h), it unpacks .deps/libxxhash*.deb
-# into /tmp/xx and points CMake at them.
+# Without Debian's libxxhash-dev / libcpp-httplib-dev (the GPU machine's image has neither), it
+# unpacks .deps/libxxhash*.deb and .deps/libcpp-httplib*.deb (apt-get download them here and
+# carry them) into /tmp/xx and points CMake at them.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 BUILD="${1:-build-gpu}"
 JOBS="${JOBS:-$(nproc)}"
 EXTRA=()
+# The same for cpp-httplib (src/serve), which the GPU machine's image lacks too.
+if [[ ! -f /usr/include/httplib.h ]] && compgen -G ".deps/libcpp-httplib*.deb" >/dev/null; then
+  mkdir -p /tmp/xx
+  for d in .deps/libcpp-httplib*.deb; do dpkg -x "$d" /tmp/xx; done
+  EXTRA+=(-DTQKV_HTTPLIB_INCLUDE=/tmp/xx/usr/include -DTQKV_HTTPLIB_LIB=/tmp/xx/usr/lib/x86_64-linux-gnu/libcpp-httplib.so)
+  export LD_LIBRARY_PATH="/tmp/xx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 if [[ ! -f /usr/include/xxhash.h ]] && compgen -G ".deps/libxxhash*.deb" >/dev/null; then
   mkdir -p /tmp/xx
   for d in .deps/libxxhash*.deb; do dpkg -x "$d" /tmp/xx; done
