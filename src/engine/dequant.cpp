@@ -3,7 +3,6 @@
 #include <cstring>
 #include <string>
 
-#include "cpu/thread_pool.h"
 #include "tqkv/error.h"
 #include "tqkv/half.h"
 
@@ -149,24 +148,5 @@ void dequantize(uint32_t type, const uint8_t* src, float* dst, int64_t n) {
 }
 
 void dequantize_tensor(const GgufTensor& t, float* dst) { dequantize(t.type, t.data, dst, t.n_elements()); }
-
-std::vector<float> expand_tensor(const GgufTensor& t, int64_t cols, int64_t rows) {
-  const int64_t want = cols * rows;
-  if (t.shape.empty() || t.shape[0] != cols || t.n_elements() != want) {
-    std::string s;
-    for (int64_t d : t.shape) s += (s.empty() ? "" : " x ") + std::to_string(d);
-    throw Error(ErrorCode::Format, "model: tensor '" + t.name + "' has shape [" + s + "], expected [" +
-                                       std::to_string(cols) + (rows > 1 ? " x " + std::to_string(rows) : "") + "]");
-  }
-  std::vector<float> v(static_cast<size_t>(want));
-  const TensorTypeTraits* tr = tensor_type_traits(t.type);
-  const size_t row_bytes = static_cast<size_t>(cols / tr->block_elems * tr->block_bytes);
-  const int parts = rows >= 256 ? cpu::pool_threads() : 1;
-  cpu::parallel_for(parts, [&](int p) {
-    for (int64_t r = rows * p / parts; r < rows * (p + 1) / parts; ++r)
-      dequantize(t.type, t.data + r * row_bytes, v.data() + r * cols, cols);
-  });
-  return v;
-}
 
 }  // namespace tqkv::engine

@@ -87,9 +87,38 @@ void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const floa
   }
 }
 
+// Q4_K: 256-element blocks of 8 sub-blocks of 32, each d*s*q - dmin*m; the mins factor out
+// against the sub-block sums of x.
+void q4_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
+  const int nb = cols / 256;
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * 144;
+    float acc = 0;
+    for (int i = 0; i < nb; ++i, b += 144) {
+      const float d = f16(b), dmin = f16(b + 2);
+      const uint8_t* q = b + 16;
+      for (int g = 0; g < 4; ++g, q += 32) {
+        int s0, m0, s1, m1;
+        q4_k_scale_min(b + 4, 2 * g, s0, m0);
+        q4_k_scale_min(b + 4, 2 * g + 1, s1, m1);
+        const float* x0 = x + 256 * i + 64 * g;
+        float a0 = 0, a1 = 0;
+        for (int l = 0; l < 32; ++l) {
+          a0 += static_cast<float>(q[l] & 0x0f) * x0[l];
+          a1 += static_cast<float>(q[l] >> 4) * x0[32 + l];
+        }
+        const float* xs = xsum + 8 * i + 2 * g;
+        acc += d * (static_cast<float>(s0) * a0 + static_cast<float>(s1) * a1) -
+               dmin * (static_cast<float>(m0) * xs[0] + static_cast<float>(m1) * xs[1]);
+      }
+    }
+    y[r - r0] = acc;
+  }
+}
+
 }  // namespace
 
-QgemvKernels qgemv_scalar() { return {q4_0, q4_1, q5_0, q8_0}; }
+QgemvKernels qgemv_scalar() { return {q4_0, q4_1, q5_0, q8_0, q4_k}; }
 
 }  // namespace detail
 
@@ -119,6 +148,10 @@ void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int col
     case TensorType::Q4_1: k.q4_1(w, cols, r0, r1, x, xsum.data(), y); break;
     case TensorType::Q5_0: k.q5_0(w, cols, r0, r1, x, xsum.data(), y); break;
     case TensorType::Q8_0: k.q8_0(w, cols, r0, r1, x, xsum.data(), y); break;
+    case TensorType::Q4_K:
+      if (cols % 256 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: Q4_K needs cols a multiple of 256");
+      k.q4_k(w, cols, r0, r1, x, xsum.data(), y);
+      break;
     default: throw Error(ErrorCode::InvalidArgument, "qgemv: unsupported type " + tensor_type_name(type));
   }
 }
@@ -127,7 +160,8 @@ void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int col
 
 bool qgemv_supported(uint32_t type) {
   const auto t = static_cast<TensorType>(type);
-  return t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q5_0 || t == TensorType::Q8_0;
+  return t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q5_0 || t == TensorType::Q8_0 ||
+         t == TensorType::Q4_K;
 }
 
 const char* qgemv_isa() { return active_simd_level() >= SimdLevel::Avx2 ? "avx2" : "scalar"; }

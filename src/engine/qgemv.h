@@ -1,5 +1,5 @@
 // Matrix-vector products straight from GGUF quantized blocks, for decode: one token streams
-// the weights once, so reading 0.56-1.06 bytes per weight (Q4_0/Q4_1/Q5_0/Q8_0) instead of 4
+// the weights once, so reading 0.56-1.06 bytes per weight (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K) instead of 4
 // (expanded float32) is what sets decode speed.
 //
 // The result equals the float32 product with the dequantized matrix up to summation order:
@@ -18,7 +18,8 @@ namespace tqkv::engine {
 bool qgemv_supported(uint32_t type);
 
 // y[r - r0] = sum_c W[r, c] x[c] for rows r in [r0, r1); W: rows of `cols` elements in `type`
-// blocks, row stride = cols / block_elems * block_bytes; cols a multiple of 32; y: [r1 - r0].
+// blocks, row stride = cols / block_elems * block_bytes; cols a multiple of 32 (256 for
+// Q4_K); y: [r1 - r0].
 void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y);
 
 // The implementation qgemv uses now: "avx2" or "scalar".

@@ -117,8 +117,44 @@ void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const floa
   }
 }
 
+// sum_j q_j x_j over 32 bytes of codes 0-255 (here 0-15) and 32 floats.
+inline __m256 dot_u8x32(__m256i q, const float* xb) {
+  const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+  __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q0)), _mm256_loadu_ps(xb));
+  s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8))), _mm256_loadu_ps(xb + 8), s);
+  s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q1)), _mm256_loadu_ps(xb + 16), s);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8))), _mm256_loadu_ps(xb + 24), s);
+}
+
+void q4_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
+  const int nb = cols / 256;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * 144;
+    __m256 acc = _mm256_setzero_ps();
+    float corr = 0;
+    for (int i = 0; i < nb; ++i, b += 144) {
+      const float d = f16(b), dmin = f16(b + 2);
+      const uint8_t* q = b + 16;
+      for (int g = 0; g < 4; ++g, q += 32) {
+        int s0, m0, s1, m1;
+        q4_k_scale_min(b + 4, 2 * g, s0, m0);
+        q4_k_scale_min(b + 4, 2 * g + 1, s1, m1);
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+        const float* x0 = x + 256 * i + 64 * g;
+        acc = _mm256_fmadd_ps(dot_u8x32(_mm256_and_si256(qv, m4), x0), _mm256_set1_ps(d * static_cast<float>(s0)), acc);
+        acc = _mm256_fmadd_ps(dot_u8x32(_mm256_and_si256(_mm256_srli_epi16(qv, 4), m4), x0 + 32),
+                              _mm256_set1_ps(d * static_cast<float>(s1)), acc);
+        const float* xs = xsum + 8 * i + 2 * g;
+        corr += dmin * (static_cast<float>(m0) * xs[0] + static_cast<float>(m1) * xs[1]);
+      }
+    }
+    y[r - r0] = hsum(acc) - corr;
+  }
+}
+
 }  // namespace
 
-QgemvKernels qgemv_avx2() { return {q4_0, q4_1, q5_0, q8_0}; }
+QgemvKernels qgemv_avx2() { return {q4_0, q4_1, q5_0, q8_0, q4_k}; }
 
 }  // namespace tqkv::engine::detail

@@ -4,12 +4,23 @@
 
 namespace tqkv::engine::detail {
 
-// xsum: [cols / 32] sums of x per 32-element block; y: [r1 - r0].
+// xsum: [cols / 32] sums of x per 32-element block (Q4_K's sub-blocks too); y: [r1 - r0].
 using QgemvFn = void (*)(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y);
 
 struct QgemvKernels {
-  QgemvFn q4_0, q4_1, q5_0, q8_0;
+  QgemvFn q4_0, q4_1, q5_0, q8_0, q4_k;
 };
+
+// Q4_K's 6-bit scale and min of sub-block j (0-7) from the block's 12 packed bytes.
+inline void q4_k_scale_min(const uint8_t* sc, int j, int& s, int& m) {
+  if (j < 4) {
+    s = sc[j] & 63;
+    m = sc[j + 4] & 63;
+  } else {
+    s = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
+    m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+  }
+}
 
 QgemvKernels qgemv_scalar();
 QgemvKernels qgemv_avx2();

@@ -18,11 +18,11 @@ namespace {
 
 std::vector<uint8_t> random_blocks(TensorType type, int rows, int cols, std::mt19937& rng) {
   const TensorTypeTraits* tr = tensor_type_traits(static_cast<uint32_t>(type));
-  const int nb = rows * cols / 32;
+  const int nb = rows * cols / tr->block_elems;
   std::vector<uint8_t> b(static_cast<size_t>(nb) * tr->block_bytes);
   for (auto& x : b) x = static_cast<uint8_t>(rng());
   std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
-  const int n_scales = type == TensorType::Q4_1 ? 2 : 1;  // fp16 fields at the block start
+  const int n_scales = type == TensorType::Q4_1 || type == TensorType::Q4_K ? 2 : 1;  // fp16 fields at the block start
   for (int i = 0; i < nb; ++i)
     for (int s = 0; s < n_scales; ++s) {
       const uint16_t h = float_to_half(scale(rng));
@@ -33,7 +33,7 @@ std::vector<uint8_t> random_blocks(TensorType type, int rows, int cols, std::mt1
 
 TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
   std::mt19937 rng(3);
-  const int rows = 70, cols = 576;
+  const int rows = 70, cols = 768;  // a multiple of Q4_K's 256
   std::vector<float> x(cols);
   std::normal_distribution<float> nd;
   for (auto& v : x) v = nd(rng);
@@ -41,7 +41,7 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
     SimdLevel level = active_simd_level();
     ~Restore() { set_simd_level(level); }
   } restore;
-  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0}) {
+  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q4_K}) {
     const uint32_t t = static_cast<uint32_t>(type);
     ASSERT_TRUE(qgemv_supported(t));
     const std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);

@@ -48,11 +48,13 @@ def main():
         sys.exit(f"reference_forward: architecture {arch!r} is not covered")
     tensors = {t.name: t for t in r.tensors}
 
-    def W(name):
+    def W(name, rows=None):
         t = tensors[name]
-        # gguf shapes list ne[0] first; NumPy wants the reverse (rows, cols).
-        x = quants.dequantize(t.data, t.tensor_type)
-        return np.asarray(x, dtype=np.float64).reshape([int(s) for s in reversed(t.shape)])
+        # gguf shapes list ne[0] first; NumPy wants the reverse (rows, cols). t.data holds one
+        # row per entry, so a slice of rows dequantizes only those (the 150K+-row vocabularies).
+        data = t.data if rows is None else t.data[rows]
+        x = quants.dequantize(data, t.tensor_type)
+        return np.asarray(x, dtype=np.float64).reshape(-1, int(t.shape[0])) if len(t.shape) == 2 else np.asarray(x, dtype=np.float64)
 
     def rmsnorm(x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
@@ -91,8 +93,7 @@ def main():
         local_mask = np.where((j <= i) & (j > i - window), 0.0, -np.inf)
         rope_local = rope_tables(10000.0)
 
-    emb = W("token_embd.weight")
-    x = emb[toks] * (np.sqrt(d) if gemma else 1.0)
+    x = W("token_embd.weight", toks) * (np.sqrt(d) if gemma else 1.0)
     group = n_heads // n_kv
     for l in range(n_layers):
         p = f"blk.{l}."
@@ -129,8 +130,12 @@ def main():
     if a.tail:
         x = x[-a.tail:]
     h = rmsnorm(x, W("output_norm.weight"))
-    head = W("output.weight") if "output.weight" in tensors else emb
-    logits = (h @ head.T).astype(np.float32)
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    vocab = int(tensors[head].shape[1])
+    logits = np.empty((h.shape[0], vocab), dtype=np.float32)
+    for r0 in range(0, vocab, 16384):  # the head in slices of rows: bounded memory
+        rows = slice(r0, min(vocab, r0 + 16384))
+        logits[:, rows] = h @ W(head, rows).T
     logits.tofile(a.out)
     print(f"reference: {n} tokens, {logits.shape[0]} rows of vocab {logits.shape[1]}", file=sys.stderr)
 
