@@ -4,12 +4,16 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "tqkv/format.h"
 
 namespace tqkv::engine::testing_util {
 
@@ -66,5 +70,40 @@ using SmolModelTest = RealModelTest<SmolFile>;
 using Qwen05ModelTest = RealModelTest<Qwen05File>;
 using Qwen15ModelTest = RealModelTest<Qwen15File>;
 using Gemma3ModelTest = RealModelTest<Gemma3File>;
+
+
+// Every named cache format on one prompt: finite logits; the f32 cache's next token stays first
+// with 8-bit caches and among the first three from `top3_from_bits` bits up (a small model's
+// margins are thin, and summation order differs between builds); every compressed format takes
+// fewer bytes than f16.
+inline void check_every_cache_format(const Model& m, const std::vector<int32_t>& ids, int top3_from_bits) {
+  const int V = m.config().n_vocab, n = static_cast<int>(ids.size());
+  auto last_logits = [&](const std::string& spec) {
+    auto cache = m.make_cache(spec, 256);
+    std::vector<float> logits(static_cast<size_t>(V));
+    m.forward(cache->add_sequence(), ids.data(), n, *cache, logits.data(), false);
+    return logits;
+  };
+  auto bytes = [&](const std::string& spec) { return m.resolve(spec).bytes(1, 16).total(); };
+  const std::vector<float> base = last_logits("f32");
+  const int32_t base_top = static_cast<int32_t>(std::max_element(base.begin(), base.end()) - base.begin());
+  for (const NamedFormat& nf : named_formats()) {
+    const Format& f = nf.format;
+    SCOPED_TRACE(f.name());
+    const std::vector<float> last = last_logits(f.name());
+    for (int i = 0; i < V; ++i) ASSERT_TRUE(std::isfinite(last[i]));
+    int rank = 0;
+    for (int i = 0; i < V; ++i) rank += last[i] > last[base_top];
+    const int bits = std::min(f.key_bits, f.value_bits);
+    if (bits >= 8) {
+      EXPECT_EQ(rank, 0);
+    } else if (bits >= top3_from_bits) {
+      EXPECT_LT(rank, 3);
+    }
+    if (f.compressed()) {
+      EXPECT_LT(bytes(f.name()), bytes("f16"));
+    }
+  }
+}
 
 }  // namespace tqkv::engine::testing_util

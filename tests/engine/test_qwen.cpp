@@ -172,28 +172,7 @@ TEST_F(Qwen, GreedyAnswersACodingQuestion) {
 
 TEST_F(Qwen, EveryCacheFormatRuns) {
   const std::vector<int32_t> ids = chat("Hello!");
-  const int V = model_->config().n_vocab;
-  const size_t f16_bytes = model_->resolve("f16").bytes(1, 16).total();
-  const std::vector<float> base = run_all(ids, "f32");
-  const float* bl = base.data() + (ids.size() - 1) * V;
-  const int32_t base_top = static_cast<int32_t>(std::max_element(bl, bl + V) - bl);
-  for (const NamedFormat& nf : named_formats()) {
-    const Format& f = nf.format;
-    SCOPED_TRACE(f.name());
-    const std::vector<float> l = run_all(ids, f.name());
-    const float* last = l.data() + (ids.size() - 1) * V;
-    for (int i = 0; i < V; ++i) ASSERT_TRUE(std::isfinite(last[i]));
-    int rank = 0;
-    for (int i = 0; i < V; ++i) rank += last[i] > last[base_top];
-    if (std::min(f.key_bits, f.value_bits) >= 8) {
-      EXPECT_EQ(rank, 0);
-    } else if (std::min(f.key_bits, f.value_bits) >= 3) {
-      EXPECT_LT(rank, 3);
-    }
-    if (f.compressed()) {
-      EXPECT_LT(model_->resolve(f.name()).bytes(1, 16).total(), f16_bytes);
-    }
-  }
+  testing_util::check_every_cache_format(*model_, ids, 3);
 }
 
 // Each process of these tests holds ~7.7 GB (float32-expanded weights next to the blocks), so
