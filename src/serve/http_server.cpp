@@ -11,11 +11,18 @@
 #include <sstream>
 
 #include "tqkv/error.h"
+#include "utf8.h"
 
 namespace tqkv::serve {
 namespace {
 
 using json = nlohmann::json;
+
+// Responses as JSON text. Generated text is bytes decoded token by token, so it can hold an
+// invalid or unfinished UTF-8 sequence (a byte-fallback token on its own); it becomes U+FFFD
+// instead of an exception (which was an HTTP 500).
+std::string wire(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 
 // A request the client got wrong: OpenAI's error object with a 4xx status.
 struct BadRequest {
@@ -33,7 +40,7 @@ json error_json(const std::string& message, const std::string& type, const std::
 void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "") {
   res.status = status;
   const std::string type = status >= 500 ? "server_error" : "invalid_request_error";
-  res.set_content(error_json(message, type, param).dump(), "application/json");
+  res.set_content(wire(error_json(message, type, param)), "application/json");
 }
 
 // Events of one request, handed from the engine thread to its handler thread.
@@ -260,7 +267,7 @@ void HttpServer::routes() {
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json m = {{"object", "list"},
               {"data", json::array({{{"id", cfg_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tqkv"}}})}};
-    res.set_content(m.dump(), "application/json");
+    res.set_content(wire(m), "application/json");
   });
 
   auto handle = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -347,13 +354,14 @@ void HttpServer::routes() {
                   {"model", model},
                   {"choices", json::array({choice})},
                   {"usage", usage_json(last)}};
-      res.set_content(out.dump(), "application/json");
+      res.set_content(wire(out), "application/json");
       return;
     }
 
     // Streaming: one SSE event per step's text; the last carries finish_reason and usage.
     struct StreamState {
       bool finished = false, first = true;
+      std::string pending;  // bytes of a character the next token completes
     };
     auto st = std::make_shared<StreamState>();
     EngineLoop* loop = &loop_;
@@ -380,21 +388,23 @@ void HttpServer::routes() {
                         {"choices", json::array({c})}};
             if (end) out["usage"] = usage_json(*end);
             st->first = false;
-            const std::string line = "data: " + out.dump() + "\n\n";
+            const std::string line = "data: " + wire(out) + "\n\n";
             return sink.write(line.data(), line.size());
           };
           for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(500))) {
             if (ev.finish == FinishReason::Abort) {
               st->finished = true;
-              const std::string err = "data: " + error_json("the request was cancelled", "server_error", "").dump() + "\n\n";
+              const std::string err = "data: " + wire(error_json("the request was cancelled", "server_error", "")) + "\n\n";
               sink.write(err.data(), err.size());
               sink.done();
               return true;
             }
             bool ok = true;
+            st->pending += ev.text;
             if (ev.finish != FinishReason::None) {
               st->finished = true;
-              ok = (ev.text.empty() || chunk(ev.text, nullptr)) && chunk("", &ev);
+              const std::string rest = std::move(st->pending);
+              ok = (rest.empty() || chunk(rest, nullptr)) && chunk("", &ev);
               if (ok) {
                 static const std::string kDone = "data: [DONE]\n\n";
                 ok = sink.write(kDone.data(), kDone.size());
@@ -402,7 +412,11 @@ void HttpServer::routes() {
               if (ok) sink.done();
               return ok;
             }
-            if (!ev.text.empty() || st->first) ok = chunk(ev.text, nullptr);
+            const size_t ready = complete_utf8_prefix(st->pending);
+            if (ready > 0 || st->first) {
+              ok = chunk(st->pending.substr(0, ready), nullptr);
+              st->pending.erase(0, ready);
+            }
             if (!ok) {  // the client went away: free its sequence at the next step
               loop->cancel(id);
               st->finished = true;
