@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "engine_cli.h"
 #include "engine/cache_spec.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
@@ -37,10 +38,9 @@ void register_serve(CLI::App& app) {
     bool no_prefix = false;
   };
   static Opts o;
-  cmd->add_option("-m,--model", o.model, "GGUF model (default: $TQKV_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  add_model_options(cmd, o.model, o.threads, o.device);
   cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help(tqkv::engine::known_recipe_names()))
       ->capture_default_str();
-  cmd->add_option("--device", o.device, "cpu, cuda or auto")->capture_default_str();
   cmd->add_option("--host", o.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o.port, "port (0: any free port, printed at start-up)")->check(CLI::Range(0, 65535))
       ->capture_default_str();
@@ -59,18 +59,16 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--served-model-name", o.name, "model id in /v1/models and responses (default: the file name)");
   cmd->add_option("--max-body", o.max_body, "largest request body in bytes")->capture_default_str();
   cmd->add_option("--http-threads", o.http_threads, "HTTP handler threads")->check(CLI::Range(2, 4096))->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "compute threads (default: $TQKV_THREADS or all cores)");
   cmd->add_flag("--no-prefix-sharing", o.no_prefix, "do not share full prompt pages between requests");
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::serve;
     check_cache_spec(o.format, known_recipe_names());
-    tqkv::set_num_threads(o.threads);
-    const std::string path = o.model.empty() ? default_model_path() : o.model;
-    std::fprintf(stderr, "tqkv serve: loading %s ...\n", path.c_str());
-    GgufFile file = GgufFile::open(path);
-    Tokenizer tok = Tokenizer::from_gguf(file);
-    Model model = Model::load(file, make_device(o.device));
+    std::fprintf(stderr, "tqkv serve: loading %s ...\n", o.model.empty() ? default_model_path().c_str() : o.model.c_str());
+    LoadedModel lm = load_model(o.model, o.threads, o.device);
+    const std::string& path = lm.path;
+    const Tokenizer& tok = lm.tok;
+    Model& model = lm.model;
     const ModelConfig& c = model.config();
     const int ctx = std::min(o.ctx, c.ctx_train);
     const CacheSpec spec = model.resolve(o.format);

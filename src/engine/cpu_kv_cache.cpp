@@ -80,15 +80,17 @@ void CpuKvCache::check(const Batch& batch) const {
     if (r.count > c.capacity())
       throw Error(ErrorCode::Capacity, "forward: " + std::to_string(r.count) +
                                            " tokens exceed the cache capacity of " + std::to_string(c.capacity()));
-    if (r.count > max_step_tokens())
-      throw Error(ErrorCode::Capacity, "forward: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
-                                           "this cache takes at most " + std::to_string(max_step_tokens()));
   }
 }
 
 void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
   const ModelConfig& m = spec().model;
   const int n = batch.size();
+  const std::vector<Batch::Run> runs = batch.runs();
+  for (const Batch::Run& r : runs)  // before anything is written (Model::forward splits longer runs)
+    if (r.count > max_step_tokens())
+      throw Error(ErrorCode::Capacity, "cache: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
+                                           "this cache takes at most " + std::to_string(max_step_tokens()));
   centring_.apply(layer, n, k, q);
   if (key_hook()) key_hook()(layer, n, k, q);
   AttentionParams ap;
@@ -97,7 +99,7 @@ void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const
   ap.window = m.window(layer);
   const size_t q_row = static_cast<size_t>(m.n_heads) * m.head_dim;
   const size_t kv_row = static_cast<size_t>(m.n_kv_heads) * m.head_dim;
-  for (const Batch::Run& r : batch.runs()) {
+  for (const Batch::Run& r : runs) {
     Sequence& s = seqs_.at(r.seq);
     const size_t t0 = static_cast<size_t>(r.begin);
     // The new keys and values go into the (possibly compressed) cache first; attention then

@@ -36,11 +36,12 @@ class KvCache {
   virtual int64_t seq_len(int64_t seq) const = 0;
 
   // The most tokens of one sequence a single step may append (the copies' workspace); the
-  // model splits longer batches.
+  // model splits longer batches, and attend() refuses them.
   virtual int max_step_tokens() const = 0;
 
-  // Checks a batch before a forward step changes anything: known sequences, each run starting
-  // at the sequence's length, room for it. Throws tqkv::Error (OutOfRange, Capacity).
+  // Checks a whole batch before a forward changes anything (however many steps it then takes):
+  // known sequences, each run starting at the sequence's length, room for it. Throws
+  // tqkv::Error (OutOfRange, Capacity).
   virtual void check(const Batch& batch) const = 0;
 
   // One layer of a step (the batch passed check()): centres k and scales q as the spec asks,

@@ -84,26 +84,18 @@ void Model::forward(const Batch& batch, KvCache& cache, float* logits) const {
   for (int t = 0; t < n; ++t)
     if (batch.tokens[t] < 0 || batch.tokens[t] >= cfg_.n_vocab)
       throw Error(ErrorCode::OutOfRange, "forward: token id " + std::to_string(batch.tokens[t]) + " out of range");
+  cache.check(batch);  // the whole batch's room, before anything changes
   const int step = cache.max_step_tokens();
   const std::vector<Batch::Run> runs = batch.runs();
   int longest = 0;
   for (const Batch::Run& r : runs) longest = std::max(longest, r.count);
   if (longest <= step) {
-    cache.check(batch);
     arch_->forward(cfg_, weights_, *device_, batch, cache, logits);
     return;
   }
   // The cache takes at most `step` new tokens of a sequence at a time (its copies' ring): run
   // the batch in pieces of at most `step` tokens; a later piece attends to the earlier ones
-  // through the cache. Check the whole batch's room first, as one step would.
-  for (const Batch::Run& r : runs) {
-    if (r.count > cache.capacity())
-      throw Error(ErrorCode::Capacity, "forward: " + std::to_string(r.count) + " tokens exceed the cache capacity of " +
-                                           std::to_string(cache.capacity()));
-    if (r.pos0 != cache.seq_len(r.seq))
-      throw Error(ErrorCode::OutOfRange, "forward: position " + std::to_string(r.pos0) + " does not follow the cache (" +
-                                             std::to_string(cache.seq_len(r.seq)) + " tokens held)");
-  }
+  // through the cache.
   size_t logit_row = 0;
   for (int t0 = 0; t0 < n; t0 += step) {
     const int m = std::min(step, n - t0);
@@ -112,7 +104,6 @@ void Model::forward(const Batch& batch, KvCache& cache, float* logits) const {
     piece.positions.assign(batch.positions.begin() + t0, batch.positions.begin() + t0 + m);
     piece.seqs.assign(batch.seqs.begin() + t0, batch.seqs.begin() + t0 + m);
     piece.logits.assign(batch.logits.begin() + t0, batch.logits.begin() + t0 + m);
-    cache.check(piece);
     arch_->forward(cfg_, weights_, *device_, piece, cache, logits + logit_row * cfg_.n_vocab);
     logit_row += piece.n_logits();
   }

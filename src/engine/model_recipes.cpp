@@ -41,11 +41,15 @@ SpecSources model_spec_sources(const GgufFile& f, const ModelConfig& cfg) {
 }
 
 std::vector<std::string> known_recipe_names() {
-  try {
-    return RecipeBook::from_default_dirs().names();
-  } catch (const Error&) {
-    return {};
-  }
+  // Every subcommand's --help asks for them at start-up: read the recipe files once.
+  static const std::vector<std::string> names = [] {
+    try {
+      return RecipeBook::from_default_dirs().names();
+    } catch (const Error&) {
+      return std::vector<std::string>{};
+    }
+  }();
+  return names;
 }
 
 std::string store_key_stats(const GgufFile& f, const ModelConfig& cfg, const std::string& model_path,

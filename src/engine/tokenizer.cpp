@@ -13,6 +13,15 @@
 namespace tqkv::engine {
 namespace {
 
+// The English contractions both pre-tokenizers split off after an apostrophe ('s 't 'm 'd,
+// 're 've 'll): the length of the piece with the apostrophe (2 or 3), or 0. c1, c2: the next
+// two characters (ASCII, as the caller folds them; 0 past the end).
+size_t contraction_length(uint32_t c1, uint32_t c2) {
+  if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
+  if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
+  return 0;
+}
+
 // ---- UTF-8 ----------------------------------------------------------------------------
 
 // Length of the UTF-8 sequence starting at s[i]; invalid bytes count as one (they are kept
@@ -122,15 +131,9 @@ void gpt2_split(std::string_view text, const std::vector<Cp>& cps, size_t b, siz
   while (i < e) {
     const uint32_t c = cps[i].cp;
     if (c == '\'' && i + 1 < e) {
-      const uint32_t c1 = ascii(i + 1), c2 = ascii(i + 2);  // case-sensitive, as in GPT-2
-      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
-        emit(i, i + 2);
-        i += 2;
-        continue;
-      }
-      if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
-        emit(i, i + 3);
-        i += 3;
+      if (const size_t len = contraction_length(ascii(i + 1), ascii(i + 2))) {  // case-sensitive, as in GPT-2
+        emit(i, i + len);
+        i += len;
         continue;
       }
     }
@@ -179,15 +182,9 @@ void qwen2_split(std::string_view text, const std::vector<Cp>& cps, size_t b, si
   while (i < e) {
     const uint32_t c = cps[i].cp;
     if (c == '\'' && i + 1 < e) {  // contractions, any case
-      const uint32_t c1 = lower(i + 1), c2 = lower(i + 2);
-      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
-        emit(i, i + 2);
-        i += 2;
-        continue;
-      }
-      if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
-        emit(i, i + 3);
-        i += 3;
+      if (const size_t len = contraction_length(lower(i + 1), lower(i + 2))) {
+        emit(i, i + len);
+        i += len;
         continue;
       }
     }
