@@ -22,17 +22,25 @@ enum class DType : uint8_t { F32, F16, BF16 };
 using tqkv::PageLayout;  // page_geometry.h: FORMAT.md "slot layout" (vLLM AoS) / "page layout" (SoA)
 
 // Host-side constants of one (format, head_dim, seed), passed to kernels by value: the
-// float-rounded codebook levels and thresholds, the SRHT signs as a bit mask, 1/sqrt(d).
+// float-rounded codebook levels and thresholds (codes of up to 8 bits: 256 levels, 255
+// thresholds padded with +inf), their fp16 roundings (the decode kernel's lookup tables), the
+// SRHT signs as a bit mask, 1/sqrt(d). The store and dequantize kernels take the whole struct
+// (4 KiB of kernel parameters, sm_70+ with CUDA 12.1+); the decode kernel only the fp16 levels.
 struct CodecTables {
-  float k_levels[16];
-  float k_thresholds[16];
-  float v_levels[16];
-  float v_thresholds[16];
+  static constexpr int kMaxLevels = 256;
+  float k_levels[kMaxLevels];
+  float k_thresholds[kMaxLevels];
+  float v_levels[kMaxLevels];
+  float v_thresholds[kMaxLevels];
+  uint16_t k_levels_h[kMaxLevels];  // fp16 bits of k_levels
+  uint16_t v_levels_h[kMaxLevels];
   uint32_t sign_bits[8];  // bit i set: sign_i = -1 (Srht); all zero for Hadamard
   float rot_scale;        // 1/sqrt(d), rounded as the CPU reference rounds it
 };
 
 // A format at one head dimension. head_dim is 64, 128 or 256 (power-of-two rotations only).
+// Mse keys and values and Uniform values take 1..8-bit codes; every format stores and
+// dequantizes; decode_supported() says which pairs have a split-KV decode kernel (decode_pairs.h).
 class CacheCodec {
  public:
   CacheCodec(const Format& format, int head_dim, uint64_t seed = kDefaultSeed);
@@ -41,7 +49,9 @@ class CacheCodec {
   uint64_t seed() const { return seed_; }
   size_t slot_bytes() const { return format_.slot_bytes(head_dim_); }
   const CodecTables& tables() const { return tables_; }
-  // True where run_decode has a kernel for this format (all named formats but f32).
+  // True where run_decode has a kernel for this format's key/value pair at this head_dim
+  // (src/cuda/decode_pairs.h: the named formats but f32, the recipes' pairs, the wq<B> windows);
+  // other formats attend through dequantize + a tiled kernel (engine::CudaKvCache).
   bool decode_supported() const;
 
  private:
@@ -78,9 +88,11 @@ void store(const CacheCodec& codec, const PagedKv& kv, const StoreArgs& args, cu
 // Split-KV decode attention, one query token per sequence (at its last position), GQA (query
 // head h uses kv head h / (n_q_heads / n_kv_heads)). Needs the page layout.
 // params (attention_params.h, as the CPU paths): n_q_heads, head_dim (0 or the codec's), scale
-// (0: 1/sqrt(head_dim)) and lse ([batch, n_q_heads] device memory, natural log of the softmax
-// denominator) are honoured; window, min_key_pos and exclude_recent are not implemented by the
-// kernel and throw tqkv::Error(InvalidArgument) when set.
+// (0: 1/sqrt(head_dim)), lse ([batch, n_q_heads] device memory, natural log of the softmax
+// denominator; -inf for an empty key range) and the key-range cuts: the query of sequence b sits
+// at position p = seq_lens[b] - 1 and reads keys [lo, hi) with lo = max(min_key_pos, p + 1 -
+// window if window > 0), hi = seq_lens[b] - exclude_recent (the CPU attention's semantics, so
+// sinks, a recent window and the compressed middle merge by their log-sum-exps).
 struct DecodeArgs {
   const void* q = nullptr;  // [batch, n_q_heads, head_dim], original domain
   DType q_dtype = DType::BF16;

@@ -47,6 +47,12 @@ void scatter_rows(const float* x, int d, const int32_t* rows, int n, float* y, c
 void f32_to_bf16(const float* x, uint16_t* y, size_t n, cudaStream_t stream = nullptr);
 void bf16_to_f32(const uint16_t* x, float* y, size_t n, cudaStream_t stream = nullptr);
 
+// Folds one part of an attention into a running result, row by row (rows of d floats with a
+// natural-log log-sum-exp each; -inf: an empty part): out = (e^lse out + e^part_lse part) /
+// (e^lse + e^part_lse), lse = log(e^lse + e^part_lse).
+void merge_attention(float* out, float* lse, const float* part, const float* part_lse, int rows, int d,
+                     cudaStream_t stream = nullptr);
+
 // Key centring and channel scales (src/engine/key_centring.h): k [n, n_kv_heads, head_dim] ->
 // (k - mean) / scale; q [n, n_kv_heads * group, head_dim] *= scale of its kv head when
 // scale_queries. mean, scale: [n_kv_heads, head_dim].

@@ -42,17 +42,18 @@ CacheCodec::CacheCodec(const Format& format, int head_dim, uint64_t seed)
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
     detail::throw_arg("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
   const bool kmse = format.key == KeyCodec::Mse, vmse = format.value == ValueCodec::Mse;
-  if ((kmse && (format.key_bits < 2 || format.key_bits > 4)) || (vmse && (format.value_bits < 2 || format.value_bits > 4)) ||
-      (format.value == ValueCodec::Uniform && (format.value_bits < 2 || format.value_bits > 4)))
-    detail::throw_arg("format " + format.name() + ": CUDA kernels support 2..4-bit codes");
-  auto fill = [&](int bits, float* levels, float* thresholds) {
+  const bool vcoded = vmse || format.value == ValueCodec::Uniform;
+  if ((kmse && (format.key_bits < 1 || format.key_bits > 8)) || (vcoded && (format.value_bits < 1 || format.value_bits > 8)))
+    detail::throw_arg("format " + format.name() + ": CUDA kernels support 1..8-bit codes");
+  auto fill = [&](int bits, float* levels, float* thresholds, uint16_t* levels_h) {
     const Codebook& cb = get_codebook(format.law, head_dim, bits);
     for (int i = 0; i < cb.size(); ++i) levels[i] = cb.levels_f32[i];
     for (int i = 0; i + 1 < cb.size(); ++i) thresholds[i] = cb.thresholds_f32[i];
-    for (int i = cb.size() - 1; i < 16; ++i) thresholds[i] = INFINITY;
+    for (int i = cb.size() - 1; i < CodecTables::kMaxLevels; ++i) thresholds[i] = INFINITY;
+    for (int i = 0; i < cb.size(); ++i) levels_h[i] = __half_as_ushort(__float2half_rn(levels[i]));
   };
-  if (kmse) fill(format.key_bits, tables_.k_levels, tables_.k_thresholds);
-  if (vmse) fill(format.value_bits, tables_.v_levels, tables_.v_thresholds);
+  if (kmse) fill(format.key_bits, tables_.k_levels, tables_.k_thresholds, tables_.k_levels_h);
+  if (vmse) fill(format.value_bits, tables_.v_levels, tables_.v_thresholds, tables_.v_levels_h);
   if (format.uses_rotation()) {
     const Rotation rot(format.rotation, head_dim, seed);
     if (rot.kind() == RotationKind::Srht)

@@ -124,7 +124,8 @@ __device__ __forceinline__ void warp_fwht(float (&x)[E], int lane) {
   }
 }
 
-__device__ __forceinline__ bool sign_negative(const CodecTables& t, int i) {
+template <class Tables>  // CodecTables or the decode kernel's subset
+__device__ __forceinline__ bool sign_negative(const Tables& t, int i) {
   return (t.sign_bits[i >> 5] >> (i & 31)) & 1u;
 }
 

@@ -1,6 +1,8 @@
 // Fused store: one warp per (token, kv head) rotates (FWHT in registers), normalises,
 // quantizes, packs and scatters K and V into the paged cache through the slot mapping.
 // Every arithmetic step mirrors src/core/codec.cpp so the bytes match the CPU reference.
+#include <type_traits>
+
 #include "common.cuh"
 #include "store.cuh"
 
@@ -23,19 +25,22 @@ struct StoreParams {
 
 // Packs the warp's D codes (E = D/32 per lane, lane l holding codes [E*l, E*l+E)) into the
 // little-endian bit stream. A lane's E*bits bits are contiguous in the stream; where they are not
-// a whole number of bytes, G neighbouring lanes pool theirs through shuffles and the first writes.
+// a whole number of bytes, G neighbouring lanes pool theirs through shuffles and the first writes
+// (at most 64 bits: E*bits <= 64, and G*E*bits <= 56 where E*bits is not a whole byte count).
 template <int D, int BITS>
 __device__ __forceinline__ void pack_and_write(const uint32_t (&codes)[D / 32], uint8_t* dst, int lane) {
   constexpr int E = D / 32;
-  uint32_t v = 0;
-#pragma unroll
-  for (int j = 0; j < E; ++j) v |= codes[j] << (j * BITS);
-  constexpr int nb = E * BITS;  // <= 32
+  constexpr int nb = E * BITS;  // <= 64
   constexpr int G = (nb % 8 == 0) ? 1 : (nb % 4 == 0) ? 2 : (nb % 2 == 0) ? 4 : 8;
-  uint32_t tot = v;
+  using W = std::conditional_t<(G * nb > 32), unsigned long long, uint32_t>;
+  W v = 0;
+#pragma unroll
+  for (int j = 0; j < E; ++j) v |= static_cast<W>(codes[j]) << (j * BITS);
+  static_assert(G * nb <= 8 * static_cast<int>(sizeof(W)), "pooled bits fit the word");
+  W tot = v;
 #pragma unroll
   for (int k = 1; k < G; ++k) {
-    const uint32_t o = __shfl_down_sync(0xffffffffu, v, k);
+    const W o = __shfl_down_sync(0xffffffffu, v, k);
     tot |= o << (k * nb);
   }
   if (lane % G) return;
@@ -50,8 +55,23 @@ __device__ __forceinline__ void pack_and_write(const uint32_t (&codes)[D / 32], 
   }
 }
 
+// Calls f(std::integral_constant<int, B>) for the runtime code width bits (1..8).
+template <class F>
+__device__ __forceinline__ void with_bits(int bits, F&& f) {
+  switch (bits) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
 // Code of y: the number of thresholds t with y >= t (ties go up), by binary search over the
-// ascending thresholds (padded with +inf to 16 entries). NaN gives 0.
+// ascending thresholds (padded with +inf to 256 entries). NaN gives 0.
 template <int BITS>
 __device__ __forceinline__ uint32_t quantize(float y, const float* th) {
   uint32_t code = 0;
@@ -180,12 +200,13 @@ template <int D>
 __global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_constant__ StoreParams p) {
   constexpr int E = D / 32;
   // Codebooks in shared memory: lanes index them with different codes.
-  __shared__ float th_k[16], th_v[16], lv_k[16], lv_v[16];
-  if (threadIdx.x < 16) {
-    th_k[threadIdx.x] = p.tab.k_thresholds[threadIdx.x];
-    th_v[threadIdx.x] = p.tab.v_thresholds[threadIdx.x];
-    lv_k[threadIdx.x] = p.tab.k_levels[threadIdx.x];
-    lv_v[threadIdx.x] = p.tab.v_levels[threadIdx.x];
+  constexpr int NL = CodecTables::kMaxLevels;
+  __shared__ float th_k[NL], th_v[NL], lv_k[NL], lv_v[NL];
+  for (int i = threadIdx.x; i < NL; i += blockDim.x) {
+    th_k[i] = p.tab.k_thresholds[i];
+    th_v[i] = p.tab.v_thresholds[i];
+    lv_k[i] = p.tab.k_levels[i];
+    lv_v[i] = p.tab.v_levels[i];
   }
   __syncthreads();
   const int lane = threadIdx.x & 31;
@@ -205,22 +226,16 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_co
   float x[E];
   load_row<E>(x, p.k, p.dtype, base);
   if (L.kcodec == KeyCodec::Mse) {
-    if (L.kbits == 4) encode_mse<D, 4>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane);
-    else if (L.kbits == 3) encode_mse<D, 3>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane);
-    else encode_mse<D, 2>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane);
+    with_bits(L.kbits, [&](auto b) { encode_mse<D, decltype(b)::value>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane); });
   } else {
     encode_plain<D>(x, L.kcodec, a.kc, lane);
   }
 
   load_row<E>(x, p.v, p.dtype, base);
   if (L.vcodec == ValueCodec::Mse) {
-    if (L.vbits == 4) encode_mse<D, 4>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane);
-    else if (L.vbits == 3) encode_mse<D, 3>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane);
-    else encode_mse<D, 2>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane);
+    with_bits(L.vbits, [&](auto b) { encode_mse<D, decltype(b)::value>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane); });
   } else if (L.vcodec == ValueCodec::Uniform) {
-    if (L.vbits == 4) encode_uniform<D, 4>(x, a.vc, a.vm, a.vm + a.vm1, lane);
-    else if (L.vbits == 3) encode_uniform<D, 3>(x, a.vc, a.vm, a.vm + a.vm1, lane);
-    else encode_uniform<D, 2>(x, a.vc, a.vm, a.vm + a.vm1, lane);
+    with_bits(L.vbits, [&](auto b) { encode_uniform<D, decltype(b)::value>(x, a.vc, a.vm, a.vm + a.vm1, lane); });
   } else {
     encode_plain<D>(x, plain_codec(L.vcodec), a.vc, lane);
   }

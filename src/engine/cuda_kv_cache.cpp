@@ -21,6 +21,17 @@ void ck(cudaError_t e, const char* what) {
   throw Error(ErrorCode::InvalidArgument, "cache spec: " + what + " is not on the GPU yet (use --device cpu)");
 }
 
+// Rows of the largest step the copies' ring takes at once (the CPU's RecentWindow max_batch).
+constexpr int kCopyStepTokens = 512;
+
+uint8_t* alloc_pool(const Format& f, int head_dim, int n_kv_heads, int blocks) {
+  const size_t bytes = static_cast<size_t>(blocks) * page_geometry(f, head_dim, CudaKvCache::kBlockSize, n_kv_heads,
+                                                                    cuda::PageLayout::Page).page_bytes();
+  uint8_t* p = nullptr;
+  ck(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(bytes, 1)), "allocating a page pool");
+  return p;
+}
+
 }  // namespace
 
 CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::shared_ptr<CUstream_st> stream)
@@ -28,8 +39,15 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   if (shape.capacity < 1 || shape.max_seqs < 1)
     throw Error(ErrorCode::InvalidArgument, "cache: capacity and sequence count must be at least 1");
   const ModelConfig& m = spec.model;
-  if (spec.sinks > 0) not_yet("attention sinks (sink<N>)");
-  if (spec.window_at(shape.capacity) > 0 || spec.window_format) not_yet("the recent window (w<N>, fill<B>, wq<B>)");
+  sinks_ = spec.sinks;
+  window_ = spec.window_at(shape.capacity);
+  if (copies()) {
+    for (int l = 0; l < m.n_layers; ++l)
+      if (m.window(l) > 0) not_yet("attention sinks or a recent window with sliding-window layers");
+    if (m.n_heads / m.n_kv_heads > 8) not_yet("attention sinks or a recent window with more than 8 query heads per kv head");
+    ring_blocks_ = window_ > 0 ? (window_ + kCopyStepTokens + kBlockSize - 1) / kBlockSize + 1 : 0;
+    sink_blocks_ = (sinks_ + kBlockSize - 1) / kBlockSize;
+  }
   if (m.head_dim != 64 && m.head_dim != 128 && m.head_dim != 256)
     not_yet("head_dim " + std::to_string(m.head_dim) + " (the kernels take 64, 128, 256)");
   if (static_cast<int>(spec.layers.size()) != m.n_layers)
@@ -46,18 +64,28 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
       } catch (const Error& e) {
         not_yet("layer " + std::to_string(l) + "'s format " + f.name() + " (" + e.what() + ")");
       }
-      Layer L{*codec, {}, false, false};
-      L.kv.num_blocks = num_blocks;
-      L.kv.block_size = kBlockSize;
-      L.kv.n_kv_heads = m.n_kv_heads;
-      L.kv.layout = cuda::PageLayout::Page;
-      const size_t pb = static_cast<size_t>(num_blocks) * page_geometry(f, m.head_dim, kBlockSize, m.n_kv_heads,
-                                                                         cuda::PageLayout::Page).page_bytes();
-      ck(cudaMalloc(reinterpret_cast<void**>(&L.kv.pages), std::max<size_t>(pb, 1)), "allocating a page pool");
+      Layer L{*codec, {}, false, false, std::nullopt, std::nullopt, {}, {}};
+      L.kv = cuda::PagedKv{nullptr, num_blocks, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
       L.decode = L.codec.decode_supported() && m.n_heads / m.n_kv_heads <= 8;
       L.f32_workspace = !f.compressed() && (f.value == ValueCodec::F32 || f.value == ValueCodec::F16 ||
                                             f.value == ValueCodec::BF16);
+      if (copies() && f.compressed()) {  // the CPU's RecentWindow covers the compressed layers
+        const Format wf = spec.window_format ? *spec.window_format : find_format("f16");
+        L.window_codec.emplace(wf, m.head_dim);
+        L.sink_codec.emplace(find_format("f16"), m.head_dim);
+        if (!L.decode || !L.window_codec->decode_supported())
+          not_yet("attention sinks or a recent window for layer " + std::to_string(l) + "'s format " + f.name() +
+                  " or the window format " + wf.name() + " (no decode kernel: src/cuda/decode_pairs.h)");
+        L.window_kv = cuda::PagedKv{nullptr, ring_blocks_ * shape.max_seqs, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
+        L.sink_kv = cuda::PagedKv{nullptr, sink_blocks_ * shape.max_seqs, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
+      }
       layers_.push_back(L);
+      Layer& P = layers_.back();  // pools allocated once the layer is listed (freed on a throw below)
+      P.kv.pages = alloc_pool(f, m.head_dim, m.n_kv_heads, num_blocks);
+      if (P.window_codec && window_ > 0)
+        P.window_kv.pages = alloc_pool(P.window_codec->format(), m.head_dim, m.n_kv_heads, P.window_kv.num_blocks);
+      if (P.sink_codec && sinks_ > 0)
+        P.sink_kv.pages = alloc_pool(P.sink_codec->format(), m.head_dim, m.n_kv_heads, P.sink_kv.num_blocks);
     }
     if (centring_.active()) {
       const size_t per_layer = static_cast<size_t>(m.n_kv_heads) * m.head_dim, total = per_layer * m.n_layers;
@@ -67,20 +95,29 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
       ck(cudaMemcpy(scale_, centring_.scale(0), total * sizeof(float), cudaMemcpyHostToDevice), "uploading centring");
     }
   } catch (...) {
-    for (Layer& L : layers_) cudaFree(L.kv.pages);
+    for (Layer& L : layers_) {
+      cudaFree(L.kv.pages);
+      cudaFree(L.window_kv.pages);
+      cudaFree(L.sink_kv.pages);
+    }
     cudaFree(mean_);
     cudaFree(scale_);
     throw;
   }
   free_.reserve(num_blocks);
   for (int b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
+  for (int i = shape.max_seqs - 1; i >= 0; --i) free_slots_.push_back(i);
 }
 
 CudaKvCache::~CudaKvCache() {
   cudaStreamSynchronize(stream_);
-  for (Layer& L : layers_) cudaFree(L.kv.pages);
+  for (Layer& L : layers_) {
+    cudaFree(L.kv.pages);
+    cudaFree(L.window_kv.pages);
+    cudaFree(L.sink_kv.pages);
+  }
   for (auto& [key, p] : plans_) cudaFree(p.workspace);
-  for (void* p : {static_cast<void*>(mean_), static_cast<void*>(scale_), slots_, tables_, kws_, vws_, qbuf_, obuf_})
+  for (void* p : {static_cast<void*>(mean_), static_cast<void*>(scale_), slots_, tables_, kws_, vws_, qbuf_, obuf_, parts_})
     cudaFree(p);
 }
 
@@ -88,7 +125,10 @@ int64_t CudaKvCache::add_sequence() {
   if (static_cast<int>(seqs_.size()) >= max_seqs())
     throw Error(ErrorCode::Capacity, "cache: all " + std::to_string(max_seqs()) + " sequences are in use");
   const int64_t id = next_id_++;
-  seqs_.emplace(id, Sequence{});
+  Sequence s;
+  s.slot = free_slots_.back();
+  free_slots_.pop_back();
+  seqs_.emplace(id, std::move(s));
   return id;
 }
 
@@ -96,6 +136,7 @@ void CudaKvCache::free_sequence(int64_t seq) {
   at(seq);
   Sequence& s = seqs_.at(seq);
   free_.insert(free_.end(), s.blocks.rbegin(), s.blocks.rend());
+  free_slots_.push_back(s.slot);
   seqs_.erase(seq);
 }
 
@@ -107,7 +148,7 @@ const CudaKvCache::Sequence& CudaKvCache::at(int64_t seq) const {
 
 int64_t CudaKvCache::seq_len(int64_t seq) const { return at(seq).len; }
 
-int CudaKvCache::max_step_tokens() const { return INT_MAX; }
+int CudaKvCache::max_step_tokens() const { return copies() ? kCopyStepTokens : INT_MAX; }
 
 void CudaKvCache::check(const Batch& batch) const {
   for (const Batch::Run& r : batch.runs()) {
@@ -136,7 +177,7 @@ void* CudaKvCache::grow(void*& p, size_t& have, size_t bytes) {
   return p;
 }
 
-// Once per step (at layer 0): blocks for the new positions, the slot mapping, block tables.
+// Once per step (at layer 0): blocks for the new positions, the slot mappings, block tables.
 void CudaKvCache::prepare(const Batch& batch) {
   step_ = Step{};
   step_.runs = batch.runs();
@@ -152,32 +193,55 @@ void CudaKvCache::prepare(const Batch& batch) {
       free_.pop_back();
     }
   }
-  std::vector<int64_t> slots(n);
+  // Slots of the new tokens: the main pool's, then (copies) the window ring's and the sinks'.
+  const int n_slot_sets = copies() ? 3 : 1;
+  std::vector<int64_t> slots(static_cast<size_t>(n) * n_slot_sets, -1);
+  // Decode rows: the single-token runs; with copies every token (each query a row of its own).
+  std::vector<int> row_run;
+  std::vector<int32_t> row_tok, row_len;
   const size_t n_runs = step_.runs.size();
+  const int R = ring_blocks_, SB = sink_blocks_;
   for (size_t j = 0; j < n_runs; ++j) {
     const Batch::Run& r = step_.runs[j];
     const Sequence& s = seqs_.at(r.seq);
     for (int i = 0; i < r.count; ++i) {
       const int64_t pos = r.pos0 + i;
       slots[r.begin + i] = static_cast<int64_t>(s.blocks[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
+      if (R > 0) slots[n + r.begin + i] = (static_cast<int64_t>(s.slot) * R + (pos / kBlockSize) % R) * kBlockSize + pos % kBlockSize;
+      if (pos < sinks_) slots[2 * n + r.begin + i] = (static_cast<int64_t>(s.slot) * SB + pos / kBlockSize) * kBlockSize + pos % kBlockSize;
+      if (copies() || r.count == 1) {
+        row_run.push_back(static_cast<int>(j));
+        row_tok.push_back(r.begin + i);
+        row_len.push_back(static_cast<int32_t>(pos + 1));
+      }
     }
     if (r.count == 1) step_.decode_runs.push_back(static_cast<int>(j));
   }
-  const size_t n_dec = step_.decode_runs.size();
+  const size_t n_dec = row_run.size();
+  step_.n_rows = static_cast<int>(n_dec);
   step_.decode_contiguous = static_cast<int>(n_dec) == n;
-  // Int32 block tables: [n_runs, bps] for every run, [n_dec, bps] for decode, then decode
-  // lengths [n_dec] and rows [n_dec].
-  std::vector<int32_t> ints((n_runs + n_dec) * bps + 2 * n_dec, 0);
+  for (size_t i = 0; i < n_dec && step_.decode_contiguous; ++i) step_.decode_contiguous = row_tok[i] == static_cast<int32_t>(i);
+  // Int32 block tables: [n_runs, bps] for every run, [n_dec, bps] for the rows, then the rows'
+  // lengths [n_dec] and batch rows [n_dec]; with copies the rows' ring tables [n_dec, bps], sink
+  // tables [n_dec, SB] and sink lengths [n_dec].
+  const size_t copy_ints = copies() ? n_dec * (bps + SB + 1) : 0;
+  std::vector<int32_t> ints((n_runs + n_dec) * bps + 2 * n_dec + copy_ints, 0);
   for (size_t j = 0; j < n_runs; ++j) {
     const Sequence& s = seqs_.at(step_.runs[j].seq);
     std::copy(s.blocks.begin(), s.blocks.end(), ints.begin() + j * bps);
   }
+  const size_t lens_at = (n_runs + n_dec) * bps, win_at = lens_at + 2 * n_dec, sink_at = win_at + n_dec * bps,
+               sink_lens_at = sink_at + n_dec * SB;
   for (size_t i = 0; i < n_dec; ++i) {
-    const Batch::Run& r = step_.runs[step_.decode_runs[i]];
-    std::copy(ints.begin() + step_.decode_runs[i] * bps, ints.begin() + (step_.decode_runs[i] + 1) * bps,
-              ints.begin() + (n_runs + i) * bps);
-    ints[(n_runs + n_dec) * bps + i] = static_cast<int32_t>(r.pos0 + 1);
-    ints[(n_runs + n_dec) * bps + n_dec + i] = r.begin;
+    std::copy(ints.begin() + row_run[i] * bps, ints.begin() + (row_run[i] + 1) * bps, ints.begin() + (n_runs + i) * bps);
+    ints[lens_at + i] = row_len[i];
+    ints[lens_at + n_dec + i] = row_tok[i];
+    if (!copies()) continue;
+    const int slot = seqs_.at(step_.runs[row_run[i]].seq).slot;
+    if (R > 0)
+      for (int b = 0; b < bps; ++b) ints[win_at + i * bps + b] = slot * R + b % R;
+    for (int b = 0; b < SB; ++b) ints[sink_at + i * SB + b] = slot * SB + b;
+    ints[sink_lens_at + i] = std::min(row_len[i], sinks_);
   }
   grow(slots_, slots_bytes_, slots.size() * sizeof(int64_t));
   grow(tables_, tables_bytes_, ints.size() * sizeof(int32_t));
@@ -187,20 +251,26 @@ void CudaKvCache::prepare(const Batch& batch) {
      "uploading block tables");
   auto* base = static_cast<int32_t*>(tables_);
   dec_tables_ = base + n_runs * bps;
-  dec_lens_ = base + (n_runs + n_dec) * bps;
+  dec_lens_ = base + lens_at;
   dec_rows_ = dec_lens_ + n_dec;
+  win_tables_ = base + win_at;
+  sink_tables_ = base + sink_at;
+  sink_lens_ = base + sink_lens_at;
+  win_slots_ = static_cast<int64_t*>(slots_) + n;
+  sink_slots_ = static_cast<int64_t*>(slots_) + 2 * static_cast<size_t>(n);
   for (const Batch::Run& r : step_.runs) seqs_.at(r.seq).len = r.pos0 + r.count;
 }
 
-CudaKvCache::Plan& CudaKvCache::plan_for(const Layer& L, int batch) {
-  const auto key = std::make_pair(L.codec.format().name(), batch);
+CudaKvCache::Plan& CudaKvCache::plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, int batch,
+                                         int max_len) {
+  const auto key = std::make_tuple(codec.format().name(), batch, max_len);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   Plan p;
-  p.plan = cuda::plan_decode(L.codec, L.kv, batch, spec().model.n_heads, capacity());
+  p.plan = cuda::plan_decode(codec, kv, batch, spec().model.n_heads, max_len);
   ck(cudaMalloc(&p.workspace, std::max<size_t>(p.plan.workspace_bytes, 256)), "allocating a decode workspace");
   try {
-    cuda::init_decode_workspace(L.codec, L.kv, p.plan, p.workspace, stream_);
+    cuda::init_decode_workspace(codec, kv, p.plan, p.workspace, stream_);
   } catch (...) {
     cudaFree(p.workspace);
     throw;
@@ -208,16 +278,40 @@ CudaKvCache::Plan& CudaKvCache::plan_for(const Layer& L, int batch) {
   return plans_.emplace(key, p).first->second;
 }
 
+void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, const int32_t* tables, int stride,
+                         const int32_t* lens, int max_len, const AttentionParams& ap, const float* q, float* o,
+                         float* lse) {
+  Plan& p = plan_for(codec, kv, step_.n_rows, max_len);
+  cuda::DecodeArgs da;
+  da.q = q;
+  da.q_dtype = cuda::DType::F32;
+  da.out = o;
+  da.out_dtype = cuda::DType::F32;
+  da.block_tables = tables;
+  da.block_table_stride = stride;
+  da.seq_lens = lens;
+  da.batch = step_.n_rows;
+  da.params = ap;
+  da.params.lse = lse;
+  cuda::run_decode(codec, kv, da, p.plan, p.workspace, stream_);
+}
+
 void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
   const ModelConfig& m = spec().model;
   const int n = batch.size();
   if (n == 0) return;
-  if (layer == 0) prepare(batch);
-  const int D = m.head_dim, hq = m.n_heads, hkv = m.n_kv_heads, group = hq / hkv;
+  if (layer == 0) {
+    for (const Batch::Run& r : batch.runs())  // before anything is written (Model::forward splits longer runs)
+      if (r.count > max_step_tokens())
+        throw Error(ErrorCode::Capacity, "cache: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
+                                             "this cache takes at most " + std::to_string(max_step_tokens()));
+    prepare(batch);
+  }
+  const int D = m.head_dim, hq = m.n_heads, hkv = m.n_kv_heads;
   const size_t q_row = static_cast<size_t>(hq) * D;
   if (centring_.active()) {
     const size_t off = static_cast<size_t>(layer) * hkv * D;
-    cuda::centre_keys(k, q, mean_ + off, scale_ + off, n, hkv, group, D, centring_.scales(), stream_);
+    cuda::centre_keys(k, q, mean_ + off, scale_ + off, n, hkv, hq / hkv, D, centring_.scales(), stream_);
   }
   if (key_hook()) key_hook()(layer, n, k, q);
   Layer& L = layers_[layer];
@@ -228,40 +322,65 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   sa.slot_mapping = static_cast<const int64_t*>(slots_);
   sa.n_tokens = n;
   cuda::store(L.codec, L.kv, sa, stream_);
+  const bool covered = L.window_codec.has_value();  // the layer keeps copies (same centred keys)
+  if (covered && window_ > 0) {
+    sa.slot_mapping = win_slots_;
+    cuda::store(*L.window_codec, L.window_kv, sa, stream_);
+  }
+  if (covered && sinks_ > 0) {
+    sa.slot_mapping = sink_slots_;
+    cuda::store(*L.sink_codec, L.sink_kv, sa, stream_);
+  }
 
   const int window = m.window(layer);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const bool decode = L.decode && window == 0 && !step_.decode_runs.empty();
-  if (decode) {
-    const int n_dec = static_cast<int>(step_.decode_runs.size());
-    Plan& p = plan_for(L, n_dec);
+  const bool rows = L.decode && window == 0 && step_.n_rows > 0;
+  if (rows) {
+    const int n_dec = step_.n_rows;
+    const size_t out_floats = static_cast<size_t>(n_dec) * q_row;
     const float* q_in = q;
     float* o = out;
     if (!step_.decode_contiguous) {
-      const size_t bytes = static_cast<size_t>(n_dec) * q_row * sizeof(float);
-      q_in = static_cast<float*>(grow(qbuf_, qbuf_bytes_, bytes));
-      o = static_cast<float*>(grow(obuf_, obuf_bytes_, bytes));
+      q_in = static_cast<float*>(grow(qbuf_, qbuf_bytes_, out_floats * sizeof(float)));
+      o = static_cast<float*>(grow(obuf_, obuf_bytes_, out_floats * sizeof(float)));
       cuda::gather_rows(q, static_cast<int>(q_row), dec_rows_, n_dec, const_cast<float*>(q_in), stream_);
     }
-    cuda::DecodeArgs da;
-    da.q = q_in;
-    da.q_dtype = cuda::DType::F32;
-    da.out = o;
-    da.out_dtype = cuda::DType::F32;
-    da.block_tables = dec_tables_;
-    da.block_table_stride = blocks_per_seq_;
-    da.seq_lens = dec_lens_;
-    da.batch = n_dec;
-    da.params.n_q_heads = hq;
-    da.params.head_dim = D;
-    da.params.scale = scale;
-    cuda::run_decode(L.codec, L.kv, da, p.plan, p.workspace, stream_);
+    AttentionParams ap;
+    ap.n_q_heads = hq;
+    ap.head_dim = D;
+    ap.scale = scale;
+    if (!covered) {
+      decode(L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), ap, q_in, o, nullptr);
+    } else {
+      // Parts: the compressed [S, p - N] into o, the window's (p - N, p] and the sinks' [0, S)
+      // into the parts buffer, merged into o by their log-sum-exps (the CPU's RecentWindow).
+      const size_t rows_h = static_cast<size_t>(n_dec) * hq;
+      float* part = static_cast<float*>(grow(parts_, parts_bytes_, (out_floats + 3 * rows_h) * sizeof(float)));
+      float* lse_main = part + out_floats;
+      float* lse_part = lse_main + rows_h;
+      AttentionParams older = ap;
+      older.min_key_pos = sinks_;
+      older.exclude_recent = window_;
+      decode(L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), older, q_in, o, lse_main);
+      if (window_ > 0) {
+        AttentionParams recent = ap;
+        recent.min_key_pos = sinks_;
+        recent.window = window_;
+        decode(*L.window_codec, L.window_kv, win_tables_, blocks_per_seq_, dec_lens_, window_ + kBlockSize, recent,
+               q_in, part, lse_part);
+        cuda::merge_attention(o, lse_main, part, lse_part, static_cast<int>(rows_h), D, stream_);
+      }
+      if (sinks_ > 0) {
+        decode(*L.sink_codec, L.sink_kv, sink_tables_, sink_blocks_, sink_lens_, sinks_, ap, q_in, part, lse_part);
+        cuda::merge_attention(o, lse_main, part, lse_part, static_cast<int>(rows_h), D, stream_);
+      }
+    }
     if (!step_.decode_contiguous) cuda::scatter_rows(o, static_cast<int>(q_row), dec_rows_, n_dec, out, stream_);
   }
   const size_t elem = L.f32_workspace ? sizeof(float) : 2;
   for (size_t j = 0; j < step_.runs.size(); ++j) {
     const Batch::Run& r = step_.runs[j];
-    if (decode && r.count == 1) continue;
+    if (rows && (copies() || r.count == 1)) continue;  // attended as decode rows
     const int n_kv = static_cast<int>(r.pos0 + r.count);
     const size_t bytes = static_cast<size_t>(n_kv) * hkv * D * elem;
     cuda::DequantArgs dq;

@@ -10,16 +10,28 @@
 // with a sliding window, and formats the decode kernel lacks (f32), take the prefill path for
 // decode tokens too.
 //
-// Not on the GPU yet (refused at creation with tqkv::Error(InvalidArgument)): attention sinks,
-// the recent window (w<N>, fill<B>, wq<B>), formats the CUDA codecs cannot store (codes wider
-// than 4 bits), head dims other than 64/128/256. A sequence holds at most `capacity` positions
-// (the pool has no ring): a step past it throws Error(Capacity) in check().
+// Attention sinks and the recent window (sink<S>, w<N>, fill<B>, wq<B>; docs/FORMAT.md), as the
+// CPU's RecentWindow: every compressed layer keeps, next to its pool, a pool of f16 copies of
+// each sequence's first S positions and a ring pool of copies of its last N + 512 positions
+// (f16, or the wq<B> Mse pair); the ring is a block table that repeats the sequence's ring
+// blocks, so the decode kernel reads it like any paged cache. Every query of a step (prefill
+// tokens included, 512 per step at most) then runs through the split-KV decode kernel three
+// times, over the copies of [0, S), the compressed [S, p - N] and the copies of (p - N, p], and
+// the parts merge by their log-sum-exps (cuda::merge_attention). Copies need a decode kernel for
+// the layer's format (cuda::CacheCodec::decode_supported) and no sliding-window layers.
+//
+// Not on the GPU yet (refused at creation with tqkv::Error(InvalidArgument)): the copies for a
+// format without a decode kernel or with sliding-window layers, the CPU's Overflow check of a
+// sink element beyond the fp16 range, head dims other than 64/128/256. A sequence holds at most
+// `capacity` positions (the pool has no ring): a step past it throws Error(Capacity) in check().
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -53,10 +65,14 @@ class CudaKvCache final : public KvCache {
     cuda::PagedKv kv;
     bool decode = false;      // run_decode has a kernel for the format
     bool f32_workspace = false;
+    // Copies (compressed layers of a spec with sinks or a window): their codecs and pools.
+    std::optional<cuda::CacheCodec> window_codec, sink_codec;
+    cuda::PagedKv window_kv, sink_kv;
   };
   struct Sequence {
     std::vector<int32_t> blocks;
     int64_t len = 0;
+    int slot = 0;  // its ring and sink blocks: slot * ring_blocks_ + i, slot * sink_blocks_ + i
   };
   struct Plan {
     cuda::DecodePlan plan;
@@ -66,13 +82,18 @@ class CudaKvCache final : public KvCache {
   struct Step {
     std::vector<Batch::Run> runs;
     std::vector<int> decode_runs;   // indices into runs (single tokens)
-    bool decode_contiguous = false;  // the decode runs are the whole batch, in order
+    int n_rows = 0;                  // decode rows: the single-token runs, or every token with copies
+    bool decode_contiguous = false;  // the decode rows are the whole batch, in order
   };
 
   const Sequence& at(int64_t seq) const;
   void prepare(const Batch& batch);
   void* grow(void*& p, size_t& have, size_t bytes);
-  Plan& plan_for(const Layer& L, int batch);
+  Plan& plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, int batch, int max_len);
+  bool copies() const { return sinks_ > 0 || window_ > 0; }
+  // One decode launch over the step's rows into o [n_rows, n_heads, head_dim] and lse.
+  void decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, const int32_t* tables, int stride,
+              const int32_t* lens, int max_len, const AttentionParams& ap, const float* q, float* o, float* lse);
 
   std::shared_ptr<CUstream_st> owner_;
   cudaStream_t stream_;
@@ -80,12 +101,15 @@ class CudaKvCache final : public KvCache {
   float* mean_ = nullptr;   // [n_layers, n_kv_heads, head_dim]
   float* scale_ = nullptr;
   int blocks_per_seq_ = 0;
+  int sinks_ = 0, window_ = 0;            // the spec's S and N (0: none)
+  int ring_blocks_ = 0, sink_blocks_ = 0;  // per sequence
   std::vector<Layer> layers_;
   std::vector<int32_t> free_;
+  std::vector<int> free_slots_;
   std::unordered_map<int64_t, Sequence> seqs_;
   int64_t next_id_ = 0;
   Step step_;
-  std::map<std::pair<std::string, int>, Plan> plans_;
+  std::map<std::tuple<std::string, int, int>, Plan> plans_;
   // Device buffers of the step (grown, never shrunk).
   void* slots_ = nullptr;  // int64 [n]
   size_t slots_bytes_ = 0;
@@ -94,6 +118,13 @@ class CudaKvCache final : public KvCache {
   int32_t* dec_tables_ = nullptr;
   int32_t* dec_lens_ = nullptr;
   int32_t* dec_rows_ = nullptr;
+  int32_t* win_tables_ = nullptr;  // copies: [n_rows, blocks_per_seq] ring tables
+  int32_t* sink_tables_ = nullptr;  // [n_rows, sink_blocks]
+  int32_t* sink_lens_ = nullptr;    // [n_rows]: min(S, len)
+  int64_t* win_slots_ = nullptr;    // [n]: the new tokens' ring slots
+  int64_t* sink_slots_ = nullptr;   // [n]: their sink slots (-1 past S)
+  void* parts_ = nullptr;           // copies: the window and sink parts' outputs and the lses
+  size_t parts_bytes_ = 0;
   void* kws_ = nullptr;  // dequantized K, V
   size_t kws_bytes_ = 0;
   void* vws_ = nullptr;

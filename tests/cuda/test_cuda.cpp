@@ -113,16 +113,37 @@ void get_slot(const std::vector<uint8_t>& pool, PageLayout layout, const Format&
   if ((kcb + kmb + vcb + vmb) & 1) slot[sb - 1] = sec[bs * (kcb + kmb + vcb + vmb) + off];
 }
 
-std::vector<Format> store_formats() {
+// Variants beyond the named formats, one of each width class: Mse codes of 1..8 bits (the
+// pair lookups of <= 4 bits, the single lookups of 5..8), Uniform values of odd and wide widths,
+// plain keys or values next to codes, Gauss/Hadamard/raw modifiers.
+std::vector<Format> variant_formats() {
   std::vector<Format> v;
-  for (const NamedFormat& f : named_formats()) v.push_back(f.format);
+  for (const char* name : {"k1v1", "k5v5", "k6v6", "k7v7", "k8v8", "k2v8", "k8v2", "k5v3", "k6v3", "k5v2+vu",
+                           "k8v7+vu", "k3v6+gauss+had+vu+raw", "kfp8v6", "kfp8v5+vu", "k5vf16", "kbf16v7+vu", "k6vfp8"}) {
+    const auto f = Format::try_parse(name);
+    if (f) v.push_back(*f);
+    else ADD_FAILURE() << "not a format: " << name;
+  }
   return v;
 }
 
+std::vector<Format> store_formats() {
+  std::vector<Format> v;
+  for (const NamedFormat& f : named_formats()) v.push_back(f.format);
+  for (const Format& f : variant_formats()) v.push_back(f);
+  return v;
+}
+
+// Every format with a decode kernel: the named ones, the recipes' wide pairs, the wq6 window.
 std::vector<Format> decode_formats() {
   std::vector<Format> v;
   for (const NamedFormat& f : named_formats())
     if (tqkv::cuda::CacheCodec(f.format, 128).decode_supported()) v.push_back(f.format);
+  for (const char* name : {"k5v2", "k5v3", "k5v4", "k6v3", "k6v6", "tq-k2v4", "tq-k3v4"}) {
+    const Format f = Format::parse(name);
+    EXPECT_TRUE(tqkv::cuda::CacheCodec(f, 64).decode_supported()) << name;
+    v.push_back(f);
+  }
   return v;
 }
 
@@ -325,6 +346,7 @@ struct DecodeShape {
   std::vector<int> lens;
   int forced_splits;
   bool workspace_merge = false;  // force the workspace merge where the plan picks a cluster
+  int min_key_pos = 0, window = 0, exclude_recent = 0;  // key-range cuts (AttentionParams)
 };
 
 // graph: capture run_decode in a CUDA graph and launch it `replays` times, each after fresh
@@ -375,6 +397,9 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
   a.batch = c.batch;
   a.params.n_q_heads = Hq;
   a.params.scale = scale;
+  a.params.min_key_pos = s.min_key_pos;
+  a.params.window = s.window;
+  a.params.exclude_recent = s.exclude_recent;
   if (graph) {
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
@@ -424,10 +449,13 @@ void run_decode_case(const Format& f, const DecodeShape& s, uint64_t seed, bool 
   const size_t sb = f.slot_bytes(d);
   double worst = 0;
   for (int b = 0; b < c.batch; ++b) {
-    const int L = c.lens[b];
+    // The keys the query at position lens[b] - 1 reads: [lo, hi).
+    const int lo = std::max(s.min_key_pos, s.window > 0 ? c.lens[b] - s.window : 0);
+    const int hi = std::max(lo, c.lens[b] - s.exclude_recent);
+    const int L = hi - lo;
     for (int h = 0; h < s.H; ++h) {
       std::vector<const uint8_t*> ptrs(L);
-      for (int t = 0; t < L; ++t) ptrs[t] = &c.slots[b][(static_cast<size_t>(t) * s.H + h) * sb];
+      for (int t = 0; t < L; ++t) ptrs[t] = &c.slots[b][(static_cast<size_t>(lo + t) * s.H + h) * sb];
       std::vector<float> ref(static_cast<size_t>(s.group) * d), rlse(s.group);
       reference_attention(cpu, ptrs.data(), L, &q[(static_cast<size_t>(b) * Hq + h * s.group) * d], s.group, scale,
                           ref.data(), rlse.data());
@@ -556,8 +584,39 @@ TEST(CudaDecode, RejectsSlotLayoutAndBadGroups) {
   EXPECT_THROW(tqkv::cuda::CacheCodec(find_format("tq-k4v2"), 96), tqkv::Error);
 }
 
-// The shared AttentionParams fields the kernel does not implement are refused, not ignored
-// (checked on the host before any launch, so no device is needed).
+// Key-range cuts (sinks, the compressed middle and the recent window of engine::CudaKvCache):
+// empty ranges, ranges inside one tile, ranges across splits and CTAs, every width class.
+TEST(CudaDecode, KeyRangeCutsMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const char* name : {"turboquant_4bit_nc", "k5v3", "k6v6", "f16", "tq-k3v2", "bf16"}) {
+    const Format f = Format::parse(name);
+    for (int d : {64, 128, 256}) {
+      const std::vector<int> lens = {1, 5, 17, 300 + static_cast<int>(rng() % 200), 33};
+      DecodeShape mid{d, 3, 3, 16, lens, 0};
+      mid.min_key_pos = 1;
+      mid.exclude_recent = 7;
+      run_decode_case(f, mid, rng());
+      if (HasFatalFailure()) return;
+      DecodeShape recent{d, 3, 3, 16, lens, 0};
+      recent.min_key_pos = 2;
+      recent.window = 19;
+      run_decode_case(f, recent, rng());
+      if (HasFatalFailure()) return;
+      DecodeShape many{d, 2, 4, 32, {2000, 1200}, 64};  // many splits, cuts inside tiles
+      many.min_key_pos = 37;
+      many.exclude_recent = 5;
+      many.workspace_merge = d == 128;
+      run_decode_case(f, many, rng());
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Invalid AttentionParams are refused, not ignored (checked on the host before any launch, so
+// no device is needed).
 TEST(CudaDecode, RejectsAttentionParamsItCannotHonour) {
   const tqkv::cuda::CacheCodec codec(find_format("turboquant_4bit_nc"), 128);
   uint8_t* fake = reinterpret_cast<uint8_t*>(16);
@@ -579,19 +638,21 @@ TEST(CudaDecode, RejectsAttentionParamsItCannotHonour) {
     }
     return std::string();
   };
-  auto refused = [&](const AttentionParams& ap) {
-    return error_of(ap).find("not implemented") != std::string::npos;
-  };
+  auto refused = [&](const AttentionParams& ap) { return error_of(ap).find(">= 0") != std::string::npos; };
   AttentionParams ap;
   ap.n_q_heads = 4;
   EXPECT_FALSE(refused(ap));
   ap.window = 8;
+  ap.min_key_pos = 1;
+  ap.exclude_recent = 1;
+  EXPECT_FALSE(refused(ap));  // honoured (KeyRangeCutsMatchReference)
+  ap.window = -1;
   EXPECT_TRUE(refused(ap));
   ap.window = 0;
-  ap.min_key_pos = 1;
+  ap.min_key_pos = -1;
   EXPECT_TRUE(refused(ap));
   ap.min_key_pos = 0;
-  ap.exclude_recent = 1;
+  ap.exclude_recent = -2;
   EXPECT_TRUE(refused(ap));
   ap.exclude_recent = 0;
   ap.head_dim = 64;

@@ -275,21 +275,32 @@ TEST(CudaCacheLayer, SameInputsSameCodesAsCpu) {
   for (float& e : q) e = rnd();
   for (float& e : k) e = 2.0f * rnd() + 0.3f;
   for (float& e : v) e = rnd();
-  for (const std::string name : {"f16", "fp8", "turboquant_4bit_nc", "tq-k4v4", "tq-k3v2"}) {
+  // The last five keep copies: attention sinks and a recent window (f16 or wq6) as the recipes
+  // tq-4.375 / tq-3.375 do, on 5- and 6-bit keys and 2-bit values. Each runs a prefill of 37
+  // tokens (every query its own key ranges) and then 3 decode steps.
+  for (const std::string name : {"f16", "fp8", "turboquant_4bit_nc", "tq-k4v4", "tq-k3v2", "k5v3", "k2v2+sink1+wq6+w7",
+                                 "k5v3+sink1+w5", "k6v3+sink2+wq6+w11", "tq-k4v2+sink1", "tq-k3v2+w9"}) {
     SCOPED_TRACE(name);
     const CacheSpec spec = resolve_cache_spec(name + "+skip0", m);  // 2 layers: no f16 boundary
     auto cc = cpu->make_cache(spec, CacheShape{64, 1});
     auto gc = gpu->make_cache(spec, CacheShape{64, 1});
-    Batch b;
-    std::vector<int32_t> ids(n, 1);
-    b.add(cc->add_sequence(), ids.data(), n, 0, true);
+    const int steps = 4, n0 = n - steps + 1;  // a prefill of n0 tokens, then single tokens
+    std::vector<float> oc(q.size()), og(q.size());
+    const int64_t sc = cc->add_sequence();
     gc->add_sequence();
-    std::vector<float> qc = q, kc = k, oc(q.size()), og(q.size());
     DeviceBuffer qg = gpu->load_vector(q.data(), q.size()), kg = gpu->load_vector(k.data(), k.size()),
                  vg = gpu->load_vector(v.data(), v.size()), out = gpu->alloc(q.size());
-    for (int layer = 0; layer < 2; ++layer) {
-      cc->attend(layer, b, qc.data(), kc.data(), v.data(), oc.data());
-      gc->attend(layer, b, qg.data(), kg.data(), vg.data(), out.data());
+    std::vector<float> qc = q, kc = k;
+    std::vector<int32_t> ids(n, 1);
+    for (int st = 0; st < steps; ++st) {
+      const int t0 = st == 0 ? 0 : n0 + st - 1, cnt = st == 0 ? n0 : 1;
+      Batch b;
+      b.add(sc, ids.data(), cnt, t0, true);
+      const size_t qo = static_cast<size_t>(t0) * qd, ko = static_cast<size_t>(t0) * kd;
+      for (int layer = 0; layer < 2; ++layer) {
+        cc->attend(layer, b, qc.data() + qo, kc.data() + ko, v.data() + ko, oc.data() + qo);
+        gc->attend(layer, b, qg.data() + qo, kg.data() + ko, vg.data() + ko, out.data() + qo);
+      }
     }
     gpu->to_host(out.data(), og.size(), og.data());
     std::vector<float> rc(k.size()), rg(k.size());

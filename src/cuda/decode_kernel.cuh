@@ -1,0 +1,996 @@
+// Split-KV decode attention on the compressed paged cache (page layout), tensor-core based.
+//
+// One warp owns one split (a contiguous range of 16-token tiles) of one (sequence, kv head)
+// and serves all `group` query heads of that kv head, so each page is read once per kv head.
+// Compressed tiles stream through a per-warp ring of shared-memory stages filled by cp.async
+// (the 16-bit formats load straight into registers). Per tile:
+//   S^T = K Q^T  with mma.m16n8k16 (M = 16 tokens, N = 8 query heads, K = 16 dims); keys are
+//              decoded from their codes straight into the A fragment (thread (g, c) owns tokens
+//              g and 8+g and a contiguous d/4-dim chunk c of each, so a tile is read with wide
+//              loads); the query is the B fragment, held in registers for the whole split;
+//   online softmax in fp32 (log2 domain), per query head over the lanes that share c;
+//   O^T += V^T P^T  (M = 16 dims, N = query heads, K = 16 tokens); P^T comes from the S^T
+//              accumulator through two movmatrix transposes, and the value codes are decoded
+//              into the A fragment (thread (g, c) owns tokens 2c, 2c+1, 2c+8, 2c+9 and a
+//              d/8-dim chunk g).
+// Dims are permuted consistently between Q and K (and between V rows and the output), which
+// is what lets every thread read contiguous code bytes. Per-token scales (MSE norms, uniform
+// scale) are folded into the scores / into P; the uniform zero point adds sum_t p_t z_t.
+// Code -> value lookups use a shared-memory table replicated per lane (entry e of lane l at
+// word e*32 + l), so a warp's 32 random lookups never conflict on a bank.
+// The merge is part of the same launch: the warps of a CTA combine their partial outputs by
+// log-sum-exp in shared memory; where a (sequence, kv head) has several CTAs, they either form a
+// thread-block cluster and merge through distributed shared memory (small grids: batch 1), or
+// each writes its partial to the workspace and the last to finish (a counter per (sequence, kv
+// head), reset by that CTA) merges them. Either way the grid is fixed by the plan.
+//
+// This header holds the kernel template, instantiated per head dim for the key/value pairs of
+// decode_pairs.h (decode_d64.cu, decode_d128.cu, decode_d256.cu); decode.cu plans and launches.
+#pragma once
+#include <cooperative_groups.h>
+
+#include "decode.cuh"
+
+namespace tqkv::cuda::detail {
+
+// Codec traits. A key kind KK and a value kind VK are (codec class) * 32 + (bits per element),
+// so one template parameter names both and the code width is a compile-time constant.
+enum KClass : int { KC_MSE, KC_FP8, KC_F16, KC_BF16 };
+enum VClass : int { VC_MSE, VC_UNI, VC_FP8, VC_F16, VC_BF16 };
+__host__ __device__ constexpr int kind(int cls, int bits) { return cls * 32 + bits; }
+__host__ __device__ constexpr int kclass(int kk) { return kk >> 5; }
+__host__ __device__ constexpr int vclass(int vk) { return vk >> 5; }
+__host__ __device__ constexpr int kbits_of(int kk) { return kk & 31; }
+__host__ __device__ constexpr int vbits_of(int vk) { return vk & 31; }
+constexpr int K_FP8 = kind(KC_FP8, 8), K_F16 = kind(KC_F16, 16), K_BF16 = kind(KC_BF16, 16);
+constexpr int V_FP8 = kind(VC_FP8, 8), V_F16 = kind(VC_F16, 16), V_BF16 = kind(VC_BF16, 16);
+constexpr int kmse(int bits) { return kind(KC_MSE, bits); }
+constexpr int vmse(int bits) { return kind(VC_MSE, bits); }
+constexpr int vuni(int bits) { return kind(VC_UNI, bits); }
+constexpr int V_U4 = vuni(4);  // the nibble fast path (value_frag)
+__host__ __device__ constexpr bool is_kmse(int kk) { return kclass(kk) == KC_MSE; }
+__host__ __device__ constexpr bool is_uniform(int vk) { return vclass(vk) == VC_UNI; }
+__host__ __device__ constexpr bool is_vmse(int vk) { return vclass(vk) == VC_MSE; }
+// Code -> fp16 lookups: codes of at most 4 bits are looked up in pairs (one table entry holds
+// the half2 of two neighbouring codes: 2^(2b) entries), wider codes one at a time (2^b entries).
+__host__ __device__ constexpr bool pair_lut(int bits) { return bits <= 4; }
+__host__ __device__ constexpr int lut_entries(int bits) { return pair_lut(bits) ? 1 << (2 * bits) : 1 << bits; }
+__host__ __device__ constexpr int klut_entries(int kk) { return is_kmse(kk) ? lut_entries(kbits_of(kk)) : 0; }
+__host__ __device__ constexpr int vlut_entries(int vk) {
+  return vk == V_U4 ? 0 : (is_vmse(vk) || is_uniform(vk)) ? lut_entries(vbits_of(vk)) : 0;
+}
+
+// What the decode kernel needs of CodecTables (1 KiB of kernel parameters, not 4).
+struct DecodeTables {
+  uint16_t k_lv[CodecTables::kMaxLevels];  // fp16 bits of the key / value levels
+  uint16_t v_lv[CodecTables::kMaxLevels];
+  uint32_t sign_bits[8];
+  float rot_scale;
+};
+
+struct DecodeParams {
+  const uint8_t* pages;
+  PageGeometry geo;  // page_geometry.h: where each field of a (token, kv head) lives
+  int64_t page_bytes;
+  int block_size;
+  int tpp_log2;  // log2(tiles per page) = log2(block_size / 16)
+  int n_kv_heads;
+  int slot_bytes;
+  const void* q;
+  DType q_dtype;
+  const int32_t* block_tables;
+  int bt_stride;
+  const int32_t* seq_lens;
+  int n_q_heads;
+  int group;
+  int num_splits;
+  int max_seq_len;  // the plan's: fixes the tiles per split
+  float scale_log2;  // softmax scale * log2(e)
+  bool keys_rotated;
+  bool values_rotated;
+  float* o_part;        // [batch, n_kv_heads, ctas, group, D]: each CTA's normalised partial output
+  float* lse_part;      // [batch, n_kv_heads, ctas, group]: its log2-sum-exp
+  uint32_t* counters;   // [batch, n_kv_heads]: CTAs done (low 16 bits) under kCounterTag
+  void* out;            // [batch, n_q_heads, D]
+  DType out_dtype;
+  float* lse;           // optional [batch, n_q_heads], natural log
+  bool cluster;  // the CTAs of a (sequence, kv head) form a thread-block cluster (merge in DSMEM)
+  // Key-range cuts (AttentionParams): keys [max(min_key_pos, len - window if window > 0),
+  // len - exclude_recent); ranged = false: [0, len), and the page ids are requested before len.
+  bool ranged;
+  int min_key_pos, window, exclude_recent;
+  DecodeTables tab;
+};
+
+__device__ __forceinline__ uint32_t pack_h2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack_b2(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <bool BF>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (BF) return pack_b2(a, b);
+  else return pack_h2(a, b);
+}
+
+template <bool BF>
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (BF) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// n-bit field at bit `off` of a little-endian word array (offsets are compile-time after unrolling).
+template <int NW>
+__device__ __forceinline__ uint32_t field(const uint32_t (&w)[NW], int off, int n) {
+  const int i = off >> 5, sh = off & 31;
+  uint32_t v = w[i] >> sh;
+  if (sh + n > 32) v |= w[i + 1] << (32 - sh);
+  return v & ((1u << n) - 1u);
+}
+
+// The same field times 128 (the byte stride of one entry of a lane-replicated table): ORed with
+// lane * 4 it is the entry's shared-memory byte offset, so a lookup costs a shift, a LOP3, an LDS.
+template <int NW>
+__device__ __forceinline__ uint32_t field_x128(const uint32_t (&w)[NW], int off, int n) {
+  const int i = off >> 5, sh = off & 31;
+  uint32_t v;
+  if (sh + n <= 32) v = sh >= 7 ? w[i] >> (sh - 7) : w[i] << (7 - sh);
+  else v = __funnelshift_r(w[i], w[i + 1], sh) << 7;
+  return v & (((1u << n) - 1u) << 7);
+}
+
+__device__ __forceinline__ uint32_t lut_ld(const char* base, uint32_t x128, uint32_t lane4) {
+  return *reinterpret_cast<const uint32_t*>(base + (x128 | lane4));
+}
+
+template <bool G, typename V>
+__device__ __forceinline__ V ld(const V* p) {
+  if constexpr (G) return __ldg(p);
+  else return *p;
+}
+
+// Reads BYTES bytes at p (aligned to BYTES' lowest set bit, at most 16) into words; G: global
+// memory through the read-only path, else shared memory.
+template <int BYTES, bool G = true>
+__device__ __forceinline__ void load_chunk(uint32_t (&w)[(BYTES + 3) / 4], const uint8_t* p) {
+  constexpr int A = (BYTES & -BYTES) >= 16 ? 16 : (BYTES & -BYTES);
+  if constexpr (A == 16) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 16; ++i) {
+      const uint4 v = ld<G>(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (A == 8) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 8; ++i) {
+      const uint2 v = ld<G>(reinterpret_cast<const uint2*>(p) + i);
+      w[2 * i] = v.x, w[2 * i + 1] = v.y;
+    }
+  } else if constexpr (A == 4) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 4; ++i) w[i] = ld<G>(reinterpret_cast<const uint32_t*>(p) + i);
+  } else if constexpr (A == 2) {
+#pragma unroll
+    for (int i = 0; i < (BYTES + 3) / 4; ++i) w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < BYTES / 2; ++i)
+      w[i / 2] |= static_cast<uint32_t>(ld<G>(reinterpret_cast<const unsigned short*>(p) + i)) << (16 * (i & 1));
+  } else {
+#pragma unroll
+    for (int i = 0; i < (BYTES + 3) / 4; ++i) w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < BYTES; ++i) w[i / 4] |= static_cast<uint32_t>(ld<G>(p + i)) << (8 * (i & 3));
+  }
+}
+
+__device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t two) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+}
+
+template <int D, int KK, int VK>
+struct Traits {
+  static constexpr bool KBF = KK == K_BF16;  // S = K Q^T in bf16 (else fp16)
+  static constexpr bool VBF = VK == V_BF16;  // O = P V in bf16
+  static constexpr int KCB = D * kbits_of(KK) / 8;  // key code bytes per token
+  static constexpr int VCB = D * vbits_of(VK) / 8;
+  static constexpr int KMB = is_kmse(KK) ? 2 : 0;
+  static constexpr int KCH = KCB / 4;  // bytes of one thread's key chunk (d/4 dims)
+  static constexpr int VCH = VCB / 8;  // bytes of one thread's value chunk (d/8 dims)
+  static constexpr int KW = (KCH + 3) / 4;
+  static constexpr int VW = (VCH + 3) / 4;
+  static constexpr int KLUT = klut_entries(KK) * 32;
+  static constexpr int VLUT = vlut_entries(VK) * 32;
+  static constexpr int LUT_BYTES = (KLUT + VLUT) * 4 + kMaxGroup * D * 4;  // tables + rotated queries
+  // Compressed formats stream tiles through a per-warp ring of shared-memory stages filled with
+  // cp.async, so many tiles are in flight without holding registers; the 16-bit formats (large
+  // tiles) load straight into registers instead.
+  static constexpr bool ASYNC = !(KK == K_F16 || KK == K_BF16);
+  static constexpr int WARPS = (ASYNC && D <= 128) ? 8 : 4;
+  static constexpr int MIN_BLOCKS = (ASYNC && D <= 128) ? 2 : 1;
+  static constexpr int KPL = 16 * KCB;                              // key plane of a tile
+  static constexpr int PV = (VCB & -VCB) >= 16 ? 16 : (VCB & -VCB);  // cp.async piece of a value row
+  static constexpr int VROW = VCB + (VCB % 16 == 0 ? 16 : 8);       // padded: conflict-free reads
+  static constexpr int VPL = 16 * VROW;
+  // issue_page16 applies: 16-byte value pieces, whole rows of them in every 32 pieces.
+  static constexpr bool PAGE16 = PV == 16 && 32 % (VCB / 16 > 0 ? VCB / 16 : 1) == 0;
+  static constexpr int KM_OFF = 0, VS_OFF = KMB ? 32 : 0, VZ_OFF = VS_OFF + 32;
+  static constexpr int M_PLANES = (KMB ? 1 : 0) + ((is_uniform(VK) || is_vmse(VK)) ? 1 : 0) + (is_uniform(VK) ? 1 : 0);
+  static constexpr int STAGE = KPL + VPL + 96;
+  static constexpr int BUDGET = (D <= 128 ? 113 : 220) * 1024 - LUT_BYTES;
+  static constexpr int NST_RAW = BUDGET / (WARPS * STAGE);
+  static constexpr int NST = !ASYNC ? 0 : NST_RAW < 2 ? 2 : NST_RAW > 6 ? 6 : NST_RAW;
+  // Epilogue (after the tile loop, over the queries and the ring): every warp's unnormalised
+  // output, the merged output, per-(warp, head) max and sum, per-CTA weights of the cross-CTA merge.
+  static constexpr int EPI_BYTES =
+      (WARPS * kMaxGroup * D + kMaxGroup * D + WARPS * kMaxGroup * 2 + 2 * kMaxGroup + (kMaxSplits / WARPS) * kMaxGroup + 4) * 4;
+  static constexpr int SMEM_LOOP = LUT_BYTES + WARPS * NST * STAGE;
+  static constexpr int SMEM_EPI = (KLUT + VLUT) * 4 + EPI_BYTES;
+  static constexpr int SMEM = SMEM_LOOP > SMEM_EPI ? SMEM_LOOP : SMEM_EPI;
+  static_assert(KM_OFF == 0 && VZ_OFF > VS_OFF && PV > 0 && VROW % PV == 0 && M_PLANES <= 3, "stage layout");
+};
+
+template <int D, int KK, int VK>
+struct Raw {
+  uint32_t k[2][Traits<D, KK, VK>::KW];  // tokens g, 8+g
+  uint32_t v[4][Traits<D, KK, VK>::VW];  // tokens 2c, 2c+1, 2c+8, 2c+9
+  uint32_t kn[2];                        // fp16 key norms of tokens g, 8+g (low 16 bits)
+  uint32_t vs[2];                        // fp16 value scale or norm, same tokens
+  uint32_t vz[2];                        // fp16 value zero, same tokens
+};
+
+// Per-thread byte offsets inside one page section, fixed for the whole kernel.
+struct ThreadOffsets {
+  int k[2];   // key chunks of tokens g, 8+g
+  int v[4];   // value chunks of tokens 2c, 2c+1, 2c+8, 2c+9
+  int km[2];  // key norms of tokens g, 8+g
+  int vm[2];  // value scale/norm, same tokens
+  int vz[2];  // value zero, same tokens
+};
+
+// Loads one 16-token tile starting at token `off` of the page section `sec`.
+template <int D, int KK, int VK>
+__device__ __forceinline__ void load_tile(Raw<D, KK, VK>& r, const uint8_t* sec, int off, const ThreadOffsets& o) {
+  using T = Traits<D, KK, VK>;
+  const uint8_t* kp = sec + off * T::KCB;
+  load_chunk<T::KCH>(r.k[0], kp + o.k[0]);
+  load_chunk<T::KCH>(r.k[1], kp + o.k[1]);
+  const uint8_t* vp = sec + off * T::VCB;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) load_chunk<T::VCH>(r.v[i], vp + o.v[i]);
+  const uint8_t* mp = sec + off * 2;
+  if constexpr (T::KMB) {
+    r.kn[0] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.km[0]));
+    r.kn[1] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.km[1]));
+  }
+  if constexpr (is_uniform(VK) || is_vmse(VK)) {
+    r.vs[0] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.vm[0]));
+    r.vs[1] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.vm[1]));
+  }
+  if constexpr (is_uniform(VK)) {
+    r.vz[0] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.vz[0]));
+    r.vz[1] = __ldg(reinterpret_cast<const unsigned short*>(mp + o.vz[1]));
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async(uint32_t dst, const void* src) {
+  if constexpr (N == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(N));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Copies one tile (its key plane, padded value rows and metadata) into a ring stage; the warp
+// shares the 16-byte pieces. Lane l copies pieces l, l+32, ...: its first piece's offsets are
+// computed once (IssueOffsets), the later ones are compile-time deltas, so a tile costs a few
+// 64-bit adds and the copies themselves.
+struct IssueOffsets {
+  int v_src, v_dst;  // this lane's first value piece: offset in the page's value plane / in the stage
+  int m_src, m_dst;  // this lane's metadata piece (lanes < 2 * M_PLANES)
+};
+
+template <int D, int KK, int VK>
+__device__ __forceinline__ IssueOffsets issue_offsets(int lane, int bs) {
+  using T = Traits<D, KK, VK>;
+  constexpr int PR = T::VCB / T::PV;
+  IssueOffsets io;
+  io.v_src = (lane / PR) * T::VCB + (lane % PR) * T::PV;
+  io.v_dst = T::KPL + (lane / PR) * T::VROW + (lane % PR) * T::PV;
+  const int plane = lane >> 1, half = lane & 1;
+  io.m_src = bs * (T::KCB + T::VCB) + plane * 2 * bs + 16 * half;
+  io.m_dst = T::KPL + T::VPL + 32 * plane + 16 * half;
+  return io;
+}
+
+template <int D, int KK, int VK>
+__device__ __forceinline__ void issue_tile(uint32_t st, const uint8_t* sec, int off, int bs, int lane,
+                                           const IssueOffsets& io) {
+  using T = Traits<D, KK, VK>;
+  constexpr int NK = T::KPL / 16;
+  const uint8_t* kp = sec + off * T::KCB + 16 * lane;
+  const uint32_t kd = st + 16 * lane;
+#pragma unroll
+  for (int i0 = 0; i0 < NK; i0 += 32)
+    if (i0 + 32 <= NK || i0 + lane < NK) cp_async<16>(kd + 16 * i0, kp + 16 * i0);
+  constexpr int PR = T::VCB / T::PV;
+  constexpr int NV = 16 * PR;
+  if constexpr (32 % PR == 0) {  // piece l + 32k is row r0 + 32k/PR, same column
+    const uint8_t* vp = sec + bs * T::KCB + off * T::VCB + io.v_src;
+    const uint32_t vd = st + io.v_dst;
+#pragma unroll
+    for (int i0 = 0; i0 < NV; i0 += 32)
+      if (i0 + 32 <= NV || i0 + lane < NV)
+        cp_async<T::PV>(vd + (i0 / PR) * T::VROW, vp + (i0 / PR) * T::VCB);
+  } else {
+    const uint8_t* vp = sec + bs * T::KCB + off * T::VCB;
+#pragma unroll
+    for (int i0 = 0; i0 < NV; i0 += 32) {
+      const int i = i0 + lane;
+      if (i < NV) {
+        const int r = i / PR, j = i % PR;
+        cp_async<T::PV>(st + T::KPL + r * T::VROW + j * T::PV, vp + r * T::VCB + j * T::PV);
+      }
+    }
+  }
+  if (lane < 2 * T::M_PLANES) cp_async<16>(st + io.m_dst, sec + off * 2 + io.m_src);
+}
+
+// The same copy where a page holds exactly one tile (block size 16) and value rows split into
+// 16-byte pieces: then every piece of lane l lies at a compile-time offset from `src` (the page
+// section + 16 l) and from `dst_k` (the stage + 16 l) or `dst_v` (the stage + its padded value
+// offset), so a tile costs one address computation and the copies.
+template <int D, int KK, int VK>
+__device__ __forceinline__ void issue_page16(const uint8_t* src, uint32_t dst_k, uint32_t dst_v, int lane) {
+  using T = Traits<D, KK, VK>;
+  static_assert(T::PAGE16, "16-byte value pieces, whole rows per 32");
+  constexpr int NK = T::KPL / 16;
+#pragma unroll
+  for (int i0 = 0; i0 < NK; i0 += 32)
+    if (i0 + 32 <= NK || i0 + lane < NK) cp_async<16>(dst_k + 16 * i0, src + 16 * i0);
+  constexpr int PR = T::VCB / 16;
+  constexpr int NV = 16 * PR;
+#pragma unroll
+  for (int i0 = 0; i0 < NV; i0 += 32)
+    if (i0 + 32 <= NV || i0 + lane < NV) cp_async<16>(dst_v + (i0 / PR) * T::VROW, src + T::KPL + 16 * i0);
+  if (lane < 2 * T::M_PLANES) cp_async<16>(dst_k + T::KPL + T::VPL, src + 16 * (T::KCB + T::VCB));
+}
+
+// Reads this thread's fragments of a tile from a ring stage (same roles as load_tile).
+template <int D, int KK, int VK>
+__device__ __forceinline__ void read_stage(Raw<D, KK, VK>& r, const uint8_t* st, int g, int c) {
+  using T = Traits<D, KK, VK>;
+  load_chunk<T::KCH, false>(r.k[0], st + g * T::KCB + c * T::KCH);
+  load_chunk<T::KCH, false>(r.k[1], st + (8 + g) * T::KCB + c * T::KCH);
+  const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) load_chunk<T::VCH, false>(r.v[i], st + T::KPL + toks[i] * T::VROW + g * T::VCH);
+  const unsigned short* m = reinterpret_cast<const unsigned short*>(st + T::KPL + T::VPL);
+  if constexpr (T::KMB) {
+    r.kn[0] = m[T::KM_OFF / 2 + g];
+    r.kn[1] = m[T::KM_OFF / 2 + 8 + g];
+  }
+  if constexpr (is_uniform(VK) || is_vmse(VK)) {
+    r.vs[0] = m[T::VS_OFF / 2 + g];
+    r.vs[1] = m[T::VS_OFF / 2 + 8 + g];
+  }
+  if constexpr (is_uniform(VK)) {
+    r.vz[0] = m[T::VZ_OFF / 2 + g];
+    r.vz[1] = m[T::VZ_OFF / 2 + 8 + g];
+  }
+}
+
+// Key B fragment for k-step s: dims 4s..4s+3 of the thread's chunk.
+template <int D, int KK, int VK>
+__device__ __forceinline__ void key_frag(const uint32_t (&w)[Traits<D, KK, VK>::KW], int s, const char* klut,
+                                         uint32_t lane4, uint32_t& b0, uint32_t& b1) {
+  if constexpr (is_kmse(KK) && pair_lut(kbits_of(KK))) {  // 4 bits: fields of 8 bits at 16 s, 16 s + 8
+    constexpr int B = kbits_of(KK);
+    b0 = lut_ld(klut, field_x128(w, 4 * B * s, 2 * B), lane4);
+    b1 = lut_ld(klut, field_x128(w, 4 * B * s + 2 * B, 2 * B), lane4);
+  } else if constexpr (is_kmse(KK)) {
+    constexpr int B = kbits_of(KK);
+    b0 = __byte_perm(lut_ld(klut, field_x128(w, 4 * B * s, B), lane4),
+                     lut_ld(klut, field_x128(w, 4 * B * s + B, B), lane4), 0x5410);
+    b1 = __byte_perm(lut_ld(klut, field_x128(w, 4 * B * s + 2 * B, B), lane4),
+                     lut_ld(klut, field_x128(w, 4 * B * s + 3 * B, B), lane4), 0x5410);
+  } else if constexpr (KK == K_FP8) {
+    b0 = fp8x2_to_h2(w[s]);
+    b1 = fp8x2_to_h2(w[s] >> 16);
+  } else {
+    b0 = w[2 * s];
+    b1 = w[2 * s + 1];
+  }
+}
+
+// Value pair (dims 2m, 2m+1 of the thread's chunk) of one token, as two 16-bit values.
+template <int D, int KK, int VK>
+__device__ __forceinline__ uint32_t value_pair(const uint32_t (&w)[Traits<D, KK, VK>::VW], int m,
+                                               const char* vlut, uint32_t lane4) {
+  if constexpr ((is_vmse(VK) || is_uniform(VK)) && pair_lut(vbits_of(VK))) {
+    constexpr int B = vbits_of(VK);
+    return lut_ld(vlut, field_x128(w, 2 * B * m, 2 * B), lane4);
+  } else if constexpr (is_vmse(VK) || is_uniform(VK)) {
+    constexpr int B = vbits_of(VK);
+    return __byte_perm(lut_ld(vlut, field_x128(w, 2 * B * m, B), lane4),
+                       lut_ld(vlut, field_x128(w, 2 * B * m + B, B), lane4), 0x5410);
+  } else if constexpr (VK == V_FP8) return fp8x2_to_h2(field(w, 16 * m, 16));
+  else return w[m];
+}
+
+// Value A fragment of m-tile m for the token pair (t0, t1): rows dim 2m (a_lo) and 2m+1 (a_hi).
+template <int D, int KK, int VK>
+__device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK>::VW],
+                                           const uint32_t (&w1)[Traits<D, KK, VK>::VW], int m, const char* vlut,
+                                           uint32_t lane4, uint32_t& a_lo, uint32_t& a_hi) {
+  if constexpr (VK == V_U4) {
+    // Byte m of each token's chunk holds the codes of dims 2m (low nibble) and 2m+1. Put the two
+    // tokens' bytes at bytes 0 and 2, then OR in fp16 1024 so each nibble becomes an exact half:
+    // 1024 + c (row dim 2m) and 1024 + 16 c (row dim 2m+1). The kernel removes the offsets and
+    // the factor 16 once at the end (with the running sum of P), not per element.
+    const int b = m & 3;
+    const uint32_t x = __byte_perm(w0[m >> 2], w1[m >> 2], b | ((4 + b) << 8));
+    a_lo = (x & 0x000f000fu) | 0x64006400u;
+    a_hi = (x & 0x00f000f0u) | 0x64006400u;
+  } else {
+    const uint32_t p0 = value_pair<D, KK, VK>(w0, m, vlut, lane4), p1 = value_pair<D, KK, VK>(w1, m, vlut, lane4);
+    a_lo = __byte_perm(p0, p1, 0x5410);
+    a_hi = __byte_perm(p0, p1, 0x7632);
+  }
+}
+
+__device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
+// 2^x on the special-function unit (inputs are <= 0 here, flushing tiny results to zero is fine).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ float h_lo(uint32_t x) { return __half2float(__ushort_as_half(x & 0xffffu)); }
+
+// Writes one query head's output from its merged rotated-domain values x (lane l holds dims
+// [E l, E l + E)): rotates back (o = R^T o~) where values are stored rotated.
+template <int D>
+__device__ __forceinline__ void write_head(const DecodeParams& p, float (&x)[D / 32], int lane, int64_t qhead, float lse2) {
+  constexpr int E = D / 32;
+  if (p.values_rotated) {
+    warp_fwht<E>(x, lane);
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      x[i] *= p.tab.rot_scale;
+      if (sign_negative(p.tab, E * lane + i)) x[i] = -x[i];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < E; ++i) store_elem(p.out, p.out_dtype, qhead * D + E * lane + i, x[i]);
+  if (p.lse && lane == 0) p.lse[qhead] = lse2 == -INFINITY || lse2 != lse2 ? lse2 : lse2 * 0.69314718055994531f;
+}
+
+template <int D, int KK, int VK>
+__global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, VK>::MIN_BLOCKS) decode_kernel(const __grid_constant__ DecodeParams p) {
+  using T = Traits<D, KK, VK>;
+  constexpr bool KBF = T::KBF, VBF = T::VBF;
+  constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T, and m-tiles of O^T
+  extern __shared__ __align__(16) uint32_t smem[];
+  uint32_t* klut_all = smem;
+  uint32_t* vlut_all = smem + T::KLUT;
+  float* qs = reinterpret_cast<float*>(smem + T::KLUT + T::VLUT);  // [kMaxGroup][D]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int hkv = blockIdx.y, b = blockIdx.z;
+  const int split = blockIdx.x * T::WARPS + warp;
+  const int group = p.group;
+
+  // This warp's range of tiles. The page ids of its first tiles, seq_lens[b] and the queries are
+  // requested together and the tables are built while they are in flight; the first pages are
+  // issued as soon as their ids arrive, and the queries are rotated while the pages load.
+  // Tiles per split come from the plan's max_seq_len, not from this sequence's length, so the
+  // page ids of the warp's first tiles are read while seq_lens[b] is still in flight. (The last
+  // split takes any tiles beyond max_seq_len: a longer sequence stays correct, only slower.)
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.bt_stride;
+  // With key-range cuts the splits share the tiles of [lo, hi) (so they need len first).
+  const int per = ((p.max_seq_len + kTileTokens - 1) / kTileTokens + p.num_splits - 1) / p.num_splits;
+  int lo = 0, hi = 0, first = split * per;
+  if (p.ranged) {
+    const int n = p.seq_lens[b];
+    lo = max(0, max(p.min_key_pos, p.window > 0 ? n - p.window : 0));
+    hi = max(lo, n - p.exclude_recent);
+    first += lo / kTileTokens;
+  }
+  constexpr int NPRE = T::ASYNC ? T::NST - 1 : 1;
+  int pre[NPRE];
+#pragma unroll
+  for (int i = 0; i < NPRE; ++i) {
+    const int idx = (first + i) >> p.tpp_log2;
+    pre[i] = idx < p.bt_stride ? __ldg(bt + idx) : 0;
+  }
+  if (!p.ranged) hi = p.seq_lens[b];
+  // The queries of this kv head's group (one warp per head), into registers.
+  constexpr int E = D / 32;
+  constexpr int QPW = (kMaxGroup + T::WARPS - 1) / T::WARPS;  // query heads per warp
+  float qx[QPW][E];
+#pragma unroll
+  for (int jj = 0; jj < QPW; ++jj) {
+    const int j = warp + jj * T::WARPS;
+    const int64_t q0 = (static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j) * D + E * lane;
+#pragma unroll
+    for (int i = 0; i < E; ++i) qx[jj][i] = j < group ? load_elem(p.q, p.q_dtype, q0 + i) : 0.0f;
+  }
+  // Lookup tables (replicated per lane): the 32 copies of an entry are 8 16-byte stores.
+  for (int i = tid; i < (T::KLUT + T::VLUT) / 4; i += blockDim.x) {
+    const int e = i >> 3;
+    uint32_t w = 0;
+    if (e < T::KLUT / 32) {
+      if constexpr (is_kmse(KK)) {
+        constexpr int B = kbits_of(KK), M = (1 << B) - 1;
+        w = pair_lut(B) ? p.tab.k_lv[e & M] | static_cast<uint32_t>(p.tab.k_lv[e >> B]) << 16 : p.tab.k_lv[e];
+      }
+    } else {
+      const int x = e - T::KLUT / 32;
+      if constexpr (is_vmse(VK)) {
+        constexpr int B = vbits_of(VK), M = (1 << B) - 1;
+        w = pair_lut(B) ? p.tab.v_lv[x & M] | static_cast<uint32_t>(p.tab.v_lv[x >> B]) << 16 : p.tab.v_lv[x];
+      } else if constexpr (is_uniform(VK)) {  // the codes themselves (exact in fp16)
+        constexpr int B = vbits_of(VK), M = (1 << B) - 1;
+        w = pair_lut(B) ? pack_h2(static_cast<float>(x & M), static_cast<float>(x >> B)) : pack_h2(static_cast<float>(x), 0.0f);
+      }
+    }
+    reinterpret_cast<uint4*>(smem)[i] = make_uint4(w, w, w, w);
+  }
+  const int ntiles = (hi + kTileTokens - 1) / kTileTokens;
+  const int t_begin = min(ntiles, first);
+  const int t_end = split == p.num_splits - 1 ? ntiles : min(ntiles, t_begin + per);
+  const int64_t sec_off = p.geo.section_offset(hkv);
+  const int bs = p.block_size;
+
+  // Offsets within head 0's section (the same within every section).
+  ThreadOffsets to;
+  to.k[0] = static_cast<int>(p.geo.key_codes(g, 0)) + c * T::KCH;
+  to.k[1] = static_cast<int>(p.geo.key_codes(8 + g, 0)) + c * T::KCH;
+  {
+    const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) to.v[i] = static_cast<int>(p.geo.value_codes(toks[i], 0)) + g * T::VCH;
+  }
+  to.km[0] = static_cast<int>(p.geo.key_meta(g, 0));
+  to.km[1] = static_cast<int>(p.geo.key_meta(8 + g, 0));
+  to.vm[0] = static_cast<int>(p.geo.value_meta(g, 0, 0));
+  to.vm[1] = static_cast<int>(p.geo.value_meta(8 + g, 0, 0));
+  to.vz[0] = static_cast<int>(p.geo.value_meta(g, 0, 1));
+  to.vz[1] = static_cast<int>(p.geo.value_meta(8 + g, 0, 1));
+  const int tpp_mask = (1 << p.tpp_log2) - 1;
+  auto section = [&](int tile, int& off) {
+    off = (tile & tpp_mask) * kTileTokens;
+    return p.pages + static_cast<int64_t>(__ldg(bt + (tile >> p.tpp_log2))) * p.page_bytes + sec_off;
+  };
+
+  Raw<D, KK, VK> cur;
+  [[maybe_unused]] const uint8_t* ring = reinterpret_cast<const uint8_t*>(smem) + T::LUT_BYTES + warp * T::NST * T::STAGE;
+  [[maybe_unused]] const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  [[maybe_unused]] int rd = 0, wr = T::NST - 1;
+  [[maybe_unused]] const IssueOffsets io = issue_offsets<D, KK, VK>(lane, bs);
+  // Block size 16 with 16-byte value pieces (the common case): the lean copy of issue_page16.
+  [[maybe_unused]] const bool page16 = T::PAGE16 && bs == 16;
+  [[maybe_unused]] const uint32_t sec_lane = static_cast<uint32_t>(sec_off) + 16u * lane;
+  [[maybe_unused]] const uint32_t dst_v_lane = io.v_dst;
+  auto issue = [&](int page, int tile, int stage) {
+    const uint32_t st = ring_s + stage * T::STAGE;
+    if constexpr (T::PAGE16) {
+      if (page16) {
+        const uint8_t* src = p.pages + static_cast<uint64_t>(static_cast<uint32_t>(page)) * static_cast<uint32_t>(p.page_bytes) + sec_lane;
+        issue_page16<D, KK, VK>(src, st + 16u * lane, st + dst_v_lane, lane);
+        return;
+      }
+    }
+    const uint8_t* sec = p.pages + static_cast<int64_t>(page) * p.page_bytes + sec_off;
+    issue_tile<D, KK, VK>(st, sec, (tile & tpp_mask) * kTileTokens, bs, lane, io);
+  };
+  if constexpr (T::ASYNC) {
+#pragma unroll
+    for (int i = 0; i < T::NST - 1; ++i) {
+      if (t_begin + i < t_end) issue(pre[i], t_begin + i, i);
+      cp_async_commit();
+    }
+  } else if (t_begin < t_end) {
+    load_tile(cur, p.pages + static_cast<int64_t>(pre[0]) * p.page_bytes + sec_off, (t_begin & tpp_mask) * kTileTokens, to);
+  }
+  // Rotate the queries in registers (keys live in the rotated domain) and keep them in smem.
+#pragma unroll
+  for (int jj = 0; jj < QPW; ++jj) {
+    const int j = warp + jj * T::WARPS;
+    if (j < group) {
+      if (p.keys_rotated) {
+#pragma unroll
+        for (int i = 0; i < E; ++i)
+          if (sign_negative(p.tab, E * lane + i)) qx[jj][i] = -qx[jj][i];
+        warp_fwht<E>(qx[jj], lane);
+      }
+#pragma unroll
+      for (int i = 0; i < E; ++i) qs[j * D + E * lane + i] = qx[jj][i];
+    }
+  }
+  __syncthreads();
+  const float qscale = p.scale_log2 * (p.keys_rotated ? p.tab.rot_scale : 1.0f);
+  // bf16 keeps only 8 significant bits: for the bf16 cache the query is split into a bf16 head
+  // and a bf16 remainder (two MMAs), so only the cache's own rounding remains.
+  uint32_t qa[KSTEPS][2];
+  [[maybe_unused]] uint32_t qlo[KBF ? KSTEPS : 1][2];
+#pragma unroll
+  for (int s = 0; s < KSTEPS; ++s) {
+    const float* qr = qs + g * D + (D / 4) * c + 4 * s;
+    float x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = g < group ? qr[i] * qscale : 0.0f;
+    qa[s][0] = pack2<KBF>(x[0], x[1]);
+    qa[s][1] = pack2<KBF>(x[2], x[3]);
+    if constexpr (KBF) {
+      qlo[s][0] = pack2<KBF>(x[0] - __bfloat162float(__float2bfloat16_rn(x[0])),
+                            x[1] - __bfloat162float(__float2bfloat16_rn(x[1])));
+      qlo[s][1] = pack2<KBF>(x[2] - __bfloat162float(__float2bfloat16_rn(x[2])),
+                            x[3] - __bfloat162float(__float2bfloat16_rn(x[3])));
+    }
+  }
+  const char* klut = reinterpret_cast<const char*>(klut_all);
+  const char* vlut = reinterpret_cast<const char*>(vlut_all);
+  const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+
+  float o[KSTEPS][4];
+#pragma unroll
+  for (int m = 0; m < KSTEPS; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.0f;
+  // Running max / sum / zero-point sum of query heads 2c and 2c+1 (partial over this lane's tokens).
+  float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.0f, l_run1 = 0.0f, z_run0 = 0.0f, z_run1 = 0.0f;
+  [[maybe_unused]] float s1_run0 = 0.0f, s1_run1 = 0.0f;  // V_U4: running sum of P (see value_frag)
+
+  // Two tiles per iteration for the ring-fed formats: fewer loop and ring-bookkeeping instructions
+  // (no spills at 128 registers); the 16-bit formats hold a whole tile in registers.
+  constexpr int kUnroll = T::ASYNC ? 2 : 1;
+#pragma unroll kUnroll
+  for (int tile = t_begin; tile < t_end; ++tile) {
+    if constexpr (T::ASYNC) {
+      if (tile + T::NST - 1 < t_end) issue(__ldg(bt + ((tile + T::NST - 1) >> p.tpp_log2)), tile + T::NST - 1, wr);
+      cp_async_commit();
+      cp_async_wait<T::NST - 1>();
+      __syncwarp();
+      read_stage(cur, ring + rd * T::STAGE, g, c);
+      __syncwarp();  // the stage may be refilled from the next iteration on
+      rd = rd + 1 == T::NST ? 0 : rd + 1;
+      wr = wr + 1 == T::NST ? 0 : wr + 1;
+    }
+    const int nv = min(kTileTokens, hi - tile * kTileTokens);  // valid tokens in this tile: [nlo, nv)
+    const int nlo = lo - tile * kTileTokens;
+
+    // S^T = K Q^T: M = 16 tokens, N = 8 query heads. Two accumulators halve the MMA chain.
+    float sacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) {
+      uint32_t a0, a1, a2, a3;
+      key_frag<D, KK, VK>(cur.k[0], s, klut, lane4, a0, a2);
+      key_frag<D, KK, VK>(cur.k[1], s, klut, lane4, a1, a3);
+      mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qa[s][0], qa[s][1]);
+      if constexpr (KBF) mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qlo[s][0], qlo[s][1]);
+    }
+    // sc[i]: token g (i = 0, 1) or 8+g (i = 2, 3), query head 2c + (i & 1).
+    float sc[4] = {sacc[0][0] + sacc[1][0], sacc[0][1] + sacc[1][1], sacc[0][2] + sacc[1][2],
+                   sacc[0][3] + sacc[1][3]};
+    if constexpr (T::KMB) {
+      const float n0 = h_lo(cur.kn[0]), n1 = h_lo(cur.kn[1]);
+      sc[0] *= n0;
+      sc[1] *= n0;
+      sc[2] *= n1;
+      sc[3] *= n1;
+    }
+    if (nv < kTileTokens || nlo > 0) {
+      const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (toks[i] >= nv || toks[i] < nlo) {
+#pragma unroll
+          for (int w = 0; w < T::VW; ++w) cur.v[i][w] = 0u;
+        }
+      if (g >= nv || g < nlo) sc[0] = sc[1] = -INFINITY, cur.vs[0] = cur.vz[0] = 0u;
+      if (g + 8 >= nv || g + 8 < nlo) sc[2] = sc[3] = -INFINITY, cur.vs[1] = cur.vz[1] = 0u;
+    }
+    // Per-head tile max over the 16 tokens (lanes with the same c).
+    float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+    for (int sh = 4; sh < 32; sh <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, sh));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, sh));
+    }
+    const float mn0 = fmaxf(m_run0, mx0), mn1 = fmaxf(m_run1, mx1);
+    const float al0 = fast_exp2(m_run0 - mn0), al1 = fast_exp2(m_run1 - mn1);
+    m_run0 = mn0;
+    m_run1 = mn1;
+    const float pr[4] = {fast_exp2(sc[0] - mn0), fast_exp2(sc[1] - mn1), fast_exp2(sc[2] - mn0),
+                         fast_exp2(sc[3] - mn1)};
+    l_run0 = l_run0 * al0 + (pr[0] + pr[2]);
+    l_run1 = l_run1 * al1 + (pr[1] + pr[3]);
+    float w[4] = {pr[0], pr[1], pr[2], pr[3]};
+    if constexpr (is_uniform(VK) || is_vmse(VK)) {
+      const float s0 = h_lo(cur.vs[0]), s1 = h_lo(cur.vs[1]);
+      w[0] *= s0;
+      w[1] *= s0;
+      w[2] *= s1;
+      w[3] *= s1;
+    }
+    if constexpr (is_uniform(VK)) {
+      const float z0 = h_lo(cur.vz[0]), z1 = h_lo(cur.vz[1]);
+      z_run0 = z_run0 * al0 + (pr[0] * z0 + pr[2] * z1);
+      z_run1 = z_run1 * al1 + (pr[1] * z0 + pr[3] * z1);
+    }
+    // P^T as the B fragment of O^T += V^T P^T: transpose the two 8x8 blocks (tokens 0-7, 8-15)
+    // of packed (token, head) pairs so that each thread holds (head g, tokens 2c, 2c+1).
+    const uint32_t pw0 = pack2<VBF>(w[0], w[1]), pw1 = pack2<VBF>(w[2], w[3]);
+    if constexpr (VK == V_U4) {  // sum of P exactly as the MMA sees it (fp16-rounded)
+      const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&pw0));
+      const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&pw1));
+      s1_run0 = s1_run0 * al0 + (f0.x + f1.x);
+      s1_run1 = s1_run1 * al1 + (f0.y + f1.y);
+    }
+    const uint32_t pb0 = movmatrix_trans(pw0);
+    const uint32_t pb1 = movmatrix_trans(pw1);
+    // O^T's columns are query heads 2c, 2c+1: this thread's own alphas. Skip the rescale when
+    // no head's running max moved (the common case after the first tiles).
+    if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+      for (int m = 0; m < KSTEPS; ++m) {
+        o[m][0] *= al0;
+        o[m][1] *= al1;
+        o[m][2] *= al0;
+        o[m][3] *= al1;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < KSTEPS; ++m) {
+      uint32_t a0, a1, a2, a3;
+      value_frag<D, KK, VK>(cur.v[0], cur.v[1], m, vlut, lane4, a0, a1);
+      value_frag<D, KK, VK>(cur.v[2], cur.v[3], m, vlut, lane4, a2, a3);
+      mma<VBF>(o[m], a0, a1, a2, a3, pb0, pb1);
+    }
+    if constexpr (!T::ASYNC) {
+      if (tile + 1 < t_end) {
+        int off;
+        const uint8_t* sec = section(tile + 1, off);
+        load_tile(cur, sec, off, to);
+      }
+    }
+  }
+
+
+  // Finalise: sums over the lanes sharing c, then normalised partial outputs and log2-sum-exp.
+#pragma unroll
+  for (int sh = 4; sh < 32; sh <<= 1) {
+    l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, sh);
+    l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, sh);
+    z_run0 += __shfl_xor_sync(0xffffffffu, z_run0, sh);
+    z_run1 += __shfl_xor_sync(0xffffffffu, z_run1, sh);
+    if constexpr (VK == V_U4) {
+      s1_run0 += __shfl_xor_sync(0xffffffffu, s1_run0, sh);
+      s1_run1 += __shfl_xor_sync(0xffffffffu, s1_run1, sh);
+    }
+  }
+  if constexpr (VK == V_U4) {
+#pragma unroll
+    for (int m = 0; m < KSTEPS; ++m) {
+      o[m][0] -= 1024.0f * s1_run0;
+      o[m][1] -= 1024.0f * s1_run1;
+      o[m][2] = (o[m][2] - 1024.0f * s1_run0) * 0.0625f;
+      o[m][3] = (o[m][3] - 1024.0f * s1_run1) * 0.0625f;
+    }
+  }
+  // Epilogue. The warps of the CTA merge in shared memory (over the queries and the ring, which
+  // are no longer needed); a CTA that covers its whole (sequence, kv head) writes the output,
+  // otherwise each CTA writes a partial and the last one to finish (counted in p.counters)
+  // merges them. One launch, a fixed grid: capturable in a CUDA graph.
+  const bool empty = t_begin >= t_end;
+  if constexpr (T::ASYNC) cp_async_wait<0>();
+  __syncthreads();
+  float* wo = reinterpret_cast<float*>(smem + T::KLUT + T::VLUT);  // [WARPS][kMaxGroup][D]
+  float* fin = wo + T::WARPS * kMaxGroup * D;                       // [kMaxGroup][D]
+  float* wml = fin + kMaxGroup * D;                                 // [WARPS][kMaxGroup]{max, sum}
+  float* hml = wml + T::WARPS * kMaxGroup * 2;                      // [kMaxGroup]{max, sum}
+  float* cw = hml + 2 * kMaxGroup;                                  // [ctas][kMaxGroup]
+  int* flag = reinterpret_cast<int*>(cw + (kMaxSplits / T::WARPS) * kMaxGroup);
+  {
+    const int h0 = 2 * c, h1 = 2 * c + 1;
+    if (g == 0) {
+      wml[(warp * kMaxGroup + h0) * 2] = empty ? -INFINITY : m_run0;
+      wml[(warp * kMaxGroup + h0) * 2 + 1] = empty ? 0.0f : l_run0;
+      wml[(warp * kMaxGroup + h1) * 2] = empty ? -INFINITY : m_run1;
+      wml[(warp * kMaxGroup + h1) * 2 + 1] = empty ? 0.0f : l_run1;
+    }
+    float* w0 = wo + (warp * kMaxGroup + h0) * D;
+    float* w1 = wo + (warp * kMaxGroup + h1) * D;
+#pragma unroll
+    for (int m = 0; m < KSTEPS; ++m) {
+      const int dim = (D / 8) * g + 2 * m;
+      *reinterpret_cast<float2*>(w0 + dim) = make_float2(o[m][0] + z_run0, o[m][2] + z_run0);
+      *reinterpret_cast<float2*>(w1 + dim) = make_float2(o[m][1] + z_run1, o[m][3] + z_run1);
+    }
+  }
+  __syncthreads();
+  if (tid < group) {  // per head: the CTA's max and sum, each warp's weight
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < T::WARPS; ++w) mx = fmaxf(mx, wml[(w * kMaxGroup + tid) * 2]);
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < T::WARPS; ++w) {
+      float& mw = wml[(w * kMaxGroup + tid) * 2];
+      mw = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
+      l += mw * wml[(w * kMaxGroup + tid) * 2 + 1];
+    }
+    hml[2 * tid] = mx;
+    hml[2 * tid + 1] = l;
+  }
+  __syncthreads();
+  const int ctas = gridDim.x;
+  const int64_t unit = static_cast<int64_t>(b) * p.n_kv_heads + hkv;
+  for (int e = tid; e < group * D; e += blockDim.x) {
+    const int j = e / D, i = e % D;
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < T::WARPS; ++w) acc += wml[(w * kMaxGroup + j) * 2] * wo[(w * kMaxGroup + j) * D + i];
+    const float l = hml[2 * j + 1];
+    acc = l > 0.0f ? acc / l : 0.0f;
+    if (ctas == 1 || p.cluster) fin[j * D + i] = acc;
+    else p.o_part[((unit * ctas + blockIdx.x) * group + j) * D + i] = acc;
+  }
+  float* lse_fin = hml;  // per head: the final log2-sum-exp, written over the CTA's max
+  if (ctas == 1) {
+    __syncthreads();
+    if (tid < group) lse_fin[2 * tid] = hml[2 * tid + 1] > 0.0f ? hml[2 * tid] + log2f(hml[2 * tid + 1]) : -INFINITY;
+  } else if (p.cluster) {
+    // The CTAs of this (sequence, kv head) form one cluster: each keeps its normalised partial in
+    // its own shared memory, and head j is merged by warp j / ctas of CTA j % ctas, which reads
+    // the partials of all the cluster's CTAs through distributed shared memory.
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cl = cg::this_cluster();
+    __syncthreads();
+    if (tid < group) lse_fin[2 * tid] = hml[2 * tid + 1] > 0.0f ? hml[2 * tid] + log2f(hml[2 * tid + 1]) : -INFINITY;
+    cl.sync();
+    for (int j = blockIdx.x + ctas * warp; j < group; j += ctas * T::WARPS) {
+      const float l = lane < ctas ? cl.map_shared_rank(lse_fin, lane)[2 * j] : -INFINITY;
+      const float mx = warp_max(l);
+      float w = l == -INFINITY ? 0.0f : exp2f(l - mx);
+      float den = w;
+#pragma unroll
+      for (int o2 = 16; o2 > 0; o2 >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o2);
+      float x[E];
+#pragma unroll
+      for (int i = 0; i < E; ++i) x[i] = 0.0f;
+      // Eight CTAs' partials at a time: all the remote loads first, then the sums.
+      for (int k0 = 0; k0 < ctas; k0 += 8) {
+        float r[8][E];
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          const float* rf = cl.map_shared_rank(fin, k0 + kk < ctas ? k0 + kk : 0) + j * D + E * lane;
+#pragma unroll
+          for (int i = 0; i < E; ++i) r[kk][i] = k0 + kk < ctas ? rf[i] : 0.0f;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          const float wk = __shfl_sync(0xffffffffu, w, (k0 + kk) & 31);
+#pragma unroll
+          for (int i = 0; i < E; ++i) x[i] += wk * r[kk][i];
+        }
+      }
+      const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+      for (int i = 0; i < E; ++i) x[i] *= inv;
+      write_head<D>(p, x, lane, static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j,
+                    den > 0.0f ? mx + log2f(den) : -INFINITY);
+    }
+    cl.sync();  // no CTA leaves while its partial may still be read
+    return;
+  } else {
+    if (tid < group)
+      p.lse_part[(unit * ctas + blockIdx.x) * group + tid] =
+          hml[2 * tid + 1] > 0.0f ? hml[2 * tid] + log2f(hml[2 * tid + 1]) : -INFINITY;
+    // The CTA's partial writes, then one gpu-scope acq_rel add (release: the barrier orders the
+    // other threads' writes before it; acquire: the last CTA sees every CTA's partial).
+    __syncthreads();
+    if (tid == 0) {
+      const uint32_t old = atom_add_acq_rel_gpu(p.counters + unit, 1u);
+      // 1: the last CTA; 0: another is; -1: the workspace was not prepared (init_decode_workspace).
+      *flag = (old & kCounterTagMask) != kCounterTag ? -1 : (old & ~kCounterTagMask) == static_cast<uint32_t>(ctas - 1);
+    }
+    __syncthreads();
+    const int f = *flag;
+    if (f == 0) return;
+    if (f < 0) {  // loud, never a silently wrong merge
+      for (int e = tid; e < group * D; e += blockDim.x) fin[e] = __int_as_float(0x7fc00000);
+      if (tid < group) lse_fin[2 * tid] = __int_as_float(0x7fc00000);
+    } else {
+      // Per head, one warp: the max of the CTAs' log2-sum-exps and their weights.
+      for (int j = warp; j < group; j += T::WARPS) {
+        float mx = -INFINITY;
+        for (int k = lane; k < ctas; k += 32) mx = fmaxf(mx, __ldcg(p.lse_part + (unit * ctas + k) * group + j));
+        mx = warp_max(mx);
+        float den = 0.0f;
+        for (int k = lane; k < ctas; k += 32) {
+          const float l = __ldcg(p.lse_part + (unit * ctas + k) * group + j);
+          const float w = l == -INFINITY ? 0.0f : exp2f(l - mx);
+          cw[k * kMaxGroup + j] = w;
+          den += w;
+        }
+#pragma unroll
+        for (int o2 = 16; o2 > 0; o2 >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o2);
+        if (lane == 0) lse_fin[2 * j] = den > 0.0f ? mx + log2f(den) : -INFINITY, lse_fin[2 * j + 1] = den;
+      }
+      __syncthreads();
+      for (int e = tid; e < group * D; e += blockDim.x) {
+        const int j = e / D, i = e % D;
+        const float* op = p.o_part + (unit * ctas * group + j) * D + i;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int k = 0; k < ctas; ++k) acc += cw[k * kMaxGroup + j] * __ldcg(op + static_cast<int64_t>(k) * group * D);
+        const float den = lse_fin[2 * j + 1];
+        fin[e] = den > 0.0f ? acc / den : 0.0f;
+      }
+      if (tid == 0) p.counters[unit] = kCounterTag;  // ready for the next launch
+    }
+  }
+  __syncthreads();
+  // Output, one warp per query head.
+  for (int j = warp; j < group; j += T::WARPS) {
+    float x[D / 32];
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) x[i] = fin[j * D + (D / 32) * lane + i];
+    write_head<D>(p, x, lane, static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j, lse_fin[2 * j]);
+  }
+}
+
+using KernelFn = void (*)(DecodeParams);
+
+struct Kernel {
+  KernelFn fn = nullptr;
+  int smem = 0;
+  int warps = 0;
+};
+
+template <int D, int KK, int VK>
+Kernel make_kernel() {
+  return Kernel{&decode_kernel<D, KK, VK>, Traits<D, KK, VK>::SMEM, Traits<D, KK, VK>::WARPS};
+}
+
+// The kernel of head dim D for key kind kk and value kind vk, or {} (decode_d<D>.cu).
+template <int D>
+Kernel pick_kernel(int kk, int vk);
+template <>
+Kernel pick_kernel<64>(int kk, int vk);
+template <>
+Kernel pick_kernel<128>(int kk, int vk);
+template <>
+Kernel pick_kernel<256>(int kk, int vk);
+
+}  // namespace tqkv::cuda::detail

@@ -1,0 +1,21 @@
+// The key/value pairs that have a compiled split-KV decode kernel (decode_kernel.cuh), one
+// list for every head dim: X(key kind, value kind), kinds as decode_kernel.cuh names them
+// (kmse(b), vmse(b), vuni(b), K_FP8, ...). Each pair costs three kernel instantiations (and
+// compile time), so the list holds what the presets, the named pairs, the recipes and the
+// default recent-window copies (wq6) use; any other pair of codecs still stores, dequantizes and
+// attends through engine::CudaKvCache's dequantize + tiled path.
+#pragma once
+
+#define TQKV_DECODE_PAIRS(X)                                                                   \
+  /* uncompressed and FP8 */                                                                   \
+  X(K_F16, V_F16) X(K_BF16, V_BF16) X(K_FP8, V_FP8)                                            \
+  /* vLLM's presets: turboquant_k8v4, _4bit_nc, _k3v4_nc, _3bit_nc */                           \
+  X(K_FP8, vuni(4)) X(kmse(4), vuni(4)) X(kmse(3), vuni(4)) X(kmse(3), vuni(3))                 \
+  /* the spec's pairs tq-k<K>v<V>, K, V in 2..4 */                                              \
+  X(kmse(2), vmse(2)) X(kmse(2), vmse(3)) X(kmse(2), vmse(4))                                  \
+  X(kmse(3), vmse(2)) X(kmse(3), vmse(3)) X(kmse(3), vmse(4))                                  \
+  X(kmse(4), vmse(2)) X(kmse(4), vmse(3)) X(kmse(4), vmse(4))                                  \
+  /* the recipes' wide keys (tq-4.36, tq-4.25, tq-4.375, tq-3.12) */                            \
+  X(kmse(5), vmse(2)) X(kmse(5), vmse(3)) X(kmse(5), vmse(4)) X(kmse(6), vmse(3))              \
+  /* the recent window's copies of the recipes (wq6) */                                         \
+  X(kmse(6), vmse(6))
