@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
           shapes.push_back({d, hq, hkv, b, ctx});
   const std::vector<std::string> formats = {"bf16",          "fp8",     "turboquant_k8v4", "turboquant_4bit_nc",
                                             "turboquant_k3v4_nc", "turboquant_3bit_nc", "tq-k4v2",
-                                            "tq-k3v2",       "tq-k4v3", "tq-k4v4"};
+                                            "tq-k3v2",       "tq-k4v3", "tq-k4v4",
+                                            "k5v3",          "k6v3",    "k6v6"};  // recipes' wide keys, wq6
   const int bs = 16, chunk = 4096;
 
   size_t pool_bytes = 0;
@@ -212,7 +213,7 @@ int main(int argc, char** argv) {
     const double sdpa_us = it == sdpa.end() ? 0 : it->second;
     for (const auto& name : formats) {
       if (!only_formats.empty() && name != "bf16" && only_formats.find("," + name + ",") == std::string::npos) continue;
-      const tqkv::Format f = tqkv::find_format(name);
+      const tqkv::Format f = tqkv::Format::parse(name);
       const tqkv::cuda::CacheCodec codec(f, s.d);
       tqkv::cuda::PagedKv kv{pool, num_blocks, bs, s.hkv, PageLayout::Page};
       // Fill every sequence (the same random 4096-token chunk, stored at different pages).
