@@ -252,20 +252,16 @@ TEST_F(CudaSmol, ReadMatchesCpu) {
 }
 
 // The cache layer alone, the same inputs on both devices: the GPU stores the bytes the CPU
-// stores (so reads agree to float rounding), and attention agrees closely.
-TEST(CudaCacheLayer, SameInputsSameCodesAsCpu) {
-  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
-  ModelConfig m;
-  m.arch = "llama";
-  m.n_layers = 2;
-  m.n_heads = 6;
-  m.n_kv_heads = 2;
-  m.head_dim = 64;
-  m.rope.n_rot = 64;
-  m.layer_window = {0, 0};
+// stores (so reads agree to float rounding), and attention agrees closely. steps: the tokens of
+// each step (a prefill chunk, then single tokens); out: every token's output of the last layer.
+void compare_cache_layers(const ModelConfig& m, const std::string& name, int capacity, const std::vector<int>& steps,
+                          int read_layer) {
+  SCOPED_TRACE(name);
   std::shared_ptr<Device> gpu = make_device("cuda");
   std::shared_ptr<Device> cpu = make_device("cpu");
-  const int n = 37, qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim;
+  int n = 0;
+  for (int c : steps) n += c;
+  const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim;
   std::vector<float> q(static_cast<size_t>(n) * qd), k(static_cast<size_t>(n) * kd), v(k.size());
   uint64_t x = 12345;
   auto rnd = [&] {
@@ -275,48 +271,83 @@ TEST(CudaCacheLayer, SameInputsSameCodesAsCpu) {
   for (float& e : q) e = rnd();
   for (float& e : k) e = 2.0f * rnd() + 0.3f;
   for (float& e : v) e = rnd();
-  // The last five keep copies: attention sinks and a recent window (f16 or wq6) as the recipes
-  // tq-4.375 / tq-3.375 do, on 5- and 6-bit keys and 2-bit values. Each runs a prefill of 37
-  // tokens (every query its own key ranges) and then 3 decode steps.
+  const CacheSpec spec = resolve_cache_spec(name, m);
+  auto cc = cpu->make_cache(spec, CacheShape{capacity, 1});
+  auto gc = gpu->make_cache(spec, CacheShape{capacity, 1});
+  std::vector<float> oc(q.size()), og(q.size());
+  const int64_t sc = cc->add_sequence();
+  gc->add_sequence();
+  DeviceBuffer qg = gpu->load_vector(q.data(), q.size()), kg = gpu->load_vector(k.data(), k.size()),
+               vg = gpu->load_vector(v.data(), v.size()), out = gpu->alloc(q.size());
+  std::vector<float> qc = q, kc = k;
+  std::vector<int32_t> ids(n, 1);
+  int t0 = 0;
+  for (int cnt : steps) {
+    Batch b;
+    b.add(sc, ids.data(), cnt, t0, true);
+    const size_t qo = static_cast<size_t>(t0) * qd, ko = static_cast<size_t>(t0) * kd;
+    for (int layer = 0; layer < m.n_layers; ++layer) {
+      cc->attend(layer, b, qc.data() + qo, kc.data() + ko, v.data() + ko, oc.data() + qo);
+      gc->attend(layer, b, qg.data() + qo, kg.data() + ko, vg.data() + ko, out.data() + qo);
+    }
+    t0 += cnt;
+  }
+  gpu->to_host(out.data(), og.size(), og.data());
+  std::vector<float> rc(k.size()), rg(k.size());
+  for (bool keys : {true, false}) {
+    cc->read(read_layer, 0, 0, n, keys, rc.data());
+    gc->read(read_layer, 0, 0, n, keys, rg.data());
+    double worst = 0;
+    for (size_t i = 0; i < rc.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(rc[i]) - rg[i]));
+    std::printf("[ cache ] %-20s %s: max |cpu - gpu| read %.3g\n", name.c_str(), keys ? "keys" : "values", worst);
+    EXPECT_LT(worst, 1e-3) << (keys ? "keys" : "values");
+  }
+  double worst = 0;
+  for (size_t i = 0; i < oc.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(oc[i]) - og[i]));
+  std::printf("[ cache ] %-20s attention: max |cpu - gpu| %.3g\n", name.c_str(), worst);
+  EXPECT_LT(worst, 2e-2);
+}
+
+ModelConfig cache_test_model(int n_layers, int n_heads, int n_kv_heads) {
+  ModelConfig m;
+  m.arch = "llama";
+  m.n_layers = n_layers;
+  m.n_heads = n_heads;
+  m.n_kv_heads = n_kv_heads;
+  m.head_dim = 64;
+  m.rope.n_rot = 64;
+  m.layer_window.assign(n_layers, 0);
+  return m;
+}
+
+// The last five keep copies: attention sinks and a recent window (f16 or wq6) as the recipes
+// tq-4.375 / tq-3.375 do, on 5- and 6-bit keys and 2-bit values. Each runs a prefill of 34
+// tokens (every query its own key ranges) and then 3 decode steps.
+TEST(CudaCacheLayer, SameInputsSameCodesAsCpu) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  const ModelConfig m = cache_test_model(2, 6, 2);
   for (const std::string name : {"f16", "fp8", "turboquant_4bit_nc", "tq-k4v4", "tq-k3v2", "k5v3", "k2v2+sink1+wq6+w7",
                                  "k5v3+sink1+w5", "k6v3+sink2+wq6+w11", "tq-k4v2+sink1", "tq-k3v2+w9"}) {
-    SCOPED_TRACE(name);
-    const CacheSpec spec = resolve_cache_spec(name + "+skip0", m);  // 2 layers: no f16 boundary
-    auto cc = cpu->make_cache(spec, CacheShape{64, 1});
-    auto gc = gpu->make_cache(spec, CacheShape{64, 1});
-    const int steps = 4, n0 = n - steps + 1;  // a prefill of n0 tokens, then single tokens
-    std::vector<float> oc(q.size()), og(q.size());
-    const int64_t sc = cc->add_sequence();
-    gc->add_sequence();
-    DeviceBuffer qg = gpu->load_vector(q.data(), q.size()), kg = gpu->load_vector(k.data(), k.size()),
-                 vg = gpu->load_vector(v.data(), v.size()), out = gpu->alloc(q.size());
-    std::vector<float> qc = q, kc = k;
-    std::vector<int32_t> ids(n, 1);
-    for (int st = 0; st < steps; ++st) {
-      const int t0 = st == 0 ? 0 : n0 + st - 1, cnt = st == 0 ? n0 : 1;
-      Batch b;
-      b.add(sc, ids.data(), cnt, t0, true);
-      const size_t qo = static_cast<size_t>(t0) * qd, ko = static_cast<size_t>(t0) * kd;
-      for (int layer = 0; layer < 2; ++layer) {
-        cc->attend(layer, b, qc.data() + qo, kc.data() + ko, v.data() + ko, oc.data() + qo);
-        gc->attend(layer, b, qg.data() + qo, kg.data() + ko, vg.data() + ko, out.data() + qo);
-      }
-    }
-    gpu->to_host(out.data(), og.size(), og.data());
-    std::vector<float> rc(k.size()), rg(k.size());
-    for (bool keys : {true, false}) {
-      cc->read(1, 0, 0, n, keys, rc.data());
-      gc->read(1, 0, 0, n, keys, rg.data());
-      double worst = 0;
-      for (size_t i = 0; i < rc.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(rc[i]) - rg[i]));
-      std::printf("[ cache ] %-20s %s: max |cpu - gpu| read %.3g\n", name.c_str(), keys ? "keys" : "values", worst);
-      EXPECT_LT(worst, 1e-3) << (keys ? "keys" : "values");
-    }
-    double worst = 0;
-    for (size_t i = 0; i < oc.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(oc[i]) - og[i]));
-    std::printf("[ cache ] %-20s attention: max |cpu - gpu| %.3g\n", name.c_str(), worst);
-    EXPECT_LT(worst, 2e-2);
+    compare_cache_layers(m, name + "+skip0", 64, {34, 1, 1, 1}, 1);  // 2 layers: no f16 boundary
+    if (HasFatalFailure()) return;
   }
+}
+
+// The recipes' layers and copies on SmolLM2's shape (30 layers, 9:3 heads, d = 64) without the
+// key centring (no key statistics here): tq-4.375's 5/6-bit keys, tq-3.375's and tq-2.5's 2-bit
+// codes, the sink and the wq6 window of fill<B> at capacity 512 (7, 18 and 8 positions); then a
+// window ring that wraps (two 300-token chunks into a ring of 544 positions).
+TEST(CudaCacheLayer, RecipesWithSinksAndWindowMatchCpu) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  const ModelConfig m = cache_test_model(30, 9, 3);
+  for (const std::string name :
+       {"k5v3+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3+sink1+wq6+fill4.375",
+        "k3v2+L11=k2v2+L5.7.8.9.16.18.20.26=k4v2+L14.15.17.21.23.24=k4v3+sink1+wq6+fill3.375",
+        "k2v2+L5.8.9.14.20.23=k3v2+sink1+wq6+fill2.5"}) {
+    compare_cache_layers(m, name, 512, {40, 1, 1, 1}, 17);
+    if (HasFatalFailure()) return;
+  }
+  compare_cache_layers(cache_test_model(2, 6, 2), "k5v3+sink1+w5+skip0", 1024, {300, 300, 1, 1}, 1);
 }
 
 TEST_F(CudaSmol, BadInputThrowsAndChangesNothing) {
