@@ -199,13 +199,18 @@ __device__ void encode_uniform(const float (&x)[D / 32], uint8_t* codes_dst,
 template <int D>
 __global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_constant__ StoreParams p) {
   constexpr int E = D / 32;
-  // Codebooks in shared memory: lanes index them with different codes.
+  // Codebooks in shared memory: lanes index them with different codes. Only the 2^bits entries
+  // a code width uses are copied (the parameter space holds 256 of each).
   constexpr int NL = CodecTables::kMaxLevels;
   __shared__ float th_k[NL], th_v[NL], lv_k[NL], lv_v[NL];
-  for (int i = threadIdx.x; i < NL; i += blockDim.x) {
+  const int nk = p.L.kcodec == KeyCodec::Mse ? 1 << p.L.kbits : 0;
+  const int nv = p.L.vcodec == ValueCodec::Mse ? 1 << p.L.vbits : 0;
+  for (int i = threadIdx.x; i < nk; i += blockDim.x) {
     th_k[i] = p.tab.k_thresholds[i];
-    th_v[i] = p.tab.v_thresholds[i];
     lv_k[i] = p.tab.k_levels[i];
+  }
+  for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+    th_v[i] = p.tab.v_thresholds[i];
     lv_v[i] = p.tab.v_levels[i];
   }
   __syncthreads();
