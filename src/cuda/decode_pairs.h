@@ -19,3 +19,14 @@
   X(kmse(5), vmse(2)) X(kmse(5), vmse(3)) X(kmse(5), vmse(4)) X(kmse(6), vmse(3))              \
   /* the recent window's copies of the recipes (wq6) */                                         \
   X(kmse(6), vmse(6))
+
+// The kernel picker of head dim D over the list (one per decode_d<D>.cu, inside
+// namespace tqkv::cuda::detail, after decode_kernel.cuh).
+#define TQKV_DECODE_CASE(K, V) \
+  if (kk == (K) && vk == (V)) return make_kernel<TQKV_DECODE_D, (K), (V)>();
+#define TQKV_DEFINE_PICK_KERNEL()                    \
+  template <>                                        \
+  Kernel pick_kernel<TQKV_DECODE_D>(int kk, int vk) { \
+    TQKV_DECODE_PAIRS(TQKV_DECODE_CASE)              \
+    return Kernel{};                                 \
+  }
