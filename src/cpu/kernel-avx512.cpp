@@ -16,7 +16,7 @@ struct IsaAvx512 {
   static constexpr bool kAnyBits = false;
   static constexpr float kFp8Factor = 256.0f;
   static constexpr int kAccRegs = 16;
-  static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : b == 3 ? 8 : 1; }
+  static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : b == 3 ? 4 : 1; }
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
@@ -112,20 +112,22 @@ struct IsaAvx512 {
       return _mm512_srlv_epi32(w, _mm512_set_epi32(21, 18, 15, 12, 9, 6, 3, 0, 21, 18, 15, 12, 9, 6, 3, 0));
     }
   }
-  // Split decode (kernel_impl.h): the bytes of a block, one lane per byte (2, 4 bits) or per
-  // 3-byte group of 8 codes (3 bits), then a shift and a table lookup per vector.
+  // Split decode (kernel_impl.h): one lane per byte of the block (2, 4 bits), or per 12 bits
+  // (3 bits: 4 codes; the two 16-bit words holding them, shifted down), then a shift and a
+  // table lookup per vector.
   template <int B>
   static void lut_split(const uint8_t* p, int i, const float* table16, V* out) {
     constexpr int K = split_codes(B);
     __m512i x;
     if constexpr (B == 3) {
-      // 48 bytes (a masked load reads nothing past them); lane L of 128 bits gets bytes
-      // 12L .. 12L+11, then each dword one 3-byte group.
-      const __m512i raw = _mm512_maskz_loadu_epi8(0xffffffffffffull, p + (i / 8) * 3);
-      const __m512i lanes =
-          _mm512_permutexvar_epi32(_mm512_set_epi32(11, 11, 10, 9, 8, 8, 7, 6, 5, 5, 4, 3, 2, 2, 1, 0), raw);
-      x = _mm512_shuffle_epi8(lanes, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, -128, 3, 4, 5, -128, 6, 7, 8,
-                                                                          -128, 9, 10, 11, -128)));
+      // 64 codes in 24 bytes (a masked load reads nothing past them); lane l's codes start at
+      // bit 12l: word 3l/4, shift 12l mod 16.
+      const __m512i raw = _mm512_maskz_loadu_epi8(0xffffff, p + (i / 8) * 3);
+      const __m512i words = _mm512_permutexvar_epi16(
+          _mm512_set_epi16(12, 11, 11, 10, 10, 9, 10, 9, 9, 8, 8, 7, 7, 6, 7, 6, 6, 5, 5, 4, 4, 3, 4, 3, 3, 2, 2, 1, 1, 0,
+                           1, 0),
+          raw);
+      x = _mm512_srlv_epi32(words, _mm512_set_epi32(4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0));
     } else {
       x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * B / 8)));
     }

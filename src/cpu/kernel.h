@@ -68,7 +68,9 @@ struct RowState {
   float* zs;   // [rows]
 };
 
-inline constexpr int kTile = 32;  // keys per tile (a multiple of every vector width)
+// Keys per tile (a multiple of every vector width): 64 measured 7-9 % faster than 32 (the
+// per-tile softmax bookkeeping halves) and faster than 128 on Zen 4.
+inline constexpr int kTile = 64;
 
 // Scratch floats a kernel needs for `rows` rows of `dim` channels (tile state, then the query
 // rows in a split decode's channel order and one row of workspace).

@@ -86,9 +86,9 @@ TEST(AttentionSimd, DecodeEveryFormatEveryLevelMatchesReference) {
 }
 
 // The split decode of 2-4-bit codes (a block of W*k channels per widening load) applies when
-// the head dim is a multiple of the block: 32/64/128 channels for 4/2/3 bits on AVX-512,
-// 16/32 for 4/2 bits on AVX2. head_dim 64 mixes split and per-vector decodes (3 bits on
-// AVX-512), 256 has several blocks per row; GQA 4:1 decode, GQA 2:1 prefill chunks.
+// the head dim is a multiple of the block: 32/64/64 channels for 4/2/3 bits on AVX-512,
+// 16/32 for 4/2 bits on AVX2 (3 bits decode per vector there). head_dim 64 is one block,
+// 256 several; GQA 4:1 decode, GQA 2:1 prefill chunks.
 TEST(AttentionSimd, SplitDecodeEveryWidthAndHeadDim) {
   for (const char* name : {"turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "tq-k4v2", "tq-k3v2",
                            "tq-k2v2", "tq-k3v3", "tq-k2v4", "tq-k4v3"})
