@@ -12,6 +12,9 @@
 // Each format reports its best step (the machine is shared; interference only adds time), in
 // wall time and in process CPU time (all threads), with both ratios against f16.
 // Pages are filled by encoding 256 tokens of Gaussian K/V and copying those encoded pages.
+//
+// tqkv bench prefill --ctx N --chunk C ...: the engine's chunked prefill on the CPU, per format:
+// write time and attention time per token, and both as a ratio to f16's.
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -26,6 +29,8 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "tqkv/attention.h"
+#include "tqkv/contiguous_cache.h"
 #include "tqkv/paged_cache.h"
 #include "tqkv/simd.h"
 #include "tqkv/threads.h"
@@ -131,6 +136,58 @@ Row time_format(const tqkv::Format& f, const BenchOptions& o) {
   return r;
 }
 
+// Chunked prefill as the engine runs it on the CPU (src/engine/cpu_kv_cache.cpp): per chunk,
+// the chunk's keys and values are written (encoded) into a contiguous cache, then its queries
+// attend causally to every cached position, the chunk's own included.
+struct PrefillOptions {
+  int ctx = 4096, chunk = 512, dim = 64, gqa = 3, kv_heads = 3, threads = 0, reps = 3;
+  std::string formats, simd;
+  bool json = false;
+};
+
+struct PrefillRow {
+  std::string format;
+  double write_s = 1e300, attend_s = 1e300;  // best over the repetitions, whole prefill
+};
+
+PrefillRow time_prefill(const tqkv::Format& f, const PrefillOptions& o) {
+  using namespace tqkv;
+  const int H = o.kv_heads, Hq = o.kv_heads * o.gqa, d = o.dim;
+  ContiguousCacheConfig cfg;
+  cfg.n_kv_heads = H;
+  cfg.head_dim = d;
+  cfg.capacity = o.ctx;
+  cfg.layer_formats = {f};
+  ContiguousCache cache(cfg);
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> g;
+  std::vector<float> k(static_cast<size_t>(o.ctx) * H * d), v(k.size());
+  std::vector<float> q(static_cast<size_t>(o.chunk) * Hq * d), out(q.size());
+  for (auto* x : {&k, &v, &q})
+    for (auto& e : *x) e = g(rng);
+  AttentionParams p;
+  p.n_q_heads = Hq;
+  using clock = std::chrono::steady_clock;
+  PrefillRow r;
+  r.format = f.name();
+  for (int rep = 0; rep < o.reps; ++rep) {  // a repetition overwrites positions 0.. again
+    double w = 0, a = 0;
+    for (int t0 = 0; t0 < o.ctx; t0 += o.chunk) {
+      const int n = std::min(o.chunk, o.ctx - t0);
+      const size_t at = static_cast<size_t>(t0) * H * d;
+      const auto t = clock::now();
+      cache.write(0, t0, n, k.data() + at, v.data() + at);
+      const auto t1 = clock::now();
+      attention(cache, 0, q.data(), n, t0, p, out.data());
+      w += std::chrono::duration<double>(t1 - t).count();
+      a += std::chrono::duration<double>(clock::now() - t1).count();
+    }
+    r.write_s = std::min(r.write_s, w);
+    r.attend_s = std::min(r.attend_s, a);
+  }
+  return r;
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -203,5 +260,54 @@ void register_bench(CLI::App& app) {
     for (const auto& r : rows)
       std::printf("%-20s %6zu %7d %12.5g %16.4g %10.3f %7.2fx %12.5g %9.2fx\n", r.format.c_str(), r.slot_bytes,
                   r.layers, r.seconds, r.tokens_heads, r.bytes_per_s / 1e9, r.speedup, r.cpu_seconds, r.cpu_speedup);
+  });
+
+  auto* pre = bench->add_subcommand("prefill", "Time a chunked prefill (write, then causal attention) of every listed format against f16");
+  static PrefillOptions po;
+  pre->add_option("--ctx", po.ctx, "tokens prefilled")->check(CLI::Range(1, 1 << 20));
+  pre->add_option("--chunk", po.chunk, "tokens per chunk (the engine's step)")->check(CLI::Range(1, 1 << 16));
+  pre->add_option("--dim", po.dim, "head dimension")->check(CLI::Range(2, 1024));
+  pre->add_option("--gqa", po.gqa, "query heads per kv head")->check(CLI::Range(1, 64));
+  pre->add_option("--kv-heads", po.kv_heads, "kv heads")->check(CLI::Range(1, 256));
+  pre->add_option("--formats", po.formats, "comma-separated formats (default: f16 and the named compressed formats)");
+  pre->add_option("--threads", po.threads, "threads (default: $TQKV_THREADS or all hardware threads)");
+  pre->add_option("--simd", po.simd, "force a kernel level: scalar, avx2, avx512");
+  pre->add_option("--reps", po.reps, "repetitions (the best is reported)")->check(CLI::Range(1, 1000));
+  pre->add_flag("--json", po.json, "print a JSON array");
+  pre->callback([] {
+    using namespace tqkv;
+    if (!po.simd.empty()) set_simd_level(parse_simd_level(po.simd));
+    set_num_threads(po.threads);
+    const Format f16 = find_format("f16");
+    std::vector<Format> formats{f16};
+    if (po.formats.empty()) {
+      for (const NamedFormat& f : named_formats())
+        if (f.format.key_bits < 8 || f.format.value_bits < 8) formats.push_back(f.format);
+    } else {
+      for (const auto& name : split_list(po.formats))
+        if (find_format(name) != f16) formats.push_back(find_format(name));
+    }
+    std::vector<PrefillRow> rows;
+    for (const Format& f : formats) rows.push_back(time_prefill(f, po));
+    const double n = po.ctx;
+    if (po.json) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& r : rows)
+        arr.push_back({{"format", r.format},
+                       {"write_s_per_token", r.write_s / n},
+                       {"attention_s_per_token", r.attend_s / n},
+                       {"attention_vs_f16", r.attend_s / rows[0].attend_s},
+                       {"total_vs_f16", (r.write_s + r.attend_s) / (rows[0].write_s + rows[0].attend_s)}});
+      std::cout << arr.dump(2) << "\n";
+      return;
+    }
+    std::printf("chunked prefill: ctx %d, chunk %d, dim %d, %d kv heads x GQA %d, %s, %d threads (time per token; "
+                "ratios: time / f16's time)\n",
+                po.ctx, po.chunk, po.dim, po.kv_heads, po.gqa, std::string(simd_level_name(active_simd_level())).c_str(),
+                num_threads());
+    std::printf("%-20s %12s %14s %14s %12s\n", "format", "write us/tok", "attend us/tok", "attend / f16", "total / f16");
+    for (const auto& r : rows)
+      std::printf("%-20s %12.3f %14.3f %13.2fx %11.2fx\n", r.format.c_str(), 1e6 * r.write_s / n, 1e6 * r.attend_s / n,
+                  r.attend_s / rows[0].attend_s, (r.write_s + r.attend_s) / (rows[0].write_s + rows[0].attend_s));
   });
 }

@@ -24,6 +24,9 @@ KernelFormat kernel_format(const SlotCodec& codec) {
   if (const Codebook* cb = codec.value_codebook()) {
     k.value_levels = cb->levels_f32.data();
     for (int i = 0; i < 16; ++i) k.value_lut[i] = cb->levels_f32[i % cb->size()];
+  } else if (f.value == ValueCodec::Uniform && f.value_bits <= 4) {
+    const int n = 1 << f.value_bits;
+    for (int i = 0; i < 16; ++i) k.value_lut[i] = static_cast<float>(i % n) - 0.5f * static_cast<float>(n - 1);
   }
   k.key_code_bytes = f.key_code_bytes(k.dim);
   k.value_code_bytes = f.value_code_bytes(k.dim);

@@ -13,6 +13,10 @@ struct IsaAvx2 {
   static constexpr int W = 8;
   static constexpr bool kAnyBits = false;
   static constexpr float kFp8Factor = 256.0f;
+  static constexpr int kAccRegs = 8;
+  // 3-bit codes keep the per-vector decode: 8 vectors of a split block and 8 row accumulators
+  // would not fit in 16 registers.
+  static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : 1; }
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
@@ -131,6 +135,15 @@ struct IsaAvx2 {
       return _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(a)),
                                _mm256_set_epi32(7 * B, 6 * B, 5 * B, 4 * B, 3 * B, 2 * B, B, 0));
     }
+  }
+  // Split decode (kernel_impl.h): 8 bytes, one lane per byte, then a shift and a table lookup
+  // per vector.
+  template <int B>
+  static void lut_split(const uint8_t* p, int i, const float* table16, V* out) {
+    constexpr int K = split_codes(B);
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i * B / 8)));
+    out[0] = lut16<B>(x, table16);
+    for (int k = 1; k < K; ++k) out[k] = lut16<B>(_mm256_srli_epi32(x, B * k), table16);
   }
   template <int B>
   static V codes(const uint8_t* p, int i) {

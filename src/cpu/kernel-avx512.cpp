@@ -15,6 +15,8 @@ struct IsaAvx512 {
   static constexpr int W = 16;
   static constexpr bool kAnyBits = false;
   static constexpr float kFp8Factor = 256.0f;
+  static constexpr int kAccRegs = 16;
+  static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : b == 3 ? 4 : 1; }
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
@@ -109,6 +111,29 @@ struct IsaAvx512 {
                                            _mm256_set1_epi32(static_cast<int>(a >> 24)), 1);
       return _mm512_srlv_epi32(w, _mm512_set_epi32(21, 18, 15, 12, 9, 6, 3, 0, 21, 18, 15, 12, 9, 6, 3, 0));
     }
+  }
+  // Split decode (kernel_impl.h): one lane per byte of the block (2, 4 bits), or per 12 bits
+  // (3 bits: 4 codes; the two 16-bit words holding them, shifted down), then a shift and a
+  // table lookup per vector.
+  template <int B>
+  static void lut_split(const uint8_t* p, int i, const float* table16, V* out) {
+    constexpr int K = split_codes(B);
+    __m512i x;
+    if constexpr (B == 3) {
+      // 64 codes in 24 bytes (a masked load reads nothing past them); lane l's codes start at
+      // bit 12l: word 3l/4, shift 12l mod 16.
+      const __m512i raw = _mm512_maskz_loadu_epi8(0xffffff, p + (i / 8) * 3);
+      const __m512i words = _mm512_permutexvar_epi16(
+          _mm512_set_epi16(12, 11, 11, 10, 10, 9, 10, 9, 9, 8, 8, 7, 7, 6, 7, 6, 6, 5, 5, 4, 4, 3, 4, 3, 3, 2, 2, 1, 1, 0,
+                           1, 0),
+          raw);
+      x = _mm512_srlv_epi32(words, _mm512_set_epi32(4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0));
+    } else {
+      x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * B / 8)));
+    }
+    const V t = _mm512_loadu_ps(table16);
+    out[0] = _mm512_permutexvar_ps(x, t);
+    for (int k = 1; k < K; ++k) out[k] = _mm512_permutexvar_ps(_mm512_srli_epi32(x, B * k), t);
   }
   template <int B>
   static V codes(const uint8_t* p, int i) {

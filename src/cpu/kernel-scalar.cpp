@@ -14,6 +14,8 @@ struct IsaScalar {
   static constexpr int W = 1;
   static constexpr bool kAnyBits = true;
   static constexpr float kFp8Factor = 1.0f;
+  static constexpr int kAccRegs = 8;
+  static constexpr int split_codes(int) { return 1; }
   static V zero() { return 0.0f; }
   static V set1(float x) { return x; }
   static V load(const float* p) { return *p; }

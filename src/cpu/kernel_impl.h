@@ -24,6 +24,17 @@
 //     (see KernelFormat) and may ignore bits above the code, for B = 5..8 the full level table.
 //   kAnyBits: the build handles every bit width 1..8 (scalar); SIMD builds take table-decoded
 //     (Mse) codes of 2..8 bits and Uniform codes of 2..4 bits.
+//   split_codes(B): k > 1 if the build has a split decode of B-bit codes (else 1):
+//   lut_split<B>(p, i, table, out[k]): one block of W*k codes starting at code i, k codes per
+//     32-bit lane (the whole bytes they fill), looked up in the replicated 16-entry table:
+//     out[m] lane l = table[code i + l*k + m]. One widening load and one shift per vector
+//     replace the per-vector unpacking; the channels come out in a permuted order (below).
+//   kAccRegs: accumulator registers the value loop may keep (rows x vectors of a block).
+//
+// Split order. With a split decode, a block of W*k channels is held as k vectors, vector m
+// holding channels m, k + m, 2k + m, ...: the kernel works in that "stored" order throughout.
+// The query rows are permuted into it once per call (scores are sums over channels, so their
+// value is unchanged) and the value accumulators are permuted into it on entry and back on exit.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -65,36 +76,37 @@ struct Kernel {
   template <class Fn>
   static void with_key_decoder(const KernelFormat& f, Fn&& fn) {
     switch (f.key) {
-      case KeyCodec::F32: return fn([](const uint8_t* p, int i) { return I::f32(p, i); });
-      case KeyCodec::F16: return fn([](const uint8_t* p, int i) { return I::f16(p, i); });
-      case KeyCodec::BF16: return fn([](const uint8_t* p, int i) { return I::bf16(p, i); });
-      case KeyCodec::Fp8: return fn([](const uint8_t* p, int i) { return I::fp8(p, i); });
-      case KeyCodec::Mse: return with_table_decoder(f.key_bits, f.key_lut, f.key_levels, fn);
+      case KeyCodec::F32: return fn(one([](const uint8_t* p, int i) { return I::f32(p, i); }));
+      case KeyCodec::F16: return fn(one([](const uint8_t* p, int i) { return I::f16(p, i); }));
+      case KeyCodec::BF16: return fn(one([](const uint8_t* p, int i) { return I::bf16(p, i); }));
+      case KeyCodec::Fp8: return fn(one([](const uint8_t* p, int i) { return I::fp8(p, i); }));
+      case KeyCodec::Mse: return with_table_decoder(f.key_bits, f.dim, f.key_lut, f.key_levels, fn);
     }
   }
 
   template <class Fn>
   static void with_value_decoder(const KernelFormat& f, Fn&& fn) {
     switch (f.value) {
-      case ValueCodec::F32: return fn([](const uint8_t* p, int i) { return I::f32(p, i); });
-      case ValueCodec::F16: return fn([](const uint8_t* p, int i) { return I::f16(p, i); });
-      case ValueCodec::BF16: return fn([](const uint8_t* p, int i) { return I::bf16(p, i); });
-      case ValueCodec::Fp8: return fn([](const uint8_t* p, int i) { return I::fp8(p, i); });
-      case ValueCodec::Mse: return with_table_decoder(f.value_bits, f.value_lut, f.value_levels, fn);
+      case ValueCodec::F32: return fn(one([](const uint8_t* p, int i) { return I::f32(p, i); }));
+      case ValueCodec::F16: return fn(one([](const uint8_t* p, int i) { return I::f16(p, i); }));
+      case ValueCodec::BF16: return fn(one([](const uint8_t* p, int i) { return I::bf16(p, i); }));
+      case ValueCodec::Fp8: return fn(one([](const uint8_t* p, int i) { return I::fp8(p, i); }));
+      case ValueCodec::Mse: return with_table_decoder(f.value_bits, f.dim, f.value_lut, f.value_levels, fn);
       case ValueCodec::Uniform:
-        // Codes are centred (code - mid), the zero point moved to mid (see decode_value_meta).
+        // Codes are centred (code - mid), the zero point moved to mid (see decode_value_meta);
+        // a split decode looks code - mid up in value_lut (exact small integers).
         switch (f.value_bits) {
-          case 2: return fn(centred<2>());
-          case 3: return fn(centred<3>());
-          case 4: return fn(centred<4>());
+          case 2: return with_centred<2>(f, fn);
+          case 3: return with_centred<3>(f, fn);
+          case 4: return with_centred<4>(f, fn);
           default:
             if constexpr (I::kAnyBits) {
               switch (f.value_bits) {
-                case 1: return fn(centred<1>());
-                case 5: return fn(centred<5>());
-                case 6: return fn(centred<6>());
-                case 7: return fn(centred<7>());
-                default: return fn(centred<8>());
+                case 1: return fn(one(centred<1>()));
+                case 5: return fn(one(centred<5>()));
+                case 6: return fn(one(centred<6>()));
+                case 7: return fn(one(centred<7>()));
+                default: return fn(one(centred<8>()));
               }
             }
             return;
@@ -109,18 +121,72 @@ struct Kernel {
     };
   }
 
-  // Codes of up to 4 bits look up the replicated 16-entry register table (lut16); wider codes
-  // index the full level table (levels, 2^bits entries; SIMD builds gather from it).
+  template <int B, class Fn>
+  static void with_centred(const KernelFormat& f, Fn&& fn) {
+    if constexpr (I::split_codes(B) > 1) {
+      if (split_of(B, f.dim) > 1) return fn(split<B>(f.value_lut));
+    }
+    fn(one(centred<B>()));
+  }
+
+  // A decoder: fn(row, i, out[kVecs]) writes the vectors of stored channels i .. i + W*kVecs - 1.
+  template <int K, class F>
+  struct Decoder {
+    F fn;
+    static constexpr int kVecs = K;
+  };
+  template <class F>
+  static auto one(F fn) {
+    const auto g = [fn](const uint8_t* p, int i, V* out) { out[0] = fn(p, i); };
+    return Decoder<1, decltype(g)>{g};
+  }
+  template <int B>
+  static auto split(const float* table16) {
+    const auto g = [table16](const uint8_t* p, int i, V* out) { I::template lut_split<B>(p, i, table16, out); };
+    return Decoder<I::split_codes(B), decltype(g)>{g};
+  }
+
+  // Codes per lane of the split decode of B-bit rows of d channels (1: no split).
+  static int split_of(int bits, int d) {
+    const int k = I::split_codes(bits);
+    return k > 1 && d % (W * k) == 0 ? k : 1;
+  }
+  static int key_split(const KernelFormat& f) { return f.key == KeyCodec::Mse ? split_of(f.key_bits, f.dim) : 1; }
+  static int value_split(const KernelFormat& f) {
+    return f.value == ValueCodec::Mse || f.value == ValueCodec::Uniform ? split_of(f.value_bits, f.dim) : 1;
+  }
+  // x[d] into the split order of k codes per lane (or back, `back`), through tmp[d]: channel
+  // b + l*k + m of a block starting at b is stored at b + m*W + l.
+  static void permute(float* x, int d, int k, float* tmp, bool back) {
+    for (int b = 0; b < d; b += W * k)
+      for (int m = 0; m < k; ++m)
+        for (int l = 0; l < W; ++l) {
+          const int c = b + l * k + m, at = b + m * W + l;
+          if (back)
+            tmp[c] = x[at];
+          else
+            tmp[at] = x[c];
+        }
+    std::memcpy(x, tmp, sizeof(float) * static_cast<size_t>(d));
+  }
+
   template <class Fn>
-  static void with_table_decoder(int bits, const float* lut16, const float* levels, Fn&& fn) {
+  static void with_table_decoder(int bits, int d, const float* lut16, const float* levels, Fn&& fn) {
     auto dec = [](auto b, const float* table) {
-      return [table](const uint8_t* p, int i) { return I::template lut<decltype(b)::value>(p, i, table); };
+      return one([table](const uint8_t* p, int i) { return I::template lut<decltype(b)::value>(p, i, table); });
     };
     const float* narrow = I::kAnyBits ? levels : lut16;
+    const auto narrow_dec = [&](auto b) {
+      constexpr int B = decltype(b)::value;
+      if constexpr (I::split_codes(B) > 1) {
+        if (split_of(B, d) > 1) return fn(split<B>(lut16));
+      }
+      fn(dec(b, narrow));
+    };
     switch (bits) {
-      case 2: return fn(dec(std::integral_constant<int, 2>{}, narrow));
-      case 3: return fn(dec(std::integral_constant<int, 3>{}, narrow));
-      case 4: return fn(dec(std::integral_constant<int, 4>{}, narrow));
+      case 2: return narrow_dec(std::integral_constant<int, 2>{});
+      case 3: return narrow_dec(std::integral_constant<int, 3>{});
+      case 4: return narrow_dec(std::integral_constant<int, 4>{});
       case 5: return fn(dec(std::integral_constant<int, 5>{}, levels));
       case 6: return fn(dec(std::integral_constant<int, 6>{}, levels));
       case 7: return fn(dec(std::integral_constant<int, 7>{}, levels));
@@ -152,11 +218,15 @@ struct Kernel {
     for (int j = 0; j < nt; ++j) {
       pf(j);
       const uint8_t* p = base + static_cast<size_t>(j) * stride;
+      constexpr int K = Dec::kVecs;
       V a[NR];
       for (int r = 0; r < NR; ++r) a[r] = I::zero();
-      for (int i = 0; i < d; i += W) {
-        const V kv = dec(p, i);
-        for (int r = 0; r < NR; ++r) a[r] = I::fmadd(I::load(q + static_cast<size_t>(r) * d + i), kv, a[r]);
+      for (int i = 0; i < d; i += W * K) {
+        V kv[K];
+        dec.fn(p, i, kv);
+        for (int k = 0; k < K; ++k)
+          for (int r = 0; r < NR; ++r)
+            a[r] = I::fmadd(I::load(q + static_cast<size_t>(r) * d + i + k * W), kv[k], a[r]);
       }
       float out[NR];
       reduce_rows<NR>(a, out);
@@ -168,15 +238,32 @@ struct Kernel {
   template <int NR, class Dec>
   static void accumulate(float* acc, int d, const uint8_t* base, size_t stride, int nt, const float* w,
                          const float* alpha, const Dec& dec) {
-    for (int i = 0; i < d; i += W) {
-      V a[NR];
-      for (int r = 0; r < NR; ++r) a[r] = I::mul(I::load(acc + static_cast<size_t>(r) * d + i), I::set1(alpha[r]));
+    constexpr int K = Dec::kVecs;
+    for (int i = 0; i < d; i += W * K) {
+      V a[K][NR];
+      for (int k = 0; k < K; ++k)
+        for (int r = 0; r < NR; ++r)
+          a[k][r] = I::mul(I::load(acc + static_cast<size_t>(r) * d + i + k * W), I::set1(alpha[r]));
       for (int j = 0; j < nt; ++j) {
-        const V v = dec(base + static_cast<size_t>(j) * stride, i);
-        for (int r = 0; r < NR; ++r) a[r] = I::fmadd(I::set1(w[r * kTile + j]), v, a[r]);
+        V v[K];
+        dec.fn(base + static_cast<size_t>(j) * stride, i, v);
+        for (int r = 0; r < NR; ++r) {
+          const V wr = I::set1(w[r * kTile + j]);
+          for (int k = 0; k < K; ++k) a[k][r] = I::fmadd(wr, v[k], a[k][r]);
+        }
       }
-      for (int r = 0; r < NR; ++r) I::store(acc + static_cast<size_t>(r) * d + i, a[r]);
+      for (int k = 0; k < K; ++k)
+        for (int r = 0; r < NR; ++r) I::store(acc + static_cast<size_t>(r) * d + i + k * W, a[k][r]);
     }
+  }
+
+  // f(std::integral_constant<int, n>) for 1 <= n <= N.
+  template <int N, class F>
+  static void with_rows(int n, F&& f) {
+    if constexpr (N > 1) {
+      if (n < N) return with_rows<N - 1>(n, f);
+    }
+    f(std::integral_constant<int, N>{});
   }
 
   template <class Dec, class Pf>
@@ -186,49 +273,26 @@ struct Kernel {
     for (int r0 = 0; r0 < R; r0 += 8) {
       const float* qr = q + static_cast<size_t>(r0) * d;
       float* sr = s + r0 * kTile;
-      if (r0 == 0) {  // the first row block walks the keys first: it issues the prefetches
-        switch (kf_min(8, R)) {
-          case 1: scores<1>(qr, d, base, stride, nt, sr, dec, prefetch); break;
-          case 2: scores<2>(qr, d, base, stride, nt, sr, dec, prefetch); break;
-          case 3: scores<3>(qr, d, base, stride, nt, sr, dec, prefetch); break;
-          case 4: scores<4>(qr, d, base, stride, nt, sr, dec, prefetch); break;
-          case 5: scores<5>(qr, d, base, stride, nt, sr, dec, prefetch); break;
-          case 6: scores<6>(qr, d, base, stride, nt, sr, dec, prefetch); break;
-          case 7: scores<7>(qr, d, base, stride, nt, sr, dec, prefetch); break;
-          default: scores<8>(qr, d, base, stride, nt, sr, dec, prefetch); break;
-        }
-        continue;
-      }
-      switch (kf_min(8, R - r0)) {
-        case 1: scores<1>(qr, d, base, stride, nt, sr, dec, none); break;
-        case 2: scores<2>(qr, d, base, stride, nt, sr, dec, none); break;
-        case 3: scores<3>(qr, d, base, stride, nt, sr, dec, none); break;
-        case 4: scores<4>(qr, d, base, stride, nt, sr, dec, none); break;
-        case 5: scores<5>(qr, d, base, stride, nt, sr, dec, none); break;
-        case 6: scores<6>(qr, d, base, stride, nt, sr, dec, none); break;
-        case 7: scores<7>(qr, d, base, stride, nt, sr, dec, none); break;
-        default: scores<8>(qr, d, base, stride, nt, sr, dec, none); break;
-      }
+      with_rows<8>(kf_min(8, R - r0), [&](auto nr) {
+        // The first row block walks the keys first: it issues the prefetches.
+        if (r0 == 0)
+          scores<decltype(nr)::value>(qr, d, base, stride, nt, sr, dec, prefetch);
+        else
+          scores<decltype(nr)::value>(qr, d, base, stride, nt, sr, dec, none);
+      });
     }
   }
 
   template <class Dec>
   static void accumulate_rows(int R, float* acc, int d, const uint8_t* base, size_t stride, int nt, const float* w,
                               const float* alpha, const Dec& dec) {
-    for (int r0 = 0; r0 < R; r0 += 8) {
-      float* ar = acc + static_cast<size_t>(r0) * d;
-      const float* wr = w + r0 * kTile;
-      const float* al = alpha + r0;
-      switch (kf_min(8, R - r0)) {
-        case 1: accumulate<1>(ar, d, base, stride, nt, wr, al, dec); break;
-        case 2: accumulate<2>(ar, d, base, stride, nt, wr, al, dec); break;
-        case 3: accumulate<3>(ar, d, base, stride, nt, wr, al, dec); break;
-        case 4: accumulate<4>(ar, d, base, stride, nt, wr, al, dec); break;
-        case 5: accumulate<5>(ar, d, base, stride, nt, wr, al, dec); break;
-        case 6: accumulate<6>(ar, d, base, stride, nt, wr, al, dec); break;
-        case 7: accumulate<7>(ar, d, base, stride, nt, wr, al, dec); break;
-        default: accumulate<8>(ar, d, base, stride, nt, wr, al, dec); break;
-      }
+    // Rows per pass: their K-vector accumulators must stay in registers.
+    constexpr int kRows = I::kAccRegs / Dec::kVecs < 8 ? I::kAccRegs / Dec::kVecs : 8;
+    for (int r0 = 0; r0 < R; r0 += kRows) {
+      with_rows<kRows>(kf_min(kRows, R - r0), [&](auto nr) {
+        accumulate<decltype(nr)::value>(acc + static_cast<size_t>(r0) * d, d, base, stride, nt, w + r0 * kTile,
+                                        alpha + r0, dec);
+      });
     }
   }
 
@@ -290,7 +354,21 @@ struct Kernel {
 
   static void run(const KernelFormat& f, const SlotRun* runs, int n_runs, const RowBlock& rb, const RowState& st,
                   float* scratch) {
-    for (int i = 0; i < n_runs; ++i) run_one(f, runs[i], i + 1 < n_runs ? &runs[i + 1] : nullptr, rb, st, scratch);
+    const int d = f.dim, R = rb.rows, ks = key_split(f), vs = value_split(f);
+    // After run_one's part of the scratch: the permuted query rows [R, d], then [d] floats.
+    float* qs = scratch + 3 * kTile + static_cast<size_t>(R) * (kTile + 2);
+    float* tmp = qs + static_cast<size_t>(R) * d;
+    RowBlock rows = rb;
+    if (ks > 1) {
+      std::memcpy(qs, rb.q, sizeof(float) * static_cast<size_t>(R) * d);
+      for (int r = 0; r < R; ++r) permute(qs + static_cast<size_t>(r) * d, d, ks, tmp, false);
+      rows.q = qs;
+    }
+    if (vs > 1)
+      for (int r = 0; r < R; ++r) permute(st.acc + static_cast<size_t>(r) * d, d, vs, tmp, false);
+    for (int i = 0; i < n_runs; ++i) run_one(f, runs[i], i + 1 < n_runs ? &runs[i + 1] : nullptr, rows, st, scratch);
+    if (vs > 1)
+      for (int r = 0; r < R; ++r) permute(st.acc + static_cast<size_t>(r) * d, d, vs, tmp, true);
   }
 
   static void run_one(const KernelFormat& f, const SlotRun& run, const SlotRun* next, const RowBlock& rb,

@@ -85,6 +85,19 @@ TEST(AttentionSimd, DecodeEveryFormatEveryLevelMatchesReference) {
     check_case(find_format("turboquant_4bit_nc"), {64, 1, g, 512, 300, 1, 0});
 }
 
+// The split decode of 2-4-bit codes (a block of W*k channels per widening load) applies when
+// the head dim is a multiple of the block: 32/64/64 channels for 4/2/3 bits on AVX-512,
+// 16/32 for 4/2 bits on AVX2 (3 bits decode per vector there). head_dim 64 is one block,
+// 256 several; GQA 4:1 decode, GQA 2:1 prefill chunks.
+TEST(AttentionSimd, SplitDecodeEveryWidthAndHeadDim) {
+  for (const char* name : {"turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "tq-k4v2", "tq-k3v2",
+                           "tq-k2v2", "tq-k3v3", "tq-k2v4", "tq-k4v3"})
+    for (int d : {64, 128, 256}) {
+      check_case(find_format(name), {d, 2, 8, 512, 300, 1, 0});
+      check_case(find_format(name), {d, 1, 2, 256, 200, 9, 0});
+    }
+}
+
 TEST(AttentionSimd, PrefillAndWindowEveryLevelMatchesReference) {
   for (const char* name : {"f16", "bf16", "fp8", "turboquant_k8v4", "turboquant_k3v4_nc", "tq-k4v2", "tq-k3v3"}) {
     check_case(find_format(name), {64, 2, 4, 512, 400, 37, 0});    // causal chunk over cached tokens
