@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "engine/cpu_device.h"
 #include "engine/dequant.h"
 #include "engine/gguf.h"
 #include "engine/qgemv.h"
@@ -74,6 +75,52 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
   EXPECT_FALSE(qgemv_supported(static_cast<uint32_t>(TensorType::Q5_1)));
   EXPECT_THROW(qgemv(static_cast<uint32_t>(TensorType::Q5_1), nullptr, 32, 0, 0, x.data(), nullptr), std::exception);
   EXPECT_THROW(qgemv(static_cast<uint32_t>(TensorType::Q6_K), nullptr, 32, 0, 0, x.data(), nullptr), std::exception);
+}
+
+// The CPU device holds a qgemv type's blocks only: one token goes through qgemv, a batch
+// through SGEMM on dequantized row tiles (here 2+ tiles per thread's part), embedding rows
+// are dequantized on demand. All against the float32 product of the dequantized matrix.
+TEST(CpuDevice, BlocksOnlyMatrixMatchesDequantizedProduct) {
+  std::mt19937 rng(5);
+  const int cols = kTileFloats / (2 * kTileMinRows), rows = 4 * 2 * kTileMinRows + 7;  // tiles of 2 * kTileMinRows rows
+  for (TensorType type : {TensorType::Q6_K, TensorType::Q5_0}) {
+    const uint32_t ty = static_cast<uint32_t>(type);
+    SCOPED_TRACE(tensor_type_name(ty));
+    std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);
+    std::vector<float> wf(static_cast<size_t>(rows) * cols);
+    dequantize(ty, w.data(), wf.data(), static_cast<int64_t>(wf.size()));
+    GgufTensor t;
+    t.name = "w";
+    t.shape = {cols, rows};
+    t.type = ty;
+    t.data = w.data();
+    t.nbytes = w.size();
+    CpuDevice dev;
+    const auto m = dev.load_matrix(t, rows, cols);
+    EXPECT_EQ(m->bytes(), w.size()) << "no float32 copy";
+    for (int n : {1, 2, 5}) {
+      std::vector<float> x(static_cast<size_t>(n) * cols), y(static_cast<size_t>(n) * rows);
+      std::normal_distribution<float> nd;
+      for (auto& v : x) v = nd(rng);
+      dev.matmul(x.data(), n, *m, y.data(), nullptr);
+      for (int k = 0; k < n; ++k)
+        for (int r = 0; r < rows; ++r) {
+          double ref = 0, mag = 0;
+          for (int c = 0; c < cols; ++c) {
+            const double p = static_cast<double>(wf[static_cast<size_t>(r) * cols + c]) * x[static_cast<size_t>(k) * cols + c];
+            ref += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_NEAR(y[static_cast<size_t>(k) * rows + r], ref, 1e-5 * mag + 1e-7) << "n " << n << ", row " << r;
+        }
+    }
+    const int32_t tokens[2] = {rows - 1, 3};
+    std::vector<float> e(2 * static_cast<size_t>(cols));
+    dev.embed(*m, tokens, 2, 0.5f, e.data());
+    for (int k = 0; k < 2; ++k)
+      for (int c = 0; c < cols; ++c)
+        ASSERT_EQ(e[static_cast<size_t>(k) * cols + c], 0.5f * wf[static_cast<size_t>(tokens[k]) * cols + c]);
+  }
 }
 
 }  // namespace
