@@ -3,11 +3,12 @@
 // Decode and prefill speed of a model, as llama.cpp's `llama-bench -p 0 -n N -d DEPTHS`
 // measures them: for each cache format one sequence is prefilled to each depth in turn (in
 // one batched forward per step, of the tokens from the previous depth up), then N tokens are
-// decoded one at a time. Tokens are pseudo-random ids (a fixed seed), so no text is needed
-// and every format sees the same ones. Reports per format and depth: decode tokens/s (wall
-// clock, and per process CPU-second, which sees less of other processes on a shared
-// machine) and the prefill tokens/s of the step that reached the depth; a Markdown table, or
-// JSON with --json. Process RSS after load is printed with the model line.
+// decoded one at a time after one untimed step. Tokens are pseudo-random ids (a fixed seed),
+// so no text is needed and every format sees the same ones. Reports per format and depth:
+// decode tokens/s (wall clock, and per process CPU-second, which sees less of other
+// processes on a shared machine) and the prefill tokens/s of the step that reached the
+// depth; a Markdown table, or JSON with --json. Process RSS after load is printed with the
+// model line.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -67,7 +68,7 @@ void register_bench_decode(CLI::App& bench) {
     const Model& model = lm.model;
     const double rss = resident_mib();
     const int V = model.config().n_vocab;
-    const int capacity = depths.back() + static_cast<int>(depths.size()) * o.n + 1;
+    const int capacity = depths.back() + static_cast<int>(depths.size()) * (o.n + 1) + 1;
     std::mt19937 rng(1);
     std::vector<int32_t> tokens(static_cast<size_t>(capacity));
     for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
@@ -89,6 +90,9 @@ void register_bench_decode(CLI::App& bench) {
           r.prefill_tps = r.prefill_tokens / std::chrono::duration<double>(clock::now() - t0).count();
           len = depth;
         }
+        // One untimed step first, as llama-bench warms up: the first forward of a process
+        // (or after a prefill) allocates and first-touches its buffers.
+        model.forward(seq, &tokens[len++], 1, *cache, logits.data(), false);
         const auto t0 = clock::now();
         const double c0 = cpu_seconds();
         for (int i = 0; i < o.n; ++i, ++len) model.forward(seq, &tokens[len], 1, *cache, logits.data(), false);
