@@ -16,6 +16,14 @@ inline std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+// This process's resident memory (VmRSS) in MiB; 0 where /proc is not there.
+inline double resident_mib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // "VmRSS:  123 kB"
+  return 0;
+}
+
 // The whole file; tqkv::Error(InvalidArgument) naming the path when it cannot be read.
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

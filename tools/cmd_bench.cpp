@@ -1,4 +1,5 @@
-// tqkv bench attention --ctx N --batch B --dim D --gqa G [--formats a,b,...] [--json] ...
+// tqkv bench attention --ctx N --batch B --dim D --gqa G [--formats a,b,...] [--json] ... (a whole
+// model's decode and prefill: tqkv bench decode, cmd_bench_decode.cpp)
 //
 // Times decode attention (one query token per sequence, every query head) over a paged cache
 // of B sequences of N tokens, for every listed format in this one process, and prints per
@@ -193,6 +194,9 @@ PrefillRow time_prefill(const tqkv::Format& f, const PrefillOptions& o) {
 void register_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
+#ifdef TQKV_HAVE_ENGINE
+  register_bench_decode(*bench);  // cmd_bench_decode.cpp: a whole model's decode and prefill
+#endif
   auto* cmd = bench->add_subcommand("attention", "Time decode attention of every listed format against f16");
   static BenchOptions o;
   cmd->add_option("--ctx", o.ctx, "context tokens per sequence")->check(CLI::Range(1, 1 << 22));

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <string>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "engine_cli.h"
 #include "engine/generate.h"
@@ -87,9 +88,11 @@ void register_generate(CLI::App& app) {
       // bits_at: the slots plus any copies (sinks, window) spread over the full context.
       std::fprintf(stderr, "kv cache: %s%s: %s; %.4g bits/element in the compressed layers, ctx %d\n", format.c_str(),
                    why.c_str(), spec.detail.c_str(), spec.bits_at(ctx), ctx);
-      std::fprintf(stderr, "model: %s (%s, %d layers, %d/%d heads, head_dim %d), weights in memory %.0f MiB\n\n",
+      std::fprintf(stderr,
+                   "model: %s (%s, %d layers, %d/%d heads, head_dim %d), weights in memory %.0f MiB, process RSS %.0f "
+                   "MiB\n\n",
                    mpath.c_str(), c.arch.c_str(), c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
-                   model.weight_bytes() / 1048576.0);
+                   model.weight_bytes() / 1048576.0, resident_mib());
       if (!o.raw) std::printf("%s\n\n", o.prompt.c_str());
       std::fflush(stdout);
     }

@@ -13,6 +13,7 @@ void register_perplexity(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_passkey(CLI::App& app);
 void register_calibrate(CLI::App& app);
+void register_bench_decode(CLI::App& bench);  // under `tqkv bench`
 #endif
 #ifdef TQKV_HAVE_SERVE
 void register_serve(CLI::App& app);

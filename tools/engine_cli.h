@@ -33,5 +33,6 @@ inline LoadedModel load_model(const std::string& model, int threads, const std::
   GgufFile file = GgufFile::open(path);
   Tokenizer tok = Tokenizer::from_gguf(file);
   Model m = Model::load(file, make_device(device));
+  file.drop_resident_pages();  // the device holds its own copy of the weights
   return LoadedModel{std::move(path), std::move(file), std::move(tok), std::move(m)};
 }

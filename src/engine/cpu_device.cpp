@@ -33,11 +33,14 @@ void CpuDevice::to_host(const float* src, size_t n, float* host) {
 
 std::unique_ptr<DeviceMatrix> CpuDevice::load_matrix(const GgufTensor& t, int rows, int cols) {
   auto m = std::make_unique<CpuMatrix>(rows, cols);
-  m->f32 = expand_tensor(t, cols, rows);
-  if (qgemv_supported(t.type)) {
-    m->qtype = t.type;
-    m->q.assign(t.data, t.data + t.nbytes);
+  if (!qgemv_supported(t.type)) {
+    m->f32 = expand_tensor(t, cols, rows);
+    return m;
   }
+  check_tensor_shape(t, cols, rows);  // cols is a whole number of blocks: the GGUF reader checked ne[0]
+  m->qtype = t.type;
+  m->q.assign(t.data, t.data + t.nbytes);
+  m->row_bytes = t.nbytes / rows;
   return m;
 }
 
@@ -45,13 +48,15 @@ void CpuDevice::embed(const DeviceMatrix& table, const int32_t* tokens, int n, f
   const auto& m = static_cast<const CpuMatrix&>(table);
   const int d = m.cols();
   for (int t = 0; t < n; ++t) {
-    const float* row = &m.f32[static_cast<size_t>(tokens[t]) * d];
+    const size_t r = static_cast<size_t>(tokens[t]);
     float* xt = x + static_cast<size_t>(t) * d;
-    if (scale == 1.0f) {
-      std::memcpy(xt, row, d * sizeof(float));
+    if (m.q.empty()) {
+      std::memcpy(xt, &m.f32[r * d], d * sizeof(float));
     } else {
-      for (int i = 0; i < d; ++i) xt[i] = row[i] * scale;
+      dequantize(m.qtype, m.q.data() + r * m.row_bytes, xt, d);
     }
+    if (scale != 1.0f)
+      for (int i = 0; i < d; ++i) xt[i] *= scale;
   }
 }
 
@@ -77,6 +82,19 @@ void CpuDevice::matmul(const float* x, int n, const DeviceMatrix& wm, float* y, 
     if (quantized) {
       for (int t = 0; t < n; ++t)
         qgemv(w.qtype, w.q.data(), in, o0, o1, x + static_cast<size_t>(t) * in, y + static_cast<size_t>(t) * out + o0);
+    } else if (!w.q.empty()) {
+      // Tiles depend on the part and the matrix only, never on n, so a row's products do
+      // not change with the batch beyond what SGEMM itself does for a different n.
+      const int tile = std::max(kTileMinRows, kTileFloats / in);
+      thread_local std::vector<float> scratch;
+      for (int t0 = o0; t0 < o1; t0 += tile) {
+        const int tm = std::min(tile, o1 - t0);
+        scratch.resize(static_cast<size_t>(tm) * in);
+        dequantize(w.qtype, w.q.data() + static_cast<size_t>(t0) * w.row_bytes, scratch.data(),
+                   static_cast<int64_t>(tm) * in);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, tm, in, 1.0f, x, in, scratch.data(), in, 0.0f, y + t0,
+                    out);
+      }
     } else {
       const float* wp = w.f32.data() + static_cast<size_t>(o0) * in;
       if (n == 1) {

@@ -2,14 +2,15 @@
 // or straight from the GGUF blocks (qgemv.h, 1-2 tokens), element-wise kernels on the thread
 // pool, and the CPU cache layer (cpu_kv_cache.h).
 //
-// Weights are held twice. (1) Expanded to float32 at load: a batch of tokens (prefill,
-// perplexity) is a GEMM that OpenBLAS runs near peak on float32, and its result is the
-// dequantized model that the independent NumPy reference computes
-// (tests/integration/reference_forward.py). (2) The GGUF blocks as stored, for Q4_0, Q4_1 and
-// Q8_0 matrices: decoding one token streams every weight once, so it is memory-bound, and
-// qgemv.h's kernels read 0.6-1.1 bytes per weight instead of 4 (decode ~3x faster on two
-// cores). Both compute the same products up to float summation order. The price is memory:
-// ~0.54 GB + the file's size for SmolLM2-135M.
+// Weights are held once. A matrix in a type qgemv.h reads (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)
+// keeps only its GGUF blocks: decoding one token streams every weight once, so it is
+// memory-bound, and the kernels read 0.56-1.06 bytes per weight instead of 4. A batch of
+// tokens (prefill, perplexity) dequantizes row tiles of the blocks into a per-thread scratch
+// and runs OpenBLAS SGEMM per tile: the GEMM does 2 n flops per weight, so expanding each weight
+// once per product costs little beside it at prefill sizes, and the result is the dequantized
+// model that the NumPy reference computes (tests/integration/reference_forward.py). Other types
+// (F32, F16, BF16, Q5_1) are expanded to float32 at load. Until 2026-12 every matrix was held
+// as float32 as well (4 bytes per weight more: 7.7 GB for Qwen2.5-Coder-1.5B).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -19,16 +20,21 @@
 namespace tqkv::engine {
 
 // Up to this many tokens a product reads the quantized blocks once per token; beyond it one
-// float32 GEMM is cheaper.
+// float32 GEMM per dequantized row tile is cheaper.
 inline constexpr int kQuantizedMaxTokens = 2;
+// Row tiles of a blocks-only matrix hold about this many floats (at least kTileMinRows rows):
+// large enough that SGEMM's repacking of x per tile stays small beside the tile's flops.
+inline constexpr int kTileFloats = 1 << 19;
+inline constexpr int kTileMinRows = 64;
 
 class CpuMatrix final : public DeviceMatrix {
  public:
   CpuMatrix(int rows, int cols) : DeviceMatrix(rows, cols) {}
   size_t bytes() const override { return f32.size() * sizeof(float) + q.size(); }
-  std::vector<float> f32;  // [rows, cols]
+  std::vector<float> f32;  // [rows, cols], when q is empty
   uint32_t qtype = 0;      // GGUF tensor type of q
   std::vector<uint8_t> q;  // the GGUF blocks, when qgemv supports the type; else empty
+  size_t row_bytes = 0;    // bytes of one row of q
 };
 
 class CpuDevice final : public Device {
@@ -39,7 +45,7 @@ class CpuDevice final : public Device {
   void to_host(const float* src, size_t n, float* host) override;
   std::unique_ptr<DeviceMatrix> load_matrix(const GgufTensor& t, int rows, int cols) override;
   void embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) override;
-  // qgemv on the GGUF blocks for 1-2 rows, SGEMM on the float32 copy beyond.
+  // qgemv on the GGUF blocks for 1-2 rows, SGEMM (per dequantized row tile) beyond.
   bool row_count_changes_products() const override { return true; }
   void matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) override;
   void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) override;

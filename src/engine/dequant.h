@@ -16,6 +16,9 @@ void dequantize(uint32_t type, const uint8_t* src, float* dst, int64_t n);
 // Whole tensor -> float vector of n_elements() (row-major, ne[0] contiguous).
 void dequantize_tensor(const GgufTensor& t, float* dst);
 
+// Throws tqkv::Error(Format) naming the tensor unless its shape is [cols (contiguous), rows].
+void check_tensor_shape(const GgufTensor& t, int64_t cols, int64_t rows = 1);
+
 // Expands a tensor of shape [cols (contiguous), rows] to float32 (rows split over the thread
 // pool). Throws tqkv::Error(Format) naming the tensor when the shape differs.
 std::vector<float> expand_tensor(const GgufTensor& t, int64_t cols, int64_t rows = 1);

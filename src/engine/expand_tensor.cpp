@@ -9,14 +9,18 @@
 
 namespace tqkv::engine {
 
-std::vector<float> expand_tensor(const GgufTensor& t, int64_t cols, int64_t rows) {
-  const int64_t want = cols * rows;
-  if (t.shape.empty() || t.shape[0] != cols || t.n_elements() != want) {
+void check_tensor_shape(const GgufTensor& t, int64_t cols, int64_t rows) {
+  if (t.shape.empty() || t.shape[0] != cols || t.n_elements() != cols * rows) {
     std::string s;
     for (int64_t d : t.shape) s += (s.empty() ? "" : " x ") + std::to_string(d);
     throw Error(ErrorCode::Format, "model: tensor '" + t.name + "' has shape [" + s + "], expected [" +
                                        std::to_string(cols) + (rows > 1 ? " x " + std::to_string(rows) : "") + "]");
   }
+}
+
+std::vector<float> expand_tensor(const GgufTensor& t, int64_t cols, int64_t rows) {
+  check_tensor_shape(t, cols, rows);
+  const int64_t want = cols * rows;
   std::vector<float> v(static_cast<size_t>(want));
   const TensorTypeTraits* tr = tensor_type_traits(t.type);
   const size_t row_bytes = static_cast<size_t>(cols / tr->block_elems * tr->block_bytes);

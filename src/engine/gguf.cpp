@@ -245,6 +245,10 @@ GgufFile GgufFile::open(const std::string& path) {
   }
 }
 
+void GgufFile::drop_resident_pages() const {
+  if (map_ && map_->addr) madvise(map_->addr, map_->size, MADV_DONTNEED);
+}
+
 GgufFile GgufFile::parse(std::span<const uint8_t> bytes) {
   GgufFile f;
   Reader r(bytes.data(), bytes.size());

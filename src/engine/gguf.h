@@ -93,6 +93,11 @@ class GgufFile {
   const std::vector<int64_t>& get_int_array(std::string_view key) const;
   const std::vector<double>& get_float_array(std::string_view key) const;
 
+  // Drops the mapped file's pages from this process's resident memory (they come back from
+  // the file if read again): after a device copied the weights, RSS then counts the copies
+  // only. No effect on a parsed buffer.
+  void drop_resident_pages() const;
+
   const GgufTensor* find_tensor(std::string_view name) const;
   const GgufTensor& tensor(std::string_view name) const;  // throws Error(Format) when absent
 

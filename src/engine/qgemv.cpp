@@ -116,20 +116,52 @@ void q4_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const floa
   }
 }
 
+// Q6_K: the codes' offset of 32 is subtracted in integers, so no sums of x are needed; each
+// 16-element sub-block's dot product is scaled by d * scale.
+void q6_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const float*, float* y) {
+  const int nb = cols / 256;
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * kQ6kBytes;
+    float acc = 0;
+    for (int i = 0; i < nb; ++i, b += kQ6kBytes) {
+      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = f16(b + 208);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = b + 64 * h;
+        const uint8_t* qh = b + 128 + 32 * h;
+        const float* xh = x + 256 * i + 128 * h;
+        for (int k = 0; k < 4; ++k)
+          for (int half16 = 0; half16 < 2; ++half16) {
+            float s = 0;
+            for (int l = 16 * half16; l < 16 * half16 + 16; ++l) {
+              const int lo = (ql[l + 32 * (k & 1)] >> (k < 2 ? 0 : 4)) & 0x0f;
+              const int q = (lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+              s += static_cast<float>(q) * xh[32 * k + l];
+            }
+            acc += d * static_cast<float>(sc[8 * h + 2 * k + half16]) * s;
+          }
+      }
+    }
+    y[r - r0] = acc;
+  }
+}
+
 }  // namespace
 
-QgemvKernels qgemv_scalar() { return {q4_0, q4_1, q5_0, q8_0, q4_k}; }
+QgemvKernels qgemv_scalar() { return {q4_0, q4_1, q5_0, q8_0, q4_k, q6_k}; }
 
 }  // namespace detail
 
 namespace {
 
-// One probe for the whole library: the AVX2 kernels need AVX2+FMA+F16C, which every level
-// from SimdLevel::Avx2 up guarantees, so TQKV_SIMD / set_simd_level choose them too.
+// One probe for the whole library (tqkv::active_simd_level): SimdLevel::Avx2 guarantees
+// AVX2+FMA+F16C and SimdLevel::Avx512 F+BW+VL+DQ as well, so TQKV_SIMD / set_simd_level
+// choose these kernels too.
 const detail::QgemvKernels& kernels_for(SimdLevel level) {
   static const detail::QgemvKernels scalar = detail::qgemv_scalar();
   static const detail::QgemvKernels avx2 = detail::qgemv_avx2();
-  return level >= SimdLevel::Avx2 ? avx2 : scalar;
+  static const detail::QgemvKernels avx512 = detail::qgemv_avx512();
+  return level >= SimdLevel::Avx512 ? avx512 : level >= SimdLevel::Avx2 ? avx2 : scalar;
 }
 
 void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
@@ -149,9 +181,11 @@ void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int col
     case TensorType::Q5_0: k.q5_0(w, cols, r0, r1, x, xsum.data(), y); break;
     case TensorType::Q8_0: k.q8_0(w, cols, r0, r1, x, xsum.data(), y); break;
     case TensorType::Q4_K:
-      if (cols % 256 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: Q4_K needs cols a multiple of 256");
-      k.q4_k(w, cols, r0, r1, x, xsum.data(), y);
+    case TensorType::Q6_K: {
+      if (cols % 256 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: K-quants need cols a multiple of 256");
+      (type == static_cast<uint32_t>(TensorType::Q4_K) ? k.q4_k : k.q6_k)(w, cols, r0, r1, x, xsum.data(), y);
       break;
+    }
     default: throw Error(ErrorCode::InvalidArgument, "qgemv: unsupported type " + tensor_type_name(type));
   }
 }
@@ -161,10 +195,13 @@ void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int col
 bool qgemv_supported(uint32_t type) {
   const auto t = static_cast<TensorType>(type);
   return t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q5_0 || t == TensorType::Q8_0 ||
-         t == TensorType::Q4_K;
+         t == TensorType::Q4_K || t == TensorType::Q6_K;
 }
 
-const char* qgemv_isa() { return active_simd_level() >= SimdLevel::Avx2 ? "avx2" : "scalar"; }
+const char* qgemv_isa() {
+  const SimdLevel l = active_simd_level();
+  return l >= SimdLevel::Avx512 ? "avx512" : l >= SimdLevel::Avx2 ? "avx2" : "scalar";
+}
 
 void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y) {
   run(kernels_for(active_simd_level()), type, w, cols, r0, r1, x, y);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "qgemv_kernels.h"
+#include "qgemv_q6k_codes.h"
 
 namespace tqkv::engine::detail {
 namespace {
@@ -153,8 +154,39 @@ void q4_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const floa
   }
 }
 
+// sum_j q_j x_j over 16 signed bytes and 16 floats.
+inline __m256 dot_i8x16(__m128i q, const float* xb) {
+  const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_loadu_ps(xb));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), _mm256_loadu_ps(xb + 8), s);
+}
+
+void q6_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const float*, float* y) {
+  const int nb = cols / 256;
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* b = w + static_cast<size_t>(r) * nb * kQ6kBytes;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int i = 0; i < nb; ++i, b += kQ6kBytes) {
+      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = f16(b + 208);
+      for (int h = 0; h < 2; ++h) {
+        __m256i q[4];
+        q6_k_codes(b + 64 * h, b + 128 + 32 * h, q);
+        const float* xh = x + 256 * i + 128 * h;
+        for (int k = 0; k < 4; ++k) {
+          const int8_t* s = sc + 8 * h + 2 * k;
+          acc0 = _mm256_fmadd_ps(dot_i8x16(_mm256_castsi256_si128(q[k]), xh + 32 * k),
+                                 _mm256_set1_ps(d * static_cast<float>(s[0])), acc0);
+          acc1 = _mm256_fmadd_ps(dot_i8x16(_mm256_extracti128_si256(q[k], 1), xh + 32 * k + 16),
+                                 _mm256_set1_ps(d * static_cast<float>(s[1])), acc1);
+        }
+      }
+    }
+    y[r - r0] = hsum(_mm256_add_ps(acc0, acc1));
+  }
+}
+
 }  // namespace
 
-QgemvKernels qgemv_avx2() { return {q4_0, q4_1, q5_0, q8_0, q4_k}; }
+QgemvKernels qgemv_avx2() { return {q4_0, q4_1, q5_0, q8_0, q4_k, q6_k}; }
 
 }  // namespace tqkv::engine::detail

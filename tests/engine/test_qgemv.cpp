@@ -1,12 +1,16 @@
 // Quantized matrix-vector kernels: every SIMD level (set_simd_level) against the float32
 // product of the dequantized matrix (dequant.cpp is itself checked against the gguf package
-// in test_gguf.cpp).
+// in test_gguf.cpp). The kernels keep x in float32 and only factor each block's scale and
+// offset out of its dot product, so they differ from the reference by float summation order
+// alone: the tolerance is a few float epsilons (2^-24 ~ 6e-8) times the number of terms per
+// partial sum, relative to sum |w_c x_c| (1e-5 covers 768 terms with room).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
 
+#include "engine/cpu_device.h"
 #include "engine/dequant.h"
 #include "engine/gguf.h"
 #include "engine/qgemv.h"
@@ -22,11 +26,14 @@ std::vector<uint8_t> random_blocks(TensorType type, int rows, int cols, std::mt1
   std::vector<uint8_t> b(static_cast<size_t>(nb) * tr->block_bytes);
   for (auto& x : b) x = static_cast<uint8_t>(rng());
   std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
-  const int n_scales = type == TensorType::Q4_1 || type == TensorType::Q4_K ? 2 : 1;  // fp16 fields at the block start
+  // Byte offsets of the fp16 fields (random bytes there could be NaN or huge).
+  std::vector<int> fp16_at = {0};
+  if (type == TensorType::Q4_1 || type == TensorType::Q4_K) fp16_at = {0, 2};
+  if (type == TensorType::Q6_K) fp16_at = {208};
   for (int i = 0; i < nb; ++i)
-    for (int s = 0; s < n_scales; ++s) {
+    for (int at : fp16_at) {
       const uint16_t h = float_to_half(scale(rng));
-      std::memcpy(&b[static_cast<size_t>(i) * tr->block_bytes + 2 * s], &h, 2);
+      std::memcpy(&b[static_cast<size_t>(i) * tr->block_bytes + at], &h, 2);
     }
   return b;
 }
@@ -41,7 +48,8 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
     SimdLevel level = active_simd_level();
     ~Restore() { set_simd_level(level); }
   } restore;
-  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q4_K}) {
+  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q4_K,
+                          TensorType::Q6_K}) {
     const uint32_t t = static_cast<uint32_t>(type);
     ASSERT_TRUE(qgemv_supported(t));
     const std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);
@@ -50,7 +58,7 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
     for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
       if (!simd_level_supported(level)) continue;
       set_simd_level(level);
-      EXPECT_STREQ(qgemv_isa(), level == SimdLevel::Scalar ? "scalar" : "avx2");
+      EXPECT_EQ(qgemv_isa(), simd_level_name(level));
       SCOPED_TRACE(tensor_type_name(t) + " " + std::string(simd_level_name(level)));
       std::vector<float> y(rows - 5);
       qgemv(t, w.data(), cols, 5, rows, x.data(), y.data());  // a row range not starting at 0
@@ -64,8 +72,55 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
       }
     }
   }
-  EXPECT_FALSE(qgemv_supported(static_cast<uint32_t>(TensorType::Q6_K)));
+  EXPECT_FALSE(qgemv_supported(static_cast<uint32_t>(TensorType::Q5_1)));
+  EXPECT_THROW(qgemv(static_cast<uint32_t>(TensorType::Q5_1), nullptr, 32, 0, 0, x.data(), nullptr), std::exception);
   EXPECT_THROW(qgemv(static_cast<uint32_t>(TensorType::Q6_K), nullptr, 32, 0, 0, x.data(), nullptr), std::exception);
+}
+
+// The CPU device holds a qgemv type's blocks only: one token goes through qgemv, a batch
+// through SGEMM on dequantized row tiles (here 2+ tiles per thread's part), embedding rows
+// are dequantized on demand. All against the float32 product of the dequantized matrix.
+TEST(CpuDevice, BlocksOnlyMatrixMatchesDequantizedProduct) {
+  std::mt19937 rng(5);
+  const int cols = kTileFloats / (2 * kTileMinRows), rows = 4 * 2 * kTileMinRows + 7;  // tiles of 2 * kTileMinRows rows
+  for (TensorType type : {TensorType::Q6_K, TensorType::Q5_0}) {
+    const uint32_t ty = static_cast<uint32_t>(type);
+    SCOPED_TRACE(tensor_type_name(ty));
+    std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);
+    std::vector<float> wf(static_cast<size_t>(rows) * cols);
+    dequantize(ty, w.data(), wf.data(), static_cast<int64_t>(wf.size()));
+    GgufTensor t;
+    t.name = "w";
+    t.shape = {cols, rows};
+    t.type = ty;
+    t.data = w.data();
+    t.nbytes = w.size();
+    CpuDevice dev;
+    const auto m = dev.load_matrix(t, rows, cols);
+    EXPECT_EQ(m->bytes(), w.size()) << "no float32 copy";
+    for (int n : {1, 2, 5}) {
+      std::vector<float> x(static_cast<size_t>(n) * cols), y(static_cast<size_t>(n) * rows);
+      std::normal_distribution<float> nd;
+      for (auto& v : x) v = nd(rng);
+      dev.matmul(x.data(), n, *m, y.data(), nullptr);
+      for (int k = 0; k < n; ++k)
+        for (int r = 0; r < rows; ++r) {
+          double ref = 0, mag = 0;
+          for (int c = 0; c < cols; ++c) {
+            const double p = static_cast<double>(wf[static_cast<size_t>(r) * cols + c]) * x[static_cast<size_t>(k) * cols + c];
+            ref += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_NEAR(y[static_cast<size_t>(k) * rows + r], ref, 1e-5 * mag + 1e-7) << "n " << n << ", row " << r;
+        }
+    }
+    const int32_t tokens[2] = {rows - 1, 3};
+    std::vector<float> e(2 * static_cast<size_t>(cols));
+    dev.embed(*m, tokens, 2, 0.5f, e.data());
+    for (int k = 0; k < 2; ++k)
+      for (int c = 0; c < cols; ++c)
+        ASSERT_EQ(e[static_cast<size_t>(k) * cols + c], 0.5f * wf[static_cast<size_t>(tokens[k]) * cols + c]);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,135 @@
+// tqkv bench decode -m MODEL [--depths 0,1024,4096] [-n 64] [--formats f16,tq-k4v4] [--json]
+//
+// Decode and prefill speed of a model, as llama.cpp's `llama-bench -p 0 -n N -d DEPTHS`
+// measures them: for each cache format one sequence is prefilled to each depth in turn (in
+// one batched forward per step, of the tokens from the previous depth up), then N tokens are
+// decoded one at a time after one untimed step. Tokens are pseudo-random ids (a fixed seed),
+// so no text is needed and every format sees the same ones. Reports per format and depth:
+// decode tokens/s (wall clock, and per process CPU-second, which sees less of other
+// processes on a shared machine) and the prefill tokens/s of the step that reached the
+// depth; a Markdown table, or JSON with --json. Process RSS after load is printed with the
+// model line.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "engine_cli.h"
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+#include "tqkv/simd.h"
+
+namespace {
+
+struct DecodeBenchOptions {
+  std::string model, device = "cpu", formats = "f16,tq-k4v4", depths = "0,1024,4096", simd;
+  int threads = 0, n = 64;
+  bool json = false;
+};
+
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct Row {
+  std::string format;
+  int depth = 0;
+  int prefill_tokens = 0;  // tokens of the step that reached `depth`
+  double prefill_tps = 0, decode_tps = 0, decode_cpu_tps = 0;
+};
+
+}  // namespace
+
+void register_bench_decode(CLI::App& bench) {
+  auto* cmd = bench.add_subcommand("decode", "Time a model's decode (and prefill) at several cache depths, per format");
+  static DecodeBenchOptions o;
+  add_model_options(cmd, o.model, o.threads, o.device);
+  cmd->add_option("--formats", o.formats, "comma-separated cache specs")->capture_default_str();
+  cmd->add_option("--depths", o.depths, "comma-separated context depths to decode at")->capture_default_str();
+  cmd->add_option("-n,--n-decode", o.n, "tokens decoded at each depth")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--simd", o.simd, "force a kernel level: scalar, avx2, avx512");
+  cmd->add_flag("--json", o.json, "print JSON");
+  cmd->callback([] {
+    using namespace tqkv::engine;
+    if (!o.simd.empty()) tqkv::set_simd_level(tqkv::parse_simd_level(o.simd));
+    std::vector<int> depths;
+    for (const std::string& d : split_list(o.depths)) depths.push_back(std::stoi(d));
+    std::sort(depths.begin(), depths.end());
+    if (depths.empty() || depths.front() < 0) throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "--depths: give depths >= 0");
+    LoadedModel lm = load_model(o.model, o.threads, o.device);
+    const Model& model = lm.model;
+    const double rss = resident_mib();
+    const int V = model.config().n_vocab;
+    const int capacity = depths.back() + static_cast<int>(depths.size()) * (o.n + 1) + 1;
+    std::mt19937 rng(1);
+    std::vector<int32_t> tokens(static_cast<size_t>(capacity));
+    for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
+    std::vector<float> logits(V);
+    std::vector<Row> rows;
+    using clock = std::chrono::steady_clock;
+    for (const std::string& format : split_list(o.formats)) {
+      auto cache = model.make_cache(format, capacity);
+      const int64_t seq = cache->add_sequence();
+      int len = 0;
+      for (int depth : depths) {
+        Row r;
+        r.format = format;
+        r.depth = depth;
+        if (depth > len) {  // the decoded tokens of the previous depth count towards this one
+          r.prefill_tokens = depth - len;
+          const auto t0 = clock::now();
+          model.forward(seq, &tokens[len], depth - len, *cache, logits.data(), false);
+          r.prefill_tps = r.prefill_tokens / std::chrono::duration<double>(clock::now() - t0).count();
+          len = depth;
+        }
+        // One untimed step first, as llama-bench warms up: the first forward of a process
+        // (or after a prefill) allocates and first-touches its buffers.
+        model.forward(seq, &tokens[len++], 1, *cache, logits.data(), false);
+        const auto t0 = clock::now();
+        const double c0 = cpu_seconds();
+        for (int i = 0; i < o.n; ++i, ++len) model.forward(seq, &tokens[len], 1, *cache, logits.data(), false);
+        r.decode_tps = o.n / std::chrono::duration<double>(clock::now() - t0).count();
+        r.decode_cpu_tps = o.n / (cpu_seconds() - c0);
+        rows.push_back(r);
+      }
+    }
+    if (o.json) {
+      nlohmann::json j = {{"model", lm.path},
+                          {"threads", tqkv::num_threads()},
+                          {"simd", std::string(tqkv::simd_level_name(tqkv::active_simd_level()))},
+                          {"weights_mib", model.weight_bytes() / 1048576.0},
+                          {"rss_mib", rss},
+                          {"n_decode", o.n},
+                          {"rows", nlohmann::json::array()}};
+      for (const Row& r : rows)
+        j["rows"].push_back({{"format", r.format},
+                             {"depth", r.depth},
+                             {"prefill_tokens", r.prefill_tokens},
+                             {"prefill_tokens_per_s", r.prefill_tps},
+                             {"decode_tokens_per_s", r.decode_tps},
+                             {"decode_tokens_per_cpu_s", r.decode_cpu_tps}});
+      std::printf("%s\n", j.dump(2).c_str());
+      return;
+    }
+    std::printf("model %s, %d threads, %s, weights %.0f MiB, RSS after load %.0f MiB\n\n", lm.path.c_str(),
+                tqkv::num_threads(), std::string(tqkv::simd_level_name(tqkv::active_simd_level())).c_str(),
+                model.weight_bytes() / 1048576.0, rss);
+    std::printf("| format | depth | decode tokens/s (tg%d) | per CPU-second | prefill tokens/s (tokens) |\n", o.n);
+    std::printf("|---|---|---|---|---|\n");
+    for (const Row& r : rows) {
+      std::printf("| %s | %d | %.2f | %.2f | ", r.format.c_str(), r.depth, r.decode_tps, r.decode_cpu_tps);
+      if (r.prefill_tokens)
+        std::printf("%.1f (%d) |\n", r.prefill_tps, r.prefill_tokens);
+      else
+        std::printf("- |\n");
+    }
+  });
+}
