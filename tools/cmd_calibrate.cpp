@@ -165,6 +165,10 @@ void register_calibrate(CLI::App& app) {
              << " (additive model).";
         recipes.push_back(Recipe{b.name, r.spec, fitted.str() + "; budget " + number_text(b.bits), note.str()});
         std::printf("%s = %s  (%.4f bits, predicted KL %.4f)\n", b.name.c_str(), r.spec.c_str(), r.bits, r.predicted_kl);
+        // The rule's recipe for the same budget, to compare against (tqkv eval --formats SPEC).
+        std::string why;
+        if (const std::optional<FitResult> rule = rule_recipe(cfg, b.bits, true, &why))
+          std::printf("  without the scan (the rule): %s  (%.4f bits)\n", rule->spec.c_str(), rule->bits);
       }
     }
     const std::string written = store_calibration(file, cfg, mpath, ks, recipes, o.out);
