@@ -29,7 +29,6 @@ std::string number_text(double x) {
   os << x;
   return os.str();
 }
-
 // "\rcalibrate: scan [######......]  12/41" on stderr, a newline when done.
 void bar(const char* what, int64_t done, int64_t total) {
   constexpr int kWidth = 30;
@@ -38,48 +37,6 @@ void bar(const char* what, int64_t done, int64_t total) {
                std::string(static_cast<size_t>(kWidth - fill), '.').c_str(), static_cast<long long>(done),
                static_cast<long long>(total));
   if (done == total) std::fputc('\n', stderr);
-}
-
-struct Budget {
-  std::string name;
-  double bits = 0;
-};
-
-// --budget entries: a named budget (tq-4.375: turboquant_4bit_nc's size at the model's
-// head_dim) or a number of bits; --name renames a single one.
-std::vector<Budget> parse_budgets(const std::vector<std::string>& items, const std::string& name, int head_dim) {
-  using tqkv::Error;
-  using tqkv::ErrorCode;
-  if (!name.empty() && items.size() != 1)
-    throw Error(ErrorCode::InvalidArgument, "calibrate: --name names one recipe; give one --budget with it");
-  std::vector<Budget> out;
-  for (const std::string& item : items) {
-    Budget b;
-    if (const std::optional<double> nb = tqkv::engine::named_budget_bits(item, head_dim)) {
-      b = {item, *nb};
-    } else {
-      size_t used = 0;
-      try {
-        b.bits = std::stod(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != item.size() || !(b.bits > 0 && b.bits <= 16))
-        throw Error(ErrorCode::InvalidArgument, "calibrate: --budget '" + item +
-                                                    "' is neither a number of bits (0..16] nor a named budget "
-                                                    "(tq-4.375, tq-3.375, tq-2.5)");
-      b.name = std::string("tq-").append(number_text(b.bits));
-    }
-    if (!name.empty()) b.name = name;
-    // A named budget's name promises its size at this head_dim.
-    if (const std::optional<double> nb = tqkv::engine::named_budget_bits(b.name, head_dim); nb && b.bits > *nb + 1e-9)
-      throw Error(ErrorCode::InvalidArgument,
-                  "calibrate: a recipe named " + b.name + " must fit in " + number_text(*nb) + " bits at head_dim " +
-                      std::to_string(head_dim) + " (the vLLM preset's size there), not " + number_text(b.bits) +
-                      ": use --budget " + b.name + " or another --name");
-    out.push_back(b);
-  }
-  return out;
 }
 
 }  // namespace
@@ -117,8 +74,6 @@ void register_calibrate(CLI::App& app) {
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
-    if (!o.name.empty() && (o.name.size() < 4 || o.name.rfind("tq-", 0) != 0))
-      throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "calibrate: --name '" + o.name + "' does not start with tq-");
     const std::string tpath = o.text.empty() ? default_calibration_text_path() : o.text;
     LoadedModel lm = load_model(o.model, o.threads, o.device);
     const std::string& mpath = lm.path;
@@ -126,7 +81,7 @@ void register_calibrate(CLI::App& app) {
     const Tokenizer& tok = lm.tok;
     Model& model = lm.model;
     const ModelConfig& cfg = model.config();
-    const std::vector<Budget> budgets = parse_budgets(o.budgets, o.name, cfg.head_dim);
+    const std::vector<BudgetRequest> budgets = parse_budgets(o.budgets, o.name, cfg.head_dim);
     const std::string tname = tpath.substr(tpath.find_last_of('/') + 1);
     const std::vector<int32_t> tokens = tok.encode(read_text(tpath), false, false);
     CalibrateOptions c;
@@ -155,7 +110,7 @@ void register_calibrate(CLI::App& app) {
              << so.ctx << ")";
       std::printf("layer  KL keys at %d bits  KL values at %d bits\n", so.key_bits, so.value_bits);
       for (const LayerSensitivity& s : scan) std::printf("%5d  %18.5f  %20.5f\n", s.layer, s.key_kl, s.value_kl);
-      for (const Budget& b : budgets) {
+      for (const BudgetRequest& b : budgets) {
         const FitResult r = allocate_bits(cfg, scan, so.key_bits, so.value_bits, b.bits, true);
         model.resolve(r.spec);  // resolvable, with the statistics
         std::ostringstream note;

@@ -96,7 +96,8 @@ std::string store_calibration(const GgufFile& f, const ModelConfig& cfg, const s
                                                   ", not to this model (" + key.describe() + ")");
   } else {
     file.version = RecipeFile::kVersion;
-    file.model_name = stem;
+    file.model_name = f.has("general.name") ? f.get_string("general.name") : stem;
+    if (file.model_name.empty()) file.model_name = stem;
     file.model_file = fs::path(model_path).filename().string();
     file.model = key;
   }

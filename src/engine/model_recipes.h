@@ -25,7 +25,8 @@ SpecSources model_spec_sources(const GgufFile& f, const ModelConfig& cfg);
 // follows reports it).
 std::vector<std::string> known_recipe_names();
 // Writes key statistics and recipes into the model's recipe file (found by its key; created as
-// recipes/<model file stem>.json under the current directory when it has none), or into `path`
+// recipes/<model file stem>.json under the current directory, named by the GGUF's general.name,
+// when it has none), or into `path`
 // when given (created if absent): the statistics replace the file's, each recipe replaces the
 // file's recipe of that name or is appended. Throws Error(InvalidArgument) when `path` is another
 // model's file. Returns the path written.

@@ -1,6 +1,7 @@
 #include "recipe_fit.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -88,6 +89,41 @@ std::optional<double> named_budget_bits(const std::string& name, int head_dim) {
   for (const NamedBudget& b : named_budgets())
     if (name == b.name) return b.code_bits + 24.0 / head_dim;  // turboquant_4bit_nc: 4 + 24/d
   return std::nullopt;
+}
+
+std::vector<BudgetRequest> parse_budgets(const std::vector<std::string>& items, const std::string& name, int head_dim) {
+  auto fail = [](const std::string& why) { throw Error(ErrorCode::InvalidArgument, "calibrate: " + why); };
+  if (!name.empty() && items.size() != 1) fail("--name names one recipe; give one --budget with it");
+  const bool valid_name = name.size() > 3 && name.rfind("tq-", 0) == 0 &&
+                          std::all_of(name.begin() + 3, name.end(), [](char c) {
+                            return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+                          });
+  if (!name.empty() && !valid_name)
+    fail("--name '" + name + "' is not a recipe name (tq- followed by letters, digits, '.', '_' or '-')");
+  std::vector<BudgetRequest> out;
+  for (const std::string& item : items) {
+    BudgetRequest b;
+    if (const std::optional<double> nb = named_budget_bits(item, head_dim)) {
+      b = {item, *nb};
+    } else {
+      size_t used = 0;
+      try {
+        b.bits = std::stod(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != item.size() || !(b.bits > 0 && b.bits <= 16))
+        fail("--budget '" + item + "' is neither a number of bits in (0, 16] nor a named budget (tq-4.375, tq-3.375, tq-2.5)");
+      b.name = std::string("tq-").append(number_text(b.bits));
+    }
+    if (!name.empty()) b.name = name;
+    if (const std::optional<double> nb = named_budget_bits(b.name, head_dim); nb && b.bits > *nb + 1e-9)
+      fail("a recipe named " + b.name + " must fit in " + number_text(*nb) + " bits at head_dim " +
+           std::to_string(head_dim) + " (the vLLM preset's size there), not " + number_text(b.bits) + ": use --budget " +
+           b.name + " or another --name");
+    out.push_back(b);
+  }
+  return out;
 }
 
 double budget_bits_at(const CacheSpec& spec, int ctx) {

@@ -26,6 +26,16 @@ const std::vector<NamedBudget>& named_budgets();
 // The budget of a named budget at head_dim d, or nullopt when `name` is not one.
 std::optional<double> named_budget_bits(const std::string& name, int head_dim);
 
+// A budget to fit a recipe to, as `tqkv calibrate --budget` takes it: a named budget
+// ("tq-4.375": its size at head_dim) or a number of bits in (0, 16] (named "tq-<bits>"), renamed
+// to `name` when given (one budget only; "tq-" + letters, digits, '.', '_', '-'). A recipe named
+// like a named budget must fit in it. Throws Error(InvalidArgument), one line, otherwise.
+struct BudgetRequest {
+  std::string name;
+  double bits = 0;
+};
+std::vector<BudgetRequest> parse_budgets(const std::vector<std::string>& items, const std::string& name, int head_dim);
+
 // Bits per element of a spec's compressed layers over a full cache of ctx positions: their
 // slots and the copies (sinks, window), from CacheSpec::bytes(ctx, ctx), over
 // ctx · (compressed layers) · n_kv_heads · 2 · head_dim elements. A sliding-window layer that

@@ -11,9 +11,12 @@
 #include <unistd.h>
 
 #include "engine/cache_spec.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
 #include "engine/model_recipes.h"
 #include "engine/recipe.h"
 #include "engine/recipe_fit.h"
+#include "real_models.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -130,6 +133,31 @@ TEST(RecipeFit, AllocatorFollowsTheScanWithinTheBudget) {
   }
 }
 
+TEST(RecipeFit, BudgetRequests) {
+  const std::vector<BudgetRequest> b = parse_budgets({"tq-4.375", "3.2", "tq-2.5"}, "", 256);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].name, "tq-4.375");
+  EXPECT_DOUBLE_EQ(b[0].bits, 4.09375);
+  EXPECT_EQ(b[1].name, "tq-3.2");
+  EXPECT_DOUBLE_EQ(b[1].bits, 3.2);
+  EXPECT_EQ(parse_budgets({"3"}, "tq-mine", 64)[0].name, "tq-mine");
+  EXPECT_EQ(parse_budgets({"3.375"}, "tq-3.375", 64)[0].name, "tq-3.375");
+  auto message = [](const std::vector<std::string>& items, const std::string& name, int d) {
+    try {
+      parse_budgets(items, name, d);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({"four"}, "", 64).find("--budget 'four' is neither a number"), std::string::npos);
+  EXPECT_NE(message({"0"}, "", 64).find("neither a number of bits in (0, 16]"), std::string::npos);
+  EXPECT_NE(message({"3", "4"}, "tq-x", 64).find("--name names one recipe"), std::string::npos);
+  EXPECT_NE(message({"3"}, "mine", 64).find("is not a recipe name"), std::string::npos);
+  // 4.375 bits is over tq-4.375's size at head_dim 256: the name would not keep its promise.
+  EXPECT_NE(message({"4.375"}, "", 256).find("must fit in 4.09375 bits at head_dim 256"), std::string::npos);
+}
+
 TEST(RecipeFit, WidthsSpecRoundTrips) {
   const LayerWidths w = {{2, {4, 3}}, {3, {4, 3}}, {4, {5, 4}}, {5, {4, 3}}, {6, {2, 2}}, {7, {5, 4}}};
   EXPECT_EQ(widths_spec(w, true, "+sink1"), "k4v3+c+L6=k2v2+L4.7=k5v4+sink1");
@@ -234,6 +262,23 @@ TEST_F(NamedBudgetResolution, FittedRecipesRoundTripThroughTheFile) {
   EXPECT_EQ(s.sinks, 0);  // a model with sliding-window layers keeps its rings
   EXPECT_LE(budget_bits(s), *named_budget_bits("tq-4.375", 256) + 1e-9);
 }
+
+// The shipped calibrated recipes are the models' own, and within their budgets.
+void expect_calibrated(const Model& m, const GgufFile& f, const std::string& recipe_file) {
+  const RecipeFile shipped = load_recipe_file(std::string(TQKV_REPO_DIR) + "/recipes/" + recipe_file);
+  EXPECT_EQ(model_key(f), shipped.model);
+  for (const NamedBudget& nb : named_budgets()) {
+    EXPECT_FALSE(m.spec_sources().is_rule_based(nb.name)) << nb.name;
+    const CacheSpec s = m.resolve(nb.name);
+    EXPECT_TRUE(s.centre_keys) << nb.name;
+    EXPECT_LE(budget_bits(s), *named_budget_bits(nb.name, m.config().head_dim) + 1e-9) << nb.name;
+  }
+}
+
+class ShippedQwen05 : public testing_util::Qwen05ModelTest {};
+TEST_F(ShippedQwen05, NamedBudgetsAreCalibrated) { expect_calibrated(*model_, *file_, "qwen2.5-coder-0.5b-instruct.json"); }
+class ShippedGemma3 : public testing_util::Gemma3ModelTest {};
+TEST_F(ShippedGemma3, NamedBudgetsAreCalibrated) { expect_calibrated(*model_, *file_, "gemma-3-270m.json"); }
 
 }  // namespace
 }  // namespace tqkv::engine
