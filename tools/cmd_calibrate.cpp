@@ -1,7 +1,11 @@
-// tqkv calibrate [-m MODEL] [-f TEXT] [-o FILE]: measures a model's key statistics (the
-// per-channel key means and the key/query energies that key centring and channel scales use,
-// eval/calibrate.h) over calibration text and writes them into the model's recipe file.
+// tqkv calibrate [-m MODEL] [-f TEXT] [--budget B,...] [--name NAME] [-o FILE]: fits a model's
+// recipes on calibration text. It measures the key statistics (the per-channel key means and
+// key/query energies that key centring uses, eval/calibrate.h); with --budget it also scans
+// every compressed layer's sensitivity and allocates per-layer key/value bits under each budget
+// (engine/recipe_fit.h). Both go into the model's recipe file, which --kv-cache-dtype reads.
 #include <cstdio>
+#include <optional>
+#include <sstream>
 #include <string>
 
 #include "cli_util.h"
@@ -9,26 +13,64 @@
 #include "engine_cli.h"
 #include "engine/cpu_device.h"
 #include "engine/gguf.h"
-#include "engine/paths.h"
 #include "engine/model_recipes.h"
+#include "engine/paths.h"
+#include "engine/recipe_fit.h"
 #include "engine/tokenizer.h"
 #include "eval/calibrate.h"
+#include "tqkv/error.h"
 #include "tqkv/threads.h"
 
+namespace {
+
+std::string number_text(double x) {
+  std::ostringstream os;
+  os.precision(10);
+  os << x;
+  return os.str();
+}
+// "\rcalibrate: scan [######......]  12/41" on stderr, a newline when done.
+void bar(const char* what, int64_t done, int64_t total) {
+  constexpr int kWidth = 30;
+  const int fill = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
+  std::fprintf(stderr, "\rcalibrate: %s [%s%s] %lld/%lld", what, std::string(static_cast<size_t>(fill), '#').c_str(),
+               std::string(static_cast<size_t>(kWidth - fill), '.').c_str(), static_cast<long long>(done),
+               static_cast<long long>(total));
+  if (done == total) std::fputc('\n', stderr);
+}
+
+}  // namespace
+
 void register_calibrate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("calibrate", "Measure a model's key statistics (for +c/+s) into its recipe file");
+  auto* cmd = app.add_subcommand("calibrate",
+                                 "Fit a model's recipes: key statistics (for +c/+s) and, with --budget, per-layer bits "
+                                 "from a sensitivity scan; written into its recipe file");
   struct Opts {
     std::string device = "cpu";
-    std::string model, text, out;
-    int ctx = 512, tokens = 20480, threads = 0;
+    std::string model, text, out, name;
+    std::vector<std::string> budgets;
+    int ctx = 256, tokens = 4096, scan_tokens = 256, threads = 0;
   };
   static Opts o;
   add_model_options(cmd, o.model, o.threads, o.device);
   cmd->add_option("-f,--file", o.text, "calibration text, not the evaluation text (default: data/kjv-exodus.txt)");
   cmd->add_option("-o,--output", o.out,
                   "recipe file to write (default: the model's recipe file, or recipes/<model file name>.json)");
-  cmd->add_option("-c,--ctx", o.ctx, "tokens per chunk")->check(CLI::Range(16, 1 << 20))->capture_default_str();
-  cmd->add_option("--tokens", o.tokens, "text tokens used")->check(CLI::Range(16, 1 << 30))->capture_default_str();
+  cmd->add_option("-c,--ctx", o.ctx, "tokens per chunk (statistics and scan)")
+      ->check(CLI::Range(16, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--tokens", o.tokens, "text tokens for the key statistics")
+      ->check(CLI::Range(16, 1 << 30))
+      ->capture_default_str();
+  cmd->add_option("--budget", o.budgets,
+                  "bit budgets to fit recipes to, comma-separated: bits per element (metadata and copies included), "
+                  "or tq-4.375 / tq-3.375 / tq-2.5 (vLLM's preset sizes at the model's head_dim)")
+      ->delimiter(',');
+  cmd->add_option("--name", o.name, "recipe name for a single --budget (default: tq-<budget>)");
+  cmd->add_option("--scan-tokens", o.scan_tokens,
+                  "text tokens for the sensitivity scan (it costs 1 + 2 x compressed layers forward passes per chunk)")
+      ->check(CLI::Range(16, 1 << 30))
+      ->capture_default_str();
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
@@ -38,19 +80,54 @@ void register_calibrate(CLI::App& app) {
     const GgufFile& file = lm.file;
     const Tokenizer& tok = lm.tok;
     Model& model = lm.model;
+    const ModelConfig& cfg = model.config();
+    const std::vector<BudgetRequest> budgets = parse_budgets(o.budgets, o.name, cfg.head_dim);
+    const std::string tname = tpath.substr(tpath.find_last_of('/') + 1);
     const std::vector<int32_t> tokens = tok.encode(read_text(tpath), false, false);
     CalibrateOptions c;
-    c.ctx = std::min(o.ctx, model.config().ctx_train);
+    c.ctx = std::min(o.ctx, cfg.ctx_train);
     c.max_tokens = o.tokens;
     c.bos = tok.add_bos() ? tok.bos() : -1;
-    KeyStats ks = calibrate_keys(model, tokens, c, [](int done, int total) {
-      std::fprintf(stderr, "\rcalibrate: chunk %d/%d", done, total);
-      if (done == total) std::fputc('\n', stderr);
-    });
-    ks.source = tpath.substr(tpath.find_last_of('/') + 1) + ", " + std::to_string(ks.tokens) + " tokens in chunks of " +
-                std::to_string(c.ctx) + ", f32 cache";
-    const std::string written = store_key_stats(file, model.config(), mpath, ks, o.out);
-    std::printf("key statistics of %s (%lld tokens) written to %s\n", mpath.c_str(), static_cast<long long>(ks.tokens),
-                written.c_str());
+    KeyStats ks = calibrate_keys(model, tokens, c, [](int done, int total) { bar("key statistics", done, total); });
+    ks.source = tname + ", " + std::to_string(ks.tokens) + " tokens in chunks of " + std::to_string(c.ctx) + ", f32 cache";
+
+    std::vector<Recipe> recipes;
+    if (!budgets.empty()) {
+      SpecSources src = model.spec_sources();  // the scan centres keys by the statistics just measured
+      src.key_stats = std::make_shared<KeyStats>(ks);
+      model.set_spec_sources(src);
+      ScanOptions so;
+      so.ctx = c.ctx;
+      so.max_tokens = o.scan_tokens;
+      so.bos = c.bos;
+      so.suffix = recipe_uses_copies(cfg) ? "+sink1+w8" : "";
+      const std::vector<LayerSensitivity> scan =
+          scan_layers(model, tokens, so, [](int64_t done, int64_t total) { bar("scan", done, total); });
+      const int chunks = std::max(1, std::min(o.scan_tokens / so.ctx, static_cast<int>(tokens.size() / so.ctx)));
+      std::ostringstream fitted;
+      fitted << "tqkv calibrate on " << tname << ": per-layer scan k" << so.key_bits << "v8+c+only<l>" << so.suffix << ", k8v"
+             << so.value_bits << "+c+only<l>" << so.suffix << " (" << chunks << " chunk" << (chunks > 1 ? "s" : "") << " of "
+             << so.ctx << ")";
+      std::printf("layer  KL keys at %d bits  KL values at %d bits\n", so.key_bits, so.value_bits);
+      for (const LayerSensitivity& s : scan) std::printf("%5d  %18.5f  %20.5f\n", s.layer, s.key_kl, s.value_kl);
+      for (const BudgetRequest& b : budgets) {
+        const FitResult r = allocate_bits(cfg, scan, so.key_bits, so.value_bits, b.bits, true);
+        model.resolve(r.spec);  // resolvable, with the statistics
+        std::ostringstream note;
+        note << "Greedy allocation under " << number_text(b.bits) << " bits per element at head_dim " << cfg.head_dim
+             << " (slots" << (recipe_uses_copies(cfg) ? " + f16 sink + 6-bit recent window" : "")
+             << ", CacheSpec::bytes at every context): " << r.bits << " bits; predicted KL " << r.predicted_kl
+             << " (additive model).";
+        recipes.push_back(Recipe{b.name, r.spec, fitted.str() + "; budget " + number_text(b.bits), note.str()});
+        std::printf("%s = %s  (%.4f bits, predicted KL %.4f)\n", b.name.c_str(), r.spec.c_str(), r.bits, r.predicted_kl);
+        // The rule's recipe for the same budget, to compare against (tqkv eval --formats SPEC).
+        std::string why;
+        if (const std::optional<FitResult> rule = rule_recipe(cfg, b.bits, true, &why))
+          std::printf("  without the scan (the rule): %s  (%.4f bits)\n", rule->spec.c_str(), rule->bits);
+      }
+    }
+    const std::string written = store_calibration(file, cfg, mpath, ks, recipes, o.out);
+    std::printf("key statistics of %s (%lld tokens)%s written to %s\n", mpath.c_str(), static_cast<long long>(ks.tokens),
+                recipes.empty() ? "" : " and its recipes", written.c_str());
   });
 }

@@ -71,9 +71,11 @@ void register_generate(CLI::App& app) {
       format = kFallbackFormat;
       why = " (default: the model has no calibrated recipe the device runs)";
       try {
-        model.make_cache(kBestRecipe, 16);
-        format = kBestRecipe;
-        why = " (default: the model's best calibrated recipe)";
+        if (!model.spec_sources().is_rule_based(kBestRecipe)) {  // the rule's recipes are not calibrated
+          model.make_cache(kBestRecipe, 16);
+          format = kBestRecipe;
+          why = " (default: the model's best calibrated recipe)";
+        }
       } catch (const std::exception&) {  // a recipe the model lacks, or one the device cannot run
       }
     }

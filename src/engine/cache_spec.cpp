@@ -73,6 +73,10 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 }  // namespace
 
+bool SpecSources::is_rule_based(const std::string& name) const {
+  return std::find(rule_based.begin(), rule_based.end(), name) != rule_based.end();
+}
+
 CacheSpec resolve_cache_spec(const std::string& spec, const ModelConfig& cfg, const SpecSources& sources) {
   std::vector<std::string> parts = split(spec, '+');
   std::string base = parts[0];

@@ -57,6 +57,10 @@ struct SpecSources {
   std::shared_ptr<const KeyStats> key_stats;
   // Says why a recipe name is not available for this model (it was fitted to another), or "".
   std::function<std::string(const std::string&)> why_not;
+  // The names in `recipes` that come from the rule (recipe_fit.h rule_recipe: a named budget on a
+  // model without a calibrated recipe of that name), not from a recipe file.
+  std::vector<std::string> rule_based;
+  bool is_rule_based(const std::string& name) const;
 };
 
 struct CacheSpec {

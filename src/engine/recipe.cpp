@@ -484,8 +484,8 @@ std::string RecipeBook::why_not(const ModelKey& key, std::string_view name) cons
   if (find(key, name)) return "";
   const std::string q = "recipe '" + std::string(name) + "'";
   const std::string fix =
-      "; fit one with scripts/allocate_bits.py, or use a format such as k4v3 (k4v3+c once `tqkv calibrate` has "
-      "measured the model's key statistics)";
+      "; fit one with `tqkv calibrate --budget BITS --name NAME`, or use a format such as k4v3 (k4v3+c once "
+      "`tqkv calibrate` has measured the model's key statistics)";
   std::vector<const RecipeFile*> others;
   for (const RecipeFile& f : files_)
     if (std::any_of(f.recipes.begin(), f.recipes.end(), [&](const Recipe& r) { return r.name == name; }))

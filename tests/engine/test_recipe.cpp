@@ -443,7 +443,7 @@ TEST_F(RecipeBookTest, WhyNotExplains) {
                    smol_.weights_hash + "), not to this model (qwen2, 24 layers, 2 kv heads, head_dim 64, xxh3-64:00000000000000aa)"),
             std::string::npos)
       << m;
-  EXPECT_NE(m.find("scripts/allocate_bits.py"), std::string::npos) << m;
+  EXPECT_NE(m.find("tqkv calibrate --budget"), std::string::npos) << m;
   EXPECT_NE(m.find("k4v3+c"), std::string::npos) << m;
   // Same shape, other weights (say another quantization of the same model).
   ModelKey requant = smol_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "eval.h"
 #include "tqkv/error.h"
 
 namespace tqkv::eval {
@@ -65,6 +66,38 @@ engine::KeyStats calibrate_keys(const engine::Model& model, const std::vector<in
     ks.query_sq[i] = static_cast<float>(q2[i] / seen);
   }
   return ks;
+}
+
+std::vector<std::string> scan_specs(const engine::ModelConfig& cfg, const ScanOptions& opt) {
+  std::vector<std::string> out;
+  for (int l : engine::compressed_layers(cfg)) {
+    const std::string only = std::string("+c+only").append(std::to_string(l)).append(opt.suffix);
+    out.push_back(std::string("k").append(std::to_string(opt.key_bits)).append("v8").append(only));
+    out.push_back(std::string("k8v").append(std::to_string(opt.value_bits)).append(only));
+  }
+  return out;
+}
+
+std::vector<engine::LayerSensitivity> scan_layers(const engine::Model& model, const std::vector<int32_t>& tokens,
+                                                  const ScanOptions& opt,
+                                                  const std::function<void(int64_t, int64_t)>& progress) {
+  const std::vector<int> layers = engine::compressed_layers(model.config());
+  if (layers.empty())
+    throw Error(ErrorCode::InvalidArgument, "calibrate: the model has " + std::to_string(model.config().n_layers) +
+                                                " layers, all kept f16 at the boundary: nothing to scan");
+  std::vector<engine::CacheSpec> specs;
+  for (const std::string& s : scan_specs(model.config(), opt)) specs.push_back(model.resolve(s));
+  EvalOptions eo;
+  eo.ctx = opt.ctx;
+  eo.max_tokens = opt.max_tokens;
+  eo.batch = opt.ctx;
+  eo.bos = opt.bos;
+  eo.on_pass = progress;
+  const std::vector<EvalRow> rows = evaluate(model, tokens, specs, eo);
+  std::vector<engine::LayerSensitivity> out;
+  for (size_t i = 0; i < layers.size(); ++i)
+    out.push_back({layers[i], rows[1 + 2 * i].kld, rows[2 + 2 * i].kld});
+  return out;
 }
 
 }  // namespace tqkv::eval

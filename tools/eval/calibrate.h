@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "engine/recipe_fit.h"
 
 namespace tqkv::eval {
 
@@ -26,5 +27,24 @@ struct CalibrateOptions {
 engine::KeyStats calibrate_keys(const engine::Model& model, const std::vector<int32_t>& tokens,
                                 const CalibrateOptions& opt,
                                 const std::function<void(int chunk, int chunks)>& progress = {});
+
+// The per-layer sensitivity scan behind `tqkv calibrate --budget`: for every compressed layer l
+// (recipe_fit.h compressed_layers), the mean KL (vs the f32 cache, evaluate()'s scoring) when
+// only layer l is compressed — keys at key_bits with values at 8 (k<K>v8+c+only<l>), then values
+// at value_bits with keys at 8 (k8v<V>+c+only<l>) — with `suffix` appended to every spec (the
+// copies the recipe will keep: "+sink1+w8", or "" on a model with sliding-window layers).
+// Centred keys need the model's key statistics in its spec sources.
+struct ScanOptions {
+  int ctx = 256;
+  int max_tokens = 256;  // floor(max_tokens / ctx) chunks (at least one)
+  int key_bits = 4, value_bits = 3;
+  std::string suffix;
+  int32_t bos = -1;
+};
+std::vector<engine::LayerSensitivity> scan_layers(const engine::Model& model, const std::vector<int32_t>& tokens,
+                                                  const ScanOptions& opt,
+                                                  const std::function<void(int64_t done, int64_t total)>& progress = {});
+// The scan's specs, in the order scan_layers runs them (two per layer: keys, then values).
+std::vector<std::string> scan_specs(const engine::ModelConfig& cfg, const ScanOptions& opt);
 
 }  // namespace tqkv::eval

@@ -46,6 +46,8 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
   std::vector<float> lref(static_cast<size_t>(opt.batch) * V), lt(static_cast<size_t>(opt.batch) * V);
   std::vector<int32_t> chunk(ctx);
   std::vector<int32_t> ref_top(opt.batch);
+  const int64_t total_passes = static_cast<int64_t>(n_chunks) * n_rows * ((ctx + opt.batch - 1) / opt.batch);
+  int64_t passes = 0;
   for (int c = 0; c < n_chunks; ++c) {
     std::copy_n(tokens.begin() + static_cast<int64_t>(c) * ctx, ctx, chunk.begin());
     if (opt.bos >= 0) chunk[0] = opt.bos;
@@ -65,6 +67,7 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
         auto t0 = clock::now();
         model.forward(seqs[i], chunk.data() + p, m, *caches[i], out, true);
         rows[i].seconds += std::chrono::duration<double>(clock::now() - t0).count();
+        if (opt.on_pass) opt.on_pass(++passes, total_passes);
         for (int j = j0; j < j1; ++j) {
           float* lp = out + static_cast<size_t>(j - p) * V;
           log_softmax(lp, V);

@@ -24,6 +24,8 @@ struct EvalOptions {
   int max_tokens = 20480;  // text tokens used: floor(max_tokens / ctx) chunks
   int batch = 512;
   int32_t bos = -1;        // replaces each chunk's first token when >= 0
+  // Called after every forward pass: passes done of (1 + specs) * micro-batches * chunks.
+  std::function<void(int64_t done, int64_t total)> on_pass;
 };
 
 struct EvalRow {

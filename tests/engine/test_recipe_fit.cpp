@@ -1,0 +1,284 @@
+// Fitting recipes (recipe_fit.h) and how the named budgets resolve (model_recipes.h): the rule's
+// and the allocator's specs stay within their budgets at every head_dim and context (sliding-
+// window layers included), a calibrated recipe wins over the rule, another model's layer list
+// never applies, and a budget that cannot apply says why in one line. Synthetic configs only.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <unistd.h>
+
+#include "engine/cache_spec.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "engine/model_recipes.h"
+#include "engine/recipe.h"
+#include "engine/recipe_fit.h"
+#include "real_models.h"
+#include "tqkv/error.h"
+
+namespace tqkv::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+ModelConfig config(int n_layers, int head_dim, int n_kv_heads = 2, bool sliding = false) {
+  ModelConfig c;
+  c.arch = sliding ? "gemma3" : "qwen2";
+  c.n_layers = n_layers;
+  c.n_heads = n_kv_heads * 4;
+  c.n_kv_heads = n_kv_heads;
+  c.head_dim = head_dim;
+  c.ctx_train = 32768;
+  if (sliding) {  // Gemma 3's pattern: five local layers of 512, then a global one
+    c.layer_window.assign(static_cast<size_t>(n_layers), 512);
+    for (int l = 5; l < n_layers; l += 6) c.layer_window[static_cast<size_t>(l)] = 0;
+  }
+  return c;
+}
+
+KeyStats stats_for(const ModelConfig& c) {
+  KeyStats s;
+  s.source = "test";
+  s.tokens = 1;
+  s.n_layers = c.n_layers;
+  s.n_kv_heads = c.n_kv_heads;
+  s.head_dim = c.head_dim;
+  s.key_mean.assign(s.size(), 0.0f);
+  s.key_sq.assign(s.size(), 1.0f);
+  s.query_sq.assign(s.size(), 1.0f);
+  return s;
+}
+
+TEST(RecipeFit, NamedBudgetsAreThePresetSizesAtEveryHeadDim) {
+  for (int d : {64, 128, 256}) {
+    EXPECT_DOUBLE_EQ(*named_budget_bits("tq-4.375", d), find_format("turboquant_4bit_nc").bits_per_element(d)) << d;
+    EXPECT_DOUBLE_EQ(*named_budget_bits("tq-3.375", d), find_format("turboquant_3bit_nc").bits_per_element(d)) << d;
+  }
+  EXPECT_DOUBLE_EQ(*named_budget_bits("tq-2.5", 64), 2.5);
+  EXPECT_FALSE(named_budget_bits("tq-4.36", 64).has_value());
+  EXPECT_DOUBLE_EQ(kv_slot_bits(4, 4, 128), find_format("tq-k4v4").bits_per_element(128));
+  EXPECT_DOUBLE_EQ(kv_slot_bits(3, 2, 64), find_format("tq-k3v2").bits_per_element(64));
+}
+
+TEST(RecipeFit, RuleRespectsEveryBudgetAtEveryHeadDimAndContext) {
+  for (int d : {64, 128, 256}) {
+    for (bool sliding : {false, true}) {
+      for (const NamedBudget& nb : named_budgets()) {
+        const ModelConfig c = config(sliding ? 18 : 24, d, sliding ? 1 : 2, sliding);
+        const double budget = *named_budget_bits(nb.name, d);
+        std::string why;
+        const std::optional<FitResult> r = rule_recipe(c, budget, false, &why);
+        ASSERT_TRUE(r.has_value()) << nb.name << " d=" << d << ": " << why;
+        const CacheSpec s = resolve_cache_spec(r->spec, c);
+        for (int ctx : {128, 512, 1000, 4096, 32768}) {
+          EXPECT_LE(budget_bits_at(s, ctx), budget + 1e-9) << r->spec << " d=" << d << " ctx=" << ctx;
+        }
+        // Not far under either: the rule spends the budget (to within one bit of one layer,
+        // plus the copies' reserve).
+        const double slack = recipe_uses_copies(c) ? kCopyReserve : 0.0;
+        EXPECT_GE(s.bits, budget - slack - 1.0 / (c.n_layers - 4) - 1e-9) << r->spec;
+        // Copies only where they do not cost the sliding-window layers their rings.
+        EXPECT_EQ(s.sinks > 0, !sliding) << r->spec;
+        EXPECT_EQ(r->spec.find("+c"), std::string::npos);
+        // Keys lead values by at most one bit, and the outer layers are never narrower.
+        for (const auto& [l, kv] : r->widths) {
+          EXPECT_GE(kv.first, kv.second) << r->spec;
+          EXPECT_LE(kv.first - kv.second, 1) << r->spec;
+        }
+        const auto& w = r->widths;
+        const int outer = w.front().second.first + w.front().second.second;
+        const int middle = w[w.size() / 2].second.first + w[w.size() / 2].second.second;
+        EXPECT_GE(outer, middle) << r->spec;
+      }
+    }
+  }
+}
+
+TEST(RecipeFit, SlidingWindowLayersCountTheirRing) {
+  const ModelConfig c = config(18, 256, 1, true);
+  const CacheSpec s = resolve_cache_spec("k4v4", c);
+  // At 512 positions every layer holds all of them; at 32K the 11 local layers of 14 hold 767.
+  EXPECT_NEAR(budget_bits_at(s, 512), s.bits, 1e-12);
+  EXPECT_LT(budget_bits_at(s, 32768), s.bits * 0.5);
+  EXPECT_NEAR(budget_bits(s), s.bits, 1e-12);
+}
+
+TEST(RecipeFit, AllocatorFollowsTheScanWithinTheBudget) {
+  for (int d : {64, 256}) {  // (solving the wide codebooks is what takes time here)
+    const ModelConfig c = config(12, d);
+    std::vector<LayerSensitivity> scan;
+    for (int l : compressed_layers(c)) scan.push_back({l, l == 5 ? 0.5 : 0.01, l == 7 ? 0.3 : 0.005});
+    ASSERT_EQ(scan.size(), 8u);
+    const double budget = *named_budget_bits("tq-3.375", d);
+    const FitResult r = allocate_bits(c, scan, 4, 3, budget, true);
+    SpecSources src;
+    src.key_stats = std::make_shared<KeyStats>(stats_for(c));
+    const CacheSpec s = resolve_cache_spec(r.spec, c, src);
+    EXPECT_TRUE(s.centre_keys);
+    EXPECT_LE(budget_bits(s), budget + 1e-9) << r.spec;
+    EXPECT_NEAR(r.bits, budget_bits(s), 1e-12);
+    int k5 = 0, v7 = 0, kmax = 0, vmax = 0;
+    for (const auto& [l, kv] : r.widths) {
+      if (l == 5) k5 = kv.first;
+      if (l == 7) v7 = kv.second;
+      if (l != 5) kmax = std::max(kmax, kv.first);
+      if (l != 7) vmax = std::max(vmax, kv.second);
+    }
+    EXPECT_GT(k5, kmax) << r.spec;  // the sensitive layer's keys get the most bits
+    EXPECT_GT(v7, vmax) << r.spec;
+    EXPECT_GT(r.predicted_kl, 0);
+  }
+}
+
+TEST(RecipeFit, BudgetRequests) {
+  const std::vector<BudgetRequest> b = parse_budgets({"tq-4.375", "3.2", "tq-2.5"}, "", 256);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].name, "tq-4.375");
+  EXPECT_DOUBLE_EQ(b[0].bits, 4.09375);
+  EXPECT_EQ(b[1].name, "tq-3.2");
+  EXPECT_DOUBLE_EQ(b[1].bits, 3.2);
+  EXPECT_EQ(parse_budgets({"3"}, "tq-mine", 64)[0].name, "tq-mine");
+  EXPECT_EQ(parse_budgets({"3.375"}, "tq-3.375", 64)[0].name, "tq-3.375");
+  auto message = [](const std::vector<std::string>& items, const std::string& name, int d) {
+    try {
+      parse_budgets(items, name, d);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({"four"}, "", 64).find("--budget 'four' is neither a number"), std::string::npos);
+  EXPECT_NE(message({"0"}, "", 64).find("neither a number of bits in (0, 16]"), std::string::npos);
+  EXPECT_NE(message({"3", "4"}, "tq-x", 64).find("--name names one recipe"), std::string::npos);
+  EXPECT_NE(message({"3"}, "mine", 64).find("is not a recipe name"), std::string::npos);
+  // 4.375 bits is over tq-4.375's size at head_dim 256: the name would not keep its promise.
+  EXPECT_NE(message({"4.375"}, "", 256).find("must fit in 4.09375 bits at head_dim 256"), std::string::npos);
+}
+
+TEST(RecipeFit, WidthsSpecRoundTrips) {
+  const LayerWidths w = {{2, {4, 3}}, {3, {4, 3}}, {4, {5, 4}}, {5, {4, 3}}, {6, {2, 2}}, {7, {5, 4}}};
+  EXPECT_EQ(widths_spec(w, true, "+sink1"), "k4v3+c+L6=k2v2+L4.7=k5v4+sink1");
+  const ModelConfig c = config(10, 64);
+  const CacheSpec s = resolve_cache_spec(widths_spec(w, false, ""), c);
+  for (const auto& [l, kv] : w) {
+    EXPECT_EQ(s.layers[static_cast<size_t>(l)].key_bits, kv.first) << l;
+    EXPECT_EQ(s.layers[static_cast<size_t>(l)].value_bits, kv.second) << l;
+  }
+}
+
+class NamedBudgetResolution : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("tqkv_recipe_fit_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  RecipeFile file_for(const ModelKey& k, const ModelConfig& c, std::vector<Recipe> recipes) const {
+    RecipeFile f;
+    f.model_name = "model-" + k.arch;
+    f.model = k;
+    f.recipes = std::move(recipes);
+    f.key_stats = stats_for(c);
+    return f;
+  }
+  fs::path dir_;
+};
+
+TEST_F(NamedBudgetResolution, CalibratedFirstThenTheRuleNeverAnotherModels) {
+  const ModelConfig qc = config(24, 64), oc = config(30, 64, 3);
+  const ModelKey qwen{"qwen2", 24, 2, 64, "xxh3-64:00000000000000aa"};
+  const ModelKey other{"llama", 30, 3, 64, "xxh3-64:00000000000000bb"};
+  // Another model has all three budgets; this one has a calibrated tq-3.375 only.
+  save_recipe_file(file_for(other, oc, {{"tq-4.375", "k5v3+c+L4.5.6.7.8.24.25=k4v3", "", ""},
+                                        {"tq-2.5", "k2v2+c+L29=k3v2", "", ""}}),
+                   (dir_ / "a.json").string());
+  save_recipe_file(file_for(qwen, qc, {{"tq-3.375", "k3v3+c+L21=k4v3", "scan", ""}}), (dir_ / "b.json").string());
+  const RecipeBook book({dir_.string()});
+  const SpecSources src = spec_sources(book, qwen, qc);
+  const CacheSpec calibrated = resolve_cache_spec("tq-3.375", qc, src);
+  EXPECT_EQ(calibrated.layers[21].key_bits, 4);
+  EXPECT_FALSE(src.is_rule_based("tq-3.375"));
+  for (const char* name : {"tq-4.375", "tq-2.5"}) {
+    EXPECT_TRUE(src.is_rule_based(name)) << name;
+    const CacheSpec s = resolve_cache_spec(name, qc, src);  // no layer-range error: the rule's own layers
+    EXPECT_TRUE(s.centre_keys) << name;  // the model has key statistics
+    EXPECT_LE(budget_bits(s), *named_budget_bits(name, 64) + 1e-9) << name;
+  }
+  // Without key statistics the rule does not centre.
+  RecipeFile bare = file_for(qwen, qc, {});
+  bare.key_stats.reset();
+  RecipeBook book2;
+  book2.add_file(bare);
+  const CacheSpec s = resolve_cache_spec("tq-4.375", qc, spec_sources(book2, qwen, qc));
+  EXPECT_FALSE(s.centre_keys);
+  // The other model keeps its own recipe.
+  EXPECT_EQ(resolve_cache_spec("tq-4.375", oc, spec_sources(book, other, oc)).layers[4].key_bits, 4);
+  // Names that are neither a budget nor a recipe are still unknown.
+  EXPECT_THROW(resolve_cache_spec("tq-2.5x", qc, spec_sources(book, qwen, qc)), Error);
+}
+
+TEST_F(NamedBudgetResolution, ABudgetThatCannotApplySaysWhyInOneLine) {
+  const RecipeBook book;
+  // 2.2 bits leave the slots 2.075 after the copies' reserve: not even k2v2 (2.25 at d = 64).
+  std::string why;
+  EXPECT_FALSE(rule_recipe(config(12, 64), 2.2, false, &why).has_value());
+  EXPECT_NE(why.find("cannot apply to this model"), std::string::npos) << why;
+  EXPECT_NE(why.find("its slots take 2.25 bits per element at head_dim 64, and its f16 sink"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  EXPECT_THROW(allocate_bits(config(12, 64), {{2, 1, 1}}, 4, 3, 2.2, false), Error);
+  // Four layers: the boundary keeps them all f16.
+  const ModelConfig tiny = config(4, 64);
+  const ModelKey k2{"qwen2", 4, 2, 64, "xxh3-64:00000000000000dd"};
+  try {
+    resolve_cache_spec("tq-3.375", tiny, spec_sources(book, k2, tiny));
+    FAIL() << "tq-3.375 on 4 layers resolved";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all kept f16"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(NamedBudgetResolution, FittedRecipesRoundTripThroughTheFile) {
+  const ModelConfig c = config(18, 256, 1, true);
+  const ModelKey key{"gemma3", 18, 1, 256, "xxh3-64:00000000000000ee"};
+  std::vector<LayerSensitivity> scan;
+  for (int l : compressed_layers(c)) scan.push_back({l, 0.1 * (l % 3 + 1), 0.02});
+  const FitResult r = allocate_bits(c, scan, 4, 3, *named_budget_bits("tq-4.375", 256), true);
+  const std::string path = (dir_ / "g.json").string();
+  save_recipe_file(file_for(key, c, {{"tq-4.375", r.spec, "scan", "note"}}), path);
+  const RecipeFile back = load_recipe_file(path);
+  ASSERT_EQ(back.recipes.size(), 1u);
+  EXPECT_EQ(back.recipes[0].spec, r.spec);
+  const SpecSources src = spec_sources(RecipeBook({dir_.string()}), key, c);
+  EXPECT_FALSE(src.is_rule_based("tq-4.375"));
+  EXPECT_TRUE(src.is_rule_based("tq-3.375"));
+  const CacheSpec s = resolve_cache_spec("tq-4.375", c, src);
+  EXPECT_EQ(s.sinks, 0);  // a model with sliding-window layers keeps its rings
+  EXPECT_LE(budget_bits(s), *named_budget_bits("tq-4.375", 256) + 1e-9);
+}
+
+// The shipped calibrated recipes are the models' own, and within their budgets.
+void expect_calibrated(const Model& m, const GgufFile& f, const std::string& recipe_file) {
+  const RecipeFile shipped = load_recipe_file(std::string(TQKV_REPO_DIR) + "/recipes/" + recipe_file);
+  EXPECT_EQ(model_key(f), shipped.model);
+  for (const NamedBudget& nb : named_budgets()) {
+    EXPECT_FALSE(m.spec_sources().is_rule_based(nb.name)) << nb.name;
+    const CacheSpec s = m.resolve(nb.name);
+    EXPECT_TRUE(s.centre_keys) << nb.name;
+    EXPECT_LE(budget_bits(s), *named_budget_bits(nb.name, m.config().head_dim) + 1e-9) << nb.name;
+  }
+}
+
+class ShippedQwen05 : public testing_util::Qwen05ModelTest {};
+TEST_F(ShippedQwen05, NamedBudgetsAreCalibrated) { expect_calibrated(*model_, *file_, "qwen2.5-coder-0.5b-instruct.json"); }
+class ShippedGemma3 : public testing_util::Gemma3ModelTest {};
+TEST_F(ShippedGemma3, NamedBudgetsAreCalibrated) { expect_calibrated(*model_, *file_, "gemma-3-270m.json"); }
+
+}  // namespace
+}  // namespace tqkv::engine
