@@ -28,7 +28,9 @@ constexpr const char* kKvDims = "[n_tokens, n_kv_heads, head_dim]";
 PageLayout parse_layout(const std::string& s) {
   if (s == "slot") return PageLayout::Slot;
   if (s == "page") return PageLayout::Page;
-  throw Error(ErrorCode::InvalidArgument, "layout: expected 'slot' or 'page', got '" + s + "'");
+  std::string msg = "layout: expected 'slot' or 'page', got '";
+  msg.append(s).append("'");
+  throw Error(ErrorCode::InvalidArgument, msg);
 }
 
 // Runs one attention call: q [rows, n_q_heads, head_dim] -> out of the same shape and, when

@@ -7,7 +7,7 @@ in place); anything else raises :class:`tqkv.Error`, a ``ValueError`` carrying t
 
     >>> import numpy as np, tqkv
     >>> fmt = tqkv.Format("turboquant_4bit_nc"); fmt.slot_bytes(128)
-    130
+    134
     >>> cache = tqkv.ContiguousCache(n_layers=1, n_kv_heads=2, head_dim=128, capacity=64, formats=fmt)
 """
 
