@@ -3,7 +3,10 @@ packing) and attention computed directly on them, on NumPy arrays.
 
 The classes and functions live in the C++ extension ``tqkv._core`` (nanobind); this package
 re-exports them. Inputs are float32 or float16, C-contiguous, in CPU memory (float32 is read
-in place); anything else raises :class:`tqkv.Error`, a ``ValueError`` carrying the C++ message.
+in place; any DLPack producer on the CPU is read the same way); anything else raises
+:class:`tqkv.Error`, a ``ValueError`` carrying the C++ message. Framework layers (torch ops,
+a transformers Cache) belong in submodules beside ``_core`` (``tqkv.torch``,
+``tqkv.transformers``) so that ``import tqkv`` keeps needing NumPy alone.
 
     >>> import numpy as np, tqkv
     >>> fmt = tqkv.Format("turboquant_4bit_nc"); fmt.slot_bytes(128)

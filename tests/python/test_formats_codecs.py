@@ -88,3 +88,9 @@ def test_encoding_is_the_same_at_every_simd_level(rng):
     finally:
         tqkv.set_simd_level(level)
     np.testing.assert_array_equal(codec.encode(x, y), scalar)
+
+
+def test_the_package_docstring_example_runs():
+    import doctest
+    result = doctest.testmod(tqkv)
+    assert result.attempted >= 2 and result.failed == 0
