@@ -14,7 +14,7 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev libboost-dev libopenblas-dev
   libxxhash-dev                             # XXH3: the weights hash of recipe files
   libcpp-httplib-dev                        # the HTTP front end of tqkv serve
-  python3 python3-pip
+  python3 python3-pip python3-dev python3-venv  # python3-dev: Python.h for the tqkv module
   bible-kjv bible-kjv-text                  # real evaluation text (scripts/fetch_text.sh)
 )
 
@@ -41,4 +41,12 @@ fi
 if ! python3 -c "import openai, pytest" >/dev/null 2>&1; then
   echo "install-deps: pip install openai pytest"
   python3 -m pip install --quiet openai pytest || python3 -m pip install --quiet --break-system-packages openai pytest
+fi
+
+# The Python package (pyproject.toml, python/): nanobind for the in-tree module the release
+# preset builds (TQKV_BUILD_PYTHON=AUTO), scikit-build-core for `pip install .`.
+if ! python3 -c "import nanobind, scikit_build_core" >/dev/null 2>&1; then
+  echo "install-deps: pip install nanobind scikit-build-core"
+  python3 -m pip install --quiet "nanobind>=2.2" "scikit-build-core>=0.10" ||
+    python3 -m pip install --quiet --break-system-packages "nanobind>=2.2" "scikit-build-core>=0.10"
 fi

@@ -1,0 +1,19 @@
+// The parts of tqkv._core, one per concept (module.cpp calls them in order).
+#pragma once
+#include <vector>
+
+#include <nanobind/nanobind.h>
+
+#include "tqkv/format.h"
+
+namespace tqkv::python {
+
+void bind_format(nanobind::module_& m);  // format.cpp: Format, named formats, SlotCodec
+void bind_caches(nanobind::module_& m);  // caches.cpp: ContiguousCache, PagedCache, attention
+
+// A Format from a tqkv.Format or a name; one per layer from a format, a name or a sequence of
+// them. Raise tqkv.Error(invalid_argument) for anything else.
+Format to_format(nanobind::handle h);
+std::vector<Format> to_layer_formats(nanobind::handle h, int n_layers);
+
+}  // namespace tqkv::python
