@@ -1,6 +1,7 @@
 #include "http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "tqkv/error.h"
 #include "utf8.h"
@@ -23,6 +25,64 @@ using json = nlohmann::json;
 // instead of an exception (which was an HTTP 500).
 std::string wire(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+
+// cpp-httplib's ThreadPool has a fixed number of workers, and a connection holds one for as
+// long as it is open (a whole stream, then the keep-alive wait for its next request): with as
+// many open connections as workers, a new one waits unserved. This pool starts a worker
+// whenever the queued connections outnumber the idle workers, up to `max_threads`; workers
+// stay (idle ones cost a stack) until shutdown().
+class GrowingPool final : public httplib::TaskQueue {
+ public:
+  explicit GrowingPool(size_t max_threads) : max_(std::max<size_t>(1, max_threads)) {}
+  ~GrowingPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(fn));
+    if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
+    else cv_.notify_one();
+  }
+  // Runs what is queued, then joins every worker (the listener has stopped enqueuing).
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [&] { return !jobs_.empty() || stopping_; });
+      --idle_;
+      if (jobs_.empty()) return;
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  const size_t max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0;
+  bool stopping_ = false;
+};
+
+// The listening socket, to widen cpp-httplib 0.11's compiled-in listen backlog of 5.
+class Listener final : public httplib::Server {
+ public:
+  int fd() const { return static_cast<int>(svr_sock_); }
+};
 
 // A request the client got wrong: OpenAI's error object with a 4xx status.
 struct BadRequest {
@@ -213,11 +273,16 @@ std::string prometheus_text(const EngineMetrics& m) {
 }
 
 HttpServer::HttpServer(EngineLoop& loop, const engine::Tokenizer& tok, const HttpConfig& cfg)
-    : loop_(loop), tok_(tok), cfg_(cfg), svr_(std::make_unique<httplib::Server>()) {
+    : loop_(loop), tok_(tok), cfg_(cfg), svr_(std::make_unique<Listener>()) {
   const int threads = cfg_.threads;
-  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr_->new_task_queue = [threads] { return new GrowingPool(static_cast<size_t>(threads)); };
   svr_->set_payload_max_length(cfg_.max_body_bytes);
-  svr_->set_keep_alive_timeout(1);  // idle keep-alive connections hold a handler thread (and delay stop())
+  // cpp-httplib 0.11 waits this long for every request on a connection, the first one included:
+  // at 1 s, a client whose request arrived late (a handshake retried after a full accept
+  // queue, a busy client process) had its connection closed unanswered — the resets seen at 64
+  // concurrent clients. 5 s is the library's (and llama-server's) default; stop() waits at most
+  // this long for idle connections.
+  svr_->set_keep_alive_timeout(5);
   routes();
 }
 
@@ -227,6 +292,9 @@ int HttpServer::bind() {
   const int port = cfg_.port == 0 ? svr_->bind_to_any_port(cfg_.host) : (svr_->bind_to_port(cfg_.host, cfg_.port) ? cfg_.port : -1);
   if (port < 0)
     throw Error(ErrorCode::InvalidArgument, "cannot listen on " + cfg_.host + ":" + std::to_string(cfg_.port));
+  // A burst of clients overflowed the backlog of 5 (handshakes dropped, retried a second later);
+  // listen() again on a listening socket only changes its backlog (Linux, BSD).
+  ::listen(static_cast<Listener&>(*svr_).fd(), SOMAXCONN);
   return port;
 }
 

@@ -10,7 +10,9 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -164,6 +166,43 @@ def test_bounded_load(server):
     # Requests with the same prompt share its full pages while both hold them.
     assert after["tqkv_prefix_cache_hits_total"] > before["tqkv_prefix_cache_hits_total"]
     print(f"load: {n_req} requests x 6 tokens from 16 clients in {elapsed:.1f} s")
+
+
+def stream_raw(port, body, connect_delay=0.0, read_delay=0.0):
+    """POSTs a streaming request on a raw socket; returns the SSE body. connect_delay: seconds
+    between connecting and sending; read_delay: seconds between reads of 64 bytes."""
+    raw = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+        time.sleep(connect_delay)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw)
+        out = b""
+        while True:
+            d = s.recv(64 if read_delay else 65536)
+            if not d:
+                return out.decode(errors="replace")
+            out += d
+            time.sleep(read_delay)
+
+
+def test_burst_of_streaming_connections(server):
+    # 72 clients connect at once and stream; 6 of them send their request 1.5 s after connecting
+    # (cpp-httplib 0.11 closed such connections unanswered after its 1 s keep-alive wait, and its
+    # listen backlog of 5 dropped handshakes of a burst: connection resets at 64 clients).
+    n = 72
+    barrier = threading.Barrier(n)
+
+    def one(i):
+        barrier.wait()
+        body = {"prompt": PROMPTS[i % 8], "max_tokens": 2, "stream": True, "ignore_eos": True, "temperature": 0}
+        return stream_raw(server.port, body, connect_delay=1.5 if i % 12 == 0 else 0.0)
+
+    with cf.ThreadPoolExecutor(n) as ex:
+        bodies = list(ex.map(one, range(n)))
+    for b in bodies:
+        # chunked transfer: the last chunk, then the empty one
+        assert b.startswith("HTTP/1.1 200") and b.endswith("data: [DONE]\n\n\r\n0\r\n\r\n"), b[:300]
+        assert '"completion_tokens":2' in b
 
 
 def test_faults(server):
