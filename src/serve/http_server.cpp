@@ -158,6 +158,8 @@ bool bool_field(const json& body, const char* name, bool dflt) {
   return v->get<bool>();
 }
 
+constexpr int kMaxTopLogprobs = 20;  // OpenAI's limit for chat (5 for completions; we allow 20)
+
 struct Parsed {
   std::vector<int32_t> prompt;
   RequestOptions opt;
@@ -169,8 +171,19 @@ struct Parsed {
 void parse_common(const json& body, Parsed& p, int max_seq_len, bool chat) {
   if (const json* m = field(body, "model"); m && !m->is_string()) throw BadRequest{400, "'model' must be a string", "model"};
   if (int_field(body, "n", 1, 1, 1) != 1) throw BadRequest{400, "only n = 1 is supported", "n"};
-  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
-    throw BadRequest{400, "logprobs are not supported", "logprobs"};
+  // logprobs: completions take the number of alternatives (false: none); chat takes a boolean
+  // and the number in top_logprobs.
+  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>())) {
+    if (chat) {
+      if (!lp->is_boolean()) throw BadRequest{400, "'logprobs' must be a boolean", "logprobs"};
+      p.opt.logprobs = int_field(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
+    } else {
+      p.opt.logprobs = int_field(body, "logprobs", 0, 0, kMaxTopLogprobs);
+    }
+  } else if (chat && field(body, "top_logprobs")) {
+    int_field(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
+    throw BadRequest{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs"};
+  }
   p.stream = bool_field(body, "stream", false);
   const int n = static_cast<int>(p.prompt.size());
   const int room = std::max(1, max_seq_len - n);
@@ -246,6 +259,57 @@ void histogram(std::ostringstream& o, const char* name, const char* help, const 
   cum += h.counts.back();
   o << name << "_bucket{le=\"+Inf\"} " << cum << "\n" << name << "_sum " << h.sum << "\n" << name << "_count " << h.count << "\n";
 }
+
+// OpenAI logprobs of the tokens of a response, or of the tokens one streamed chunk carries:
+// completions {tokens, token_logprobs, top_logprobs: [{text: logprob}], text_offset}, chat
+// {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+class LogprobList {
+ public:
+  LogprobList(const engine::Tokenizer& tok, bool chat) : tok_(tok), chat_(chat) {}
+  void add(const TokenEvent& ev) {
+    if (ev.token < 0) return;
+    const std::string piece = tok_.piece(ev.token);
+    if (chat_) {
+      json top = json::array();
+      for (const TokenLogprob& t : ev.top) top.push_back(entry(t.token, t.logprob));
+      json e = entry(ev.token, ev.logprob);
+      e["top_logprobs"] = std::move(top);
+      content_.push_back(std::move(e));
+    } else {
+      json top = json::object();
+      for (const TokenLogprob& t : ev.top) top[tok_.piece(t.token)] = t.logprob;
+      tokens_.push_back(piece);
+      token_logprobs_.push_back(ev.logprob);
+      top_logprobs_.push_back(std::move(top));
+      text_offset_.push_back(offset_);
+    }
+    if (!tok_.is_control(ev.token)) offset_ += piece.size();  // as the runner appends text
+  }
+  bool empty() const { return content_.empty() && tokens_.empty(); }
+  // The list so far; starts a new one (text offsets keep counting).
+  json take() {
+    json out = chat_ ? json{{"content", std::move(content_)}}
+                     : json{{"tokens", std::move(tokens_)},
+                            {"token_logprobs", std::move(token_logprobs_)},
+                            {"top_logprobs", std::move(top_logprobs_)},
+                            {"text_offset", std::move(text_offset_)}};
+    content_ = tokens_ = token_logprobs_ = top_logprobs_ = text_offset_ = json::array();
+    return out;
+  }
+
+ private:
+  json entry(int32_t token, float logprob) const {
+    const std::string piece = tok_.piece(token);
+    json bytes = json::array();
+    for (unsigned char c : piece) bytes.push_back(static_cast<int>(c));
+    return {{"token", piece}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+  }
+  const engine::Tokenizer& tok_;
+  bool chat_;
+  size_t offset_ = 0;
+  json content_ = json::array(), tokens_ = json::array(), token_logprobs_ = json::array(),
+       top_logprobs_ = json::array(), text_offset_ = json::array();
+};
 
 }  // namespace
 
@@ -397,12 +461,15 @@ void HttpServer::routes() {
     const int64_t created = unix_now();
     const std::string model = cfg_.model_name;
 
+    const bool want_logprobs = p.opt.logprobs >= 0;
     if (!p.stream) {
       std::string text;
       TokenEvent last;
+      LogprobList lps(tok_, chat);
       for (bool done = false; !done;)
         for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(1000))) {
           text += ev.text;
+          if (want_logprobs) lps.add(ev);
           if (ev.finish != FinishReason::None) {
             last = ev;
             done = true;
@@ -410,12 +477,9 @@ void HttpServer::routes() {
         }
       if (last.finish == FinishReason::Abort) return send_error(res, 503, "the request was cancelled: the server is stopping");
       json choice = {{"index", 0}, {"finish_reason", finish_reason_name(last.finish)}};
-      if (chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", text}};
-      } else {
-        choice["text"] = text;
-        choice["logprobs"] = nullptr;
-      }
+      if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+      else choice["text"] = text;
+      choice["logprobs"] = want_logprobs ? lps.take() : json(nullptr);
       json out = {{"id", rid},
                   {"object", chat ? "chat.completion" : "text_completion"},
                   {"created", created},
@@ -430,13 +494,14 @@ void HttpServer::routes() {
     struct StreamState {
       bool finished = false, first = true;
       std::string pending;  // bytes of a character the next token completes
+      LogprobList logprobs;  // of the tokens not yet sent
     };
-    auto st = std::make_shared<StreamState>();
+    auto st = std::make_shared<StreamState>(StreamState{false, true, {}, LogprobList(tok_, chat)});
     EngineLoop* loop = &loop_;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [ch, st, id, rid, created, model, chat, loop](size_t, httplib::DataSink& sink) {
+        [ch, st, id, rid, created, model, chat, loop, want_logprobs](size_t, httplib::DataSink& sink) {
           auto chunk = [&](const std::string& text, const TokenEvent* end) {
             json c = {{"index", 0}};
             if (chat) {
@@ -446,8 +511,8 @@ void HttpServer::routes() {
               c["delta"] = delta;
             } else {
               c["text"] = text;
-              c["logprobs"] = nullptr;
             }
+            c["logprobs"] = want_logprobs && !st->logprobs.empty() ? st->logprobs.take() : json(nullptr);
             c["finish_reason"] = end ? json(finish_reason_name(end->finish)) : json(nullptr);
             json out = {{"id", rid},
                         {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -469,6 +534,7 @@ void HttpServer::routes() {
             }
             bool ok = true;
             st->pending += ev.text;
+            if (want_logprobs) st->logprobs.add(ev);
             if (ev.finish != FinishReason::None) {
               st->finished = true;
               const std::string rest = std::move(st->pending);

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <future>
 #include <map>
@@ -22,6 +23,22 @@ namespace tqkv::serve {
 namespace {
 
 using engine::testing_util::SmolModelTest;
+
+TEST(TokenLogprobs, LogSoftmaxAndTopN) {
+  const float logits[4] = {1.0f, 3.0f, 2.0f, 3.0f};  // a tie: the lower id ranks first
+  std::vector<TokenLogprob> top;
+  const double z = std::log(std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0));
+  EXPECT_NEAR(token_logprobs(logits, 4, 2, 3, top), 2.0 - z, 1e-6);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].token, 1);
+  EXPECT_EQ(top[1].token, 3);
+  EXPECT_EQ(top[2].token, 2);
+  EXPECT_NEAR(top[0].logprob, 3.0 - z, 1e-6);
+  EXPECT_NEAR(token_logprobs(logits, 4, 0, 0, top), 1.0 - z, 1e-6);
+  EXPECT_TRUE(top.empty());
+  token_logprobs(logits, 4, 0, 99, top);  // more than the vocabulary: all of it
+  EXPECT_EQ(top.size(), 4u);
+}
 
 constexpr const char* kSpec = "turboquant_k8v4";
 constexpr int kCtx = 512;
