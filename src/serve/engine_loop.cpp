@@ -94,6 +94,7 @@ void EngineLoop::publish_gauges() {
   metrics_.preemptions = sched_.stats().preemptions;
   metrics_.prefix_query_pages = sched_.stats().prefix_query_pages;
   metrics_.prefix_hit_pages = sched_.stats().prefix_hit_pages;
+  metrics_.prefix_copied_tokens = runner_.copied_tokens();
 }
 
 void EngineLoop::run() {

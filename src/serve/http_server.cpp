@@ -331,6 +331,9 @@ std::string prometheus_text(const EngineMetrics& m) {
          static_cast<double>(m.prefix_query_pages));
   metric(o, "tqkv_prefix_cache_hits_total", "counter", "Full prompt pages found and shared.",
          static_cast<double>(m.prefix_hit_pages));
+  metric(o, "tqkv_prefix_cache_copied_tokens_total", "counter",
+         "Prompt positions copied from another request's cache instead of computed.",
+         static_cast<double>(m.prefix_copied_tokens));
   histogram(o, "tqkv_time_to_first_token_seconds", "Time from arrival to the first token.", m.ttft);
   histogram(o, "tqkv_time_per_output_token_seconds", "Mean time per token after the first, per request.", m.tpot);
   return o.str();

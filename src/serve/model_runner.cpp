@@ -124,12 +124,22 @@ std::vector<TokenEvent> ModelRunner::step(const StepPlan& plan, Scheduler& sched
   std::vector<int64_t> sampled;
   for (const ScheduledChunk& c : plan.chunks) {
     State& s = reqs_.at(c.request);
-    if (c.pos0 == 0) {
+    const std::vector<int32_t>& toks = sched.tokens(c.request);
+    if (c.pos0 == 0 || c.copy_from >= 0) {  // admitted: a new cache sequence
       if (s.seq >= 0) cache_->free_sequence(s.seq);
       s.seq = cache_->add_sequence();
     }
-    const std::vector<int32_t>& toks = sched.tokens(c.request);
-    batch.add(s.seq, toks.data() + c.pos0, c.count, c.pos0, false);
+    if (c.copy_from >= 0) {  // a prompt prefix another request computed: copy it, or compute it here
+      const int64_t src = reqs_.at(c.copy_from).seq;
+      if (src >= 0 && cache_->copy_prefix(src, s.seq, c.pos0)) {
+        copied_tokens_ += c.pos0;
+        batch.add(s.seq, toks.data() + c.pos0, c.count, c.pos0, false);
+      } else {
+        batch.add(s.seq, toks.data(), static_cast<int>(c.pos0) + c.count, 0, false);
+      }
+    } else {
+      batch.add(s.seq, toks.data() + c.pos0, c.count, c.pos0, false);
+    }
     if (c.sample) sampled.push_back(c.request);
     else batch.logits.back() = 0;
   }

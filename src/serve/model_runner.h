@@ -78,6 +78,9 @@ class ModelRunner {
   // finish). Returns one event per sampled request, in plan order.
   std::vector<TokenEvent> step(const StepPlan& plan, Scheduler& sched);
 
+  // Prompt positions copied from another request's cache sequence instead of computed.
+  int64_t copied_tokens() const { return copied_tokens_; }
+
  private:
   struct State {
     RequestOptions opt;
@@ -97,6 +100,7 @@ class ModelRunner {
   std::unique_ptr<engine::KvCache> cache_;
   std::unordered_map<int64_t, State> reqs_;
   std::vector<float> logits_;
+  int64_t copied_tokens_ = 0;
 };
 
 }  // namespace tqkv::serve

@@ -88,6 +88,50 @@ TEST_F(ModelRunnerTest, GreedyBatchedEqualsAlone) {
     EXPECT_EQ(got[static_cast<int64_t>(i)], alone(chat(kQuestions[i]), n)) << kQuestions[i];
 }
 
+// Prefix sharing copies a common system prompt's positions from the request that computed them
+// (KvCache::copy_prefix: slots, sinks and window copies) instead of computing them again; the
+// greedy answers equal those without sharing, for a plain format and for a recipe with sinks
+// and a recent window.
+TEST_F(ModelRunnerTest, PrefixCopyKeepsGreedyAnswers) {
+  const std::string system =
+      "You are a helpful assistant. Answer every question in one short sentence, plainly, without lists, "
+      "and never repeat the question. If you do not know, say so.";
+  auto prompt = [&](const std::string& q) {
+    return tok_->encode(tok_->apply_chat_template({{"system", system}, {"user", q}}, true), true, false);
+  };
+  const int n = 8;
+  for (const char* spec : {"turboquant_k8v4", "tq-4.375"}) {
+    auto run = [&](bool sharing, int64_t* copied) {
+      SchedulerConfig cfg{.block_size = 16, .num_pages = 256, .max_seqs = 4, .max_seq_len = kCtx, .token_budget = 512};
+      cfg.prefix_sharing = sharing;
+      Scheduler sched(cfg);
+      ModelRunner runner(*model_, *tok_, model_->resolve(spec), kCtx, cfg.max_seqs);
+      std::map<int64_t, std::vector<int32_t>> got;
+      for (size_t i = 0; i < kQuestions.size(); ++i) {
+        RequestOptions opt;
+        opt.max_tokens = n;
+        opt.ignore_eos = true;
+        const std::vector<int32_t> p = prompt(kQuestions[i]);
+        runner.add(static_cast<int64_t>(i), opt, static_cast<int>(p.size()));
+        sched.add({static_cast<int64_t>(i), p, n});
+        for (const TokenEvent& ev : runner.step(sched.schedule(), sched))  // one step each: later ones copy
+          if (ev.token >= 0) got[ev.request].push_back(ev.token);
+      }
+      while (sched.has_work())
+        for (const TokenEvent& ev : runner.step(sched.schedule(), sched))
+          if (ev.token >= 0) got[ev.request].push_back(ev.token);
+      *copied = runner.copied_tokens();
+      return got;
+    };
+    int64_t copied = 0, none = 0;
+    const auto shared = run(true, &copied);
+    const auto alone = run(false, &none);
+    EXPECT_EQ(none, 0);
+    EXPECT_GE(copied, 3 * 32) << spec;  // three requests copy at least two pages each
+    EXPECT_EQ(shared, alone) << spec;
+  }
+}
+
 TEST_F(ModelRunnerTest, StopStringsEndTheAnswerAndAreNotShown) {
   SchedulerConfig cfg{.block_size = 16, .num_pages = 64, .max_seqs = 1, .max_seq_len = kCtx, .token_budget = 256};
   const std::vector<int32_t> p = chat(kQuestions[0]);
