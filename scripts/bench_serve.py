@@ -41,7 +41,10 @@ def workload(n, seed, vocab_lo, vocab_hi, system_tokens, long_frac, short, long,
 def one(url, req, model):
     u = urllib.parse.urlparse(url)
     body = json.dumps({"model": model, "prompt": req["prompt"], "max_tokens": req["max_tokens"], "temperature": 0,
-                       "stream": True, "ignore_eos": True})
+                       "stream": True, "ignore_eos": True,
+                       # llama-server keeps each slot's last prompt and reuses it for a request that
+                       # starts the same: a repeated workload would skip its prefills there
+                       "cache_prompt": False})
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})

@@ -6,7 +6,8 @@
 #
 #   scripts/bench_serve.sh OUT.jsonl [bench_serve.py options...]
 # Environment: TQKV (binary, default build/dev/tqkv), LLAMA_SERVER (default
-# /work/peer/build/bin/llama-server; skipped when absent), MODEL, THREADS (2), CTX (2048 per
+# /work/peer/build/bin/llama-server; skipped when absent), MODEL, THREADS (2), LLAMA_THREADS
+# (THREADS), CTX (2048 per
 # sequence), SEQS (32), TQKV_SPECS ("f16 turboquant_4bit_nc tq-4.375"), LLAMA_TYPES ("f16 q8_0 q4_0").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,6 +17,7 @@ TQKV=${TQKV:-$ROOT/build/dev/tqkv}
 LLAMA_SERVER=${LLAMA_SERVER:-/work/peer/build/bin/llama-server}
 MODEL=${MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 THREADS=${THREADS:-2}
+LLAMA_THREADS=${LLAMA_THREADS:-$THREADS}  # ggml's spinning thread barrier needs idle cores (see RESULTS)
 CTX=${CTX:-2048}
 SEQS=${SEQS:-32}
 PORT=${PORT:-18300}
@@ -52,6 +54,6 @@ done
 if [ -x "$LLAMA_SERVER" ]; then
   for t in $LLAMA_TYPES; do
     bench "llama-server $t" "$LLAMA_SERVER" -m "$MODEL" --port "$PORT" -c $((CTX * SEQS)) -np "$SEQS" \
-      -t "$THREADS" -ctk "$t" -ctv "$t" -fa on --no-warmup
+      -t "$LLAMA_THREADS" -ctk "$t" -ctv "$t" -fa on --no-warmup
   done
 fi

@@ -45,6 +45,15 @@ constexpr int kCtx = 512;
 
 class ModelRunnerTest : public SmolModelTest {
  protected:
+  // Registers a request of n tokens with the runner and the scheduler.
+  static void add(ModelRunner& runner, Scheduler& sched, int64_t id, const std::vector<int32_t>& p, int n,
+                  bool ignore_eos = false) {
+    RequestOptions opt;
+    opt.max_tokens = n;
+    opt.ignore_eos = ignore_eos;
+    runner.add(id, opt, static_cast<int>(p.size()));
+    sched.add({id, p, n});
+  }
   std::vector<int32_t> chat(const std::string& q) const {
     return tok_->encode(tok_->apply_chat_template({{"user", q}}, true), true, false);
   }
@@ -68,13 +77,7 @@ TEST_F(ModelRunnerTest, GreedyBatchedEqualsAlone) {
   Scheduler sched(cfg);
   ModelRunner runner(*model_, *tok_, model_->resolve(kSpec), kCtx, cfg.max_seqs);
   std::map<int64_t, std::vector<int32_t>> got;
-  for (size_t i = 0; i < kQuestions.size(); ++i) {
-    RequestOptions opt;
-    opt.max_tokens = n;
-    const std::vector<int32_t> p = chat(kQuestions[i]);
-    runner.add(static_cast<int64_t>(i), opt, static_cast<int>(p.size()));
-    sched.add({static_cast<int64_t>(i), p, n});
-  }
+  for (size_t i = 0; i < kQuestions.size(); ++i) add(runner, sched, static_cast<int64_t>(i), chat(kQuestions[i]), n);
   int steps = 0, batched = 0;
   while (sched.has_work()) {
     ASSERT_LT(++steps, 1000);
@@ -108,12 +111,7 @@ TEST_F(ModelRunnerTest, PrefixCopyKeepsGreedyAnswers) {
       ModelRunner runner(*model_, *tok_, model_->resolve(spec), kCtx, cfg.max_seqs);
       std::map<int64_t, std::vector<int32_t>> got;
       for (size_t i = 0; i < kQuestions.size(); ++i) {
-        RequestOptions opt;
-        opt.max_tokens = n;
-        opt.ignore_eos = true;
-        const std::vector<int32_t> p = prompt(kQuestions[i]);
-        runner.add(static_cast<int64_t>(i), opt, static_cast<int>(p.size()));
-        sched.add({static_cast<int64_t>(i), p, n});
+        add(runner, sched, static_cast<int64_t>(i), prompt(kQuestions[i]), n, true);
         for (const TokenEvent& ev : runner.step(sched.schedule(), sched))  // one step each: later ones copy
           if (ev.token >= 0) got[ev.request].push_back(ev.token);
       }
