@@ -84,15 +84,21 @@ TEST(ContiguousCache, BadWritesChangeNothing) {
   EXPECT_THROW(ContiguousCache{bad}, Error);
 }
 
-// copy_positions (prefix sharing): the copy holds exactly the asked positions, slot for slot,
-// and goes on from there; a different layout or positions not held change nothing.
-TEST(ContiguousCache, CopyPositionsCopiesSlotsExactly) {
+// Two layers (one f16 boundary layer, one turboquant_k3v4_nc) of 2 heads × 64, 16 positions.
+ContiguousCacheConfig two_layers_of_16() {
   ContiguousCacheConfig cfg;
   cfg.n_layers = 2;
   cfg.n_kv_heads = 2;
   cfg.head_dim = 64;
   cfg.capacity = 16;
   cfg.layer_formats = boundary_layer_formats(2, find_format("turboquant_k3v4_nc"), 0);
+  return cfg;
+}
+
+// copy_positions (prefix sharing): the copy holds exactly the asked positions, slot for slot,
+// and goes on from there; a different layout or positions not held change nothing.
+TEST(ContiguousCache, CopyPositionsCopiesSlotsExactly) {
+  const ContiguousCacheConfig cfg = two_layers_of_16();
   ContiguousCache src(cfg), dst(cfg);
   const auto k = gaussian(12 * 2 * 64, 7), v = gaussian(12 * 2 * 64, 8);
   for (int l = 0; l < 2; ++l) src.write(l, 0, 12, k.data(), v.data());
@@ -120,12 +126,7 @@ TEST(ContiguousCache, CopyPositionsCopiesSlotsExactly) {
 // Evicting drops the oldest positions without touching the others: what remains decodes to the
 // same floats, attention sees only the window, and clear() empties everything.
 TEST(ContiguousCache, EvictOldestKeepsTheRestBitExactAndClearEmpties) {
-  ContiguousCacheConfig cfg;
-  cfg.n_layers = 2;
-  cfg.n_kv_heads = 2;
-  cfg.head_dim = 64;
-  cfg.capacity = 16;
-  cfg.layer_formats = boundary_layer_formats(2, find_format("turboquant_k3v4_nc"), 0);
+  const ContiguousCacheConfig cfg = two_layers_of_16();
   ContiguousCache cache(cfg);
   const auto k = gaussian(12 * 2 * 64, 5), v = gaussian(12 * 2 * 64, 6);
   for (int l = 0; l < 2; ++l) cache.write(l, 0, 12, k.data(), v.data());
