@@ -32,7 +32,7 @@ void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching over the compressed KV cache");
   struct Opts {
     std::string model, format = "turboquant_k8v4", device = "cpu", host = "127.0.0.1", name;
-    int port = 8080, ctx = 2048, max_seqs = 8, block = 16, budget = 512, threads = 0, pages = 0, http_threads = 64;
+    int port = 8080, ctx = 2048, max_seqs = 8, block = 16, budget = 512, threads = 0, pages = 0, http_threads = 1024;
     double memory = 0;
     size_t max_body = 1 << 20;
     bool no_prefix = false;
@@ -58,7 +58,7 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--served-model-name", o.name, "model id in /v1/models and responses (default: the file name)");
   cmd->add_option("--max-body", o.max_body, "largest request body in bytes")->capture_default_str();
-  cmd->add_option("--http-threads", o.http_threads, "HTTP handler threads")->check(CLI::Range(2, 4096))->capture_default_str();
+  cmd->add_option("--http-threads", o.http_threads, "most HTTP handler threads (started on demand; each open connection holds one)")->check(CLI::Range(2, 4096))->capture_default_str();
   cmd->add_flag("--no-prefix-sharing", o.no_prefix, "do not share full prompt pages between requests");
   cmd->callback([] {
     using namespace tqkv::engine;

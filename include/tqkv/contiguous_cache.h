@@ -87,6 +87,12 @@ class ContiguousCache {
   // (original domain). Throws OutOfRange for positions outside the window.
   void decode(int layer, int64_t start, int count, bool keys, float* out) const;
 
+  // Makes this cache hold exactly positions [start, end) of src, their slots copied (no
+  // re-encoding): prefix sharing between sequences. src must have the same layout (layers,
+  // formats, heads, head_dim, capacity) and hold those positions. Throws
+  // tqkv::Error(InvalidArgument, OutOfRange), changing nothing.
+  void copy_positions(const ContiguousCache& src, int64_t start, int64_t end);
+
   void evict_oldest(int64_t n);  // drops the n oldest positions (n <= held)
   void clear();                  // empties the cache (bytes are zeroed)
 

@@ -149,6 +149,26 @@ void ContiguousCache::decode(int layer, int64_t start, int count, bool keys, flo
     }
 }
 
+void ContiguousCache::copy_positions(const ContiguousCache& src, int64_t start, int64_t end) {
+  bool same = src.n_layers() == n_layers() && src.n_kv_heads() == n_kv_heads() && src.head_dim() == head_dim() &&
+              src.capacity() == capacity();
+  for (int l = 0; same && l < n_layers(); ++l) same = src.slot_bytes(l) == slot_bytes(l);
+  if (!same) throw Error(ErrorCode::InvalidArgument, "copy_positions: the two caches differ in layout");
+  if (start < src.first_pos_ || end > src.seq_len_ || start > end || end - start > capacity())
+    throw Error(ErrorCode::OutOfRange, "copy_positions: [" + std::to_string(start) + ", " + std::to_string(end) +
+                                           ") is not held (window [" + std::to_string(src.first_pos_) + ", " +
+                                           std::to_string(src.seq_len_) + "))");
+  for (int l = 0; l < n_layers(); ++l) {
+    const size_t sb = slot_bytes(l);
+    for (int h = 0; h < n_kv_heads(); ++h)
+      for (int64_t p = start; p < end; ++p)
+        std::memcpy(slot_mut(l, h, p), src.storage_[l]->data() + (static_cast<size_t>(h) * capacity() + p % capacity()) * sb,
+                    sb);
+  }
+  first_pos_ = start;
+  seq_len_ = end;
+}
+
 void ContiguousCache::evict_oldest(int64_t n) {
   if (n < 0 || n > seq_len_ - first_pos_)
     throw Error(ErrorCode::OutOfRange, "cannot evict " + std::to_string(n) + " of " +

@@ -119,6 +119,23 @@ void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const
   }
 }
 
+bool CpuKvCache::copy_prefix(int64_t src, int64_t dst, int64_t n) {
+  const Sequence& a = at(src);
+  at(dst);
+  Sequence& b = seqs_.at(dst);
+  if (b.main.seq_len() != 0) throw Error(ErrorCode::OutOfRange, "copy_prefix: the target sequence is not empty");
+  if (n < 0 || n > a.main.seq_len())
+    throw Error(ErrorCode::OutOfRange, "copy_prefix: " + std::to_string(n) + " positions asked, the source holds " +
+                                           std::to_string(a.main.seq_len()));
+  // Everything is checked before anything is copied.
+  if (a.main.first_pos() != 0) return false;
+  if (a.ring && a.ring->first_pos() != 0) return false;  // sliding-window layers: only before their ring wraps
+  if (a.copies && !b.copies->copy_prefix(*a.copies, n)) return false;  // checks before it copies
+  b.main.copy_positions(a.main, 0, n);
+  if (a.ring) b.ring->copy_positions(*a.ring, 0, n);
+  return true;
+}
+
 void CpuKvCache::read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const {
   at(seq).main.decode(layer, start, count, keys, out);
   if (keys) centring_.restore(layer, count, out);

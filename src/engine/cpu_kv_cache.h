@@ -27,6 +27,7 @@ class CpuKvCache final : public KvCache {
   void check(const Batch& batch) const override;
   void attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) override;
   void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
+  bool copy_prefix(int64_t src, int64_t dst, int64_t n) override;
 
   // The compressed cache of one sequence (tests, tools that read slots; keys as stored, centred).
   const ContiguousCache& slots(int64_t seq) const { return at(seq).main; }

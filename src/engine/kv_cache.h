@@ -58,6 +58,16 @@ class KvCache {
   // Throws tqkv::Error(OutOfRange) for positions the sequence does not hold.
   virtual void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const = 0;
 
+  // Prefix sharing: makes the empty sequence dst hold the first n positions of src, copied as
+  // stored (compressed slots, sink and window copies; nothing recomputed), so that dst goes on
+  // at position n. Returns false, changing nothing, where the cache cannot (a device without
+  // it, copies src no longer holds); the caller then computes the positions. Throws
+  // tqkv::Error(OutOfRange) for unknown sequences, a dst that is not empty or n > seq_len(src).
+  virtual bool copy_prefix(int64_t src, int64_t dst, int64_t n) {
+    (void)src, (void)dst, (void)n;
+    return false;
+  }
+
   // Memory holding one sequence's positions, by the one accounting every command reports
   // (CacheSpec::bytes, cache_spec.h).
   CacheBytes bytes(int64_t seq) const {

@@ -1,5 +1,6 @@
 #include "recent_window.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -62,6 +63,20 @@ RecentWindow::RecentWindow(const ContiguousCache& main, int window, int max_batc
   const size_t n = static_cast<size_t>(main.n_layers()) * n_kv_heads_ * sinks_ * head_dim_;
   sink_k_.assign(n, 0.0f);
   sink_v_.assign(n, 0.0f);
+}
+
+bool RecentWindow::copy_prefix(const RecentWindow& src, int64_t n) {
+  if (src.window_ != window_ || src.sinks_ != sinks_ || src.sink_k_.size() != sink_k_.size() ||
+      src.copies_.capacity() != copies_.capacity())
+    return false;
+  if (window_ > 0) {
+    const int64_t lo = std::max({int64_t{0}, src.copies_.first_pos(), n - copies_.capacity()});
+    if (lo > std::max<int64_t>(0, n - window_) || src.copies_.seq_len() < n) return false;
+    copies_.copy_positions(src.copies_, lo, n);
+  }
+  sink_k_ = src.sink_k_;  // positions >= n among them are rewritten when the sequence gets there
+  sink_v_ = src.sink_v_;
+  return true;
 }
 
 void RecentWindow::write(int layer, int64_t pos0, int n, const float* k, const float* v) {

@@ -53,6 +53,12 @@ class RecentWindow {
   void attention(const ContiguousCache& main, int layer, const float* q, int n, int64_t pos0,
                  const AttentionParams& params, float* out);
 
+  // Makes this (empty) window hold what src holds for a sequence of its first n positions:
+  // the sinks and the window copies of [n - window, n). Returns false, changing nothing, when
+  // src no longer holds those copies (it has moved on more than max_batch positions) or the
+  // two differ in layout.
+  bool copy_prefix(const RecentWindow& src, int64_t n);
+
   // Bytes of one window / one sink position of every covered (layer, kv head).
   size_t bytes_per_window_position() const;
   size_t bytes_per_sink_position() const;

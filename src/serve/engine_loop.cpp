@@ -94,6 +94,7 @@ void EngineLoop::publish_gauges() {
   metrics_.preemptions = sched_.stats().preemptions;
   metrics_.prefix_query_pages = sched_.stats().prefix_query_pages;
   metrics_.prefix_hit_pages = sched_.stats().prefix_hit_pages;
+  metrics_.prefix_copied_tokens = runner_.copied_tokens();
 }
 
 void EngineLoop::run() {
@@ -159,10 +160,12 @@ void EngineLoop::run() {
         const double tpot = ev.n_generated > 1 ? (t - l.first) / (ev.n_generated - 1) : -1;
         Callback cb = std::move(l.cb);
         live_.erase(it);
+        {  // counted before the client hears of it: a client that sees its answer sees it counted
+          std::lock_guard<std::mutex> lock(mu_);
+          ++metrics_.requests_finished;
+          if (tpot >= 0) metrics_.tpot.observe(tpot);
+        }
         cb(ev);
-        std::lock_guard<std::mutex> lock(mu_);
-        ++metrics_.requests_finished;
-        if (tpot >= 0) metrics_.tpot.observe(tpot);
       } else {
         l.cb(ev);
       }

@@ -36,6 +36,7 @@ struct EngineMetrics {
   int64_t requests_finished = 0, requests_aborted = 0;
   int64_t steps = 0, preemptions = 0;
   int64_t prefix_query_pages = 0, prefix_hit_pages = 0;
+  int64_t prefix_copied_tokens = 0;  // prompt positions copied from another request, not computed
   Histogram ttft, tpot;  // seconds: time to first token, time per output token after it
 };
 

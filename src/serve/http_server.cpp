@@ -1,6 +1,7 @@
 #include "http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "tqkv/error.h"
 #include "utf8.h"
@@ -23,6 +25,64 @@ using json = nlohmann::json;
 // instead of an exception (which was an HTTP 500).
 std::string wire(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+
+// cpp-httplib's ThreadPool has a fixed number of workers, and a connection holds one for as
+// long as it is open (a whole stream, then the keep-alive wait for its next request): with as
+// many open connections as workers, a new one waits unserved. This pool starts a worker
+// whenever the queued connections outnumber the idle workers, up to `max_threads`; workers
+// stay (idle ones cost a stack) until shutdown().
+class GrowingPool final : public httplib::TaskQueue {
+ public:
+  explicit GrowingPool(size_t max_threads) : max_(std::max<size_t>(1, max_threads)) {}
+  ~GrowingPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(fn));
+    if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
+    else cv_.notify_one();
+  }
+  // Runs what is queued, then joins every worker (the listener has stopped enqueuing).
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [&] { return !jobs_.empty() || stopping_; });
+      --idle_;
+      if (jobs_.empty()) return;
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  const size_t max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0;
+  bool stopping_ = false;
+};
+
+// The listening socket, to widen cpp-httplib 0.11's compiled-in listen backlog of 5.
+class Listener final : public httplib::Server {
+ public:
+  int fd() const { return static_cast<int>(svr_sock_); }
+};
 
 // A request the client got wrong: OpenAI's error object with a 4xx status.
 struct BadRequest {
@@ -98,6 +158,8 @@ bool bool_field(const json& body, const char* name, bool dflt) {
   return v->get<bool>();
 }
 
+constexpr int kMaxTopLogprobs = 20;  // OpenAI's limit for chat (5 for completions; we allow 20)
+
 struct Parsed {
   std::vector<int32_t> prompt;
   RequestOptions opt;
@@ -109,8 +171,19 @@ struct Parsed {
 void parse_common(const json& body, Parsed& p, int max_seq_len, bool chat) {
   if (const json* m = field(body, "model"); m && !m->is_string()) throw BadRequest{400, "'model' must be a string", "model"};
   if (int_field(body, "n", 1, 1, 1) != 1) throw BadRequest{400, "only n = 1 is supported", "n"};
-  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
-    throw BadRequest{400, "logprobs are not supported", "logprobs"};
+  // logprobs: completions take the number of alternatives (false: none); chat takes a boolean
+  // and the number in top_logprobs.
+  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>())) {
+    if (chat) {
+      if (!lp->is_boolean()) throw BadRequest{400, "'logprobs' must be a boolean", "logprobs"};
+      p.opt.logprobs = int_field(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
+    } else {
+      p.opt.logprobs = int_field(body, "logprobs", 0, 0, kMaxTopLogprobs);
+    }
+  } else if (chat && field(body, "top_logprobs")) {
+    int_field(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
+    throw BadRequest{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs"};
+  }
   p.stream = bool_field(body, "stream", false);
   const int n = static_cast<int>(p.prompt.size());
   const int room = std::max(1, max_seq_len - n);
@@ -187,6 +260,57 @@ void histogram(std::ostringstream& o, const char* name, const char* help, const 
   o << name << "_bucket{le=\"+Inf\"} " << cum << "\n" << name << "_sum " << h.sum << "\n" << name << "_count " << h.count << "\n";
 }
 
+// OpenAI logprobs of the tokens of a response, or of the tokens one streamed chunk carries:
+// completions {tokens, token_logprobs, top_logprobs: [{text: logprob}], text_offset}, chat
+// {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+class LogprobList {
+ public:
+  LogprobList(const engine::Tokenizer& tok, bool chat) : tok_(tok), chat_(chat) {}
+  void add(const TokenEvent& ev) {
+    if (ev.token < 0) return;
+    const std::string piece = tok_.piece(ev.token);
+    if (chat_) {
+      json top = json::array();
+      for (const TokenLogprob& t : ev.top) top.push_back(entry(t.token, t.logprob));
+      json e = entry(ev.token, ev.logprob);
+      e["top_logprobs"] = std::move(top);
+      content_.push_back(std::move(e));
+    } else {
+      json top = json::object();
+      for (const TokenLogprob& t : ev.top) top[tok_.piece(t.token)] = t.logprob;
+      tokens_.push_back(piece);
+      token_logprobs_.push_back(ev.logprob);
+      top_logprobs_.push_back(std::move(top));
+      text_offset_.push_back(offset_);
+    }
+    if (!tok_.is_control(ev.token)) offset_ += piece.size();  // as the runner appends text
+  }
+  bool empty() const { return content_.empty() && tokens_.empty(); }
+  // The list so far; starts a new one (text offsets keep counting).
+  json take() {
+    json out = chat_ ? json{{"content", std::move(content_)}}
+                     : json{{"tokens", std::move(tokens_)},
+                            {"token_logprobs", std::move(token_logprobs_)},
+                            {"top_logprobs", std::move(top_logprobs_)},
+                            {"text_offset", std::move(text_offset_)}};
+    content_ = tokens_ = token_logprobs_ = top_logprobs_ = text_offset_ = json::array();
+    return out;
+  }
+
+ private:
+  json entry(int32_t token, float logprob) const {
+    const std::string piece = tok_.piece(token);
+    json bytes = json::array();
+    for (unsigned char c : piece) bytes.push_back(static_cast<int>(c));
+    return {{"token", piece}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+  }
+  const engine::Tokenizer& tok_;
+  bool chat_;
+  size_t offset_ = 0;
+  json content_ = json::array(), tokens_ = json::array(), token_logprobs_ = json::array(),
+       top_logprobs_ = json::array(), text_offset_ = json::array();
+};
+
 }  // namespace
 
 std::string prometheus_text(const EngineMetrics& m) {
@@ -207,17 +331,25 @@ std::string prometheus_text(const EngineMetrics& m) {
          static_cast<double>(m.prefix_query_pages));
   metric(o, "tqkv_prefix_cache_hits_total", "counter", "Full prompt pages found and shared.",
          static_cast<double>(m.prefix_hit_pages));
+  metric(o, "tqkv_prefix_cache_copied_tokens_total", "counter",
+         "Prompt positions copied from another request's cache instead of computed.",
+         static_cast<double>(m.prefix_copied_tokens));
   histogram(o, "tqkv_time_to_first_token_seconds", "Time from arrival to the first token.", m.ttft);
   histogram(o, "tqkv_time_per_output_token_seconds", "Mean time per token after the first, per request.", m.tpot);
   return o.str();
 }
 
 HttpServer::HttpServer(EngineLoop& loop, const engine::Tokenizer& tok, const HttpConfig& cfg)
-    : loop_(loop), tok_(tok), cfg_(cfg), svr_(std::make_unique<httplib::Server>()) {
+    : loop_(loop), tok_(tok), cfg_(cfg), svr_(std::make_unique<Listener>()) {
   const int threads = cfg_.threads;
-  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr_->new_task_queue = [threads] { return new GrowingPool(static_cast<size_t>(threads)); };
   svr_->set_payload_max_length(cfg_.max_body_bytes);
-  svr_->set_keep_alive_timeout(1);  // idle keep-alive connections hold a handler thread (and delay stop())
+  // cpp-httplib 0.11 waits this long for every request on a connection, the first one included:
+  // at 1 s, a client whose request arrived late (a handshake retried after a full accept
+  // queue, a busy client process) had its connection closed unanswered — the resets seen at 64
+  // concurrent clients. 5 s is the library's (and llama-server's) default; stop() waits at most
+  // this long for idle connections.
+  svr_->set_keep_alive_timeout(5);
   routes();
 }
 
@@ -227,6 +359,9 @@ int HttpServer::bind() {
   const int port = cfg_.port == 0 ? svr_->bind_to_any_port(cfg_.host) : (svr_->bind_to_port(cfg_.host, cfg_.port) ? cfg_.port : -1);
   if (port < 0)
     throw Error(ErrorCode::InvalidArgument, "cannot listen on " + cfg_.host + ":" + std::to_string(cfg_.port));
+  // A burst of clients overflowed the backlog of 5 (handshakes dropped, retried a second later);
+  // listen() again on a listening socket only changes its backlog (Linux, BSD).
+  ::listen(static_cast<Listener&>(*svr_).fd(), SOMAXCONN);
   return port;
 }
 
@@ -329,12 +464,15 @@ void HttpServer::routes() {
     const int64_t created = unix_now();
     const std::string model = cfg_.model_name;
 
+    const bool want_logprobs = p.opt.logprobs >= 0;
     if (!p.stream) {
       std::string text;
       TokenEvent last;
+      LogprobList lps(tok_, chat);
       for (bool done = false; !done;)
         for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(1000))) {
           text += ev.text;
+          if (want_logprobs) lps.add(ev);
           if (ev.finish != FinishReason::None) {
             last = ev;
             done = true;
@@ -342,12 +480,9 @@ void HttpServer::routes() {
         }
       if (last.finish == FinishReason::Abort) return send_error(res, 503, "the request was cancelled: the server is stopping");
       json choice = {{"index", 0}, {"finish_reason", finish_reason_name(last.finish)}};
-      if (chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", text}};
-      } else {
-        choice["text"] = text;
-        choice["logprobs"] = nullptr;
-      }
+      if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+      else choice["text"] = text;
+      choice["logprobs"] = want_logprobs ? lps.take() : json(nullptr);
       json out = {{"id", rid},
                   {"object", chat ? "chat.completion" : "text_completion"},
                   {"created", created},
@@ -362,13 +497,14 @@ void HttpServer::routes() {
     struct StreamState {
       bool finished = false, first = true;
       std::string pending;  // bytes of a character the next token completes
+      LogprobList logprobs;  // of the tokens not yet sent
     };
-    auto st = std::make_shared<StreamState>();
+    auto st = std::make_shared<StreamState>(StreamState{false, true, {}, LogprobList(tok_, chat)});
     EngineLoop* loop = &loop_;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [ch, st, id, rid, created, model, chat, loop](size_t, httplib::DataSink& sink) {
+        [ch, st, id, rid, created, model, chat, loop, want_logprobs](size_t, httplib::DataSink& sink) {
           auto chunk = [&](const std::string& text, const TokenEvent* end) {
             json c = {{"index", 0}};
             if (chat) {
@@ -378,8 +514,8 @@ void HttpServer::routes() {
               c["delta"] = delta;
             } else {
               c["text"] = text;
-              c["logprobs"] = nullptr;
             }
+            c["logprobs"] = want_logprobs && !st->logprobs.empty() ? st->logprobs.take() : json(nullptr);
             c["finish_reason"] = end ? json(finish_reason_name(end->finish)) : json(nullptr);
             json out = {{"id", rid},
                         {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -401,6 +537,7 @@ void HttpServer::routes() {
             }
             bool ok = true;
             st->pending += ev.text;
+            if (want_logprobs) st->logprobs.add(ev);
             if (ev.finish != FinishReason::None) {
               st->finished = true;
               const std::string rest = std::move(st->pending);

@@ -24,7 +24,7 @@ struct HttpConfig {
   int port = 8080;  // 0: any free port
   std::string model_name = "tqkv";
   size_t max_body_bytes = 1 << 20;
-  int threads = 64;  // handler threads (each streaming client holds one)
+  int threads = 1024;  // most handler threads, started on demand (each open connection holds one)
 };
 
 class HttpServer {

@@ -1,6 +1,8 @@
 #include "model_runner.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 
 #include "engine/batch.h"
 #include "tqkv/error.h"
@@ -24,6 +26,24 @@ size_t incomplete_utf8_tail(const std::string& s) {
 }
 
 }  // namespace
+
+float token_logprobs(const float* logits, int n_vocab, int32_t token, int n, std::vector<TokenLogprob>& top) {
+  const float mx = *std::max_element(logits, logits + n_vocab);
+  double sum = 0;
+  for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  const float log_z = mx + static_cast<float>(std::log(sum));
+  top.clear();
+  n = std::clamp(n, 0, n_vocab);
+  if (n > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(n_vocab));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int i = 0; i < n; ++i) top.push_back({idx[i], logits[idx[i]] - log_z});
+  }
+  return logits[token] - log_z;
+}
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
@@ -104,12 +124,22 @@ std::vector<TokenEvent> ModelRunner::step(const StepPlan& plan, Scheduler& sched
   std::vector<int64_t> sampled;
   for (const ScheduledChunk& c : plan.chunks) {
     State& s = reqs_.at(c.request);
-    if (c.pos0 == 0) {
+    const std::vector<int32_t>& toks = sched.tokens(c.request);
+    if (c.pos0 == 0 || c.copy_from >= 0) {  // admitted: a new cache sequence
       if (s.seq >= 0) cache_->free_sequence(s.seq);
       s.seq = cache_->add_sequence();
     }
-    const std::vector<int32_t>& toks = sched.tokens(c.request);
-    batch.add(s.seq, toks.data() + c.pos0, c.count, c.pos0, false);
+    if (c.copy_from >= 0) {  // a prompt prefix another request computed: copy it, or compute it here
+      const int64_t src = reqs_.at(c.copy_from).seq;
+      if (src >= 0 && cache_->copy_prefix(src, s.seq, c.pos0)) {
+        copied_tokens_ += c.pos0;
+        batch.add(s.seq, toks.data() + c.pos0, c.count, c.pos0, false);
+      } else {
+        batch.add(s.seq, toks.data(), static_cast<int>(c.pos0) + c.count, 0, false);
+      }
+    } else {
+      batch.add(s.seq, toks.data() + c.pos0, c.count, c.pos0, false);
+    }
     if (c.sample) sampled.push_back(c.request);
     else batch.logits.back() = 0;
   }
@@ -124,11 +154,13 @@ std::vector<TokenEvent> ModelRunner::step(const StepPlan& plan, Scheduler& sched
     TokenEvent ev;
     ev.request = id;
     ev.n_prompt = s.n_prompt;
-    const int32_t token = s.sampler->sample(logits_.data() + i * V, V);
+    const float* logits = logits_.data() + i * V;
+    const int32_t token = s.sampler->sample(logits, V);
     if (!s.opt.ignore_eos && tok_.is_end_of_generation(token)) {
       ev.finish = FinishReason::Stop;
     } else {
       ev.token = token;
+      if (s.opt.logprobs >= 0) ev.logprob = token_logprobs(logits, V, token, s.opt.logprobs, ev.top);
       ++s.n_generated;
       if (append_text(s, token)) ev.finish = FinishReason::Stop;
       else if (s.n_generated >= s.opt.max_tokens) ev.finish = FinishReason::Length;

@@ -27,6 +27,15 @@ struct RequestOptions {
   engine::SamplerParams sampler;  // temperature 0: greedy
   std::vector<std::string> stop;  // stop strings (not part of the answer)
   bool ignore_eos = false;
+  // Log-probabilities of each generated token and of the `logprobs` most likely ones (OpenAI's
+  // completions `logprobs` N, chat `top_logprobs` N), from the model's distribution (the
+  // log-softmax of the logits, before temperature, top-k and top-p); -1: none.
+  int logprobs = -1;
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
 };
 
 enum class FinishReason { None, Stop, Length, Abort };
@@ -40,7 +49,14 @@ struct TokenEvent {
   FinishReason finish = FinishReason::None;
   int n_prompt = 0;     // usage: prompt tokens
   int n_generated = 0;  // usage: tokens generated so far (end-of-generation and stop tokens excluded)
+  // With RequestOptions::logprobs >= 0 and a token: its log-probability, and the most likely
+  // tokens (most likely first).
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
 };
+
+// log p(token) over logits [n_vocab] and the `n` most likely tokens (most likely first).
+float token_logprobs(const float* logits, int n_vocab, int32_t token, int n, std::vector<TokenLogprob>& top);
 
 class ModelRunner {
  public:
@@ -62,6 +78,9 @@ class ModelRunner {
   // finish). Returns one event per sampled request, in plan order.
   std::vector<TokenEvent> step(const StepPlan& plan, Scheduler& sched);
 
+  // Prompt positions copied from another request's cache sequence instead of computed.
+  int64_t copied_tokens() const { return copied_tokens_; }
+
  private:
   struct State {
     RequestOptions opt;
@@ -81,6 +100,7 @@ class ModelRunner {
   std::unique_ptr<engine::KvCache> cache_;
   std::unordered_map<int64_t, State> reqs_;
   std::vector<float> logits_;
+  int64_t copied_tokens_ = 0;
 };
 
 }  // namespace tqkv::serve

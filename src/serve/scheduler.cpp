@@ -116,7 +116,7 @@ void Scheduler::append_token(int64_t id, int32_t token) { at(id).tokens.push_bac
 void Scheduler::preempt(int64_t id) {
   Seq& s = at(id);
   release_pages(s);
-  s.computed = 0;
+  s.computed = s.ready = 0;
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
   waiting_.push_front(id);  // first in line again: it is older than anything still waiting
   ++stats_.preemptions;
@@ -142,8 +142,26 @@ bool Scheduler::try_admit(int64_t id, int& budget, StepPlan& plan) {
     if (it == prefix_index_.end()) break;
     shared.push_back(it->second);
   }
-  const int count = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(s.tokens.size()), budget));
-  const int need = std::max(0, pages_for(count) - static_cast<int>(shared.size()));
+  // The running request that computed the longest run of the shared pages in earlier steps:
+  // those positions are copied, not computed (at least the last token is computed, to sample).
+  const int bs = cfg_.block_size;
+  const int max_copy = std::min(static_cast<int>(shared.size()), static_cast<int>((s.tokens.size() - 1) / bs));
+  int64_t source = -1;
+  int copy_pages = 0;
+  for (int64_t r : running_) {
+    const Seq& o = at(r);
+    int m = 0;
+    while (m < max_copy && m < static_cast<int>(o.pages.size()) && o.pages[m] == shared[m] &&
+           static_cast<int64_t>(m + 1) * bs <= o.ready)
+      ++m;
+    if (m > copy_pages) {
+      copy_pages = m;
+      source = r;
+    }
+  }
+  const int64_t pos0 = static_cast<int64_t>(copy_pages) * bs;
+  const int count = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - pos0, budget));
+  const int need = std::max(0, pages_for(pos0 + count) - static_cast<int>(shared.size()));
   if (need > pages_free()) return false;
   stats_.prefix_query_pages += static_cast<int64_t>(keys.size());
   stats_.prefix_hit_pages += static_cast<int64_t>(shared.size());
@@ -164,8 +182,10 @@ bool Scheduler::try_admit(int64_t id, int& budget, StepPlan& plan) {
   }
   waiting_.pop_front();
   running_.push_back(id);
-  plan.chunks.push_back({id, 0, count, count == static_cast<int>(s.tokens.size())});
-  s.computed = count;
+  plan.chunks.push_back({id, pos0, count, pos0 + count == static_cast<int64_t>(s.tokens.size()), source});
+  s.computed = pos0 + count;
+  s.ready = 0;
+  stats_.prefix_copy_tokens += pos0;
   budget -= count;
   return true;
 }
@@ -173,6 +193,10 @@ bool Scheduler::try_admit(int64_t id, int& budget, StepPlan& plan) {
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int budget = cfg_.token_budget;
+  for (int64_t id : running_) {
+    Seq& s = at(id);
+    s.ready = s.computed;
+  }
   // Running requests, oldest first: a decode token each, or their prompt's next chunk.
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     const int64_t id = running_[i];

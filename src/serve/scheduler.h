@@ -8,10 +8,10 @@
 //
 // Prefix sharing: every full page of a prompt is indexed by a hash of its tokens and of all
 // the tokens before it; a request admitted later whose prompt starts with the same pages
-// shares them (reference counts) instead of taking new ones. The pool is admission control:
-// the CPU KvCache gives each sequence its own ring (cpu_kv_cache.h), so a hit saves pages of
-// the budget, not compute (the runner still computes the shared positions; skipping them
-// needs a KvCache that forks sequences).
+// shares them (reference counts) instead of taking new ones. When a running request already
+// computed those positions (in an earlier step), the admitted request's first chunk starts
+// after them and names that request as its source: the runner copies the source's cache
+// positions (KvCache::copy_prefix) instead of computing them again.
 //
 // Protocol: add() requests; schedule() returns a StepPlan and assumes it runs (the planned
 // positions count as computed); the runner then reports each sampled token with
@@ -46,6 +46,9 @@ struct ScheduledChunk {
   int64_t pos0 = 0;     // 0: the runner (re)creates the request's cache sequence first
   int count = 0;
   bool sample = false;  // the chunk ends at the request's last token: sample the next one
+  // pos0 > 0 at admission: positions [0, pos0) are a prompt prefix this running request has
+  // computed; the runner copies them from its cache sequence (or computes them where it cannot).
+  int64_t copy_from = -1;
 };
 
 struct StepPlan {
@@ -61,6 +64,7 @@ struct SchedulerStats {
   int64_t preemptions = 0;
   int64_t prefix_query_pages = 0;  // full prompt pages looked up at admission
   int64_t prefix_hit_pages = 0;    // ... found in the pool and shared
+  int64_t prefix_copy_tokens = 0;  // positions planned as copies from a running request
   double prefix_hit_rate() const {
     return prefix_query_pages > 0 ? static_cast<double>(prefix_hit_pages) / prefix_query_pages : 0.0;
   }
@@ -113,7 +117,8 @@ class Scheduler {
   struct Seq {
     SchedulerRequest req;
     std::vector<int32_t> tokens;  // prompt + generated
-    int64_t computed = 0;         // positions in the cache
+    int64_t computed = 0;         // positions in the cache (the current step's included)
+    int64_t ready = 0;            // positions computed by earlier steps (copyable)
     std::vector<int> pages;
   };
   int pages_for(int64_t positions) const;

@@ -2,6 +2,7 @@
 
 #include "../common/test_data.h"
 
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -83,15 +84,49 @@ TEST(ContiguousCache, BadWritesChangeNothing) {
   EXPECT_THROW(ContiguousCache{bad}, Error);
 }
 
-// Evicting drops the oldest positions without touching the others: what remains decodes to the
-// same floats, attention sees only the window, and clear() empties everything.
-TEST(ContiguousCache, EvictOldestKeepsTheRestBitExactAndClearEmpties) {
+// Two layers (one f16 boundary layer, one turboquant_k3v4_nc) of 2 heads × 64, 16 positions.
+ContiguousCacheConfig two_layers_of_16() {
   ContiguousCacheConfig cfg;
   cfg.n_layers = 2;
   cfg.n_kv_heads = 2;
   cfg.head_dim = 64;
   cfg.capacity = 16;
   cfg.layer_formats = boundary_layer_formats(2, find_format("turboquant_k3v4_nc"), 0);
+  return cfg;
+}
+
+// copy_positions (prefix sharing): the copy holds exactly the asked positions, slot for slot,
+// and goes on from there; a different layout or positions not held change nothing.
+TEST(ContiguousCache, CopyPositionsCopiesSlotsExactly) {
+  const ContiguousCacheConfig cfg = two_layers_of_16();
+  ContiguousCache src(cfg), dst(cfg);
+  const auto k = gaussian(12 * 2 * 64, 7), v = gaussian(12 * 2 * 64, 8);
+  for (int l = 0; l < 2; ++l) src.write(l, 0, 12, k.data(), v.data());
+  dst.copy_positions(src, 0, 9);
+  EXPECT_EQ(dst.seq_len(), 9);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 2; ++h)
+      for (int64_t p = 0; p < 9; ++p)
+        EXPECT_EQ(std::memcmp(dst.slot(l, h, p), src.slot(l, h, p), src.slot_bytes(l)), 0);
+  for (int l = 0; l < 2; ++l) dst.write(l, 9, 3, k.data() + 9 * 2 * 64, v.data() + 9 * 2 * 64);
+  std::vector<float> a(12 * 2 * 64), b(a.size());
+  src.decode(1, 0, 12, true, a.data());
+  dst.decode(1, 0, 12, true, b.data());
+  EXPECT_EQ(a, b);
+  ContiguousCache other(cfg);
+  EXPECT_THROW(other.copy_positions(src, 0, 13), Error);
+  ContiguousCacheConfig small = cfg;
+  small.capacity = 8;
+  ContiguousCache narrow(small);
+  EXPECT_THROW(narrow.copy_positions(src, 0, 4), Error);
+  EXPECT_EQ(other.seq_len(), 0);
+  EXPECT_EQ(narrow.seq_len(), 0);
+}
+
+// Evicting drops the oldest positions without touching the others: what remains decodes to the
+// same floats, attention sees only the window, and clear() empties everything.
+TEST(ContiguousCache, EvictOldestKeepsTheRestBitExactAndClearEmpties) {
+  const ContiguousCacheConfig cfg = two_layers_of_16();
   ContiguousCache cache(cfg);
   const auto k = gaussian(12 * 2 * 64, 5), v = gaussian(12 * 2 * 64, 6);
   for (int l = 0; l < 2; ++l) cache.write(l, 0, 12, k.data(), v.data());

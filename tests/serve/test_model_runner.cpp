@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <future>
 #include <map>
@@ -23,11 +24,36 @@ namespace {
 
 using engine::testing_util::SmolModelTest;
 
+TEST(TokenLogprobs, LogSoftmaxAndTopN) {
+  const float logits[4] = {1.0f, 3.0f, 2.0f, 3.0f};  // a tie: the lower id ranks first
+  std::vector<TokenLogprob> top;
+  const double z = std::log(std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0));
+  EXPECT_NEAR(token_logprobs(logits, 4, 2, 3, top), 2.0 - z, 1e-6);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].token, 1);
+  EXPECT_EQ(top[1].token, 3);
+  EXPECT_EQ(top[2].token, 2);
+  EXPECT_NEAR(top[0].logprob, 3.0 - z, 1e-6);
+  EXPECT_NEAR(token_logprobs(logits, 4, 0, 0, top), 1.0 - z, 1e-6);
+  EXPECT_TRUE(top.empty());
+  token_logprobs(logits, 4, 0, 99, top);  // more than the vocabulary: all of it
+  EXPECT_EQ(top.size(), 4u);
+}
+
 constexpr const char* kSpec = "turboquant_k8v4";
 constexpr int kCtx = 512;
 
 class ModelRunnerTest : public SmolModelTest {
  protected:
+  // Registers a request of n tokens with the runner and the scheduler.
+  static void add(ModelRunner& runner, Scheduler& sched, int64_t id, const std::vector<int32_t>& p, int n,
+                  bool ignore_eos = false) {
+    RequestOptions opt;
+    opt.max_tokens = n;
+    opt.ignore_eos = ignore_eos;
+    runner.add(id, opt, static_cast<int>(p.size()));
+    sched.add({id, p, n});
+  }
   std::vector<int32_t> chat(const std::string& q) const {
     return tok_->encode(tok_->apply_chat_template({{"user", q}}, true), true, false);
   }
@@ -51,13 +77,7 @@ TEST_F(ModelRunnerTest, GreedyBatchedEqualsAlone) {
   Scheduler sched(cfg);
   ModelRunner runner(*model_, *tok_, model_->resolve(kSpec), kCtx, cfg.max_seqs);
   std::map<int64_t, std::vector<int32_t>> got;
-  for (size_t i = 0; i < kQuestions.size(); ++i) {
-    RequestOptions opt;
-    opt.max_tokens = n;
-    const std::vector<int32_t> p = chat(kQuestions[i]);
-    runner.add(static_cast<int64_t>(i), opt, static_cast<int>(p.size()));
-    sched.add({static_cast<int64_t>(i), p, n});
-  }
+  for (size_t i = 0; i < kQuestions.size(); ++i) add(runner, sched, static_cast<int64_t>(i), chat(kQuestions[i]), n);
   int steps = 0, batched = 0;
   while (sched.has_work()) {
     ASSERT_LT(++steps, 1000);
@@ -69,6 +89,45 @@ TEST_F(ModelRunnerTest, GreedyBatchedEqualsAlone) {
   EXPECT_GT(batched, n / 2);  // the requests really shared steps
   for (size_t i = 0; i < kQuestions.size(); ++i)
     EXPECT_EQ(got[static_cast<int64_t>(i)], alone(chat(kQuestions[i]), n)) << kQuestions[i];
+}
+
+// Prefix sharing copies a common system prompt's positions from the request that computed them
+// (KvCache::copy_prefix: slots, sinks and window copies) instead of computing them again; the
+// greedy answers equal those without sharing, for a plain format and for a recipe with sinks
+// and a recent window.
+TEST_F(ModelRunnerTest, PrefixCopyKeepsGreedyAnswers) {
+  const std::string system =
+      "You are a helpful assistant. Answer every question in one short sentence, plainly, without lists, "
+      "and never repeat the question. If you do not know, say so.";
+  auto prompt = [&](const std::string& q) {
+    return tok_->encode(tok_->apply_chat_template({{"system", system}, {"user", q}}, true), true, false);
+  };
+  const int n = 8;
+  for (const char* spec : {"turboquant_k8v4", "tq-4.375"}) {
+    auto run = [&](bool sharing, int64_t* copied) {
+      SchedulerConfig cfg{.block_size = 16, .num_pages = 256, .max_seqs = 4, .max_seq_len = kCtx, .token_budget = 512};
+      cfg.prefix_sharing = sharing;
+      Scheduler sched(cfg);
+      ModelRunner runner(*model_, *tok_, model_->resolve(spec), kCtx, cfg.max_seqs);
+      std::map<int64_t, std::vector<int32_t>> got;
+      for (size_t i = 0; i < kQuestions.size(); ++i) {
+        add(runner, sched, static_cast<int64_t>(i), prompt(kQuestions[i]), n, true);
+        for (const TokenEvent& ev : runner.step(sched.schedule(), sched))  // one step each: later ones copy
+          if (ev.token >= 0) got[ev.request].push_back(ev.token);
+      }
+      while (sched.has_work())
+        for (const TokenEvent& ev : runner.step(sched.schedule(), sched))
+          if (ev.token >= 0) got[ev.request].push_back(ev.token);
+      *copied = runner.copied_tokens();
+      return got;
+    };
+    int64_t copied = 0, none = 0;
+    const auto shared = run(true, &copied);
+    const auto alone = run(false, &none);
+    EXPECT_EQ(none, 0);
+    EXPECT_GE(copied, 3 * 32) << spec;  // three requests copy at least two pages each
+    EXPECT_EQ(shared, alone) << spec;
+  }
 }
 
 TEST_F(ModelRunnerTest, StopStringsEndTheAnswerAndAreNotShown) {

@@ -25,17 +25,20 @@ struct Chunk {
   int64_t pos0;
   int count;
   bool sample;
+  int64_t copy_from = -1;
 };
 std::vector<Chunk> chunks(const StepPlan& p) {
   std::vector<Chunk> out;
-  for (const ScheduledChunk& c : p.chunks) out.push_back({c.request, c.pos0, c.count, c.sample});
+  for (const ScheduledChunk& c : p.chunks) out.push_back({c.request, c.pos0, c.count, c.sample, c.copy_from});
   return out;
 }
 bool operator==(const Chunk& a, const Chunk& b) {
-  return a.id == b.id && a.pos0 == b.pos0 && a.count == b.count && a.sample == b.sample;
+  return a.id == b.id && a.pos0 == b.pos0 && a.count == b.count && a.sample == b.sample && a.copy_from == b.copy_from;
 }
 void PrintTo(const Chunk& c, std::ostream* os) {
-  *os << "{" << c.id << " @" << c.pos0 << " +" << c.count << (c.sample ? " sample" : "") << "}";
+  *os << "{" << c.id << " @" << c.pos0 << " +" << c.count << (c.sample ? " sample" : "");
+  if (c.copy_from >= 0) *os << " copy from " << c.copy_from;
+  *os << "}";
 }
 
 using Ids = std::vector<int64_t>;
@@ -191,10 +194,32 @@ TEST(Scheduler, SharesFullPromptPagesAndCountsHits) {
   EXPECT_EQ(s.pages_used(), 3 + 1 + 2);
   EXPECT_EQ(s.stats().prefix_query_pages, 6);
   EXPECT_EQ(s.stats().prefix_hit_pages, 3);
-  // The runner still computes the whole prompt (the CPU cache has no shared pages).
-  EXPECT_EQ(chunks(p)[0], (Chunk{2, 0, 10, true}));
+  // Request 1 computed the shared pages in the step before: the others copy them from it and
+  // compute the rest.
+  EXPECT_EQ(chunks(p), (std::vector<Chunk>{{2, 8, 2, true, 1}, {3, 4, 6, true, 1}}));
+  EXPECT_EQ(s.stats().prefix_copy_tokens, 12);
   s.finish(1);
   EXPECT_EQ(s.pages_used(), 1 + 1 + 2 + 1);  // 1's shared pages stay with 2 and 3
+  s.finish(2);
+  s.finish(3);
+  EXPECT_EQ(s.pages_used(), 0);
+}
+
+TEST(Scheduler, CopiesOnlyPositionsComputedInEarlierStepsAndNeverTheLastToken) {
+  SchedulerConfig cfg{.block_size = 4, .num_pages = 16, .max_seqs = 4, .max_seq_len = 64, .token_budget = 64};
+  Scheduler s(cfg);
+  s.add(req(1, 8, 4));
+  s.add(req(2, 8, 4));  // the same prompt, admitted in the same step: shares pages, computes all
+  StepPlan p = s.schedule();
+  EXPECT_EQ(chunks(p), (std::vector<Chunk>{{1, 0, 8, true}, {2, 0, 8, true}}));
+  EXPECT_EQ(s.stats().prefix_hit_pages, 2);
+  s.append_token(1, 7);
+  s.append_token(2, 7);
+  s.add(req(3, 8, 4));  // later: copies the first page; the last token is computed to sample
+  p = s.schedule();
+  ASSERT_EQ(p.chunks.size(), 3u);
+  EXPECT_EQ(chunks(p)[2], (Chunk{3, 4, 4, true, 1}));
+  s.finish(1);
   s.finish(2);
   s.finish(3);
   EXPECT_EQ(s.pages_used(), 0);

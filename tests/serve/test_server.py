@@ -10,7 +10,9 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -164,6 +166,116 @@ def test_bounded_load(server):
     # Requests with the same prompt share its full pages while both hold them.
     assert after["tqkv_prefix_cache_hits_total"] > before["tqkv_prefix_cache_hits_total"]
     print(f"load: {n_req} requests x 6 tokens from 16 clients in {elapsed:.1f} s")
+
+
+def stream_raw(port, body, connect_delay=0.0, read_delay=0.0, on_first=None):
+    """POSTs a streaming request on a raw socket; returns the SSE body. connect_delay: seconds
+    between connecting and sending; read_delay: seconds between reads of 64 bytes (with a small
+    receive buffer, so the server's writes back up); on_first: called at the first bytes."""
+    raw = json.dumps(body).encode()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(120)
+        if read_delay:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        s.connect(("127.0.0.1", port))
+        time.sleep(connect_delay)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw)
+        out = b""
+        while True:
+            d = s.recv(64 if read_delay else 65536)
+            if not d:
+                return out.decode(errors="replace")
+            if not out and on_first:
+                on_first()
+            out += d
+            time.sleep(read_delay)
+
+
+def test_burst_of_streaming_connections(server):
+    # 72 clients connect at once and stream; 6 of them send their request 1.5 s after connecting
+    # (cpp-httplib 0.11 closed such connections unanswered after its 1 s keep-alive wait, and its
+    # listen backlog of 5 dropped handshakes of a burst: connection resets at 64 clients).
+    n = 72
+    barrier = threading.Barrier(n)
+
+    def one(i):
+        barrier.wait()
+        body = {"prompt": PROMPTS[i % 8], "max_tokens": 2, "stream": True, "ignore_eos": True, "temperature": 0}
+        return stream_raw(server.port, body, connect_delay=1.5 if i % 12 == 0 else 0.0)
+
+    with cf.ThreadPoolExecutor(n) as ex:
+        bodies = list(ex.map(one, range(n)))
+    for b in bodies:
+        # chunked transfer: the last chunk, then the empty one
+        assert b.startswith("HTTP/1.1 200") and b.endswith("data: [DONE]\n\n\r\n0\r\n\r\n"), b[:300]
+        assert '"completion_tokens":2' in b
+
+
+def sse_text(body):
+    """The concatenated "text" of a completions SSE body (chunked transfer framing ignored)."""
+    return "".join(json.loads(line[6:])["choices"][0]["text"]
+                   for line in body.split("\n") if line.startswith("data: {"))
+
+
+def test_slow_client_does_not_stall_others(server):
+    # A client that reads its stream at ~640 bytes/s through a 2 KB receive buffer: its request
+    # runs to the end in the engine while fast clients are served, and it still gets every byte.
+    before = server.metrics()
+    body = {"prompt": PROMPTS[4], "max_tokens": 24, "stream": True, "ignore_eos": True, "temperature": 0}
+    started = threading.Event()
+    with cf.ThreadPoolExecutor(1) as ex:
+        slow = ex.submit(stream_raw, server.port, body, 0.0, 0.1, started.set)
+        assert started.wait(60)
+        fast = [complete(server, p).choices[0].text for p in PROMPTS[:4]]
+        deadline = time.time() + 60
+        while server.metrics()["tqkv_requests_finished_total"] - before["tqkv_requests_finished_total"] < 5:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        # The engine is done with all five while the slow client is still reading.
+        assert not slow.done(), "the slow client finished first: not slow enough to test"
+        assert server.metrics()["tqkv_requests_running"] == 0
+        text = sse_text(slow.result())
+    assert fast == [complete(server, p).choices[0].text for p in PROMPTS[:4]]
+    assert text == complete(server, PROMPTS[4], n=24, extra_body={"ignore_eos": True}).choices[0].text
+
+
+def test_logprobs(server):
+    r = complete(server, "The capital of France is", n=8, logprobs=3)
+    lp = r.choices[0].logprobs
+    n = r.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[0] == 0 and lp.text_offset[-1] == len(r.choices[0].text.encode()) - len(lp.tokens[-1].encode())
+    for tok, x, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 3 and x <= 0
+        assert max(top.values()) == pytest.approx(x, abs=1e-6)  # greedy: the most likely token
+        assert top[tok] == pytest.approx(x, abs=1e-6)
+    # logprobs change nothing else; 0 gives the sampled tokens' only.
+    assert r.choices[0].text == complete(server, "The capital of France is", n=8).choices[0].text
+    assert complete(server, "The capital of France is", n=2, logprobs=0).choices[0].logprobs.top_logprobs == [{}, {}]
+
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    c = server.client.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+                                              top_logprobs=2)
+    content = c.choices[0].logprobs.content
+    assert len(content) == c.usage.completion_tokens and "".join(t.token for t in content) == c.choices[0].message.content
+    for t in content:
+        assert len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token
+        assert t.top_logprobs[0].logprob == pytest.approx(t.logprob) and t.top_logprobs[1].logprob <= t.logprob
+        assert bytes(t.bytes).decode() == t.token
+    streamed = [t for ch in server.client.chat.completions.create(
+        model="m", messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True)
+        if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
+    assert [(t.token, round(t.logprob, 5)) for t in streamed] == [(t.token, round(t.logprob, 5)) for t in content]
+    assert server.client.chat.completions.create(model="m", messages=msgs, max_tokens=2).choices[0].logprobs is None
+    for bad in ({"logprobs": 21}, {"logprobs": "yes"}):
+        code, _ = server.post_raw("/v1/completions", json.dumps({"prompt": "hi", **bad}))
+        assert code == 400, bad
+    for bad in ({"logprobs": 3}, {"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}):
+        code, _ = server.post_raw("/v1/chat/completions",
+                                  json.dumps({"messages": [{"role": "user", "content": "x"}], **bad}))
+        assert code == 400, bad
 
 
 def test_faults(server):

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The serving comparison of docs/RESULTS.md (issue 14, item 8): the same workload
+# (scripts/bench_serve.py) against `tqkv serve` with several caches and against llama-server
+# with f16, q8_0 and q4_0 caches (flash attention on), same model, threads, context per
+# sequence and parallel sequences. Loopback only; each server is started, measured and stopped.
+#
+#   scripts/bench_serve.sh OUT.jsonl [bench_serve.py options...]
+# Environment: TQKV (binary, default build/dev/tqkv), LLAMA_SERVER (default
+# /work/peer/build/bin/llama-server; skipped when absent), MODEL, THREADS (2), LLAMA_THREADS
+# (THREADS), CTX (2048 per
+# sequence), SEQS (32), TQKV_SPECS ("f16 turboquant_4bit_nc tq-4.375"), LLAMA_TYPES ("f16 q8_0 q4_0").
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${1:?usage: bench_serve.sh OUT.jsonl [bench options]}
+shift
+TQKV=${TQKV:-$ROOT/build/dev/tqkv}
+LLAMA_SERVER=${LLAMA_SERVER:-/work/peer/build/bin/llama-server}
+MODEL=${MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+THREADS=${THREADS:-2}
+LLAMA_THREADS=${LLAMA_THREADS:-$THREADS}  # ggml's spinning thread barrier needs idle cores (see RESULTS)
+CTX=${CTX:-2048}
+SEQS=${SEQS:-32}
+PORT=${PORT:-18300}
+TQKV_SPECS=${TQKV_SPECS:-"f16 turboquant_4bit_nc tq-4.375"}
+LLAMA_TYPES=${LLAMA_TYPES:-"f16 q8_0 q4_0"}
+
+wait_health() {
+  for _ in $(seq 1 600); do
+    if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then return 0; fi
+    sleep 0.2
+  done
+  echo "server did not come up" >&2
+  return 1
+}
+
+bench() {  # label, then the server command
+  local label=$1
+  shift
+  "$@" >"$OUT.$PORT.log" 2>&1 &
+  local pid=$!
+  wait_health
+  echo "# $label: $* ; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  python3 "$ROOT/scripts/bench_serve.py" --url "http://127.0.0.1:$PORT" --label "$label" --json "$OUT" "${BENCH_ARGS[@]}" || true
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  PORT=$((PORT + 1))
+}
+
+BENCH_ARGS=("$@")
+for spec in $TQKV_SPECS; do
+  bench "tqkv $spec" "$TQKV" serve -m "$MODEL" --kv-cache-dtype "$spec" --port "$PORT" --ctx "$CTX" \
+    --max-seqs "$SEQS" --threads "$THREADS"
+done
+if [ -x "$LLAMA_SERVER" ]; then
+  for t in $LLAMA_TYPES; do
+    bench "llama-server $t" "$LLAMA_SERVER" -m "$MODEL" --port "$PORT" -c $((CTX * SEQS)) -np "$SEQS" \
+      -t "$LLAMA_THREADS" -ctk "$t" -ctv "$t" -fa on --no-warmup
+  done
+fi
