@@ -46,7 +46,7 @@ echo "== the engine on the GPU vs the CPU"
 MODEL="models/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [[ -f "$MODEL" ]]; then
   PROMPT="Tell me a short story about a robot who learns to paint."
-  for spec in f16 turboquant_4bit_nc turboquant_k8v4; do
+  for spec in f16 turboquant_4bit_nc turboquant_k8v4 tq-4.375 tq-3.375; do
     echo "== tqkv generate --kv-cache-dtype $spec (greedy, 64 tokens)"
     for dev in cpu cuda; do
       out="$("$BUILD/tqkv" generate -m "$MODEL" -p "$PROMPT" -n 64 --kv-cache-dtype "$spec" --device "$dev" -q 2>&1)"
@@ -61,11 +61,12 @@ if [[ -f "$MODEL" ]]; then
       echo "-- $spec: answers differ (bf16 weights on the GPU; the engine tests bound the logit KL)"
     fi
   done
-  echo "== perplexity, 2 chunks of 512, turboquant_4bit_nc vs f32 (cuda then cpu)"
+  echo "== tqkv eval, ctx 512, 4096 tokens of Genesis, per device (PPL and KL vs that device's f32 cache)"
   if [[ -f data/kjv-genesis.txt ]]; then
     for dev in cuda cpu; do
-      "$BUILD/tqkv" perplexity -m "$MODEL" -f data/kjv-genesis.txt --ctx 512 --chunks 2 \
-        --kv-cache-dtype turboquant_4bit_nc --device "$dev" --json 2>/dev/null || status=1
+      echo "-- $dev"
+      "$BUILD/tqkv" eval -m "$MODEL" -f data/kjv-genesis.txt --ctx 512 --tokens 4096 \
+        --formats "${EVAL_FORMATS:-f16,turboquant_4bit_nc,tq-4.375,tq-3.375}" --device "$dev" 2>/dev/null || status=1
     done
   else
     echo "(no data/kjv-genesis.txt: scripts/fetch_text.sh)"

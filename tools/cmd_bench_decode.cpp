@@ -1,4 +1,4 @@
-// tqkv bench decode -m MODEL [--depths 0,1024,4096] [-n 64] [--formats f16,tq-k4v4] [--json]
+// tqkv bench decode -m MODEL [--depths 0,1024,4096] [--batch 1,16] [-n 64] [--formats f16,tq-k4v4] [--json]
 //
 // Decode and prefill speed of a model, as llama.cpp's `llama-bench -p 0 -n N -d DEPTHS`
 // measures them: for each cache format one sequence is prefilled to each depth in turn (in
@@ -8,9 +8,13 @@
 // decode tokens/s (wall clock, and per process CPU-second, which sees less of other
 // processes on a shared machine) and the prefill tokens/s of the step that reached the
 // depth; a Markdown table, or JSON with --json. Process RSS after load is printed with the
-// model line.
+// model line. With --batch B, B sequences are prefilled to each depth (one after another) and
+// every decode step is one batch of B tokens, one per sequence (tokens/s counts all B); each row
+// also gives the cache bytes one sequence holds at that depth and how many such sequences fit
+// in --budget-gib of cache memory (CacheSpec::bytes, the accounting every command reports).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
@@ -28,8 +32,9 @@
 namespace {
 
 struct DecodeBenchOptions {
-  std::string model, device = "cpu", formats = "f16,tq-k4v4", depths = "0,1024,4096", simd;
+  std::string model, device = "cpu", formats = "f16,tq-k4v4", depths = "0,1024,4096", batches = "1", simd;
   int threads = 0, n = 64;
+  double budget_gib = 40;
   bool json = false;
 };
 
@@ -41,8 +46,9 @@ double cpu_seconds() {
 
 struct Row {
   std::string format;
-  int depth = 0;
-  int prefill_tokens = 0;  // tokens of the step that reached `depth`
+  int depth = 0, batch = 1;
+  int prefill_tokens = 0;
+  double seq_bytes = 0, fit = 0;  // tokens of the step that reached `depth`
   double prefill_tps = 0, decode_tps = 0, decode_cpu_tps = 0;
 };
 
@@ -54,6 +60,8 @@ void register_bench_decode(CLI::App& bench) {
   add_model_options(cmd, o.model, o.threads, o.device);
   cmd->add_option("--formats", o.formats, "comma-separated cache specs")->capture_default_str();
   cmd->add_option("--depths", o.depths, "comma-separated context depths to decode at")->capture_default_str();
+  cmd->add_option("--batch", o.batches, "comma-separated decode batch sizes (sequences per step)")->capture_default_str();
+  cmd->add_option("--budget-gib", o.budget_gib, "cache memory for the 'sequences that fit' column")->capture_default_str();
   cmd->add_option("-n,--n-decode", o.n, "tokens decoded at each depth")->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--simd", o.simd, "force a kernel level: scalar, avx2, avx512");
   cmd->add_flag("--json", o.json, "print JSON");
@@ -69,36 +77,55 @@ void register_bench_decode(CLI::App& bench) {
     const double rss = resident_mib();
     const int V = model.config().n_vocab;
     const int capacity = depths.back() + static_cast<int>(depths.size()) * (o.n + 1) + 1;
+    if (o.budget_gib <= 0) throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "--budget-gib: give a size > 0");
     std::mt19937 rng(1);
     std::vector<int32_t> tokens(static_cast<size_t>(capacity));
     for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
     std::vector<float> logits(V);
     std::vector<Row> rows;
     using clock = std::chrono::steady_clock;
+    std::vector<int> batches;
+    for (const std::string& b : split_list(o.batches)) batches.push_back(std::stoi(b));
+    if (batches.empty() || *std::min_element(batches.begin(), batches.end()) < 1)
+      throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "--batch: give batch sizes >= 1");
     for (const std::string& format : split_list(o.formats)) {
-      auto cache = model.make_cache(format, capacity);
-      const int64_t seq = cache->add_sequence();
-      int len = 0;
-      for (int depth : depths) {
-        Row r;
-        r.format = format;
-        r.depth = depth;
-        if (depth > len) {  // the decoded tokens of the previous depth count towards this one
-          r.prefill_tokens = depth - len;
+      for (const int B : batches) {
+        auto cache = model.make_cache(format, capacity, B);
+        std::vector<int64_t> seqs;
+        for (int b = 0; b < B; ++b) seqs.push_back(cache->add_sequence());
+        std::vector<float> step_logits(static_cast<size_t>(B) * V);
+        // One decode step: token `at` of the stream for every sequence, at position `at`.
+        auto decode_step = [&](int at) {
+          Batch step;
+          for (const int64_t s : seqs) step.add(s, &tokens[at], 1, at, false);
+          model.forward(step, *cache, step_logits.data());
+        };
+        int len = 0;
+        for (int depth : depths) {
+          Row r;
+          r.format = format;
+          r.depth = depth;
+          r.batch = B;
+          if (depth > len) {  // the decoded tokens of the previous depth count towards this one
+            r.prefill_tokens = depth - len;
+            const auto t0 = clock::now();
+            for (const int64_t s : seqs) model.forward(s, &tokens[len], depth - len, *cache, logits.data(), false);
+            r.prefill_tps = static_cast<double>(r.prefill_tokens) * B /
+                            std::chrono::duration<double>(clock::now() - t0).count();
+            len = depth;
+          }
+          // One untimed step first, as llama-bench warms up: the first forward of a process
+          // (or after a prefill) allocates and first-touches its buffers.
+          decode_step(len++);
           const auto t0 = clock::now();
-          model.forward(seq, &tokens[len], depth - len, *cache, logits.data(), false);
-          r.prefill_tps = r.prefill_tokens / std::chrono::duration<double>(clock::now() - t0).count();
-          len = depth;
+          const double c0 = cpu_seconds();
+          for (int i = 0; i < o.n; ++i) decode_step(len++);
+          r.decode_tps = static_cast<double>(o.n) * B / std::chrono::duration<double>(clock::now() - t0).count();
+          r.decode_cpu_tps = static_cast<double>(o.n) * B / (cpu_seconds() - c0);
+          r.seq_bytes = static_cast<double>(cache->spec().bytes(depth, std::max(depth, 1)).total());
+          r.fit = r.seq_bytes > 0 ? std::floor(o.budget_gib * 1073741824.0 / r.seq_bytes) : 0;
+          rows.push_back(r);
         }
-        // One untimed step first, as llama-bench warms up: the first forward of a process
-        // (or after a prefill) allocates and first-touches its buffers.
-        model.forward(seq, &tokens[len++], 1, *cache, logits.data(), false);
-        const auto t0 = clock::now();
-        const double c0 = cpu_seconds();
-        for (int i = 0; i < o.n; ++i, ++len) model.forward(seq, &tokens[len], 1, *cache, logits.data(), false);
-        r.decode_tps = o.n / std::chrono::duration<double>(clock::now() - t0).count();
-        r.decode_cpu_tps = o.n / (cpu_seconds() - c0);
-        rows.push_back(r);
       }
     }
     if (o.json) {
@@ -112,6 +139,9 @@ void register_bench_decode(CLI::App& bench) {
       for (const Row& r : rows)
         j["rows"].push_back({{"format", r.format},
                              {"depth", r.depth},
+                             {"batch", r.batch},
+                             {"cache_bytes_per_sequence", r.seq_bytes},
+                             {"sequences_in_budget", r.fit},
                              {"prefill_tokens", r.prefill_tokens},
                              {"prefill_tokens_per_s", r.prefill_tps},
                              {"decode_tokens_per_s", r.decode_tps},
@@ -122,14 +152,16 @@ void register_bench_decode(CLI::App& bench) {
     std::printf("model %s, %d threads, %s, weights %.0f MiB, RSS after load %.0f MiB\n\n", lm.path.c_str(),
                 tqkv::num_threads(), std::string(tqkv::simd_level_name(tqkv::active_simd_level())).c_str(),
                 model.weight_bytes() / 1048576.0, rss);
-    std::printf("| format | depth | decode tokens/s (tg%d) | per CPU-second | prefill tokens/s (tokens) |\n", o.n);
-    std::printf("|---|---|---|---|---|\n");
+    std::printf("| format | batch | depth | decode tokens/s (tg%d) | per CPU-second | prefill tokens/s (tokens) | "
+                "cache MiB/seq | seqs in %.0f GiB |\n", o.n, o.budget_gib);
+    std::printf("|---|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows) {
-      std::printf("| %s | %d | %.2f | %.2f | ", r.format.c_str(), r.depth, r.decode_tps, r.decode_cpu_tps);
+      std::printf("| %s | %d | %d | %.2f | %.2f | ", r.format.c_str(), r.batch, r.depth, r.decode_tps, r.decode_cpu_tps);
       if (r.prefill_tokens)
-        std::printf("%.1f (%d) |\n", r.prefill_tps, r.prefill_tokens);
+        std::printf("%.1f (%d) | ", r.prefill_tps, r.prefill_tokens);
       else
-        std::printf("- |\n");
+        std::printf("- | ");
+      std::printf("%.2f | %.0f |\n", r.seq_bytes / 1048576.0, r.fit);
     }
   });
 }
