@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "qgemv_kernels.h"
 #include "tqkv/error.h"
 #include "tqkv/half.h"
 
@@ -59,19 +60,10 @@ void q4_k(const uint8_t* b, float* y) {
   const float d = f16(b), dmin = f16(b + 2);
   const uint8_t* sc = b + 4;
   const uint8_t* q = b + 16;
-  auto scale_min = [sc](int j, int& s, int& m) {
-    if (j < 4) {
-      s = sc[j] & 63;
-      m = sc[j + 4] & 63;
-    } else {
-      s = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
-      m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
-  };
   for (int g = 0; g < 4; ++g) {  // 64 elements per 32 bytes of codes: low nibbles, then high
     int s0, m0, s1, m1;
-    scale_min(2 * g, s0, m0);
-    scale_min(2 * g + 1, s1, m1);
+    detail::q4_k_scale_min(sc, 2 * g, s0, m0);
+    detail::q4_k_scale_min(sc, 2 * g + 1, s1, m1);
     const float d0 = d * s0, n0 = dmin * m0, d1 = d * s1, n1 = dmin * m1;
     for (int l = 0; l < 32; ++l) {
       y[l] = d0 * static_cast<float>(q[l] & 0x0f) - n0;
