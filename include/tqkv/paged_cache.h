@@ -23,6 +23,7 @@
 #include "tqkv/codec.h"
 #include "tqkv/format.h"
 #include "tqkv/page_geometry.h"
+#include "tqkv/page_pool.h"
 
 namespace tqkv {
 namespace cpu {
@@ -102,6 +103,14 @@ class PagedCache {
 
   size_t bytes() const;  // all pools
 
+  // One layer's pool and a sequence as the pool functions take them (page_pool.h); const
+  // callers only read through the pool.
+  PagePool page_pool(int layer) const;
+  PagedSeq paged_seq(int64_t seq) const {
+    const Sequence& s = seq_at(seq);
+    return {s.blocks, s.len};
+  }
+
  private:
   struct Sequence {
     std::vector<int32_t> blocks;
@@ -109,8 +118,6 @@ class PagedCache {
   };
   void check_layer(int layer) const;
   const Sequence& seq_at(int64_t seq) const;
-  void place_slot(int layer, int64_t slot, int head, const uint8_t* slot_bytes_in);
-  void gather_slot(int layer, int32_t block, int offset, int head, uint8_t* out) const;
 
   PagedCacheConfig config_;
   std::vector<std::unique_ptr<SlotCodec>> codecs_;

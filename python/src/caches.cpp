@@ -25,14 +25,6 @@ using FloatArray = nb::ndarray<nb::numpy, float>;
 using ByteView = nb::ndarray<nb::numpy, const uint8_t>;
 constexpr const char* kKvDims = "[n_tokens, n_kv_heads, head_dim]";
 
-PageLayout parse_layout(const std::string& s) {
-  if (s == "slot") return PageLayout::Slot;
-  if (s == "page") return PageLayout::Page;
-  std::string msg = "layout: expected 'slot' or 'page', got '";
-  msg.append(s).append("'");
-  throw Error(ErrorCode::InvalidArgument, msg);
-}
-
 // Runs one attention call: q [rows, n_q_heads, head_dim] -> out of the same shape and, when
 // asked, lse [rows, n_q_heads].
 template <typename Run>

@@ -68,6 +68,14 @@ Format to_format(nb::handle h) {
   throw Error(ErrorCode::InvalidArgument, "format: expected a tqkv.Format or a format name (str)");
 }
 
+PageLayout parse_layout(const std::string& s) {
+  if (s == "slot") return PageLayout::Slot;
+  if (s == "page") return PageLayout::Page;
+  std::string msg = "layout: expected 'slot' or 'page', got '";
+  msg.append(s).append("'");
+  throw Error(ErrorCode::InvalidArgument, msg);
+}
+
 std::vector<Format> to_layer_formats(nb::handle h, int n_layers) {
   if (nb::isinstance<Format>(h) || nb::isinstance<nb::str>(h)) return std::vector<Format>(std::max(n_layers, 0), to_format(h));
   if (!nb::isinstance<nb::sequence>(h))

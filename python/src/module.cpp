@@ -1,5 +1,5 @@
 // tqkv._core: the core library on NumPy arrays (formats, slot codecs, the contiguous and
-// paged caches, attention on them). tqkv/__init__.py re-exports it; python/tqkv/_core.pyi is
+// paged caches, attention on them) and the internal functions behind tqkv.torch's ops. tqkv/__init__.py re-exports it; python/tqkv/_core.pyi is
 // generated from these signatures and docstrings (nanobind's stubgen).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -58,4 +58,11 @@ NB_MODULE(_core, m) {
 
   tqkv::python::bind_format(m);
   tqkv::python::bind_caches(m);
+  tqkv::python::bind_pool_ops(m);
+#ifdef TQKV_PY_CUDA
+  tqkv::python::bind_cuda_ops(m);
+  m.attr("has_cuda") = true;
+#else
+  m.attr("has_cuda") = false;
+#endif
 }

@@ -6,7 +6,6 @@
 
 #include "page_buffer.h"
 #include "tqkv/error.h"
-#include "tqkv/slot_encoder.h"
 
 namespace tqkv {
 
@@ -124,38 +123,9 @@ std::vector<int64_t> PagedCache::append_slots(int64_t seq, int n) {
   return slots;
 }
 
-// Slot-layout bytes of one (token, head) -> their places in a page (FORMAT.md).
-void PagedCache::place_slot(int layer, int64_t slot, int head, const uint8_t* in) {
-  const PageGeometry g = geometry(layer);
-  const int bs = config_.block_size;
-  uint8_t* page = pools_[layer]->data() + (slot / bs) * page_bytes(layer);
-  const int t = static_cast<int>(slot % bs);
-  if (g.layout == PageLayout::Slot) {
-    std::memcpy(page + g.slot_offset(t, head), in, g.slot_bytes);
-    return;
-  }
-  const int kcb = g.key_code_bytes, kb = kcb + g.key_meta_bytes, vcb = g.value_code_bytes;
-  std::memcpy(page + g.key_codes(t, head), in, kcb);
-  std::memcpy(page + g.value_codes(t, head), in + kb, vcb);
-  for (int j = 0; j < g.key_meta_bytes / 2; ++j) std::memcpy(page + g.key_meta(t, head, j), in + kcb + 2 * j, 2);
-  for (int j = 0; j < g.value_meta_bytes / 2; ++j)
-    std::memcpy(page + g.value_meta(t, head, j), in + kb + vcb + 2 * j, 2);
-}
-
-void PagedCache::gather_slot(int layer, int32_t block, int t, int head, uint8_t* out) const {
-  const PageGeometry g = geometry(layer);
-  const uint8_t* page = pools_[layer]->data() + block * page_bytes(layer);
-  if (g.layout == PageLayout::Slot) {
-    std::memcpy(out, page + g.slot_offset(t, head), g.slot_bytes);
-    return;
-  }
-  const int kcb = g.key_code_bytes, kb = kcb + g.key_meta_bytes, vcb = g.value_code_bytes;
-  std::memset(out, 0, g.slot_bytes);
-  std::memcpy(out, page + g.key_codes(t, head), kcb);
-  std::memcpy(out + kb, page + g.value_codes(t, head), vcb);
-  for (int j = 0; j < g.key_meta_bytes / 2; ++j) std::memcpy(out + kcb + 2 * j, page + g.key_meta(t, head, j), 2);
-  for (int j = 0; j < g.value_meta_bytes / 2; ++j)
-    std::memcpy(out + kb + vcb + 2 * j, page + g.value_meta(t, head, j), 2);
+PagePool PagedCache::page_pool(int layer) const {
+  check_layer(layer);
+  return {pools_[layer]->data(), config_.num_blocks, geometry(layer)};
 }
 
 void PagedCache::store(int layer, std::span<const int64_t> slot_mapping, const float* k, const float* v,
@@ -166,28 +136,7 @@ void PagedCache::store(int layer, std::span<const int64_t> slot_mapping, const f
                 "store: K/V shape [*, " + std::to_string(n_kv_heads) + ", " + std::to_string(head_dim) +
                     "] does not match the cache [*, " + std::to_string(config_.n_kv_heads) + ", " +
                     std::to_string(config_.head_dim) + "]");
-  const int64_t n_slots = static_cast<int64_t>(config_.num_blocks) * config_.block_size;
-  for (size_t i = 0; i < slot_mapping.size(); ++i)
-    if (slot_mapping[i] >= n_slots)
-      throw Error(ErrorCode::OutOfRange, "store: slot " + std::to_string(slot_mapping[i]) + " of token " +
-                                             std::to_string(i) + " is past the pool (" + std::to_string(n_slots) +
-                                             " slots)");
-  // Encode everything first: a bad token must leave every page as it was.
-  const SlotCodec& c = *codecs_[layer];
-  const int H = config_.n_kv_heads, d = config_.head_dim;
-  const size_t sb = c.slot_bytes();
-  std::vector<uint8_t> scratch(slot_mapping.size() * H * sb);
-  for (size_t i = 0; i < slot_mapping.size(); ++i) {
-    if (slot_mapping[i] < 0) continue;
-    for (int h = 0; h < H; ++h) {
-      const size_t at = i * H + h;
-      encode_slot(c, k + at * d, v + at * d, scratch.data() + at * sb);
-    }
-  }
-  for (size_t i = 0; i < slot_mapping.size(); ++i) {
-    if (slot_mapping[i] < 0) continue;
-    for (int h = 0; h < H; ++h) place_slot(layer, slot_mapping[i], h, scratch.data() + (i * H + h) * sb);
-  }
+  pool_store(*codecs_[layer], page_pool(layer), slot_mapping, k, v);
 }
 
 void PagedCache::read_slot(int layer, int64_t seq, int64_t pos, int head, uint8_t* out) const {
@@ -198,28 +147,13 @@ void PagedCache::read_slot(int layer, int64_t seq, int64_t pos, int head, uint8_
                                            std::to_string(seq) + " (length " + std::to_string(s.len) + ")");
   if (head < 0 || head >= config_.n_kv_heads) throw Error(ErrorCode::OutOfRange, "kv head out of range");
   const int bs = config_.block_size;
-  gather_slot(layer, s.blocks[pos / bs], static_cast<int>(pos % bs), head, out);
+  gather_slot(geometry(layer), pools_[layer]->data() + s.blocks[pos / bs] * page_bytes(layer),
+              static_cast<int>(pos % bs), head, out);
 }
 
 void PagedCache::decode(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const {
   check_layer(layer);
-  const Sequence& s = seq_at(seq);
-  if (count < 0 || start < 0 || start + count > s.len)
-    throw Error(ErrorCode::OutOfRange, "decode range [" + std::to_string(start) + ", " +
-                                           std::to_string(start + count) + ") past the end of sequence " +
-                                           std::to_string(seq) + " (length " + std::to_string(s.len) + ")");
-  const SlotCodec& c = *codecs_[layer];
-  const int H = config_.n_kv_heads, d = config_.head_dim;
-  std::vector<uint8_t> slot(c.slot_bytes());
-  for (int t = 0; t < count; ++t)
-    for (int h = 0; h < H; ++h) {
-      read_slot(layer, seq, start + t, h, slot.data());
-      float* o = out + (static_cast<size_t>(t) * H + h) * d;
-      if (keys)
-        c.decode_key(slot.data(), o);
-      else
-        c.decode_value(slot.data() + c.key_bytes(), o);
-    }
+  pool_decode(*codecs_[layer], page_pool(layer), paged_seq(seq), start, count, keys, out);
 }
 
 const uint8_t* PagedCache::pool(int layer) const {
