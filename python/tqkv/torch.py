@@ -40,6 +40,7 @@ stream at a time. ``max_seq_len`` (0: ``block_tables.shape[1] * block_size``) bo
     >>> out = tq.decode(torch.randn(1, 8, 128), cache, torch.zeros(1, 4, dtype=torch.int32),
     ...                 torch.tensor([5], dtype=torch.int32), "turboquant_4bit_nc")
 """
+import atexit
 import functools
 import threading
 
@@ -242,6 +243,13 @@ def _decode_plan(codec, device, format, dim, seed, heads, block_size, batch, n_q
 
 _plans = {}
 _plans_lock = threading.Lock()
+
+
+@atexit.register
+def _release():
+    # The codecs and plans are extension objects: drop them before the extension goes away.
+    _plans.clear()
+    _cuda_codec.cache_clear()
 
 
 @torch.library.custom_op("tqkv::decode", mutates_args=())
