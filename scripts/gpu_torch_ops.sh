@@ -6,7 +6,8 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-BUILD="$ROOT/${1:-build-torch-ops}"
+BUILD="${1:-build-torch-ops}"
+[[ "$BUILD" == /* ]] || BUILD="$ROOT/$BUILD"
 PY="${PYTHON:-python3}"
 "$PY" -c "import torch, nanobind; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'gpu', torch.cuda.is_available() and torch.cuda.get_device_name(), 'nanobind', nanobind.__version__)"
