@@ -116,7 +116,10 @@ CudaKvCache::~CudaKvCache() {
     cudaFree(L.window_kv.pages);
     cudaFree(L.sink_kv.pages);
   }
+  graphs_.clear();
   for (auto& [key, p] : plans_) cudaFree(p.workspace);
+  for (auto& [bucket, b] : buckets_)
+    for (void* p : {b.slots, b.tables, b.parts}) cudaFree(p);
   for (void* p : {static_cast<void*>(mean_), static_cast<void*>(scale_), slots_, tables_, kws_, vws_, qbuf_, obuf_, parts_})
     cudaFree(p);
 }
@@ -178,13 +181,18 @@ void* CudaKvCache::grow(void*& p, size_t& have, size_t bytes) {
 }
 
 // Once per step (at layer 0): blocks for the new positions, the slot mappings, block tables.
-void CudaKvCache::prepare(const Batch& batch) {
+// With a bucket, padding runs of no sequence (kPadSeq) follow the batch's: slot -1, block 0,
+// length 1.
+void CudaKvCache::prepare(const Batch& batch, int bucket) {
+  constexpr int64_t kPadSeq = -1;
   step_ = Step{};
   step_.runs = batch.runs();
-  const int n = batch.size();
+  const int n = std::max(batch.size(), bucket);
+  for (int i = batch.size(); i < n; ++i) step_.runs.push_back({kPadSeq, i, 1, 0});
   const int bps = blocks_per_seq_;
   // Blocks first (check() guaranteed room: each sequence holds at most capacity positions).
   for (const Batch::Run& r : step_.runs) {
+    if (r.seq == kPadSeq) continue;
     Sequence& s = seqs_.at(r.seq);
     const size_t need = static_cast<size_t>((r.pos0 + r.count + kBlockSize - 1) / kBlockSize);
     while (s.blocks.size() < need) {
@@ -201,14 +209,18 @@ void CudaKvCache::prepare(const Batch& batch) {
   std::vector<int32_t> row_tok, row_len;
   const size_t n_runs = step_.runs.size();
   const int R = ring_blocks_, SB = sink_blocks_;
+  auto slot_of = [&](const Batch::Run& r) { return r.seq == kPadSeq ? 0 : seqs_.at(r.seq).slot; };
   for (size_t j = 0; j < n_runs; ++j) {
     const Batch::Run& r = step_.runs[j];
-    const Sequence& s = seqs_.at(r.seq);
+    const Sequence* s = r.seq == kPadSeq ? nullptr : &seqs_.at(r.seq);
     for (int i = 0; i < r.count; ++i) {
       const int64_t pos = r.pos0 + i;
-      slots[r.begin + i] = static_cast<int64_t>(s.blocks[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
-      if (R > 0) slots[n + r.begin + i] = (static_cast<int64_t>(s.slot) * R + (pos / kBlockSize) % R) * kBlockSize + pos % kBlockSize;
-      if (pos < sinks_) slots[2 * n + r.begin + i] = (static_cast<int64_t>(s.slot) * SB + pos / kBlockSize) * kBlockSize + pos % kBlockSize;
+      if (s) {
+        const int64_t slot = s->slot;
+        slots[r.begin + i] = static_cast<int64_t>(s->blocks[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
+        if (R > 0) slots[n + r.begin + i] = (slot * R + (pos / kBlockSize) % R) * kBlockSize + pos % kBlockSize;
+        if (pos < sinks_) slots[2 * n + r.begin + i] = (slot * SB + pos / kBlockSize) * kBlockSize + pos % kBlockSize;
+      }
       if (copies() || r.count == 1) {
         row_run.push_back(static_cast<int>(j));
         row_tok.push_back(r.begin + i);
@@ -227,6 +239,7 @@ void CudaKvCache::prepare(const Batch& batch) {
   const size_t copy_ints = copies() ? n_dec * (bps + SB + 1) : 0;
   std::vector<int32_t> ints((n_runs + n_dec) * bps + 2 * n_dec + copy_ints, 0);
   for (size_t j = 0; j < n_runs; ++j) {
+    if (step_.runs[j].seq == kPadSeq) continue;
     const Sequence& s = seqs_.at(step_.runs[j].seq);
     std::copy(s.blocks.begin(), s.blocks.end(), ints.begin() + j * bps);
   }
@@ -237,28 +250,75 @@ void CudaKvCache::prepare(const Batch& batch) {
     ints[lens_at + i] = row_len[i];
     ints[lens_at + n_dec + i] = row_tok[i];
     if (!copies()) continue;
-    const int slot = seqs_.at(step_.runs[row_run[i]].seq).slot;
+    const int slot = slot_of(step_.runs[row_run[i]]);
     if (R > 0)
       for (int b = 0; b < bps; ++b) ints[win_at + i * bps + b] = slot * R + b % R;
     for (int b = 0; b < SB; ++b) ints[sink_at + i * SB + b] = slot * SB + b;
     ints[sink_lens_at + i] = std::min(row_len[i], sinks_);
   }
-  grow(slots_, slots_bytes_, slots.size() * sizeof(int64_t));
-  grow(tables_, tables_bytes_, ints.size() * sizeof(int32_t));
-  ck(cudaMemcpyAsync(slots_, slots.data(), slots.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
-     "uploading the slot mapping");
-  ck(cudaMemcpyAsync(tables_, ints.data(), ints.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-     "uploading block tables");
-  auto* base = static_cast<int32_t*>(tables_);
+  const size_t slot_bytes = slots.size() * sizeof(int64_t), int_bytes = ints.size() * sizeof(int32_t);
+  void* slot_buf = nullptr;
+  void* table_buf = nullptr;
+  step_parts_ = nullptr;
+  if (bucket > 0) {  // fixed: a recorded step reads them where it read them when recorded
+    StepBuffers& b = buckets_[bucket];
+    if (!b.slots) {
+      const ModelConfig& m = spec().model;
+      const size_t parts = copies() ? n_dec * static_cast<size_t>(m.n_heads) * (m.head_dim + 3) * sizeof(float) : 0;
+      ck(cudaMalloc(&b.slots, slot_bytes), "allocating a bucket's slot mapping");
+      ck(cudaMalloc(&b.tables, int_bytes), "allocating a bucket's block tables");
+      if (parts) ck(cudaMalloc(&b.parts, parts), "allocating a bucket's attention parts");
+    }
+    slot_buf = b.slots;
+    table_buf = b.tables;
+    step_parts_ = static_cast<float*>(b.parts);
+  } else {
+    slot_buf = grow(slots_, slots_bytes_, slot_bytes);
+    table_buf = grow(tables_, tables_bytes_, int_bytes);
+  }
+  ck(cudaMemcpyAsync(slot_buf, slots.data(), slot_bytes, cudaMemcpyHostToDevice, stream_), "uploading the slot mapping");
+  ck(cudaMemcpyAsync(table_buf, ints.data(), int_bytes, cudaMemcpyHostToDevice, stream_), "uploading block tables");
+  auto* base = static_cast<int32_t*>(table_buf);
+  step_slots_ = static_cast<int64_t*>(slot_buf);
+  step_tables_ = base;
   dec_tables_ = base + n_runs * bps;
   dec_lens_ = base + lens_at;
   dec_rows_ = dec_lens_ + n_dec;
   win_tables_ = base + win_at;
   sink_tables_ = base + sink_at;
   sink_lens_ = base + sink_lens_at;
-  win_slots_ = static_cast<int64_t*>(slots_) + n;
-  sink_slots_ = static_cast<int64_t*>(slots_) + 2 * static_cast<size_t>(n);
-  for (const Batch::Run& r : step_.runs) seqs_.at(r.seq).len = r.pos0 + r.count;
+  win_slots_ = step_slots_ + n;
+  sink_slots_ = step_slots_ + 2 * static_cast<size_t>(n);
+  for (const Batch::Run& r : step_.runs)
+    if (r.seq != kPadSeq) seqs_.at(r.seq).len = r.pos0 + r.count;
+}
+
+bool CudaKvCache::graphs_supported() const {
+  if (key_hook()) return false;  // host code between the layers
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (!layers_[l].decode || spec().model.window(static_cast<int>(l)) != 0) return false;
+  return true;
+}
+
+void CudaKvCache::prepare_bucket(const Batch& batch, int bucket) {
+  if (batch.size() > bucket) throw Error(ErrorCode::InvalidArgument, "cache: a step larger than its bucket");
+  for (int t = 0; t < batch.size(); ++t)
+    if (t > 0 && batch.seqs[t] == batch.seqs[t - 1])
+      throw Error(ErrorCode::InvalidArgument, "cache: a graph bucket takes one token per sequence");
+  prepare(batch, bucket);
+  bucket_pending_ = bucket;
+}
+
+int CudaKvCache::graphs_recorded() const {
+  int n = 0;
+  for (const auto& [key, g] : graphs_) n += g->exec != nullptr;
+  return n;
+}
+
+StepGraph& CudaKvCache::step_graph(const void* model, int bucket) {
+  auto& g = graphs_[{model, bucket}];
+  if (!g) g = std::make_unique<StepGraph>(bucket);
+  return *g;
 }
 
 CudaKvCache::Plan& CudaKvCache::plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, int batch,
@@ -300,7 +360,11 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   const ModelConfig& m = spec().model;
   const int n = batch.size();
   if (n == 0) return;
-  if (layer == 0) {
+  if (layer == 0 && bucket_pending_) {  // prepared by prepare_bucket: `batch` is the padded step
+    const int bucket = bucket_pending_;
+    bucket_pending_ = 0;
+    if (n != bucket) throw Error(ErrorCode::InvalidArgument, "cache: the step is not the size of its prepared bucket");
+  } else if (layer == 0) {
     for (const Batch::Run& r : batch.runs())  // before anything is written (Model::forward splits longer runs)
       if (r.count > max_step_tokens())
         throw Error(ErrorCode::Capacity, "cache: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
@@ -319,7 +383,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   sa.k = k;
   sa.v = v;
   sa.dtype = cuda::DType::F32;
-  sa.slot_mapping = static_cast<const int64_t*>(slots_);
+  sa.slot_mapping = step_slots_;
   sa.n_tokens = n;
   cuda::store(L.codec, L.kv, sa, stream_);
   const bool covered = L.window_codec.has_value();  // the layer keeps copies (same centred keys)
@@ -355,7 +419,8 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       // Parts: the compressed [S, p - N] into o, the window's (p - N, p] and the sinks' [0, S)
       // into the parts buffer, merged into o by their log-sum-exps (the CPU's RecentWindow).
       const size_t rows_h = static_cast<size_t>(n_dec) * hq;
-      float* part = static_cast<float*>(grow(parts_, parts_bytes_, (out_floats + 3 * rows_h) * sizeof(float)));
+      float* part = step_parts_ ? step_parts_
+                                : static_cast<float*>(grow(parts_, parts_bytes_, (out_floats + 3 * rows_h) * sizeof(float)));
       float* lse_main = part + out_floats;
       float* lse_part = lse_main + rows_h;
       AttentionParams older = ap;
@@ -384,7 +449,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     const int n_kv = static_cast<int>(r.pos0 + r.count);
     const size_t bytes = static_cast<size_t>(n_kv) * hkv * D * elem;
     cuda::DequantArgs dq;
-    dq.block_table = static_cast<const int32_t*>(tables_) + j * blocks_per_seq_;
+    dq.block_table = step_tables_ + j * blocks_per_seq_;
     dq.start = 0;
     dq.n_tokens = n_kv;
     dq.k_out = grow(kws_, kws_bytes_, bytes);

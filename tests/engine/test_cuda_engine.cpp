@@ -216,6 +216,100 @@ TEST_F(CudaSmol, VarlenBatchEqualsSeparateRuns) {
   }
 }
 
+// CUDA graphs (cuda_graphs.h): decode steps replayed from a recorded graph give the tokens of
+// the same steps run op by op. Graphs are switched per device; the fixture's model shares one.
+class GraphsOff {
+ public:
+  explicit GraphsOff(Device& d) : d_(d), was_(d.step_graphs()) { d.set_step_graphs(false); }
+  ~GraphsOff() { d_.set_step_graphs(was_); }
+
+ private:
+  Device& d_;
+  bool was_;
+};
+
+int recorded(const KvCache& c) {
+  const auto* cc = dynamic_cast<const CudaKvCache*>(&c);
+  return cc ? cc->graphs_recorded() : -1;
+}
+
+// 64 greedy tokens of generate's default prompt: a batch of one (bucket 1), every step after
+// the second one replayed.
+TEST_F(CudaSmol, GraphsGiveTheSameGreedyTokens) {
+  const std::vector<int32_t> prompt = chat("What are the three primary colors? Answer briefly.");
+  ASSERT_TRUE(gpu_->device().step_graphs()) << "graphs are on by default (unset TQKV_CUDA_GRAPHS)";
+  for (const std::string spec : {"f16", "turboquant_4bit_nc", "tq-4.375"}) {
+    SCOPED_TRACE(spec);
+    auto cache = gpu_->make_cache(spec, 512);
+    const auto* cc = dynamic_cast<const CudaKvCache*>(cache.get());
+    ASSERT_NE(cc, nullptr);
+    ASSERT_TRUE(cc->graphs_supported());
+    GenerateOptions g;
+    g.n_predict = 64;
+    g.stop_at_end_of_generation = false;
+    std::vector<int32_t> with, without;
+    generate(*gpu_, *tok_, *cache, cache->add_sequence(), prompt, g, [&](int32_t id) { with.push_back(id); });
+    EXPECT_EQ(recorded(*cache), 1);
+    {
+      GraphsOff off(gpu_->device());
+      without = greedy(*gpu_, prompt, spec, 64);
+    }
+    ASSERT_EQ(with.size(), 64u);
+    EXPECT_EQ(with, without) << "graphs: " << tok_->decode(with) << "\nop by op: " << tok_->decode(without);
+    std::printf("[ graphs ] %-20s 64 greedy tokens identical: %s\n", spec.c_str(), with == without ? "yes" : "no");
+  }
+}
+
+// Greedy decode of B sequences of different lengths in one batch per step: a batch that fills
+// its bucket (4) and one that is padded (3 -> 4, 5 -> 8), each against the same steps op by op.
+std::vector<std::vector<int32_t>> batched_greedy(const Model& m, const std::vector<std::vector<int32_t>>& prompts,
+                                                 const std::string& spec, int steps, int* graphs) {
+  const int V = m.config().n_vocab, B = static_cast<int>(prompts.size());
+  auto cache = m.make_cache(spec, 256, B);
+  std::vector<int64_t> seqs;
+  std::vector<std::vector<int32_t>> out(B);
+  std::vector<float> logits(static_cast<size_t>(B) * V);
+  for (int b = 0; b < B; ++b) {
+    seqs.push_back(cache->add_sequence());
+    m.forward(seqs[b], prompts[b].data(), static_cast<int>(prompts[b].size()), *cache, logits.data() + b * V, false);
+  }
+  for (int s = 0; s < steps; ++s) {
+    Batch step;
+    for (int b = 0; b < B; ++b) {
+      const float* row = logits.data() + static_cast<size_t>(b) * V;
+      const int32_t id = static_cast<int32_t>(std::max_element(row, row + V) - row);
+      out[b].push_back(id);
+      step.add(seqs[b], &id, 1, cache->seq_len(seqs[b]), false);
+    }
+    m.forward(step, *cache, logits.data());
+  }
+  *graphs = recorded(*cache);
+  return out;
+}
+
+TEST_F(CudaSmol, GraphsGiveTheSameTokensForBatchesOfDifferentLengths) {
+  const std::vector<std::vector<int32_t>> prompts = {
+      chat("Name three rivers."), chat("What is two plus two?"),
+      chat("Tell me a short story about a robot who learns to paint."), tok_->encode("Once upon a time", false),
+      chat("Why is the sky blue? Explain in detail.")};
+  for (const std::string spec : {"f16", "tq-4.375"}) {
+    for (const int B : {4, 3, 5}) {
+      SCOPED_TRACE(spec + " batch " + std::to_string(B));
+      const std::vector<std::vector<int32_t>> p(prompts.begin(), prompts.begin() + B);
+      int with_graphs = 0, without_graphs = 0;
+      const auto with = batched_greedy(*gpu_, p, spec, 24, &with_graphs);
+      std::vector<std::vector<int32_t>> without;
+      {
+        GraphsOff off(gpu_->device());
+        without = batched_greedy(*gpu_, p, spec, 24, &without_graphs);
+      }
+      EXPECT_EQ(with_graphs, 1);
+      EXPECT_EQ(without_graphs, 0);
+      for (int b = 0; b < B; ++b) EXPECT_EQ(with[b], without[b]) << "sequence " << b;
+    }
+  }
+}
+
 // The GPU cache reads back what the CPU cache reads back for the same keys (both decode the
 // same slot bytes; centring undone with the same statistics). The keys themselves differ by the
 // bf16 weights, so the comparison is relative.
