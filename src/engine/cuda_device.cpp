@@ -356,6 +356,7 @@ void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model,
       ++g.warm_runs;
     }
   }
+  cc->cancel_bucket();  // a replay runs no attend() to take the prepared bucket
   if (g.exec) ck(cudaGraphLaunch(g.exec, I.stream), "launching a step's graph");
   const float* src = g.exec ? g.logits : I.step.logits;
   const size_t floats = (g.exec ? g.logit_floats : I.step.logit_floats) / bucket * n;

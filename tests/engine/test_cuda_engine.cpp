@@ -262,8 +262,11 @@ TEST_F(CudaSmol, GraphsGiveTheSameGreedyTokens) {
 
 // Greedy decode of B sequences of different lengths in one batch per step: a batch that fills
 // its bucket (4) and one that is padded (3 -> 4, 5 -> 8), each against the same steps op by op.
+// toggle_every > 0: graphs switched on or off every that many steps (replays and op-by-op steps
+// on one cache, as bench decode times them).
 std::vector<std::vector<int32_t>> batched_greedy(const Model& m, const std::vector<std::vector<int32_t>>& prompts,
-                                                 const std::string& spec, int steps, int* graphs) {
+                                                 const std::string& spec, int steps, int* graphs,
+                                                 int toggle_every = 0) {
   const int V = m.config().n_vocab, B = static_cast<int>(prompts.size());
   auto cache = m.make_cache(spec, 256, B);
   std::vector<int64_t> seqs;
@@ -273,7 +276,10 @@ std::vector<std::vector<int32_t>> batched_greedy(const Model& m, const std::vect
     seqs.push_back(cache->add_sequence());
     m.forward(seqs[b], prompts[b].data(), static_cast<int>(prompts[b].size()), *cache, logits.data() + b * V, false);
   }
+  Device& dev = m.device();
+  const bool graphs_at_start = dev.step_graphs();
   for (int s = 0; s < steps; ++s) {
+    if (toggle_every > 0 && s > 0 && s % toggle_every == 0) dev.set_step_graphs(!dev.step_graphs());
     Batch step;
     for (int b = 0; b < B; ++b) {
       const float* row = logits.data() + static_cast<size_t>(b) * V;
@@ -283,6 +289,8 @@ std::vector<std::vector<int32_t>> batched_greedy(const Model& m, const std::vect
     }
     m.forward(step, *cache, logits.data());
   }
+  dev.set_step_graphs(graphs_at_start);
+  for (int b = 0; b < B; ++b) EXPECT_EQ(cache->seq_len(seqs[b]), static_cast<int64_t>(prompts[b].size()) + steps);
   *graphs = recorded(*cache);
   return out;
 }
@@ -306,6 +314,11 @@ TEST_F(CudaSmol, GraphsGiveTheSameTokensForBatchesOfDifferentLengths) {
       EXPECT_EQ(with_graphs, 1);
       EXPECT_EQ(without_graphs, 0);
       for (int b = 0; b < B; ++b) EXPECT_EQ(with[b], without[b]) << "sequence " << b;
+      // Replays and op-by-op steps taking turns on one cache (each picks up where the other left).
+      int mixed_graphs = 0;
+      const auto mixed = batched_greedy(*gpu_, p, spec, 24, &mixed_graphs, 5);
+      EXPECT_EQ(mixed_graphs, 1);
+      for (int b = 0; b < B; ++b) EXPECT_EQ(mixed[b], without[b]) << "sequence " << b << ", graphs on and off in turn";
     }
   }
 }
