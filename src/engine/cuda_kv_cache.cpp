@@ -104,6 +104,11 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
     cudaFree(scale_);
     throw;
   }
+  if (copies()) {
+    for (cudaStream_t& side : side_) ck(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "creating a stream");
+    ck(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "creating an event");
+    for (cudaEvent_t& e : join_) ck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an event");
+  }
   free_.reserve(num_blocks);
   for (int b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
   for (int i = shape.max_seqs - 1; i >= 0; --i) free_slots_.push_back(i);
@@ -117,6 +122,13 @@ CudaKvCache::~CudaKvCache() {
     cudaFree(L.sink_kv.pages);
   }
   graphs_.clear();
+  for (cudaStream_t side : side_)
+    if (side) {
+      cudaStreamSynchronize(side);
+      cudaStreamDestroy(side);
+    }
+  for (cudaEvent_t e : {fork_, join_[0], join_[1]})
+    if (e) cudaEventDestroy(e);
   for (auto& [key, p] : plans_) cudaFree(p.workspace);
   for (auto& [bucket, b] : buckets_)
     for (void* p : {b.slots, b.tables, b.parts}) cudaFree(p);
@@ -263,8 +275,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   if (bucket > 0) {  // fixed: a recorded step reads them where it read them when recorded
     StepBuffers& b = buckets_[bucket];
     if (!b.slots) {
-      const ModelConfig& m = spec().model;
-      const size_t parts = copies() ? n_dec * static_cast<size_t>(m.n_heads) * (m.head_dim + 3) * sizeof(float) : 0;
+      const size_t parts = copies() ? parts_floats(static_cast<int>(n_dec)) * sizeof(float) : 0;
       ck(cudaMalloc(&b.slots, slot_bytes), "allocating a bucket's slot mapping");
       ck(cudaMalloc(&b.tables, int_bytes), "allocating a bucket's block tables");
       if (parts) ck(cudaMalloc(&b.parts, parts), "allocating a bucket's attention parts");
@@ -321,16 +332,16 @@ StepGraph& CudaKvCache::step_graph(const void* model, int bucket) {
   return *g;
 }
 
-CudaKvCache::Plan& CudaKvCache::plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, int batch,
-                                         int max_len) {
-  const auto key = std::make_tuple(codec.format().name(), batch, max_len);
+CudaKvCache::Plan& CudaKvCache::plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, int batch,
+                                         int max_len, cudaStream_t stream) {
+  const auto key = std::make_tuple(codec.format().name(), part, batch, max_len);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   Plan p;
   p.plan = cuda::plan_decode(codec, kv, batch, spec().model.n_heads, max_len);
   ck(cudaMalloc(&p.workspace, std::max<size_t>(p.plan.workspace_bytes, 256)), "allocating a decode workspace");
   try {
-    cuda::init_decode_workspace(codec, kv, p.plan, p.workspace, stream_);
+    cuda::init_decode_workspace(codec, kv, p.plan, p.workspace, stream);  // before its first run, on its stream
   } catch (...) {
     cudaFree(p.workspace);
     throw;
@@ -338,10 +349,10 @@ CudaKvCache::Plan& CudaKvCache::plan_for(const cuda::CacheCodec& codec, const cu
   return plans_.emplace(key, p).first->second;
 }
 
-void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, const int32_t* tables, int stride,
-                         const int32_t* lens, int max_len, const AttentionParams& ap, const float* q, float* o,
-                         float* lse) {
-  Plan& p = plan_for(codec, kv, step_.n_rows, max_len);
+void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, const int32_t* tables,
+                         int stride, const int32_t* lens, int max_len, const AttentionParams& ap, const float* q,
+                         float* o, float* lse, cudaStream_t stream) {
+  Plan& p = plan_for(codec, kv, part, step_.n_rows, max_len, stream);
   cuda::DecodeArgs da;
   da.q = q;
   da.q_dtype = cuda::DType::F32;
@@ -353,7 +364,7 @@ void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv,
   da.batch = step_.n_rows;
   da.params = ap;
   da.params.lse = lse;
-  cuda::run_decode(codec, kv, da, p.plan, p.workspace, stream_);
+  cuda::run_decode(codec, kv, da, p.plan, p.workspace, stream);
 }
 
 void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
@@ -414,30 +425,48 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     ap.head_dim = D;
     ap.scale = scale;
     if (!covered) {
-      decode(L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), ap, q_in, o, nullptr);
+      decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), ap, q_in, o, nullptr,
+             stream_);
     } else {
       // Parts: the compressed [S, p - N] into o, the window's (p - N, p] and the sinks' [0, S)
-      // into the parts buffer, merged into o by their log-sum-exps (the CPU's RecentWindow).
+      // into the parts buffer, merged into o by their log-sum-exps (the CPU's RecentWindow), the
+      // window first. The window's and the sinks' launches run on the side streams meanwhile.
       const size_t rows_h = static_cast<size_t>(n_dec) * hq;
       float* part = step_parts_ ? step_parts_
-                                : static_cast<float*>(grow(parts_, parts_bytes_, (out_floats + 3 * rows_h) * sizeof(float)));
-      float* lse_main = part + out_floats;
-      float* lse_part = lse_main + rows_h;
-      AttentionParams older = ap;
-      older.min_key_pos = sinks_;
-      older.exclude_recent = window_;
-      decode(L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), older, q_in, o, lse_main);
+                                : static_cast<float*>(grow(parts_, parts_bytes_, parts_floats(n_dec) * sizeof(float)));
+      float* part_w = part;
+      float* part_s = part + out_floats;
+      float* lse_main = part + 2 * out_floats;
+      float* lse_w = lse_main + rows_h;
+      float* lse_s = lse_w + rows_h;
+      ck(cudaEventRecord(fork_, stream_), "forking the copies' decodes");
       if (window_ > 0) {
         AttentionParams recent = ap;
         recent.min_key_pos = sinks_;
         recent.window = window_;
-        decode(*L.window_codec, L.window_kv, win_tables_, blocks_per_seq_, dec_lens_, window_ + kBlockSize, recent,
-               q_in, part, lse_part);
-        cuda::merge_attention(o, lse_main, part, lse_part, static_cast<int>(rows_h), D, stream_);
+        ck(cudaStreamWaitEvent(side_[0], fork_, 0), "forking the window's decode");
+        decode(*L.window_codec, L.window_kv, Part::Window, win_tables_, blocks_per_seq_, dec_lens_, window_ + kBlockSize,
+               recent, q_in, part_w, lse_w, side_[0]);
+        ck(cudaEventRecord(join_[0], side_[0]), "joining the window's decode");
       }
       if (sinks_ > 0) {
-        decode(*L.sink_codec, L.sink_kv, sink_tables_, sink_blocks_, sink_lens_, sinks_, ap, q_in, part, lse_part);
-        cuda::merge_attention(o, lse_main, part, lse_part, static_cast<int>(rows_h), D, stream_);
+        ck(cudaStreamWaitEvent(side_[1], fork_, 0), "forking the sinks' decode");
+        decode(*L.sink_codec, L.sink_kv, Part::Sinks, sink_tables_, sink_blocks_, sink_lens_, sinks_, ap, q_in, part_s,
+               lse_s, side_[1]);
+        ck(cudaEventRecord(join_[1], side_[1]), "joining the sinks' decode");
+      }
+      AttentionParams older = ap;
+      older.min_key_pos = sinks_;
+      older.exclude_recent = window_;
+      decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), older, q_in, o, lse_main,
+             stream_);
+      if (window_ > 0) {
+        ck(cudaStreamWaitEvent(stream_, join_[0], 0), "joining the window's decode");
+        cuda::merge_attention(o, lse_main, part_w, lse_w, static_cast<int>(rows_h), D, stream_);
+      }
+      if (sinks_ > 0) {
+        ck(cudaStreamWaitEvent(stream_, join_[1], 0), "joining the sinks' decode");
+        cuda::merge_attention(o, lse_main, part_s, lse_s, static_cast<int>(rows_h), D, stream_);
       }
     }
     if (!step_.decode_contiguous) cuda::scatter_rows(o, static_cast<int>(q_row), dec_rows_, n_dec, out, stream_);

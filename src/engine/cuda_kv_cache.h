@@ -17,7 +17,9 @@
 // blocks, so the decode kernel reads it like any paged cache. Every query of a step (prefill
 // tokens included, 512 per step at most) then runs through the split-KV decode kernel three
 // times, over the copies of [0, S), the compressed [S, p - N] and the copies of (p - N, p], and
-// the parts merge by their log-sum-exps (cuda::merge_attention). Copies need a decode kernel for
+// the parts merge by their log-sum-exps (cuda::merge_attention); the window's and the sinks'
+// launches run on two side streams beside the compressed one, so a layer waits for one decode,
+// not three in a row. Copies need a decode kernel for
 // the layer's format (cuda::CacheCodec::decode_supported) and no sliding-window layers.
 //
 // CUDA graphs (cuda_graphs.h): a decode step padded to a bucket prepares into that bucket's
@@ -116,11 +118,22 @@ class CudaKvCache final : public KvCache {
   // bucket > 0: pad to `bucket` rows into the bucket's buffers.
   void prepare(const Batch& batch, int bucket = 0);
   void* grow(void*& p, size_t& have, size_t bytes);
-  Plan& plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, int batch, int max_len);
+  // The decode parts of a layer: which pool a launch reads. Each has its own plans (and
+  // workspaces), so the parts may run at the same time.
+  enum class Part { Main, Window, Sinks };
+  Plan& plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, int batch, int max_len,
+                 cudaStream_t stream);
   bool copies() const { return sinks_ > 0 || window_ > 0; }
-  // One decode launch over the step's rows into o [n_rows, n_heads, head_dim] and lse.
-  void decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, const int32_t* tables, int stride,
-              const int32_t* lens, int max_len, const AttentionParams& ap, const float* q, float* o, float* lse);
+  // Floats of the copies' parts for `rows` decode rows: the window's and the sinks' outputs
+  // [rows, n_heads, head_dim] each, then the log-sum-exps of the compressed part, the window's
+  // and the sinks' [rows, n_heads] each.
+  size_t parts_floats(int rows) const {
+    return static_cast<size_t>(rows) * spec().model.n_heads * (2 * static_cast<size_t>(spec().model.head_dim) + 3);
+  }
+  // One decode launch over the step's rows into o [n_rows, n_heads, head_dim] and lse, on `stream`.
+  void decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, const int32_t* tables, int stride,
+              const int32_t* lens, int max_len, const AttentionParams& ap, const float* q, float* o, float* lse,
+              cudaStream_t stream);
 
   std::shared_ptr<CUstream_st> owner_;
   cudaStream_t stream_;
@@ -136,7 +149,12 @@ class CudaKvCache final : public KvCache {
   std::unordered_map<int64_t, Sequence> seqs_;
   int64_t next_id_ = 0;
   Step step_;
-  std::map<std::tuple<std::string, int, int>, Plan> plans_;
+  std::map<std::tuple<std::string, Part, int, int>, Plan> plans_;
+  // Copies: the window's and the sinks' decodes run on side streams, forked from and joined back
+  // into the step's stream (in a recorded step: parallel branches of the graph).
+  cudaStream_t side_[2] = {nullptr, nullptr};
+  cudaEvent_t fork_ = nullptr;
+  cudaEvent_t join_[2] = {nullptr, nullptr};
   // Device buffers of the step (grown, never shrunk).
   void* slots_ = nullptr;  // int64 [n]
   size_t slots_bytes_ = 0;
