@@ -430,7 +430,14 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     } else {
       // Parts: the compressed [S, p - N] into o, the window's (p - N, p] and the sinks' [0, S)
       // into the parts buffer, merged into o by their log-sum-exps (the CPU's RecentWindow), the
-      // window first. The window's and the sinks' launches run on the side streams meanwhile.
+      // window first. While a step is recorded, the window's and the sinks' launches go to the
+      // side streams (parallel branches of the graph); op by op they stay on the step's stream,
+      // where the events cost more than the overlap gains (tq-4.375, batch 1: 150 against ~196
+      // tokens/s). Either way the same kernels write the same buffers.
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      ck(cudaStreamIsCapturing(stream_, &capture), "querying the stream");
+      const bool fork = capture == cudaStreamCaptureStatusActive;
+      cudaStream_t window_stream = fork ? side_[0] : stream_, sink_stream = fork ? side_[1] : stream_;
       const size_t rows_h = static_cast<size_t>(n_dec) * hq;
       float* part = step_parts_ ? step_parts_
                                 : static_cast<float*>(grow(parts_, parts_bytes_, parts_floats(n_dec) * sizeof(float)));
@@ -439,21 +446,21 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       float* lse_main = part + 2 * out_floats;
       float* lse_w = lse_main + rows_h;
       float* lse_s = lse_w + rows_h;
-      ck(cudaEventRecord(fork_, stream_), "forking the copies' decodes");
+      if (fork) ck(cudaEventRecord(fork_, stream_), "forking the copies' decodes");
       if (window_ > 0) {
         AttentionParams recent = ap;
         recent.min_key_pos = sinks_;
         recent.window = window_;
-        ck(cudaStreamWaitEvent(side_[0], fork_, 0), "forking the window's decode");
+        if (fork) ck(cudaStreamWaitEvent(window_stream, fork_, 0), "forking the window's decode");
         decode(*L.window_codec, L.window_kv, Part::Window, win_tables_, blocks_per_seq_, dec_lens_, window_ + kBlockSize,
-               recent, q_in, part_w, lse_w, side_[0]);
-        ck(cudaEventRecord(join_[0], side_[0]), "joining the window's decode");
+               recent, q_in, part_w, lse_w, window_stream);
+        if (fork) ck(cudaEventRecord(join_[0], window_stream), "joining the window's decode");
       }
       if (sinks_ > 0) {
-        ck(cudaStreamWaitEvent(side_[1], fork_, 0), "forking the sinks' decode");
+        if (fork) ck(cudaStreamWaitEvent(sink_stream, fork_, 0), "forking the sinks' decode");
         decode(*L.sink_codec, L.sink_kv, Part::Sinks, sink_tables_, sink_blocks_, sink_lens_, sinks_, ap, q_in, part_s,
-               lse_s, side_[1]);
-        ck(cudaEventRecord(join_[1], side_[1]), "joining the sinks' decode");
+               lse_s, sink_stream);
+        if (fork) ck(cudaEventRecord(join_[1], sink_stream), "joining the sinks' decode");
       }
       AttentionParams older = ap;
       older.min_key_pos = sinks_;
@@ -461,11 +468,11 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), older, q_in, o, lse_main,
              stream_);
       if (window_ > 0) {
-        ck(cudaStreamWaitEvent(stream_, join_[0], 0), "joining the window's decode");
+        if (fork) ck(cudaStreamWaitEvent(stream_, join_[0], 0), "joining the window's decode");
         cuda::merge_attention(o, lse_main, part_w, lse_w, static_cast<int>(rows_h), D, stream_);
       }
       if (sinks_ > 0) {
-        ck(cudaStreamWaitEvent(stream_, join_[1], 0), "joining the sinks' decode");
+        if (fork) ck(cudaStreamWaitEvent(stream_, join_[1], 0), "joining the sinks' decode");
         cuda::merge_attention(o, lse_main, part_s, lse_s, static_cast<int>(rows_h), D, stream_);
       }
     }

@@ -17,9 +17,9 @@
 // blocks, so the decode kernel reads it like any paged cache. Every query of a step (prefill
 // tokens included, 512 per step at most) then runs through the split-KV decode kernel three
 // times, over the copies of [0, S), the compressed [S, p - N] and the copies of (p - N, p], and
-// the parts merge by their log-sum-exps (cuda::merge_attention); the window's and the sinks'
-// launches run on two side streams beside the compressed one, so a layer waits for one decode,
-// not three in a row. Copies need a decode kernel for
+// the parts merge by their log-sum-exps (cuda::merge_attention); in a recorded step (CUDA
+// graphs) the window's and the sinks' launches are forked onto two side streams, parallel
+// branches beside the compressed one. Copies need a decode kernel for
 // the layer's format (cuda::CacheCodec::decode_supported) and no sliding-window layers.
 //
 // CUDA graphs (cuda_graphs.h): a decode step padded to a bucket prepares into that bucket's
@@ -150,8 +150,8 @@ class CudaKvCache final : public KvCache {
   int64_t next_id_ = 0;
   Step step_;
   std::map<std::tuple<std::string, Part, int, int>, Plan> plans_;
-  // Copies: the window's and the sinks' decodes run on side streams, forked from and joined back
-  // into the step's stream (in a recorded step: parallel branches of the graph).
+  // Copies, while a step is recorded: the window's and the sinks' decodes go to side streams,
+  // forked from and joined back into the step's stream (parallel branches of the graph).
   cudaStream_t side_[2] = {nullptr, nullptr};
   cudaEvent_t fork_ = nullptr;
   cudaEvent_t join_[2] = {nullptr, nullptr};

@@ -461,8 +461,8 @@ TEST(CudaCacheLayer, RecipesWithSinksAndWindowMatchCpu) {
 // The cache layer's part of a CUDA graph (CudaDevice::run_step records the rest): decode steps of
 // two sequences of different lengths prepared into a bucket, recorded once and replayed, give
 // the outputs of the same steps run op by op on a twin cache, bit for bit, with sinks and a
-// window (their decodes forked onto side streams: parallel branches of the graph) over steps
-// that move the ring past the window.
+// window (their decodes forked onto side streams while recorded: parallel branches of the
+// graph; on one stream op by op) over steps that move the ring past the window.
 TEST(CudaCacheLayer, RecordedDecodeStepsMatchOpByOp) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   const ModelConfig m = cache_test_model(2, 6, 2);
