@@ -1,4 +1,5 @@
 // tqkv bench decode -m MODEL [--depths 0,1024,4096] [--batch 1,16] [-n 64] [--formats f16,tq-k4v4] [--json]
+//                   [--device cuda] [--cuda-graphs both|on|off]
 //
 // Decode and prefill speed of a model, as llama.cpp's `llama-bench -p 0 -n N -d DEPTHS`
 // measures them: for each cache format one sequence is prefilled to each depth in turn (in
@@ -12,6 +13,8 @@
 // every decode step is one batch of B tokens, one per sequence (tokens/s counts all B); each row
 // also gives the cache bytes one sequence holds at that depth and how many such sequences fit
 // in --budget-gib of cache memory (CacheSpec::bytes, the accounting every command reports).
+// On the GPU, --cuda-graphs both (the default) times the decode steps replayed from CUDA graphs
+// and then as many steps op by op (n + 1 positions deeper); on or off times one of them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,7 +35,8 @@
 namespace {
 
 struct DecodeBenchOptions {
-  std::string model, device = "cpu", formats = "f16,tq-k4v4", depths = "0,1024,4096", batches = "1", simd;
+  std::string model, device = "cpu", formats = "f16,tq-k4v4", depths = "0,1024,4096", batches = "1", simd,
+      graphs = "both";
   int threads = 0, n = 64;
   double budget_gib = 40;
   bool json = false;
@@ -50,6 +54,7 @@ struct Row {
   int prefill_tokens = 0;
   double seq_bytes = 0, fit = 0;  // tokens of the step that reached `depth`
   double prefill_tps = 0, decode_tps = 0, decode_cpu_tps = 0;
+  double decode_tps_op_by_op = 0;  // with --cuda-graphs both: the same steps without graphs
 };
 
 }  // namespace
@@ -58,6 +63,7 @@ void register_bench_decode(CLI::App& bench) {
   auto* cmd = bench.add_subcommand("decode", "Time a model's decode (and prefill) at several cache depths, per format");
   static DecodeBenchOptions o;
   add_model_options(cmd, o.model, o.threads, o.device);
+  add_graphs_option(cmd, o.graphs, {"on", "off", "both"});
   cmd->add_option("--formats", o.formats, "comma-separated cache specs")->capture_default_str();
   cmd->add_option("--depths", o.depths, "comma-separated context depths to decode at")->capture_default_str();
   cmd->add_option("--batch", o.batches, "comma-separated decode batch sizes (sequences per step)")->capture_default_str();
@@ -74,9 +80,12 @@ void register_bench_decode(CLI::App& bench) {
     if (depths.empty() || depths.front() < 0) throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "--depths: give depths >= 0");
     LoadedModel lm = load_model(o.model, o.threads, o.device);
     const Model& model = lm.model;
+    Device& device = model.device();
+    device.set_step_graphs(o.graphs != "off");
+    const bool both = o.graphs == "both" && device.step_graphs();  // a device with graphs: time both
     const double rss = resident_mib();
     const int V = model.config().n_vocab;
-    const int capacity = depths.back() + static_cast<int>(depths.size()) * (o.n + 1) + 1;
+    const int capacity = depths.back() + static_cast<int>(depths.size()) * (both ? 2 : 1) * (o.n + 2) + 1;
     if (o.budget_gib <= 0) throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "--budget-gib: give a size > 0");
     std::mt19937 rng(1);
     std::vector<int32_t> tokens(static_cast<size_t>(capacity));
@@ -115,13 +124,23 @@ void register_bench_decode(CLI::App& bench) {
             len = depth;
           }
           // One untimed step first, as llama-bench warms up: the first forward of a process
-          // (or after a prefill) allocates and first-touches its buffers.
+          // (or after a prefill) allocates and first-touches its buffers (and a bucket's first
+          // two steps warm up and record its CUDA graph).
+          decode_step(len++);
           decode_step(len++);
           const auto t0 = clock::now();
           const double c0 = cpu_seconds();
           for (int i = 0; i < o.n; ++i) decode_step(len++);
           r.decode_tps = static_cast<double>(o.n) * B / std::chrono::duration<double>(clock::now() - t0).count();
           r.decode_cpu_tps = static_cast<double>(o.n) * B / (cpu_seconds() - c0);
+          if (both) {  // the next steps op by op (n + 1 positions deeper)
+            device.set_step_graphs(false);
+            decode_step(len++);
+            const auto t1 = clock::now();
+            for (int i = 0; i < o.n; ++i) decode_step(len++);
+            r.decode_tps_op_by_op = static_cast<double>(o.n) * B / std::chrono::duration<double>(clock::now() - t1).count();
+            device.set_step_graphs(true);
+          }
           r.seq_bytes = static_cast<double>(cache->spec().bytes(depth, std::max(depth, 1)).total());
           r.fit = r.seq_bytes > 0 ? std::floor(o.budget_gib * 1073741824.0 / r.seq_bytes) : 0;
           rows.push_back(r);
@@ -146,17 +165,23 @@ void register_bench_decode(CLI::App& bench) {
                              {"prefill_tokens_per_s", r.prefill_tps},
                              {"decode_tokens_per_s", r.decode_tps},
                              {"decode_tokens_per_cpu_s", r.decode_cpu_tps}});
+      if (both)
+        for (size_t i = 0; i < rows.size(); ++i)
+          j["rows"][i]["decode_tokens_per_s_without_graphs"] = rows[i].decode_tps_op_by_op;
       std::printf("%s\n", j.dump(2).c_str());
       return;
     }
     std::printf("model %s, %d threads, %s, weights %.0f MiB, RSS after load %.0f MiB\n\n", lm.path.c_str(),
                 tqkv::num_threads(), std::string(tqkv::simd_level_name(tqkv::active_simd_level())).c_str(),
                 model.weight_bytes() / 1048576.0, rss);
-    std::printf("| format | batch | depth | decode tokens/s (tg%d) | per CPU-second | prefill tokens/s (tokens) | "
-                "cache MiB/seq | seqs in %.0f GiB |\n", o.n, o.budget_gib);
-    std::printf("|---|---|---|---|---|---|---|---|\n");
+    const char* graphs = !device.step_graphs() ? "" : both ? ", CUDA graphs" : ", CUDA graphs on";
+    std::printf("| format | batch | depth | decode tokens/s (tg%d%s) | %sper CPU-second | prefill tokens/s (tokens) | "
+                "cache MiB/seq | seqs in %.0f GiB |\n", o.n, graphs, both ? "without graphs | " : "", o.budget_gib);
+    std::printf("|---|---|---|---|---|---|---|---|%s\n", both ? "---|" : "");
     for (const Row& r : rows) {
-      std::printf("| %s | %d | %d | %.2f | %.2f | ", r.format.c_str(), r.batch, r.depth, r.decode_tps, r.decode_cpu_tps);
+      std::printf("| %s | %d | %d | %.2f | ", r.format.c_str(), r.batch, r.depth, r.decode_tps);
+      if (both) std::printf("%.2f | ", r.decode_tps_op_by_op);
+      std::printf("%.2f | ", r.decode_cpu_tps);
       if (r.prefill_tokens)
         std::printf("%.1f (%d) | ", r.prefill_tps, r.prefill_tokens);
       else

@@ -31,7 +31,7 @@ constexpr const char* kFallbackFormat = "turboquant_k8v4";
 void register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate text with a GGUF model, the KV cache in any tqkv format");
   struct Opts {
-    std::string device = "cpu";
+    std::string device = "cpu", graphs = "on";
     std::string model, prompt = kDefaultPrompt, format;
     int n = 128, ctx = 2048, skip = -1, threads = 0, top_k = 40;
     float temp = 0.0f, top_p = 0.95f;
@@ -40,6 +40,7 @@ void register_generate(CLI::App& app) {
   };
   static Opts o;
   add_model_options(cmd, o.model, o.threads, o.device);
+  add_graphs_option(cmd, o.graphs, {"on", "off"});
   cmd->add_option("-p,--prompt", o.prompt, "prompt text (wrapped in the model's chat template unless --raw)")
       ->capture_default_str();
   cmd->add_option("-n,--n-predict", o.n, "tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
@@ -61,6 +62,7 @@ void register_generate(CLI::App& app) {
     using namespace tqkv::engine;
     if (!o.format.empty()) check_cache_spec(o.format, known_recipe_names());  // fails before the model loads
     LoadedModel lm = load_model(o.model, o.threads, o.device);
+    lm.model.device().set_step_graphs(o.graphs == "on");
     const std::string& mpath = lm.path;
     const Tokenizer& tok = lm.tok;
     Model& model = lm.model;

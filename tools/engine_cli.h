@@ -3,6 +3,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "engine/device.h"
 #include "engine/gguf.h"
@@ -15,6 +16,14 @@ inline void add_model_options(CLI::App* cmd, std::string& model, int& threads, s
   cmd->add_option("-m,--model", model, "GGUF model (default: $TQKV_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)");
   cmd->add_option("-t,--threads", threads, "threads (default: $TQKV_THREADS or all cores)");
   cmd->add_option("--device", device, "cpu, cuda or auto (the GPU where one is present)")->capture_default_str();
+}
+
+// --cuda-graphs: decode steps replayed from CUDA graphs (device.h run_step) or run op by op;
+// `choices` are its values ("on", "off", and "both" where a command times both).
+inline void add_graphs_option(CLI::App* cmd, std::string& graphs, const std::vector<std::string>& choices) {
+  cmd->add_option("--cuda-graphs", graphs, "decode steps as CUDA graphs (--device cuda; ignored on the CPU)")
+      ->check(CLI::IsMember(choices))
+      ->capture_default_str();
 }
 
 struct LoadedModel {

@@ -4,12 +4,16 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "batch.h"
+#include "cuda_graphs.h"
 #include "cuda_kv_cache.h"
 #include "dequant.h"
 #include "gguf.h"
@@ -111,14 +115,49 @@ CudaMatrix::CudaMatrix(int rows, int cols, const float* host) : DeviceMatrix(row
 
 CudaMatrix::~CudaMatrix() { cudaFree(w_); }
 
+// cuBLAS's workspace, fixed so that a recorded product uses the one it will replay with.
+constexpr size_t kBlasWorkspace = size_t{32} << 20;
+
 struct CudaDevice::Impl {
   std::shared_ptr<CUstream_st> owner;  // shared with the caches, which may outlive the device
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  void* blas_workspace = nullptr;
   uint16_t* xb = nullptr;  // bf16 copy of a product's input
   size_t xb_n = 0;
+  std::vector<uint16_t*> old_xb;  // outgrown copies: recorded graphs may still read them
   void* ints = nullptr;  // uploaded host metadata (token ids, positions, rows)
   size_t ints_bytes = 0;
+  bool graphs = true;
+
+  // A decode step being warmed up or recorded by run_step (in_step).
+  struct Step {
+    const int32_t* tokens_host = nullptr;  // the padded batch's arrays ...
+    const int64_t* positions_host = nullptr;
+    const int32_t* tokens = nullptr;  // ... and the bucket's device copies of them
+    const int64_t* positions = nullptr;
+    bool recording = false;
+    std::vector<std::pair<float*, size_t>> allocs;  // activations handed out (kept until the step ends)
+    const float* logits = nullptr;                  // what to_host was asked to copy
+    size_t logit_floats = 0;
+  };
+  bool in_step = false;
+  Step step;
+
+  void release_step_allocs() {
+    for (auto& [p, n] : step.allocs) BufferPool::get().give(p);
+    step.allocs.clear();
+  }
+
+  // Device memory holding `bytes` of host metadata: a step's bound inputs as they are, anything
+  // else uploaded (not while recording: a graph would read the upload's source again).
+  const void* input(const void* host, size_t bytes) {
+    if (in_step && host == step.tokens_host) return step.tokens;
+    if (in_step && host == step.positions_host) return step.positions;
+    if (in_step && step.recording)
+      throw Error(ErrorCode::InvalidArgument, "cuda graphs: a recorded step uploads host data that is not its input");
+    return upload(host, bytes);
+  }
 
   void* upload(const void* host, size_t bytes) {
     if (bytes > ints_bytes) {
@@ -142,20 +181,31 @@ CudaDevice::CudaDevice(int ordinal) : impl_(std::make_unique<Impl>()) {
   impl_->owner = std::shared_ptr<CUstream_st>(impl_->stream, [](cudaStream_t s) { cudaStreamDestroy(s); });
   ck_blas(cublasCreate(&impl_->blas), "create");
   ck_blas(cublasSetStream(impl_->blas, impl_->stream), "set stream");
+  ck(cudaMalloc(&impl_->blas_workspace, kBlasWorkspace), "allocating cuBLAS's workspace");
+  ck_blas(cublasSetWorkspace(impl_->blas, impl_->blas_workspace, kBlasWorkspace), "set workspace");
+  const char* env = std::getenv("TQKV_CUDA_GRAPHS");  // 0: every step op by op
+  impl_->graphs = !(env && std::strcmp(env, "0") == 0);
 }
 
 CudaDevice::~CudaDevice() {
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
   cudaFree(impl_->xb);
+  for (uint16_t* p : impl_->old_xb) cudaFree(p);
   cudaFree(impl_->ints);
   if (impl_->blas) cublasDestroy(impl_->blas);
+  cudaFree(impl_->blas_workspace);
 }
 
 cudaStream_t CudaDevice::stream() const { return impl_->stream; }
 
 DeviceBuffer CudaDevice::alloc(size_t n) {
   if (n == 0) return DeviceBuffer();
-  return DeviceBuffer(BufferPool::get().take(n), n, [](float* p) { BufferPool::get().give(p); });
+  float* p = BufferPool::get().take(n);
+  if (impl_->in_step) {  // kept past the step's end: its graph reads and writes them
+    impl_->step.allocs.emplace_back(p, n);
+    return DeviceBuffer(p, n, [](float*) {});
+  }
+  return DeviceBuffer(p, n, [](float* q) { BufferPool::get().give(q); });
 }
 
 void CudaDevice::to_device(const float* host, size_t n, float* dst) {
@@ -163,6 +213,11 @@ void CudaDevice::to_device(const float* host, size_t n, float* dst) {
 }
 
 void CudaDevice::to_host(const float* src, size_t n, float* host) {
+  if (impl_->in_step) {  // the step's logits: run_step copies the rows that are not padding
+    impl_->step.logits = src;
+    impl_->step.logit_floats = n;
+    return;
+  }
   if (n) ck(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, impl_->stream), "to_host");
   ck(cudaStreamSynchronize(impl_->stream), "to_host");
 }
@@ -174,7 +229,7 @@ std::unique_ptr<DeviceMatrix> CudaDevice::load_matrix(const GgufTensor& t, int r
 
 void CudaDevice::embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) {
   const auto& m = static_cast<const CudaMatrix&>(table);
-  const auto* d_tokens = static_cast<const int32_t*>(impl_->upload(tokens, static_cast<size_t>(n) * sizeof(int32_t)));
+  const auto* d_tokens = static_cast<const int32_t*>(impl_->input(tokens, static_cast<size_t>(n) * sizeof(int32_t)));
   cuda::embed_rows(m.bf16(), m.cols(), d_tokens, n, scale, x, impl_->stream);
 }
 
@@ -184,13 +239,13 @@ void CudaDevice::matmul(const float* x, int n, const DeviceMatrix& wm, float* y,
   const auto& w = static_cast<const CudaMatrix&>(wm);
   const int in = w.cols(), out = w.rows();
   const size_t nx = static_cast<size_t>(n) * in;
-  if (nx > impl_->xb_n) {
-    if (impl_->xb) cudaStreamSynchronize(impl_->stream);  // the old buffer may still be read
-    cudaFree(impl_->xb);
+  if (nx > impl_->xb_n) {  // the old copy is kept: a recorded graph may read it
+    if (impl_->xb) impl_->old_xb.push_back(impl_->xb);
     impl_->xb = nullptr;
+    const size_t want = std::max(nx, 2 * impl_->xb_n);
     impl_->xb_n = 0;
-    ck(cudaMalloc(reinterpret_cast<void**>(&impl_->xb), nx * 2), "allocating the product's input");
-    impl_->xb_n = nx;
+    ck(cudaMalloc(reinterpret_cast<void**>(&impl_->xb), want * 2), "allocating the product's input");
+    impl_->xb_n = want;
   }
   cuda::f32_to_bf16(x, impl_->xb, nx, impl_->stream);
   const float one = 1.0f, zero = 0.0f;
@@ -209,7 +264,7 @@ void CudaDevice::rope(float* x, int n, int heads, int head_dim, const int64_t* p
   std::vector<float> inv_freq(p.n_rot / 2);
   for (int i = 0; i < p.n_rot / 2; ++i)
     inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(p.base), -2.0 * i / p.n_rot));
-  const auto* d_pos = static_cast<const int64_t*>(impl_->upload(positions, static_cast<size_t>(n) * sizeof(int64_t)));
+  const auto* d_pos = static_cast<const int64_t*>(impl_->input(positions, static_cast<size_t>(n) * sizeof(int64_t)));
   cuda::rope(x, n, heads, head_dim, d_pos, p.n_rot, inv_freq.data(), p.layout == RopeLayout::Halves, impl_->stream);
 }
 
@@ -220,12 +275,96 @@ void CudaDevice::add(float* x, const float* y, size_t n) { cuda::add(x, y, n, im
 
 void CudaDevice::gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) {
   if (n <= 0) return;
-  const auto* d_rows = static_cast<const int32_t*>(impl_->upload(rows, static_cast<size_t>(n) * sizeof(int32_t)));
+  const auto* d_rows = static_cast<const int32_t*>(impl_->input(rows, static_cast<size_t>(n) * sizeof(int32_t)));
   cuda::gather_rows(x, d, d_rows, n, y, impl_->stream);
 }
 
 std::unique_ptr<KvCache> CudaDevice::make_cache(const CacheSpec& spec, const CacheShape& shape) {
   return std::make_unique<CudaKvCache>(spec, shape, impl_->owner);
+}
+
+void CudaDevice::set_step_graphs(bool on) { impl_->graphs = on; }
+bool CudaDevice::step_graphs() const { return impl_->graphs; }
+
+// A decode step through its bucket's graph (cuda_graphs.h): warmed up op by op at the bucket's
+// first step, recorded at its second, replayed from then on.
+void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model, float* logits, const StepFn& step) {
+  auto* cc = impl_->graphs ? dynamic_cast<CudaKvCache*>(&cache) : nullptr;
+  const int n = batch.size();
+  bool decode = cc && cc->graphs_supported() && batch.n_logits() == n;
+  if (decode)
+    for (const Batch::Run& r : batch.runs()) decode = decode && r.count == 1;
+  const int bucket = decode ? graph_bucket(n) : 0;
+  if (bucket == 0) return step(batch, logits);
+
+  Impl& I = *impl_;
+  StepGraph& g = cc->step_graph(model, bucket);
+  Batch padded = batch;  // padding rows: token 0 at position 0 of sequences that are not there
+  const int32_t pad_token = 0;
+  for (int i = n; i < bucket; ++i) padded.add(-1 - i, &pad_token, 1, 0, true);
+  std::vector<uint8_t> in(static_cast<size_t>(bucket) * (sizeof(int64_t) + sizeof(int32_t)));
+  std::memcpy(in.data(), padded.positions.data(), static_cast<size_t>(bucket) * sizeof(int64_t));
+  std::memcpy(in.data() + static_cast<size_t>(bucket) * sizeof(int64_t), padded.tokens.data(),
+              static_cast<size_t>(bucket) * sizeof(int32_t));
+  ck(cudaMemcpyAsync(g.positions, in.data(), in.size(), cudaMemcpyHostToDevice, I.stream), "uploading a step's inputs");
+  cc->prepare_bucket(batch, bucket);
+
+  const bool warm = !g.exec && g.warm_runs == 0, record = !g.exec && !warm;
+  if (!g.exec) {
+    I.step = Impl::Step{};
+    I.step.tokens_host = padded.tokens.data();
+    I.step.positions_host = padded.positions.data();
+    I.step.tokens = g.tokens;
+    I.step.positions = g.positions;
+    I.step.recording = record;
+    I.in_step = true;
+    try {
+      if (record) ck(cudaStreamBeginCapture(I.stream, cudaStreamCaptureModeRelaxed), "beginning a step's capture");
+      try {
+        step(padded, logits);
+      } catch (...) {
+        cudaGraph_t broken = nullptr;
+        if (record && cudaStreamEndCapture(I.stream, &broken) == cudaSuccess && broken) cudaGraphDestroy(broken);
+        (void)cudaGetLastError();
+        throw;
+      }
+      if (record) {
+        cudaGraph_t graph = nullptr;
+        ck(cudaStreamEndCapture(I.stream, &graph), "ending a step's capture");
+        const cudaError_t e = cudaGraphInstantiate(&g.exec, graph, 0);
+        cudaGraphDestroy(graph);
+        ck(e, "instantiating a step's graph");
+      }
+      if (!I.step.logits || I.step.logit_floats % bucket)
+        throw Error(ErrorCode::InvalidArgument, "cuda graphs: the step copied no logits of its rows");
+    } catch (...) {
+      I.in_step = false;
+      I.release_step_allocs();
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+      g.exec = nullptr;
+      cc->cancel_bucket();
+      throw;
+    }
+    I.in_step = false;
+    if (record) {
+      for (auto& [p, count] : I.step.allocs)
+        g.held.emplace_back(p, count, [](float* q) { BufferPool::get().give(q); });
+      I.step.allocs.clear();
+      g.logits = I.step.logits;
+      g.logit_floats = I.step.logit_floats;
+    } else {
+      ++g.warm_runs;
+    }
+  }
+  cc->cancel_bucket();  // a replay runs no attend() to take the prepared bucket
+  if (g.exec) ck(cudaGraphLaunch(g.exec, I.stream), "launching a step's graph");
+  const float* src = g.exec ? g.logits : I.step.logits;
+  const size_t floats = (g.exec ? g.logit_floats : I.step.logit_floats) / bucket * n;
+  const cudaError_t e = cudaMemcpyAsync(logits, src, floats * sizeof(float), cudaMemcpyDeviceToHost, I.stream);
+  const cudaError_t s = cudaStreamSynchronize(I.stream);
+  if (warm) I.release_step_allocs();
+  ck(e, "copying a step's logits");
+  ck(s, "running a step");
 }
 
 std::shared_ptr<Device> make_cuda_device() { return std::make_shared<CudaDevice>(); }

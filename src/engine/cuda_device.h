@@ -6,6 +6,12 @@
 //
 // Activations come from a caching pool (freed buffers are kept for the next step of the same
 // shape; cudaFree would synchronise the device every step).
+//
+// Decode steps run as CUDA graphs (cuda_graphs.h) unless set_step_graphs(false): run_step pads
+// the step to its bucket, writes its inputs to the bucket's fixed buffers and replays the
+// bucket's graph. While a step is warmed up or recorded, the device reads the step's token ids
+// and positions from those buffers instead of uploading them, keeps the activations it hands out
+// for the graph, and leaves the logits on the device for run_step to copy.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -52,6 +58,9 @@ class CudaDevice final : public Device {
   void add(float* x, const float* y, size_t n) override;
   void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) override;
   std::unique_ptr<KvCache> make_cache(const CacheSpec& spec, const CacheShape& shape) override;
+  void run_step(const Batch& batch, KvCache& cache, const void* model, float* logits, const StepFn& step) override;
+  void set_step_graphs(bool on) override;
+  bool step_graphs() const override;
 
   cudaStream_t stream() const;
 

@@ -104,6 +104,11 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
     cudaFree(scale_);
     throw;
   }
+  if (copies()) {
+    for (cudaStream_t& side : side_) ck(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "creating a stream");
+    ck(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "creating an event");
+    for (cudaEvent_t& e : join_) ck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an event");
+  }
   free_.reserve(num_blocks);
   for (int b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
   for (int i = shape.max_seqs - 1; i >= 0; --i) free_slots_.push_back(i);
@@ -116,7 +121,17 @@ CudaKvCache::~CudaKvCache() {
     cudaFree(L.window_kv.pages);
     cudaFree(L.sink_kv.pages);
   }
+  graphs_.clear();
+  for (cudaStream_t side : side_)
+    if (side) {
+      cudaStreamSynchronize(side);
+      cudaStreamDestroy(side);
+    }
+  for (cudaEvent_t e : {fork_, join_[0], join_[1]})
+    if (e) cudaEventDestroy(e);
   for (auto& [key, p] : plans_) cudaFree(p.workspace);
+  for (auto& [bucket, b] : buckets_)
+    for (void* p : {b.slots, b.tables, b.parts}) cudaFree(p);
   for (void* p : {static_cast<void*>(mean_), static_cast<void*>(scale_), slots_, tables_, kws_, vws_, qbuf_, obuf_, parts_})
     cudaFree(p);
 }
@@ -178,13 +193,18 @@ void* CudaKvCache::grow(void*& p, size_t& have, size_t bytes) {
 }
 
 // Once per step (at layer 0): blocks for the new positions, the slot mappings, block tables.
-void CudaKvCache::prepare(const Batch& batch) {
+// With a bucket, padding runs of no sequence (kPadSeq) follow the batch's: slot -1, block 0,
+// length 1.
+void CudaKvCache::prepare(const Batch& batch, int bucket) {
+  constexpr int64_t kPadSeq = -1;
   step_ = Step{};
   step_.runs = batch.runs();
-  const int n = batch.size();
+  const int n = std::max(batch.size(), bucket);
+  for (int i = batch.size(); i < n; ++i) step_.runs.push_back({kPadSeq, i, 1, 0});
   const int bps = blocks_per_seq_;
   // Blocks first (check() guaranteed room: each sequence holds at most capacity positions).
   for (const Batch::Run& r : step_.runs) {
+    if (r.seq == kPadSeq) continue;
     Sequence& s = seqs_.at(r.seq);
     const size_t need = static_cast<size_t>((r.pos0 + r.count + kBlockSize - 1) / kBlockSize);
     while (s.blocks.size() < need) {
@@ -201,14 +221,18 @@ void CudaKvCache::prepare(const Batch& batch) {
   std::vector<int32_t> row_tok, row_len;
   const size_t n_runs = step_.runs.size();
   const int R = ring_blocks_, SB = sink_blocks_;
+  auto slot_of = [&](const Batch::Run& r) { return r.seq == kPadSeq ? 0 : seqs_.at(r.seq).slot; };
   for (size_t j = 0; j < n_runs; ++j) {
     const Batch::Run& r = step_.runs[j];
-    const Sequence& s = seqs_.at(r.seq);
+    const Sequence* s = r.seq == kPadSeq ? nullptr : &seqs_.at(r.seq);
     for (int i = 0; i < r.count; ++i) {
       const int64_t pos = r.pos0 + i;
-      slots[r.begin + i] = static_cast<int64_t>(s.blocks[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
-      if (R > 0) slots[n + r.begin + i] = (static_cast<int64_t>(s.slot) * R + (pos / kBlockSize) % R) * kBlockSize + pos % kBlockSize;
-      if (pos < sinks_) slots[2 * n + r.begin + i] = (static_cast<int64_t>(s.slot) * SB + pos / kBlockSize) * kBlockSize + pos % kBlockSize;
+      if (s) {
+        const int64_t slot = s->slot;
+        slots[r.begin + i] = static_cast<int64_t>(s->blocks[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
+        if (R > 0) slots[n + r.begin + i] = (slot * R + (pos / kBlockSize) % R) * kBlockSize + pos % kBlockSize;
+        if (pos < sinks_) slots[2 * n + r.begin + i] = (slot * SB + pos / kBlockSize) * kBlockSize + pos % kBlockSize;
+      }
       if (copies() || r.count == 1) {
         row_run.push_back(static_cast<int>(j));
         row_tok.push_back(r.begin + i);
@@ -227,6 +251,7 @@ void CudaKvCache::prepare(const Batch& batch) {
   const size_t copy_ints = copies() ? n_dec * (bps + SB + 1) : 0;
   std::vector<int32_t> ints((n_runs + n_dec) * bps + 2 * n_dec + copy_ints, 0);
   for (size_t j = 0; j < n_runs; ++j) {
+    if (step_.runs[j].seq == kPadSeq) continue;
     const Sequence& s = seqs_.at(step_.runs[j].seq);
     std::copy(s.blocks.begin(), s.blocks.end(), ints.begin() + j * bps);
   }
@@ -237,40 +262,86 @@ void CudaKvCache::prepare(const Batch& batch) {
     ints[lens_at + i] = row_len[i];
     ints[lens_at + n_dec + i] = row_tok[i];
     if (!copies()) continue;
-    const int slot = seqs_.at(step_.runs[row_run[i]].seq).slot;
+    const int slot = slot_of(step_.runs[row_run[i]]);
     if (R > 0)
       for (int b = 0; b < bps; ++b) ints[win_at + i * bps + b] = slot * R + b % R;
     for (int b = 0; b < SB; ++b) ints[sink_at + i * SB + b] = slot * SB + b;
     ints[sink_lens_at + i] = std::min(row_len[i], sinks_);
   }
-  grow(slots_, slots_bytes_, slots.size() * sizeof(int64_t));
-  grow(tables_, tables_bytes_, ints.size() * sizeof(int32_t));
-  ck(cudaMemcpyAsync(slots_, slots.data(), slots.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
-     "uploading the slot mapping");
-  ck(cudaMemcpyAsync(tables_, ints.data(), ints.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-     "uploading block tables");
-  auto* base = static_cast<int32_t*>(tables_);
+  const size_t slot_bytes = slots.size() * sizeof(int64_t), int_bytes = ints.size() * sizeof(int32_t);
+  void* slot_buf = nullptr;
+  void* table_buf = nullptr;
+  step_parts_ = nullptr;
+  if (bucket > 0) {  // fixed: a recorded step reads them where it read them when recorded
+    StepBuffers& b = buckets_[bucket];
+    if (!b.slots) {
+      const size_t parts = copies() ? parts_floats(static_cast<int>(n_dec)) * sizeof(float) : 0;
+      ck(cudaMalloc(&b.slots, slot_bytes), "allocating a bucket's slot mapping");
+      ck(cudaMalloc(&b.tables, int_bytes), "allocating a bucket's block tables");
+      if (parts) ck(cudaMalloc(&b.parts, parts), "allocating a bucket's attention parts");
+    }
+    slot_buf = b.slots;
+    table_buf = b.tables;
+    step_parts_ = static_cast<float*>(b.parts);
+  } else {
+    slot_buf = grow(slots_, slots_bytes_, slot_bytes);
+    table_buf = grow(tables_, tables_bytes_, int_bytes);
+  }
+  ck(cudaMemcpyAsync(slot_buf, slots.data(), slot_bytes, cudaMemcpyHostToDevice, stream_), "uploading the slot mapping");
+  ck(cudaMemcpyAsync(table_buf, ints.data(), int_bytes, cudaMemcpyHostToDevice, stream_), "uploading block tables");
+  auto* base = static_cast<int32_t*>(table_buf);
+  step_slots_ = static_cast<int64_t*>(slot_buf);
+  step_tables_ = base;
   dec_tables_ = base + n_runs * bps;
   dec_lens_ = base + lens_at;
   dec_rows_ = dec_lens_ + n_dec;
   win_tables_ = base + win_at;
   sink_tables_ = base + sink_at;
   sink_lens_ = base + sink_lens_at;
-  win_slots_ = static_cast<int64_t*>(slots_) + n;
-  sink_slots_ = static_cast<int64_t*>(slots_) + 2 * static_cast<size_t>(n);
-  for (const Batch::Run& r : step_.runs) seqs_.at(r.seq).len = r.pos0 + r.count;
+  win_slots_ = step_slots_ + n;
+  sink_slots_ = step_slots_ + 2 * static_cast<size_t>(n);
+  for (const Batch::Run& r : step_.runs)
+    if (r.seq != kPadSeq) seqs_.at(r.seq).len = r.pos0 + r.count;
 }
 
-CudaKvCache::Plan& CudaKvCache::plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, int batch,
-                                         int max_len) {
-  const auto key = std::make_tuple(codec.format().name(), batch, max_len);
+bool CudaKvCache::graphs_supported() const {
+  if (key_hook()) return false;  // host code between the layers
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (!layers_[l].decode || spec().model.window(static_cast<int>(l)) != 0) return false;
+  return true;
+}
+
+void CudaKvCache::prepare_bucket(const Batch& batch, int bucket) {
+  if (batch.size() > bucket) throw Error(ErrorCode::InvalidArgument, "cache: a step larger than its bucket");
+  for (int t = 0; t < batch.size(); ++t)
+    if (t > 0 && batch.seqs[t] == batch.seqs[t - 1])
+      throw Error(ErrorCode::InvalidArgument, "cache: a graph bucket takes one token per sequence");
+  prepare(batch, bucket);
+  bucket_pending_ = bucket;
+}
+
+int CudaKvCache::graphs_recorded() const {
+  int n = 0;
+  for (const auto& [key, g] : graphs_) n += g->exec != nullptr;
+  return n;
+}
+
+StepGraph& CudaKvCache::step_graph(const void* model, int bucket) {
+  auto& g = graphs_[{model, bucket}];
+  if (!g) g = std::make_unique<StepGraph>(bucket);
+  return *g;
+}
+
+CudaKvCache::Plan& CudaKvCache::plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, int batch,
+                                         int max_len, cudaStream_t stream) {
+  const auto key = std::make_tuple(codec.format().name(), part, batch, max_len);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   Plan p;
   p.plan = cuda::plan_decode(codec, kv, batch, spec().model.n_heads, max_len);
   ck(cudaMalloc(&p.workspace, std::max<size_t>(p.plan.workspace_bytes, 256)), "allocating a decode workspace");
   try {
-    cuda::init_decode_workspace(codec, kv, p.plan, p.workspace, stream_);
+    cuda::init_decode_workspace(codec, kv, p.plan, p.workspace, stream);  // before its first run, on its stream
   } catch (...) {
     cudaFree(p.workspace);
     throw;
@@ -278,10 +349,10 @@ CudaKvCache::Plan& CudaKvCache::plan_for(const cuda::CacheCodec& codec, const cu
   return plans_.emplace(key, p).first->second;
 }
 
-void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, const int32_t* tables, int stride,
-                         const int32_t* lens, int max_len, const AttentionParams& ap, const float* q, float* o,
-                         float* lse) {
-  Plan& p = plan_for(codec, kv, step_.n_rows, max_len);
+void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, const int32_t* tables,
+                         int stride, const int32_t* lens, int max_len, const AttentionParams& ap, const float* q,
+                         float* o, float* lse, cudaStream_t stream) {
+  Plan& p = plan_for(codec, kv, part, step_.n_rows, max_len, stream);
   cuda::DecodeArgs da;
   da.q = q;
   da.q_dtype = cuda::DType::F32;
@@ -293,14 +364,18 @@ void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv,
   da.batch = step_.n_rows;
   da.params = ap;
   da.params.lse = lse;
-  cuda::run_decode(codec, kv, da, p.plan, p.workspace, stream_);
+  cuda::run_decode(codec, kv, da, p.plan, p.workspace, stream);
 }
 
 void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
   const ModelConfig& m = spec().model;
   const int n = batch.size();
   if (n == 0) return;
-  if (layer == 0) {
+  if (layer == 0 && bucket_pending_) {  // prepared by prepare_bucket: `batch` is the padded step
+    const int bucket = bucket_pending_;
+    bucket_pending_ = 0;
+    if (n != bucket) throw Error(ErrorCode::InvalidArgument, "cache: the step is not the size of its prepared bucket");
+  } else if (layer == 0) {
     for (const Batch::Run& r : batch.runs())  // before anything is written (Model::forward splits longer runs)
       if (r.count > max_step_tokens())
         throw Error(ErrorCode::Capacity, "cache: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
@@ -319,7 +394,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   sa.k = k;
   sa.v = v;
   sa.dtype = cuda::DType::F32;
-  sa.slot_mapping = static_cast<const int64_t*>(slots_);
+  sa.slot_mapping = step_slots_;
   sa.n_tokens = n;
   cuda::store(L.codec, L.kv, sa, stream_);
   const bool covered = L.window_codec.has_value();  // the layer keeps copies (same centred keys)
@@ -350,29 +425,55 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     ap.head_dim = D;
     ap.scale = scale;
     if (!covered) {
-      decode(L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), ap, q_in, o, nullptr);
+      decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), ap, q_in, o, nullptr,
+             stream_);
     } else {
       // Parts: the compressed [S, p - N] into o, the window's (p - N, p] and the sinks' [0, S)
-      // into the parts buffer, merged into o by their log-sum-exps (the CPU's RecentWindow).
+      // into the parts buffer, merged into o by their log-sum-exps (the CPU's RecentWindow), the
+      // window first. While a step is recorded, the window's and the sinks' launches go to the
+      // side streams (parallel branches of the graph); op by op they stay on the step's stream,
+      // where the events cost more than the overlap gains (tq-4.375, batch 1: 150 against ~196
+      // tokens/s). Either way the same kernels write the same buffers.
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      ck(cudaStreamIsCapturing(stream_, &capture), "querying the stream");
+      const bool fork = capture == cudaStreamCaptureStatusActive;
+      cudaStream_t window_stream = fork ? side_[0] : stream_, sink_stream = fork ? side_[1] : stream_;
       const size_t rows_h = static_cast<size_t>(n_dec) * hq;
-      float* part = static_cast<float*>(grow(parts_, parts_bytes_, (out_floats + 3 * rows_h) * sizeof(float)));
-      float* lse_main = part + out_floats;
-      float* lse_part = lse_main + rows_h;
-      AttentionParams older = ap;
-      older.min_key_pos = sinks_;
-      older.exclude_recent = window_;
-      decode(L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), older, q_in, o, lse_main);
+      float* part = step_parts_ ? step_parts_
+                                : static_cast<float*>(grow(parts_, parts_bytes_, parts_floats(n_dec) * sizeof(float)));
+      float* part_w = part;
+      float* part_s = part + out_floats;
+      float* lse_main = part + 2 * out_floats;
+      float* lse_w = lse_main + rows_h;
+      float* lse_s = lse_w + rows_h;
+      if (fork) ck(cudaEventRecord(fork_, stream_), "forking the copies' decodes");
       if (window_ > 0) {
         AttentionParams recent = ap;
         recent.min_key_pos = sinks_;
         recent.window = window_;
-        decode(*L.window_codec, L.window_kv, win_tables_, blocks_per_seq_, dec_lens_, window_ + kBlockSize, recent,
-               q_in, part, lse_part);
-        cuda::merge_attention(o, lse_main, part, lse_part, static_cast<int>(rows_h), D, stream_);
+        if (fork) ck(cudaStreamWaitEvent(window_stream, fork_, 0), "forking the window's decode");
+        decode(*L.window_codec, L.window_kv, Part::Window, win_tables_, blocks_per_seq_, dec_lens_, window_ + kBlockSize,
+               recent, q_in, part_w, lse_w, window_stream);
+        if (fork) ck(cudaEventRecord(join_[0], window_stream), "joining the window's decode");
       }
       if (sinks_ > 0) {
-        decode(*L.sink_codec, L.sink_kv, sink_tables_, sink_blocks_, sink_lens_, sinks_, ap, q_in, part, lse_part);
-        cuda::merge_attention(o, lse_main, part, lse_part, static_cast<int>(rows_h), D, stream_);
+        if (fork) ck(cudaStreamWaitEvent(sink_stream, fork_, 0), "forking the sinks' decode");
+        decode(*L.sink_codec, L.sink_kv, Part::Sinks, sink_tables_, sink_blocks_, sink_lens_, sinks_, ap, q_in, part_s,
+               lse_s, sink_stream);
+        if (fork) ck(cudaEventRecord(join_[1], sink_stream), "joining the sinks' decode");
+      }
+      AttentionParams older = ap;
+      older.min_key_pos = sinks_;
+      older.exclude_recent = window_;
+      decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), older, q_in, o, lse_main,
+             stream_);
+      if (window_ > 0) {
+        if (fork) ck(cudaStreamWaitEvent(stream_, join_[0], 0), "joining the window's decode");
+        cuda::merge_attention(o, lse_main, part_w, lse_w, static_cast<int>(rows_h), D, stream_);
+      }
+      if (sinks_ > 0) {
+        if (fork) ck(cudaStreamWaitEvent(stream_, join_[1], 0), "joining the sinks' decode");
+        cuda::merge_attention(o, lse_main, part_s, lse_s, static_cast<int>(rows_h), D, stream_);
       }
     }
     if (!step_.decode_contiguous) cuda::scatter_rows(o, static_cast<int>(q_row), dec_rows_, n_dec, out, stream_);
@@ -384,7 +485,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     const int n_kv = static_cast<int>(r.pos0 + r.count);
     const size_t bytes = static_cast<size_t>(n_kv) * hkv * D * elem;
     cuda::DequantArgs dq;
-    dq.block_table = static_cast<const int32_t*>(tables_) + j * blocks_per_seq_;
+    dq.block_table = step_tables_ + j * blocks_per_seq_;
     dq.start = 0;
     dq.n_tokens = n_kv;
     dq.k_out = grow(kws_, kws_bytes_, bytes);

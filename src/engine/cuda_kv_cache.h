@@ -17,8 +17,14 @@
 // blocks, so the decode kernel reads it like any paged cache. Every query of a step (prefill
 // tokens included, 512 per step at most) then runs through the split-KV decode kernel three
 // times, over the copies of [0, S), the compressed [S, p - N] and the copies of (p - N, p], and
-// the parts merge by their log-sum-exps (cuda::merge_attention). Copies need a decode kernel for
+// the parts merge by their log-sum-exps (cuda::merge_attention); in a recorded step (CUDA
+// graphs) the window's and the sinks' launches are forked onto two side streams, parallel
+// branches beside the compressed one. Copies need a decode kernel for
 // the layer's format (cuda::CacheCodec::decode_supported) and no sliding-window layers.
+//
+// CUDA graphs (cuda_graphs.h): a decode step padded to a bucket prepares into that bucket's
+// fixed buffers (prepare_bucket) and keeps its recorded graphs (step_graph), so that a replay
+// reads the step's slot mappings, tables and lengths where the recording read them.
 //
 // Not on the GPU yet (refused at creation with tqkv::Error(InvalidArgument)): the copies for a
 // format without a decode kernel or with sliding-window layers, the CPU's Overflow check of a
@@ -35,6 +41,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda_graphs.h"
 #include "key_centring.h"
 #include "kv_cache.h"
 #include "tqkv/cuda.h"
@@ -58,6 +65,20 @@ class CudaKvCache final : public KvCache {
   void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
 
   int free_blocks() const { return static_cast<int>(free_.size()); }
+
+  // CUDA graphs. True where every layer attends through the split-KV decode kernel (no
+  // sliding-window layers, no format without a decode kernel) and no key hook is set.
+  bool graphs_supported() const;
+  // Prepares the decode step `batch` (every run one token, at most `bucket` runs; checked)
+  // padded to `bucket` rows, in the bucket's fixed buffers; the step's attend() calls then take
+  // a batch of `bucket` rows whose first batch.size() are `batch`'s.
+  void prepare_bucket(const Batch& batch, int bucket);
+  // Forgets a prepare_bucket whose step did not run (an error before its first layer).
+  void cancel_bucket() { bucket_pending_ = 0; }
+  // The recorded step of `model` at `bucket` (made empty at first use).
+  StepGraph& step_graph(const void* model, int bucket);
+  // How many steps are recorded (tests).
+  int graphs_recorded() const;
 
  private:
   struct Layer {
@@ -86,14 +107,33 @@ class CudaKvCache final : public KvCache {
     bool decode_contiguous = false;  // the decode rows are the whole batch, in order
   };
 
+  // A step's buffers on the device: grown for op-by-op steps, fixed per graph bucket.
+  struct StepBuffers {
+    void* slots = nullptr;
+    void* tables = nullptr;
+    void* parts = nullptr;
+  };
+
   const Sequence& at(int64_t seq) const;
-  void prepare(const Batch& batch);
+  // bucket > 0: pad to `bucket` rows into the bucket's buffers.
+  void prepare(const Batch& batch, int bucket = 0);
   void* grow(void*& p, size_t& have, size_t bytes);
-  Plan& plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, int batch, int max_len);
+  // The decode parts of a layer: which pool a launch reads. Each has its own plans (and
+  // workspaces), so the parts may run at the same time.
+  enum class Part { Main, Window, Sinks };
+  Plan& plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, int batch, int max_len,
+                 cudaStream_t stream);
   bool copies() const { return sinks_ > 0 || window_ > 0; }
-  // One decode launch over the step's rows into o [n_rows, n_heads, head_dim] and lse.
-  void decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, const int32_t* tables, int stride,
-              const int32_t* lens, int max_len, const AttentionParams& ap, const float* q, float* o, float* lse);
+  // Floats of the copies' parts for `rows` decode rows: the window's and the sinks' outputs
+  // [rows, n_heads, head_dim] each, then the log-sum-exps of the compressed part, the window's
+  // and the sinks' [rows, n_heads] each.
+  size_t parts_floats(int rows) const {
+    return static_cast<size_t>(rows) * spec().model.n_heads * (2 * static_cast<size_t>(spec().model.head_dim) + 3);
+  }
+  // One decode launch over the step's rows into o [n_rows, n_heads, head_dim] and lse, on `stream`.
+  void decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, const int32_t* tables, int stride,
+              const int32_t* lens, int max_len, const AttentionParams& ap, const float* q, float* o, float* lse,
+              cudaStream_t stream);
 
   std::shared_ptr<CUstream_st> owner_;
   cudaStream_t stream_;
@@ -109,12 +149,19 @@ class CudaKvCache final : public KvCache {
   std::unordered_map<int64_t, Sequence> seqs_;
   int64_t next_id_ = 0;
   Step step_;
-  std::map<std::tuple<std::string, int, int>, Plan> plans_;
+  std::map<std::tuple<std::string, Part, int, int>, Plan> plans_;
+  // Copies, while a step is recorded: the window's and the sinks' decodes go to side streams,
+  // forked from and joined back into the step's stream (parallel branches of the graph).
+  cudaStream_t side_[2] = {nullptr, nullptr};
+  cudaEvent_t fork_ = nullptr;
+  cudaEvent_t join_[2] = {nullptr, nullptr};
   // Device buffers of the step (grown, never shrunk).
   void* slots_ = nullptr;  // int64 [n]
   size_t slots_bytes_ = 0;
   void* tables_ = nullptr;  // int32 [runs, blocks_per_seq] then decode [n_dec, blocks_per_seq], lens, rows
   size_t tables_bytes_ = 0;
+  int64_t* step_slots_ = nullptr;   // this step's slot mapping and tables: slots_ / tables_ or a bucket's
+  int32_t* step_tables_ = nullptr;
   int32_t* dec_tables_ = nullptr;
   int32_t* dec_lens_ = nullptr;
   int32_t* dec_rows_ = nullptr;
@@ -125,6 +172,10 @@ class CudaKvCache final : public KvCache {
   int64_t* sink_slots_ = nullptr;   // [n]: their sink slots (-1 past S)
   void* parts_ = nullptr;           // copies: the window and sink parts' outputs and the lses
   size_t parts_bytes_ = 0;
+  float* step_parts_ = nullptr;     // the bucket's parts buffer (null: parts_)
+  std::map<int, StepBuffers> buckets_;
+  int bucket_pending_ = 0;
+  std::map<std::pair<const void*, int>, std::unique_ptr<StepGraph>> graphs_;
   void* kws_ = nullptr;  // dequantized K, V
   size_t kws_bytes_ = 0;
   void* vws_ = nullptr;

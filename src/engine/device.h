@@ -11,6 +11,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 namespace tqkv::engine {
 
 struct GgufTensor;
+struct Batch;
 class KvCache;
 struct CacheSpec;
 
@@ -109,6 +111,21 @@ class Device {
 
   // A KV cache of this device for a resolved cache spec (cache_spec.h).
   virtual std::unique_ptr<KvCache> make_cache(const CacheSpec& spec, const CacheShape& shape) = 0;
+
+  // One forward step of a batch the cache has checked: step(b, logits) issues the step's
+  // operations for batch b and writes b's logits rows to the host. The default calls it once. The
+  // CUDA device records decode steps (one token per sequence) as CUDA graphs, one per batch-size
+  // bucket and model (`model` identifies it), and replays them (cuda_graphs.h); a replayed step
+  // gives the logits the recorded one would.
+  using StepFn = std::function<void(const Batch& b, float* logits)>;
+  virtual void run_step(const Batch& batch, KvCache& cache, const void* model, float* logits, const StepFn& step) {
+    (void)cache, (void)model;
+    step(batch, logits);
+  }
+  // Whether run_step may replay recorded steps (on by default where the device has them; a
+  // device without them ignores the setting and answers false).
+  virtual void set_step_graphs(bool on) { (void)on; }
+  virtual bool step_graphs() const { return false; }
 };
 
 // "cpu" (the default), "cuda", or "auto" (the GPU where one is built and present, else the

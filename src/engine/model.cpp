@@ -90,7 +90,9 @@ void Model::forward(const Batch& batch, KvCache& cache, float* logits) const {
   int longest = 0;
   for (const Batch::Run& r : runs) longest = std::max(longest, r.count);
   if (longest <= step) {
-    arch_->forward(cfg_, weights_, *device_, batch, cache, logits);
+    device_->run_step(batch, cache, &weights_, logits, [&](const Batch& b, float* out) {
+      arch_->forward(cfg_, weights_, *device_, b, cache, out);
+    });
     return;
   }
   // The cache takes at most `step` new tokens of a sequence at a time (its copies' ring): run

@@ -216,6 +216,113 @@ TEST_F(CudaSmol, VarlenBatchEqualsSeparateRuns) {
   }
 }
 
+// CUDA graphs (cuda_graphs.h): decode steps replayed from a recorded graph give the tokens of
+// the same steps run op by op. Graphs are switched per device; the fixture's model shares one.
+class GraphsOff {
+ public:
+  explicit GraphsOff(Device& d) : d_(d), was_(d.step_graphs()) { d.set_step_graphs(false); }
+  ~GraphsOff() { d_.set_step_graphs(was_); }
+
+ private:
+  Device& d_;
+  bool was_;
+};
+
+int recorded(const KvCache& c) {
+  const auto* cc = dynamic_cast<const CudaKvCache*>(&c);
+  return cc ? cc->graphs_recorded() : -1;
+}
+
+// 64 greedy tokens of generate's default prompt: a batch of one (bucket 1), every step after
+// the second one replayed.
+TEST_F(CudaSmol, GraphsGiveTheSameGreedyTokens) {
+  const std::vector<int32_t> prompt = chat("What are the three primary colors? Answer briefly.");
+  ASSERT_TRUE(gpu_->device().step_graphs()) << "graphs are on by default (unset TQKV_CUDA_GRAPHS)";
+  for (const std::string spec : {"f16", "turboquant_4bit_nc", "tq-4.375"}) {
+    SCOPED_TRACE(spec);
+    auto cache = gpu_->make_cache(spec, 512);
+    const auto* cc = dynamic_cast<const CudaKvCache*>(cache.get());
+    ASSERT_NE(cc, nullptr);
+    ASSERT_TRUE(cc->graphs_supported());
+    GenerateOptions g;
+    g.n_predict = 64;
+    g.stop_at_end_of_generation = false;
+    std::vector<int32_t> with, without;
+    generate(*gpu_, *tok_, *cache, cache->add_sequence(), prompt, g, [&](int32_t id) { with.push_back(id); });
+    EXPECT_EQ(recorded(*cache), 1);
+    {
+      GraphsOff off(gpu_->device());
+      without = greedy(*gpu_, prompt, spec, 64);
+    }
+    ASSERT_EQ(with.size(), 64u);
+    EXPECT_EQ(with, without) << "graphs: " << tok_->decode(with) << "\nop by op: " << tok_->decode(without);
+    std::printf("[ graphs ] %-20s 64 greedy tokens identical: %s\n", spec.c_str(), with == without ? "yes" : "no");
+  }
+}
+
+// Greedy decode of B sequences of different lengths in one batch per step: a batch that fills
+// its bucket (4) and one that is padded (3 -> 4, 5 -> 8), each against the same steps op by op.
+// toggle_every > 0: graphs switched on or off every that many steps (replays and op-by-op steps
+// on one cache, as bench decode times them).
+std::vector<std::vector<int32_t>> batched_greedy(const Model& m, const std::vector<std::vector<int32_t>>& prompts,
+                                                 const std::string& spec, int steps, int* graphs,
+                                                 int toggle_every = 0) {
+  const int V = m.config().n_vocab, B = static_cast<int>(prompts.size());
+  auto cache = m.make_cache(spec, 256, B);
+  std::vector<int64_t> seqs;
+  std::vector<std::vector<int32_t>> out(B);
+  std::vector<float> logits(static_cast<size_t>(B) * V);
+  for (int b = 0; b < B; ++b) {
+    seqs.push_back(cache->add_sequence());
+    m.forward(seqs[b], prompts[b].data(), static_cast<int>(prompts[b].size()), *cache, logits.data() + b * V, false);
+  }
+  Device& dev = m.device();
+  const bool graphs_at_start = dev.step_graphs();
+  for (int s = 0; s < steps; ++s) {
+    if (toggle_every > 0 && s > 0 && s % toggle_every == 0) dev.set_step_graphs(!dev.step_graphs());
+    Batch step;
+    for (int b = 0; b < B; ++b) {
+      const float* row = logits.data() + static_cast<size_t>(b) * V;
+      const int32_t id = static_cast<int32_t>(std::max_element(row, row + V) - row);
+      out[b].push_back(id);
+      step.add(seqs[b], &id, 1, cache->seq_len(seqs[b]), false);
+    }
+    m.forward(step, *cache, logits.data());
+  }
+  dev.set_step_graphs(graphs_at_start);
+  for (int b = 0; b < B; ++b) EXPECT_EQ(cache->seq_len(seqs[b]), static_cast<int64_t>(prompts[b].size()) + steps);
+  *graphs = recorded(*cache);
+  return out;
+}
+
+TEST_F(CudaSmol, GraphsGiveTheSameTokensForBatchesOfDifferentLengths) {
+  const std::vector<std::vector<int32_t>> prompts = {
+      chat("Name three rivers."), chat("What is two plus two?"),
+      chat("Tell me a short story about a robot who learns to paint."), tok_->encode("Once upon a time", false),
+      chat("Why is the sky blue? Explain in detail.")};
+  for (const std::string spec : {"f16", "tq-4.375"}) {
+    for (const int B : {4, 3, 5}) {
+      SCOPED_TRACE(spec + " batch " + std::to_string(B));
+      const std::vector<std::vector<int32_t>> p(prompts.begin(), prompts.begin() + B);
+      int with_graphs = 0, without_graphs = 0;
+      const auto with = batched_greedy(*gpu_, p, spec, 24, &with_graphs);
+      std::vector<std::vector<int32_t>> without;
+      {
+        GraphsOff off(gpu_->device());
+        without = batched_greedy(*gpu_, p, spec, 24, &without_graphs);
+      }
+      EXPECT_EQ(with_graphs, 1);
+      EXPECT_EQ(without_graphs, 0);
+      for (int b = 0; b < B; ++b) EXPECT_EQ(with[b], without[b]) << "sequence " << b;
+      // Replays and op-by-op steps taking turns on one cache (each picks up where the other left).
+      int mixed_graphs = 0;
+      const auto mixed = batched_greedy(*gpu_, p, spec, 24, &mixed_graphs, 5);
+      EXPECT_EQ(mixed_graphs, 1);
+      for (int b = 0; b < B; ++b) EXPECT_EQ(mixed[b], without[b]) << "sequence " << b << ", graphs on and off in turn";
+    }
+  }
+}
+
 // The GPU cache reads back what the CPU cache reads back for the same keys (both decode the
 // same slot bytes; centring undone with the same statistics). The keys themselves differ by the
 // bf16 weights, so the comparison is relative.
@@ -349,6 +456,104 @@ TEST(CudaCacheLayer, RecipesWithSinksAndWindowMatchCpu) {
     if (HasFatalFailure()) return;
   }
   compare_cache_layers(cache_test_model(2, 6, 2), "k5v3+sink1+w5+skip0", 1024, {300, 300, 1, 1}, 1);
+}
+
+// The cache layer's part of a CUDA graph (CudaDevice::run_step records the rest): decode steps of
+// two sequences of different lengths prepared into a bucket, recorded once and replayed, give
+// the outputs of the same steps run op by op on a twin cache, bit for bit, with sinks and a
+// window (their decodes forked onto side streams while recorded: parallel branches of the
+// graph; on one stream op by op) over steps that move the ring past the window.
+TEST(CudaCacheLayer, RecordedDecodeStepsMatchOpByOp) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  const ModelConfig m = cache_test_model(2, 6, 2);
+  auto dev = std::make_shared<CudaDevice>();
+  const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim, steps = 12;
+  uint64_t x = 777;
+  auto rnd = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(x >> 11) % 2000001 - 1000000) / 1e6f;
+  };
+  for (const std::string name : {"f16+skip0", "k5v3+sink1+w5+skip0", "k6v3+sink2+wq6+w11+skip0"}) {
+    SCOPED_TRACE(name);
+    const CacheSpec spec = resolve_cache_spec(name, m);
+    auto plain = dev->make_cache(spec, CacheShape{64, 2});
+    auto graphed = dev->make_cache(spec, CacheShape{64, 2});
+    auto* g = dynamic_cast<CudaKvCache*>(graphed.get());
+    ASSERT_NE(g, nullptr);
+    ASSERT_TRUE(g->graphs_supported());
+    const int64_t a = plain->add_sequence(), b = plain->add_sequence();
+    ASSERT_EQ(graphed->add_sequence(), a);
+    ASSERT_EQ(graphed->add_sequence(), b);
+    // Fixed device inputs (a replay reads them where the recording did): q, k, v, out per layer.
+    const int rows = 20 + 13;  // the prefill's rows; decode steps use the first 2
+    std::vector<DeviceBuffer> q, k, v, out_plain, out_graphed;
+    for (int l = 0; l < m.n_layers; ++l) {
+      q.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
+      k.push_back(dev->alloc(static_cast<size_t>(rows) * kd));
+      v.push_back(dev->alloc(static_cast<size_t>(rows) * kd));
+      out_plain.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
+      out_graphed.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
+    }
+    auto fill = [&](int n) {  // new random inputs (k positive-shifted as in compare_cache_layers)
+      for (int l = 0; l < m.n_layers; ++l) {
+        std::vector<float> hq(static_cast<size_t>(n) * qd), hk(static_cast<size_t>(n) * kd), hv(hk.size());
+        for (float& e : hq) e = rnd();
+        for (float& e : hk) e = 2.0f * rnd() + 0.3f;
+        for (float& e : hv) e = rnd();
+        dev->to_device(hq.data(), hq.size(), q[l].data());
+        dev->to_device(hk.data(), hk.size(), k[l].data());
+        dev->to_device(hv.data(), hv.size(), v[l].data());
+      }
+    };
+    // Attention writes q and k in place only with centring, which these specs lack: both caches
+    // see the same inputs.
+    auto run_layers = [&](KvCache& c, const Batch& batch, std::vector<DeviceBuffer>& out) {
+      for (int l = 0; l < m.n_layers; ++l) c.attend(l, batch, q[l].data(), k[l].data(), v[l].data(), out[l].data());
+    };
+    std::vector<int32_t> ids(rows, 1);
+    Batch prefill;
+    prefill.add(a, ids.data(), 20, 0, true);
+    prefill.add(b, ids.data(), 13, 0, true);
+    fill(rows);
+    run_layers(*plain, prefill, out_plain);
+    run_layers(*graphed, prefill, out_graphed);
+    cudaGraphExec_t exec = nullptr;
+    double worst = 0;
+    for (int s = 0; s < steps; ++s) {
+      Batch step;
+      step.add(a, ids.data(), 1, 20 + s, true);
+      step.add(b, ids.data(), 1, 13 + s, true);
+      fill(2);
+      run_layers(*plain, step, out_plain);
+      g->prepare_bucket(step, 2);
+      if (s == 0) {  // warm-up: plans and workspaces
+        run_layers(*graphed, step, out_graphed);
+      } else if (s == 1) {
+        ASSERT_EQ(cudaStreamBeginCapture(dev->stream(), cudaStreamCaptureModeRelaxed), cudaSuccess);
+        run_layers(*graphed, step, out_graphed);
+        cudaGraph_t graph = nullptr;
+        ASSERT_EQ(cudaStreamEndCapture(dev->stream(), &graph), cudaSuccess);
+        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        cudaGraphDestroy(graph);
+      } else {
+        g->cancel_bucket();
+      }
+      if (exec) {
+        ASSERT_EQ(cudaGraphLaunch(exec, dev->stream()), cudaSuccess);
+      }
+      for (int l = 0; l < m.n_layers; ++l) {
+        std::vector<float> op(static_cast<size_t>(2) * qd), gr(op.size());
+        dev->to_host(out_plain[l].data(), op.size(), op.data());
+        dev->to_host(out_graphed[l].data(), gr.size(), gr.data());
+        for (size_t i = 0; i < op.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(op[i]) - gr[i]));
+      }
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    EXPECT_EQ(plain->seq_len(a), 20 + steps);
+    EXPECT_EQ(graphed->seq_len(b), 13 + steps);
+    std::printf("[ graphs ] %-28s replayed vs op by op: max |diff| %.3g over %d steps\n", name.c_str(), worst, steps);
+    EXPECT_EQ(worst, 0.0);
+  }
 }
 
 TEST_F(CudaSmol, BadInputThrowsAndChangesNothing) {

@@ -1,0 +1,53 @@
+// CUDA graphs of decode steps, as vLLM captures its decode batches: a decode step (one token
+// for each of B sequences) is padded to a batch-size bucket, recorded once per (model, cache,
+// bucket) as a CUDA graph, and then replayed with one launch instead of the ~15 launches per
+// layer it is made of (a batch-1 step of a small model is bound by launch overhead).
+//
+// What a replay reads is in fixed device buffers that the host rewrites before each launch:
+// token ids and positions (StepGraph), slot mappings, block tables and lengths, the sink and
+// window ring tables (the cache's bucket buffers, CudaKvCache::prepare_bucket). Padding rows
+// have slot -1 (their stores are skipped), block 0 and length 1; their outputs are dropped.
+// Everything else a step touches is fixed as well: the activations the recorded step allocated
+// (held by the StepGraph), the decode plans of the bucket (planned for the cache's capacity),
+// cuBLAS's workspace (set once per device) and the device's product input buffer.
+//
+// The step runs op by op once per bucket first (a warm-up: it makes the plans and workspaces
+// outside the capture), is recorded at its second use, and replayed from then on. A batch with
+// exactly a bucket's rows runs the same kernels with the same shapes recorded or not, so its
+// logits are bit-identical; a padded batch runs the bucket's shapes (its products and its
+// decode split may round differently from the unpadded op-by-op step).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "device.h"
+
+namespace tqkv::engine {
+
+// The largest decode batch recorded; larger steps run op by op.
+constexpr int kMaxGraphBatch = 256;
+
+// The bucket a decode step of n sequences is padded to: 1, 2, 4, 8, 16, 24, 32, 48, 64, 96,
+// 128, 192, 256; 0 when n is out of (0, kMaxGraphBatch].
+int graph_bucket(int n);
+
+// One recorded decode step of `bucket` rows.
+struct StepGraph {
+  explicit StepGraph(int bucket);  // allocates the inputs; throws tqkv::Error on a CUDA error
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  int bucket;
+  int64_t* positions = nullptr;  // device [bucket], then
+  int32_t* tokens = nullptr;     // device [bucket] in the same allocation
+  int warm_runs = 0;             // op-by-op runs so far (the first one warms up)
+  cudaGraphExec_t exec = nullptr;
+  std::vector<DeviceBuffer> held;   // activations the graph reads and writes
+  const float* logits = nullptr;    // device [bucket, n_vocab], written by each replay
+  size_t logit_floats = 0;
+};
+
+}  // namespace tqkv::engine
