@@ -62,6 +62,62 @@ struct IsaAvx512 {
     }
     return _mm512_permutexvar_epi8(x, table);
   }
+
+  // A tile's int8 scores four keys at a time with the keys in the 128-bit lanes: the 4 keys'
+  // level vectors of a 64-channel block are transposed by 128-bit blocks (8 vshufi64x2), so
+  // vector m holds channels 16m .. 16m+15 of key k in lane k, and vpdpbusd against chunk m of
+  // the row broadcast to the four lanes (qb: [rows][d/16][64] bytes, i8_broadcast_rows) leaves
+  // each key's partial sums in its own lane. One transposing reduction per 4 keys and 4 rows
+  // (9 instructions) replaces a 4-row reduction per key. The integers are those of
+  // scores_i8 (integer sums in any order).
+  static constexpr bool kI8Tiles = true;
+  static void i8_broadcast_rows(const int8_t* q8, int rows, int d, int8_t* qb) {
+    for (int r = 0; r < rows; ++r)
+      for (int m = 0; m < d / 16; ++m)
+        for (int lane = 0; lane < 4; ++lane)
+          std::memcpy(qb + (static_cast<size_t>(r) * (d / 16) + m) * 64 + lane * 16,
+                      q8 + static_cast<size_t>(r) * d + m * 16, 16);
+  }
+  template <int NR, int B, class Pf>
+  static void scores_i8_tile(const int8_t* qb, int d, const uint8_t* base, size_t stride, int nt, float* s,
+                             IT table, const Pf& pf) {
+    const int nc = d / 16;
+    for (int j = 0; j < nt; j += 4) {
+      const int n = nt - j < 4 ? nt - j : 4;
+      const uint8_t* p[4];
+      for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
+      for (int k = 0; k < n; ++k) pf(j + k);
+      __m512i acc[NR];
+      for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
+      for (int i = 0; i < d; i += 64) {
+        const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
+        const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
+        const __m512i t0 = _mm512_shuffle_i64x2(l0, l1, 0x44), t1 = _mm512_shuffle_i64x2(l0, l1, 0xee);
+        const __m512i t2 = _mm512_shuffle_i64x2(l2, l3, 0x44), t3 = _mm512_shuffle_i64x2(l2, l3, 0xee);
+        const __m512i z[4] = {_mm512_shuffle_i64x2(t0, t2, 0x88), _mm512_shuffle_i64x2(t0, t2, 0xdd),
+                              _mm512_shuffle_i64x2(t1, t3, 0x88), _mm512_shuffle_i64x2(t1, t3, 0xdd)};
+        for (int r = 0; r < NR; ++r) {
+          const int8_t* qr = qb + (static_cast<size_t>(r) * nc + i / 16) * 64;
+          for (int m = 0; m < 4; ++m) acc[r] = _mm512_dpbusd_epi32(acc[r], z[m], _mm512_loadu_si512(qr + 64 * m));
+        }
+      }
+      // Rows by fours: lane k of x = the 4 rows' sums for key k, transposed to row-major.
+      const __mmask8 keep = static_cast<__mmask8>((1u << n) - 1u);
+      for (int r0 = 0; r0 < NR; r0 += 4) {
+        const auto row = [&](int r) { return r0 + r < NR ? acc[r0 + r] : _mm512_setzero_si512(); };
+        const __m512i a = row(0), b = row(1), c = row(2), e = row(3);
+        const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+        const __m512i ce = _mm512_add_epi32(_mm512_unpacklo_epi32(c, e), _mm512_unpackhi_epi32(c, e));
+        const __m512i x = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, ce), _mm512_unpackhi_epi64(ab, ce));
+        const V y = _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0),
+                                          _mm512_cvtepi32_ps(x));
+        _mm_mask_storeu_ps(s + (r0 + 0) * kTile + j, keep, _mm512_castps512_ps128(y));
+        if (r0 + 1 < NR) _mm_mask_storeu_ps(s + (r0 + 1) * kTile + j, keep, _mm512_extractf32x4_ps(y, 1));
+        if (r0 + 2 < NR) _mm_mask_storeu_ps(s + (r0 + 2) * kTile + j, keep, _mm512_extractf32x4_ps(y, 2));
+        if (r0 + 3 < NR) _mm_mask_storeu_ps(s + (r0 + 3) * kTile + j, keep, _mm512_extractf32x4_ps(y, 3));
+      }
+    }
+  }
 #else
   static constexpr bool kHasI8 = false;
   static constexpr int i8_block(int) { return 0; }

@@ -77,9 +77,18 @@ inline float kf_half(const uint8_t* p) {
 
 inline int kf_min(int a, int b) { return a < b ? a : b; }
 
+// Whether the traits have a whole-tile int8 scorer (scores_i8_tile, i8_broadcast_rows).
+template <class I>
+constexpr bool has_i8_tiles() {
+  if constexpr (requires { I::kI8Tiles; })
+    return I::kI8Tiles;
+  else
+    return false;
+}
+
 // Query rows rounded to int8 in a build's int8 channel order, with their score factors.
 struct I8Rows {
-  const int8_t* q;     // [rows, dim]
+  const int8_t* q;     // [rows, dim] (a tile scorer's broadcast layout where the build has one)
   const float* scale;  // [rows] s_q * s_k
   const float* corr;   // [rows] kI8Offset * sum_c q8[c]
 };
@@ -294,7 +303,13 @@ struct Kernel {
         constexpr int N = decltype(nr)::value;
         const auto go = [&](auto b) {
           constexpr int B = decltype(b)::value;
-          if constexpr (I::i8_block(B) > 0) {
+          if constexpr (I::i8_block(B) > 0 && has_i8_tiles<I>()) {
+            const int8_t* qb = q + static_cast<size_t>(r0) * d * 4;
+            if (r0 == 0)
+              I::template scores_i8_tile<N, B>(qb, d, base, stride, nt, sr, I::i8_table(f.key_u8), prefetch);
+            else
+              I::template scores_i8_tile<N, B>(qb, d, base, stride, nt, sr, I::i8_table(f.key_u8), none);
+          } else if constexpr (I::i8_block(B) > 0) {
             if (r0 == 0)
               scores_i8<N, B>(qr, d, base, stride, nt, sr, f.key_u8, prefetch);
             else
@@ -479,6 +494,10 @@ struct Kernel {
       int8_t* q8 = reinterpret_cast<int8_t*>(corr + R);
       quantize_rows(f, rb, c8, q8, scale, corr);
       i8 = {q8, scale, corr};
+      if constexpr (has_i8_tiles<I>()) {  // [R][d/16][64] bytes: the R * d floats of qs
+        I::i8_broadcast_rows(q8, R, d, reinterpret_cast<int8_t*>(qs));
+        i8.q = reinterpret_cast<const int8_t*>(qs);
+      }
     }
     RowBlock rows = rb;
     if (ks > 1 && c8 == 0) {
