@@ -247,8 +247,14 @@ struct Kernel {
     for (int r = 0; r < rb.rows; ++r) {
       const float* q = rb.q + static_cast<size_t>(r) * d;
       float amax = 0.0f;
-      for (int c = 0; c < d; ++c) amax = __builtin_fabsf(q[c]) > amax ? __builtin_fabsf(q[c]) : amax;
-      const float step = amax / static_cast<float>(kI8QueryMax);
+      bool finite = true;
+      for (int c = 0; c < d; ++c) {
+        const float a = __builtin_fabsf(q[c]);
+        finite = finite && a <= 3.4028234e38f;
+        amax = a > amax ? a : amax;
+      }
+      // A row with NaN or Inf scores NaN, as the fp32 path does (and rounds nothing undefined).
+      const float step = finite ? amax / static_cast<float>(kI8QueryMax) : 0.0f;
       int8_t* o = q8 + static_cast<size_t>(r) * d;
       int sum = 0;
       for (int b = 0; b < d; b += C)
@@ -261,7 +267,7 @@ struct Kernel {
           o[b + t] = static_cast<int8_t>(v);
           sum += v;
         }
-      scale[r] = step * f.key_i8_step;
+      scale[r] = finite ? step * f.key_i8_step : __builtin_nanf("");
       corr[r] = static_cast<float>(kI8Offset * sum);
     }
   }

@@ -247,6 +247,14 @@ TEST(Int8Scores, ExactSwitchRestoresReferenceParity) {
   attention(cache, 0, q.data(), 1, 255, p, int8.data());
   EXPECT_LT(rel_error(exact, ref), 1e-5);
   EXPECT_GT(rel_error(int8, ref), 1e-5);
+  // A non-finite query row (not checked by attention) leaves the other rows as they were and
+  // rounds nothing out of int range (its int8 scores are NaN, UBSan-clean).
+  auto bad = q;
+  bad[5] = NAN;
+  bad[128 + 7] = INFINITY;
+  std::vector<float> out(q.size());
+  attention(cache, 0, bad.data(), 1, 255, p, out.data());
+  for (size_t i = 2 * 128; i < q.size(); ++i) ASSERT_EQ(out[i], int8[i]) << i;
   EXPECT_EQ(parse_key_scores("exact"), KeyScores::Exact);
   EXPECT_EQ(parse_key_scores("int8"), KeyScores::Int8);
   EXPECT_THROW(parse_key_scores("fp8"), Error);
