@@ -9,6 +9,10 @@ process. Prints one table per (dim, batch); a cell is: seconds per step · milli
 tokens*heads per second · cache GB read per second · speed-up vs f16 in wall time (and in
 process CPU time, steadier on a shared machine).
 
+With --repeats N, every cell runs N times (the grid in order, N passes) and one compact table per
+layout gives each format's median speed-up vs f16 over the passes (wall, then CPU time), with the
+load average seen at each run.
+
 With --before, the two binaries run alternately, --rounds times per cell, and one compact
 table per layout gives each format's speed-up vs f16 before -> after: each binary's best
 step of each format over the rounds against its own best f16 step (wall, then CPU time).
@@ -31,10 +35,13 @@ def main():
     ap.add_argument("--before", help="a second binary, run alternately (before/after table)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--formats", default="", help="formats (default: all)")
+    ap.add_argument("--repeats", type=int, default=0, help="median table over this many passes")
     a = ap.parse_args()
     ctxs = [int(c) for c in a.ctx.split(",")]
     if a.before:
         return before_after(a, ctxs)
+    if a.repeats:
+        return median_table(a, ctxs)
     for dim in [int(d) for d in a.dims.split(",")]:
         heads, gqa = (8, 4) if dim == 128 else (3, 3)
         for batch in [int(b) for b in a.batch.split(",")]:
@@ -63,6 +70,36 @@ def bench(a, binary, dim, heads, gqa, batch, ctx):
     print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return {r["format"]: r for r in json.loads(out)}
+
+
+def median_table(a, ctxs):
+    import os
+    import statistics
+    cells = [(dim, batch, ctx) for dim in [int(d) for d in a.dims.split(",")] for batch in
+             [int(b) for b in a.batch.split(",")] for ctx in ctxs]
+    runs, loads, formats = {}, [], []  # (cell, format) -> [(wall ratio, cpu ratio)]
+    for _ in range(a.repeats):
+        for dim, batch, ctx in cells:
+            heads, gqa = (8, 4) if dim == 128 else (3, 3)
+            loads.append(os.getloadavg()[0])
+            for f, r in bench(a, a.tqkv, dim, heads, gqa, batch, ctx).items():
+                if f not in formats:
+                    formats.append(f)
+                runs.setdefault(((dim, batch, ctx), f), []).append((r["speedup_vs_f16"], r["cpu_speedup_vs_f16"]))
+    names = [f"d{d} b{b} {c // 1024}K" for d, b, c in cells]
+    print(f"\nMedian speed-up vs f16 over {a.repeats} passes, {a.layout} layout, wall (cpu); "
+          f"load average (1 min) {min(loads):.1f}-{max(loads):.1f}\n")
+    print("| format | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for f in formats:
+        row = []
+        for cell in cells:
+            rs = runs.get((cell, f), [])
+            if not rs:
+                row.append("-")
+                continue
+            row.append(f"{statistics.median(r[0] for r in rs):.2f} ({statistics.median(r[1] for r in rs):.2f})")
+        print(f"| {f} | " + " | ".join(row) + " |")
 
 
 def before_after(a, ctxs):

@@ -28,6 +28,17 @@ KernelFormat kernel_format(const SlotCodec& codec) {
     const int n = 1 << f.value_bits;
     for (int i = 0; i < 16; ++i) k.value_lut[i] = static_cast<float>(i % n) - 0.5f * static_cast<float>(n - 1);
   }
+  k.int8_keys = f.key == KeyCodec::Mse && f.key_bits >= 2 && f.key_bits <= 4 && active_key_scores() == KeyScores::Int8;
+  if (k.int8_keys) {
+    const Codebook& cb = *codec.key_codebook();
+    float amax = 0.0f;
+    for (float x : cb.levels_f32) amax = std::max(amax, std::fabs(x));
+    k.key_i8_step = amax / static_cast<float>(kI8LevelMax);
+    for (int j = 0; j < 64; ++j) {
+      const float x = std::nearbyint(cb.levels_f32[j % cb.size()] / k.key_i8_step);
+      k.key_u8[j] = static_cast<uint8_t>(std::clamp(x, -float{kI8LevelMax}, float{kI8LevelMax}) + kI8Offset);
+    }
+  }
   k.key_code_bytes = f.key_code_bytes(k.dim);
   k.value_code_bytes = f.value_code_bytes(k.dim);
   return k;

@@ -17,6 +17,35 @@ struct IsaAvx2 {
   // 3-bit codes keep the per-vector decode: 8 vectors of a split block and 8 row accumulators
   // would not fit in 16 registers.
   static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : 1; }
+  // Int8 key scores (kernel_impl.h) of 2- and 4-bit codes, 32 channels per vector: bytes of
+  // codes (4 bits: the 16 bytes and their high nibbles; 2 bits: the 8 bytes shifted by 0, 2, 4,
+  // 6 in the four qwords), masked to 4 bits, looked up by vpshufb in the 16-entry table that
+  // both 128-bit lanes hold; products by vpmaddubsw (pairs within int16: kernel.h) + vpmaddwd.
+  static constexpr bool kHasI8 = true;
+  using IV = __m256i;
+  using IT = __m256i;
+  static constexpr int i8_block(int b) { return b == 2 || b == 4 ? 32 : 0; }
+  static IT i8_table(const uint8_t* t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)); }
+  static IV izero() { return _mm256_setzero_si256(); }
+  static V i2f(IV a) { return _mm256_cvtepi32_ps(a); }
+  static IV dot_u8i8(IV acc, IV u, const int8_t* q) {
+    const __m256i pairs = _mm256_maddubs_epi16(u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+  template <int B>
+  static IV levels_u8(const uint8_t* p, int i, IT table) {
+    __m256i x;
+    if constexpr (B == 4) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i / 2));
+      x = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
+    } else {
+      static_assert(B == 2, "AVX2 int8 scores take 2- and 4-bit codes");
+      long long a;
+      std::memcpy(&a, p + i / 4, 8);
+      x = _mm256_srlv_epi64(_mm256_set1_epi64x(a), _mm256_set_epi64x(6, 4, 2, 0));
+    }
+    return _mm256_shuffle_epi8(table, _mm256_and_si256(x, _mm256_set1_epi8(0x0f)));
+  }
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }

@@ -16,6 +16,19 @@ struct IsaScalar {
   static constexpr float kFp8Factor = 1.0f;
   static constexpr int kAccRegs = 8;
   static constexpr int split_codes(int) { return 1; }
+  // Int8 key scores (kernel_impl.h) one channel at a time: the integers every build computes.
+  static constexpr bool kHasI8 = true;
+  using IV = int32_t;
+  using IT = const uint8_t*;
+  static constexpr int i8_block(int b) { return b >= 2 && b <= 4 ? 1 : 0; }
+  static IT i8_table(const uint8_t* t) { return t; }
+  static IV izero() { return 0; }
+  static V i2f(IV a) { return static_cast<float>(a); }
+  static IV dot_u8i8(IV acc, IV u, const int8_t* q) { return acc + u * q[0]; }
+  template <int B>
+  static IV levels_u8(const uint8_t* p, int i, IT table) {
+    return table[unpack_one(p, i, B)];
+  }
   static V zero() { return 0.0f; }
   static V set1(float x) { return x; }
   static V load(const float* p) { return *p; }

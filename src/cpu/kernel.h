@@ -38,9 +38,23 @@ struct KernelFormat {
   // of <= 4 bits: entry j = (j mod 2^bits) - (2^bits - 1)/2, the centred code.
   float key_lut[16];
   float value_lut[16];
+  // Int8 key scores (tqkv/simd.h KeyScores): on for 2-4-bit Mse keys unless exact scoring is
+  // asked for; a kernel without the int8 path for these bits and head dim scores exactly.
+  // Every kernel that has it computes the same integers (kernel_impl.h, "Int8 scores"):
+  //   L8[j] = round(level[j] / key_i8_step), key_i8_step = max_j |level[j]| / kI8LevelMax,
+  //   key_u8[j] = L8[j mod 2^bits] + kI8Offset (64 entries, 1..127: an unsigned operand).
+  bool int8_keys;
+  float key_i8_step;
+  uint8_t key_u8[64];
   size_t key_code_bytes;    // bytes of one token's key codes / elements (prefetch size)
   size_t value_code_bytes;
 };
+
+// Int8 scores: |q8| <= 127 (per query row, step max|q| / 127) and |L8| <= 63, so that the
+// unsigned level u8 = L8 + 64 <= 127 and a pair of products u8 * q8 fits in int16 (vpmaddubsw
+// saturates above 32767: 2 * 127 * 127 = 32258), and every partial sum of <= 512 channels is an
+// integer below 2^24, exact in float.
+inline constexpr int kI8QueryMax = 127, kI8LevelMax = 63, kI8Offset = 64;
 
 struct SlotRun {
   int64_t pos0;  // absolute position of the first slot
@@ -73,9 +87,11 @@ struct RowState {
 inline constexpr int kTile = 64;
 
 // Scratch floats a kernel needs for `rows` rows of `dim` channels (tile state, then the query
-// rows in a split decode's channel order and one row of workspace).
+// rows in a split decode's channel order, one row of workspace, and the int8 query rows with
+// their scales and offsets).
 constexpr size_t kernel_scratch_floats(int dim, int rows) {
-  return 3 * kTile + static_cast<size_t>(rows) * (kTile + 2) + static_cast<size_t>(rows + 1) * dim + 64;
+  return 3 * kTile + static_cast<size_t>(rows) * (kTile + 2) + static_cast<size_t>(rows + 1) * dim +
+         static_cast<size_t>(rows) * (2 + (dim + 3) / 4) + 64;
 }
 
 // Consumes runs[0 .. n_runs) in order (the next run's first tile is prefetched while the last
@@ -87,6 +103,8 @@ void run_scalar(const KernelFormat&, const SlotRun*, int, const RowBlock&, const
 #if defined(__x86_64__)
 void run_avx2(const KernelFormat&, const SlotRun*, int, const RowBlock&, const RowState&, float*);
 void run_avx512(const KernelFormat&, const SlotRun*, int, const RowBlock&, const RowState&, float*);
+// The same AVX-512 kernel built with VNNI + VBMI as well: int8 key scores (vpermb, vpdpbusd).
+void run_avx512_vnni(const KernelFormat&, const SlotRun*, int, const RowBlock&, const RowState&, float*);
 #endif
 
 // Whether a SIMD build with `width` floats per vector handles this format (dim a multiple of

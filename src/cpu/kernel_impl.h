@@ -30,6 +30,17 @@
 //     out[m] lane l = table[code i + l*k + m]. One widening load and one shift per vector
 //     replace the per-vector unpacking; the channels come out in a permuted order (below).
 //   kAccRegs: accumulator registers the value loop may keep (rows x vectors of a block).
+//   kHasI8: the build has int8 key scores (below), with
+//     IV, IT: integer vector, level table register; i8_block(B): channels per vector of B-bit
+//     codes (0: no int8 path for B); i8_table(key_u8): the table; izero(); i2f(IV) (exact:
+//     the lanes stay below 2^24); dot_u8i8(acc, u8, q8 pointer): acc += sums of 4 adjacent
+//     u8 * s8 products per 32-bit lane (vpdpbusd); levels_u8<B>(p, i, table): the u8 levels
+//     of the codes of the block starting at stored channel i, in the order of i8_channel().
+//
+// Int8 scores. For 2-4-bit Mse keys (f.int8_keys) and a build with the int8 path, a key's
+// score is sum_c q8[c] * L8[code c], computed as sum_c q8[c] * (L8 + 64) - 64 * sum_c q8[c]
+// in int32, then (float) times s_q * s_k (the row's and the codebook's steps) and the norm.
+// The integers are the same in every build, and so are the float scores.
 //
 // Split order. With a split decode, a block of W*k channels is held as k vectors, vector m
 // holding channels m, k + m, 2k + m, ...: the kernel works in that "stored" order throughout.
@@ -65,6 +76,22 @@ inline float kf_half(const uint8_t* p) {
 }
 
 inline int kf_min(int a, int b) { return a < b ? a : b; }
+
+// Whether the traits have a whole-tile int8 scorer (scores_i8_tile, i8_broadcast_rows).
+template <class I>
+constexpr bool has_i8_tiles() {
+  if constexpr (requires { I::kI8Tiles; })
+    return I::kI8Tiles;
+  else
+    return false;
+}
+
+// Query rows rounded to int8 in a build's int8 channel order, with their score factors.
+struct I8Rows {
+  const int8_t* q;     // [rows, dim] (a tile scorer's broadcast layout where the build has one)
+  const float* scale;  // [rows] s_q * s_k
+  const float* corr;   // [rows] kI8Offset * sum_c q8[c]
+};
 
 template <class I>
 struct Kernel {
@@ -194,6 +221,113 @@ struct Kernel {
       default:
         if constexpr (I::kAnyBits) return fn(dec(std::integral_constant<int, 1>{}, levels));
         return;
+    }
+  }
+
+  // Channels per int8 vector of the key codes, or 0 where the build scores keys in fp32.
+  static int i8_block(const KernelFormat& f) {
+    if constexpr (I::kHasI8) {
+      if (!f.int8_keys) return 0;
+      const int c = I::i8_block(f.key_bits);
+      return c > 0 && f.dim % c == 0 ? c : 0;
+    }
+    return 0;
+  }
+  // The channel at stored position t of an int8 block of C channels: the code bytes (nb of
+  // them) are read once per code in the byte (k = 8/B), code m of every byte forming the m-th
+  // run of nb positions. 3-bit codes are unpacked in channel order.
+  static int i8_channel(int bits, int C, int t) {
+    if (bits == 3 || C == 1) return t;
+    const int nb = C * bits / 8, k = 8 / bits;
+    return k * (t % nb) + t / nb;
+  }
+  // Rounds the rows to int8 (the same integers in every build).
+  static void quantize_rows(const KernelFormat& f, const RowBlock& rb, int C, int8_t* q8, float* scale, float* corr) {
+    const int d = f.dim;
+    for (int r = 0; r < rb.rows; ++r) {
+      const float* q = rb.q + static_cast<size_t>(r) * d;
+      float amax = 0.0f;
+      bool finite = true;
+      for (int c = 0; c < d; ++c) {
+        const float a = __builtin_fabsf(q[c]);
+        finite = finite && a <= 3.4028234e38f;
+        amax = a > amax ? a : amax;
+      }
+      // A row with NaN or Inf scores NaN, as the fp32 path does (and rounds nothing undefined).
+      const float step = finite ? amax / static_cast<float>(kI8QueryMax) : 0.0f;
+      int8_t* o = q8 + static_cast<size_t>(r) * d;
+      int sum = 0;
+      for (int b = 0; b < d; b += C)
+        for (int t = 0; t < C; ++t) {
+          int v = 0;
+          if (step > 0.0f) {
+            const float x = __builtin_rintf(q[b + i8_channel(f.key_bits, C, t)] / step);
+            v = static_cast<int>(x > kI8QueryMax ? kI8QueryMax : x < -kI8QueryMax ? -kI8QueryMax : x);
+          }
+          o[b + t] = static_cast<int8_t>(v);
+          sum += v;
+        }
+      scale[r] = finite ? step * f.key_i8_step : __builtin_nanf("");
+      corr[r] = static_cast<float>(kI8Offset * sum);
+    }
+  }
+
+  // s[r * kTile + j] = the integer score of key j and row r (as float; see "Int8 scores").
+  template <int NR, int B, class Pf>
+  static void scores_i8(const int8_t* q, int d, const uint8_t* base, size_t stride, int nt, float* s,
+                        const uint8_t* table, const Pf& pf) {
+    if constexpr (I::kHasI8) {
+      constexpr int C = I::i8_block(B);
+      const typename I::IT tab = I::i8_table(table);
+      for (int j = 0; j < nt; ++j) {
+        pf(j);
+        const uint8_t* p = base + static_cast<size_t>(j) * stride;
+        typename I::IV a[NR];
+        for (int r = 0; r < NR; ++r) a[r] = I::izero();
+        for (int i = 0; i < d; i += C) {
+          const typename I::IV lv = I::template levels_u8<B>(p, i, tab);
+          for (int r = 0; r < NR; ++r) a[r] = I::dot_u8i8(a[r], lv, q + static_cast<size_t>(r) * d + i);
+        }
+        V fa[NR];
+        for (int r = 0; r < NR; ++r) fa[r] = I::i2f(a[r]);
+        float out[NR];
+        reduce_rows<NR>(fa, out);
+        for (int r = 0; r < NR; ++r) s[r * kTile + j] = out[r];
+      }
+    }
+  }
+
+  template <class Pf>
+  static void scores_i8_rows(const KernelFormat& f, int R, const int8_t* q, const uint8_t* base, size_t stride,
+                             int nt, float* s, const Pf& prefetch) {
+    const auto none = [](int) {};
+    const int d = f.dim;
+    for (int r0 = 0; r0 < R; r0 += 8) {
+      const int8_t* qr = q + static_cast<size_t>(r0) * d;
+      float* sr = s + r0 * kTile;
+      with_rows<8>(kf_min(8, R - r0), [&](auto nr) {
+        constexpr int N = decltype(nr)::value;
+        const auto go = [&](auto b) {
+          constexpr int B = decltype(b)::value;
+          if constexpr (I::i8_block(B) > 0 && has_i8_tiles<I>()) {
+            const int8_t* qb = q + static_cast<size_t>(r0) * d * 4;
+            if (r0 == 0)
+              I::template scores_i8_tile<N, B>(qb, d, base, stride, nt, sr, I::i8_table(f.key_u8), prefetch);
+            else
+              I::template scores_i8_tile<N, B>(qb, d, base, stride, nt, sr, I::i8_table(f.key_u8), none);
+          } else if constexpr (I::i8_block(B) > 0) {
+            if (r0 == 0)
+              scores_i8<N, B>(qr, d, base, stride, nt, sr, f.key_u8, prefetch);
+            else
+              scores_i8<N, B>(qr, d, base, stride, nt, sr, f.key_u8, none);
+          }
+        };
+        switch (f.key_bits) {
+          case 2: return go(std::integral_constant<int, 2>{});
+          case 3: return go(std::integral_constant<int, 3>{});
+          default: return go(std::integral_constant<int, 4>{});
+        }
+      });
     }
   }
 
@@ -354,25 +488,39 @@ struct Kernel {
 
   static void run(const KernelFormat& f, const SlotRun* runs, int n_runs, const RowBlock& rb, const RowState& st,
                   float* scratch) {
-    const int d = f.dim, R = rb.rows, ks = key_split(f), vs = value_split(f);
-    // After run_one's part of the scratch: the permuted query rows [R, d], then [d] floats.
+    const int d = f.dim, R = rb.rows, ks = key_split(f), vs = value_split(f), c8 = i8_block(f);
+    // After run_one's part of the scratch: the permuted query rows [R, d], then [d] floats,
+    // then the int8 rows' scales [R] and offsets [R] and the int8 rows [R, d].
     float* qs = scratch + 3 * kTile + static_cast<size_t>(R) * (kTile + 2);
     float* tmp = qs + static_cast<size_t>(R) * d;
+    I8Rows i8{};
+    if (c8 > 0) {
+      float* scale = tmp + d;
+      float* corr = scale + R;
+      int8_t* q8 = reinterpret_cast<int8_t*>(corr + R);
+      quantize_rows(f, rb, c8, q8, scale, corr);
+      i8 = {q8, scale, corr};
+      if constexpr (has_i8_tiles<I>()) {  // [R][d/16][64] bytes: the R * d floats of qs
+        I::i8_broadcast_rows(q8, R, d, reinterpret_cast<int8_t*>(qs));
+        i8.q = reinterpret_cast<const int8_t*>(qs);
+      }
+    }
     RowBlock rows = rb;
-    if (ks > 1) {
+    if (ks > 1 && c8 == 0) {
       std::memcpy(qs, rb.q, sizeof(float) * static_cast<size_t>(R) * d);
       for (int r = 0; r < R; ++r) permute(qs + static_cast<size_t>(r) * d, d, ks, tmp, false);
       rows.q = qs;
     }
     if (vs > 1)
       for (int r = 0; r < R; ++r) permute(st.acc + static_cast<size_t>(r) * d, d, vs, tmp, false);
-    for (int i = 0; i < n_runs; ++i) run_one(f, runs[i], i + 1 < n_runs ? &runs[i + 1] : nullptr, rows, st, scratch);
+    for (int i = 0; i < n_runs; ++i)
+      run_one(f, runs[i], i + 1 < n_runs ? &runs[i + 1] : nullptr, rows, c8 > 0 ? &i8 : nullptr, st, scratch);
     if (vs > 1)
       for (int r = 0; r < R; ++r) permute(st.acc + static_cast<size_t>(r) * d, d, vs, tmp, true);
   }
 
   static void run_one(const KernelFormat& f, const SlotRun& run, const SlotRun* next, const RowBlock& rb,
-                      const RowState& st, float* scratch) {
+                      const I8Rows* i8, const RowState& st, float* scratch) {
     const int d = f.dim, R = rb.rows;
     float* kfac = scratch;
     float* vfac = kfac + kTile;
@@ -399,10 +547,20 @@ struct Kernel {
         else if (next && t - run.n < next->n)
           prefetch_slot(f, *next, t - run.n);
       };
-      with_key_decoder(f, [&](const auto& dec) {
-        scores_rows(R, rb.q, d, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, dec,
-                    prefetch);
-      });
+      if (i8) {
+        scores_i8_rows(f, R, i8->q, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, prefetch);
+        // Integer scores to the query's domain (the norm follows below with the other formats').
+        for (int r = 0; r < R; ++r) {
+          const V c = I::set1(i8->corr[r]), sc = I::set1(i8->scale[r]);
+          float* s = p + r * kTile;
+          for (int j = 0; j < kTile; j += W) I::store(s + j, I::mul(I::sub(I::load(s + j), c), sc));
+        }
+      } else {
+        with_key_decoder(f, [&](const auto& dec) {
+          scores_rows(R, rb.q, d, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, dec,
+                      prefetch);
+        });
+      }
       key_factors(f, run, j0, nt, kfac);
       const V kf_first = I::load(kfac);
       for (int r = 0; r < R; ++r) {

@@ -15,6 +15,7 @@ constexpr int kUnset = -1;
 std::atomic<int> g_level{kUnset};
 constexpr long long kDefaultParallelThreshold = 16384;
 std::atomic<long long> g_parallel_threshold{kDefaultParallelThreshold};
+std::atomic<int> g_scores{kUnset};
 
 SimdLevel level_from_env() {
   SimdLevel level = detected_simd_level();
@@ -88,6 +89,28 @@ void set_simd_level(SimdLevel level) {
   g_level.store(static_cast<int>(level));
 }
 
+std::string_view key_scores_name(KeyScores s) { return s == KeyScores::Int8 ? "int8" : "exact"; }
+
+KeyScores parse_key_scores(std::string_view name) {
+  if (name == "int8") return KeyScores::Int8;
+  if (name == "exact") return KeyScores::Exact;
+  throw Error(ErrorCode::InvalidArgument, "unknown key scoring '" + std::string(name) + "' (valid: int8, exact)");
+}
+
+KeyScores active_key_scores() {
+  int v = g_scores.load(std::memory_order_relaxed);
+  if (v == kUnset) {
+    const char* env = std::getenv("TQKV_SCORES");
+    v = static_cast<int>(env && *env ? parse_key_scores(env) : KeyScores::Int8);
+    int expected = kUnset;
+    g_scores.compare_exchange_strong(expected, v);
+    v = g_scores.load(std::memory_order_relaxed);
+  }
+  return static_cast<KeyScores>(v);
+}
+
+void set_key_scores(KeyScores s) { g_scores.store(static_cast<int>(s)); }
+
 long long attention_parallel_threshold() { return g_parallel_threshold.load(std::memory_order_relaxed); }
 
 void set_attention_parallel_threshold(long long slot_rows) {
@@ -114,7 +137,8 @@ RunKernel pick_kernel(const KernelFormat& f, SimdLevel level, SimdLevel* used) {
 #if defined(__x86_64__)
   if (level == SimdLevel::Avx512 && simd_handles(f, 16)) {
     got = SimdLevel::Avx512;
-    k = run_avx512;
+    static const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+    k = vnni ? run_avx512_vnni : run_avx512;
   } else if (level >= SimdLevel::Avx2 && simd_handles(f, 8)) {
     got = SimdLevel::Avx2;
     k = run_avx2;

@@ -50,4 +50,13 @@ struct LevelGuard {
   }
 };
 
+// Sets how the kernels score keys for a test's duration (tqkv/simd.h KeyScores): tests that
+// compare with the exact reference at 1e-5 run Exact; the int8 scores are checked against a
+// bound derived from their quantization steps (test_int8_scores.cpp).
+struct ScoresGuard {
+  KeyScores saved = active_key_scores();
+  explicit ScoresGuard(KeyScores s) { set_key_scores(s); }
+  ~ScoresGuard() { set_key_scores(saved); }
+};
+
 }  // namespace tqkv::testing_util

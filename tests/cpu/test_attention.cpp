@@ -121,8 +121,12 @@ TEST(Attention, CompressedFormatsCloseToExact) {
     cache.write(0, 0, T, k.data(), v.data());
     AttentionParams p;
     p.n_q_heads = Hq;
-    std::vector<float> out(q.size());
-    attention(cache, 0, q.data(), 1, T - 1, p, out.data());
+    std::vector<float> out(q.size()), out_i8(q.size());
+    {
+      testing_util::ScoresGuard exact(KeyScores::Exact);
+      attention(cache, 0, q.data(), 1, T - 1, p, out.data());
+    }
+    attention(cache, 0, q.data(), 1, T - 1, p, out_i8.data());  // int8 key scores where they apply
     // 1. Exact on the codes: equal to exact attention over the decoded K/V.
     std::vector<float> kd(k.size()), vd(v.size());
     cache.decode(0, 0, T, true, kd.data());
@@ -135,6 +139,7 @@ TEST(Attention, CompressedFormatsCloseToExact) {
                                        f.value == ValueCodec::Fp8, f.value_bits);
     const double budget = 1.5 * (sigma_q * sigma_q * dk + dv) + 2e-3;
     EXPECT_GT(min_cosine(out, ref, d), 1.0 - budget) << f.name();
+    EXPECT_GT(min_cosine(out_i8, ref, d), 1.0 - budget) << f.name() << " int8 scores";
   }
 }
 
@@ -178,9 +183,18 @@ std::vector<float> merge_by_lse(const std::vector<std::vector<float>>& outs, con
   return out;
 }
 
+// Every SIMD level with exact and with int8 key scores.
+std::vector<std::pair<SimdLevel, KeyScores>> levels_and_scores() {
+  std::vector<std::pair<SimdLevel, KeyScores>> out;
+  for (SimdLevel level : testing_util::supported_levels())
+    for (KeyScores ks : {KeyScores::Exact, KeyScores::Int8}) out.emplace_back(level, ks);
+  return out;
+}
+
 // Attention split into a "sink" part [0, S), a middle part and a recent part (p - W, p] by
 // min_key_pos / exclude_recent / window, merged by the returned log-sum-exps, equals attention
-// over every key, at every SIMD level; the reference applies the same cuts; lse is exact.
+// over every key, at every SIMD level (the cuts merge exactly with int8 key scores too); the
+// reference applies the same cuts; lse is exact.
 TEST(Attention, KeyRangeCutsAndLogSumExpMergeExactly) {
   const int d = 64, H = 2, Hq = 6, S = 3, W = 5, n = 40, n_q = 12;
   ContiguousCacheConfig cfg;
@@ -198,8 +212,10 @@ TEST(Attention, KeyRangeCutsAndLogSumExpMergeExactly) {
     AttentionParams all;
     all.n_q_heads = Hq;
     testing_util::LevelGuard guard;
-    for (SimdLevel level : testing_util::supported_levels()) {
+    testing_util::ScoresGuard scores(KeyScores::Exact);
+    for (auto [level, ks] : levels_and_scores()) {
       set_simd_level(level);
+      set_key_scores(ks);
       std::vector<float> full(q.size());
       attention(cache, 0, q.data(), n_q, pos0, all, full.data());
       AttentionParams mid = all, recent = all;
@@ -220,7 +236,9 @@ TEST(Attention, KeyRangeCutsAndLogSumExpMergeExactly) {
         attention(cache, 0, q.data() + static_cast<size_t>(t) * Hq * d, 1, pos0 + t, sink,
                   outs[2].data() + static_cast<size_t>(t) * Hq * d);
       }
-      EXPECT_LT(rel_error(merge_by_lse(outs, lses, rows, d), full), 1e-5) << name << " " << simd_level_name(level);
+      EXPECT_LT(rel_error(merge_by_lse(outs, lses, rows, d), full), 1e-5)
+          << name << " " << simd_level_name(level) << " " << key_scores_name(ks);
+      if (ks == KeyScores::Int8) continue;  // the int8 scores' bound: test_int8_scores.cpp
       // The reference with the same cuts.
       std::vector<float> ref(q.size());
       mid.lse = nullptr;

@@ -63,6 +63,7 @@ void check_case(const Format& f, const Case& c) {
   std::vector<float> ref(q.size());
   attention_reference(cache, 0, q.data(), c.n_q, pos0, p, ref.data());
   LevelGuard guard;
+  testing_util::ScoresGuard exact(KeyScores::Exact);
   for (SimdLevel level : testing_util::supported_levels()) {
     for (int threads : {1, 2, 3}) {
       set_simd_level(level);

@@ -149,6 +149,7 @@ TEST(PagedCache, LayoutsMatchFormatMdByteForByte) {
 
 TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
   LevelGuard guard;
+  testing_util::ScoresGuard exact(KeyScores::Exact);
   const int H = 2, Hq = 8, d = 64;
   for (const char* name : {"f16", "fp8", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k4v2",
                            "tq-k3v3"}) {
@@ -202,6 +203,7 @@ TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
 // Paged attention honours the shared AttentionParams cuts and lse exactly as the contiguous
 // cache does (window, min_key_pos, exclude_recent; a query that sees no key gives 0 and -inf).
 TEST(PagedCache, AttentionParamsMatchContiguous) {
+  testing_util::ScoresGuard exact(KeyScores::Exact);  // the reference is compared too
   const int H = 2, Hq = 4, d = 64, n = 90;
   for (PageLayout layout : {PageLayout::Slot, PageLayout::Page}) {
     PagedCache cache(config("tq-k4v2", 16, layout, 16, H, d));

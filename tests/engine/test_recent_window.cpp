@@ -3,6 +3,8 @@
 // equal attention over one key set built by hand from the same three sources.
 #include <gtest/gtest.h>
 
+#include "../common/test_data.h"
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -89,6 +91,7 @@ double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Sinks, window, both: prefill batches that straddle the sinks and the window, then decode.
 TEST(RecentWindow, SinksWindowAndCompressedPartsMergeExactly) {
+  testing_util::ScoresGuard exact(KeyScores::Exact);  // the oracle scores in double
   const int n_total = 40, H = TwoLayerCache::H, Hq = TwoLayerCache::Hq, d = TwoLayerCache::d;
   const auto k = gaussian(static_cast<size_t>(n_total) * H * d, 1), v = gaussian(k.size(), 2);
   const auto q = gaussian(static_cast<size_t>(n_total) * Hq * d, 3);

@@ -11,6 +11,11 @@ import os
 import numpy as np
 import pytest
 
+# The bindings' attention is compared with references at 1e-4..1e-6: exact fp32 key scores
+# (tqkv/simd.h KeyScores; the default int8 scores are checked against their error bound and
+# their integer contract in tests/cpu/test_int8_scores.cpp). Read at the first attention call.
+os.environ.setdefault("TQKV_SCORES", "exact")
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 

@@ -1,0 +1,267 @@
+// The AVX-512 traits of the attention kernel (internal): included only by kernel-avx512.cpp
+// (F, BW, VL, DQ) and kernel-avx512vnni.cpp (+ VNNI, VBMI: int8 key scores), each compiled
+// with its own flags; like kernel_impl.h, everything lives in an anonymous namespace.
+//
+// 16 floats per vector. fp16 via vcvtph2ps, bf16 by a 16-bit shift, fp8 E4M3 by moving its bits
+// into an fp16 (value / 256), packed 2/3/4-bit codes by variable shifts of broadcast 32-bit
+// words, Lloyd-Max levels by a 16-entry in-register table (vpermps). With VNNI + VBMI, 2-4-bit
+// key codes become bytes (vpsrlvw / vpmultishiftqb), their int8 levels come from a 64-entry
+// byte table (vpermb) and scores from vpdpbusd.
+#pragma once
+#include <immintrin.h>
+
+#include "kernel_impl.h"
+#include "wide_codes.h"
+
+namespace tqkv::cpu {
+namespace {
+
+struct IsaAvx512 {
+  using V = __m512;
+  static constexpr int W = 16;
+  static constexpr bool kAnyBits = false;
+  static constexpr float kFp8Factor = 256.0f;
+  static constexpr int kAccRegs = 16;
+  static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : b == 3 ? 4 : 1; }
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+  // Int8 key scores (kernel_impl.h): 64 channels (one byte each) per vector for 2-4 bits.
+  static constexpr bool kHasI8 = true;
+  using IV = __m512i;
+  using IT = __m512i;
+  static constexpr int i8_block(int b) { return b >= 2 && b <= 4 ? 64 : 0; }
+  static IT i8_table(const uint8_t* t) { return _mm512_loadu_si512(t); }
+  static IV izero() { return _mm512_setzero_si512(); }
+  static V i2f(IV a) { return _mm512_cvtepi32_ps(a); }
+  static IV dot_u8i8(IV acc, IV u, const int8_t* q) { return _mm512_dpbusd_epi32(acc, u, _mm512_loadu_si512(q)); }
+  // 64 codes -> 64 bytes holding each code in their low B bits (neighbours' bits above, which
+  // the 64-entry table, replicated every 2^B entries, ignores) -> vpermb.
+  //   4 bits: 32 bytes in both 256-bit halves, the upper one shifted by 4 (high nibbles);
+  //   2 bits: 16 bytes in the four 128-bit lanes, shifted by 0, 2, 4, 6;
+  //   3 bits: 24 bytes, qword g gets bytes 3g .. 3g+3 (vpermb), byte m of it the 8 bits from
+  //   bit 3m (vpmultishiftqb): channel order.
+  template <int B>
+  static IV levels_u8(const uint8_t* p, int i, IT table) {
+    __m512i x;
+    if constexpr (B == 4) {
+      x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i / 2)));
+      x = _mm512_srlv_epi16(x, _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
+                                                0x0004000400040004, 0, 0, 0, 0));
+    } else if constexpr (B == 2) {
+      x = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i / 4)));
+      x = _mm512_srlv_epi16(x, _mm512_set_epi64(0x0006000600060006, 0x0006000600060006, 0x0004000400040004,
+                                                0x0004000400040004, 0x0002000200020002, 0x0002000200020002, 0, 0));
+    } else {
+      static_assert(B == 3, "int8 scores take 2-4-bit codes");
+      alignas(64) static constexpr uint8_t ctl[64] = {
+          0,  1,  2,  3,  4,  5,  6,  7,  3,  4,  5,  6,  7,  8,  9,  10, 6,  7,  8,  9,  10, 11,
+          12, 13, 9,  10, 11, 12, 13, 14, 15, 16, 12, 13, 14, 15, 16, 17, 18, 19, 15, 16, 17, 18,
+          19, 20, 21, 22, 18, 19, 20, 21, 22, 23, 24, 25, 21, 22, 23, 24, 25, 26, 27, 28};
+      const __m512i raw = _mm512_maskz_loadu_epi8(0xffffff, p + i * 3 / 8);
+      x = _mm512_permutexvar_epi8(_mm512_load_si512(ctl), raw);
+      x = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x15120f0c09060300), x);
+    }
+    return _mm512_permutexvar_epi8(x, table);
+  }
+
+  // A tile's int8 scores four keys at a time with the keys in the 128-bit lanes: the 4 keys'
+  // level vectors of a 64-channel block are transposed by 128-bit blocks (8 vshufi64x2), so
+  // vector m holds channels 16m .. 16m+15 of key k in lane k, and vpdpbusd against chunk m of
+  // the row broadcast to the four lanes (qb: [rows][d/16][64] bytes, i8_broadcast_rows) leaves
+  // each key's partial sums in its own lane. One transposing reduction per 4 keys and 4 rows
+  // (9 instructions) replaces a 4-row reduction per key. The integers are those of
+  // scores_i8 (integer sums in any order).
+  static constexpr bool kI8Tiles = true;
+  static void i8_broadcast_rows(const int8_t* q8, int rows, int d, int8_t* qb) {
+    for (int r = 0; r < rows; ++r)
+      for (int m = 0; m < d / 16; ++m)
+        for (int lane = 0; lane < 4; ++lane)
+          std::memcpy(qb + (static_cast<size_t>(r) * (d / 16) + m) * 64 + lane * 16,
+                      q8 + static_cast<size_t>(r) * d + m * 16, 16);
+  }
+  template <int NR, int B, class Pf>
+  static void scores_i8_tile(const int8_t* qb, int d, const uint8_t* base, size_t stride, int nt, float* s,
+                             IT table, const Pf& pf) {
+    const int nc = d / 16;
+    for (int j = 0; j < nt; j += 4) {
+      const int n = nt - j < 4 ? nt - j : 4;
+      const uint8_t* p[4];
+      for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
+      for (int k = 0; k < n; ++k) pf(j + k);
+      __m512i acc[NR];
+      for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
+      for (int i = 0; i < d; i += 64) {
+        const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
+        const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
+        const __m512i t0 = _mm512_shuffle_i64x2(l0, l1, 0x44), t1 = _mm512_shuffle_i64x2(l0, l1, 0xee);
+        const __m512i t2 = _mm512_shuffle_i64x2(l2, l3, 0x44), t3 = _mm512_shuffle_i64x2(l2, l3, 0xee);
+        const __m512i z[4] = {_mm512_shuffle_i64x2(t0, t2, 0x88), _mm512_shuffle_i64x2(t0, t2, 0xdd),
+                              _mm512_shuffle_i64x2(t1, t3, 0x88), _mm512_shuffle_i64x2(t1, t3, 0xdd)};
+        for (int r = 0; r < NR; ++r) {
+          const int8_t* qr = qb + (static_cast<size_t>(r) * nc + i / 16) * 64;
+          for (int m = 0; m < 4; ++m) acc[r] = _mm512_dpbusd_epi32(acc[r], z[m], _mm512_loadu_si512(qr + 64 * m));
+        }
+      }
+      // Rows by fours: lane k of x = the 4 rows' sums for key k, transposed to row-major.
+      const __mmask8 keep = static_cast<__mmask8>((1u << n) - 1u);
+      for (int r0 = 0; r0 < NR; r0 += 4) {
+        const auto row = [&](int r) { return r0 + r < NR ? acc[r0 + r] : _mm512_setzero_si512(); };
+        const __m512i a = row(0), b = row(1), c = row(2), e = row(3);
+        const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+        const __m512i ce = _mm512_add_epi32(_mm512_unpacklo_epi32(c, e), _mm512_unpackhi_epi32(c, e));
+        const __m512i x = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, ce), _mm512_unpackhi_epi64(ab, ce));
+        const V y = _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0),
+                                          _mm512_cvtepi32_ps(x));
+        _mm_mask_storeu_ps(s + (r0 + 0) * kTile + j, keep, _mm512_castps512_ps128(y));
+        if (r0 + 1 < NR) _mm_mask_storeu_ps(s + (r0 + 1) * kTile + j, keep, _mm512_extractf32x4_ps(y, 1));
+        if (r0 + 2 < NR) _mm_mask_storeu_ps(s + (r0 + 2) * kTile + j, keep, _mm512_extractf32x4_ps(y, 2));
+        if (r0 + 3 < NR) _mm_mask_storeu_ps(s + (r0 + 3) * kTile + j, keep, _mm512_extractf32x4_ps(y, 3));
+      }
+    }
+  }
+#else
+  static constexpr bool kHasI8 = false;
+  static constexpr int i8_block(int) { return 0; }
+#endif
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static float reduce(V v) { return _mm512_reduce_add_ps(v); }
+  // Four horizontal sums at once: fold 512 -> 256 -> 128 bits pairwise, then within lanes.
+  static void reduce4(V a, V b, V c, V d, float* out) {
+    const V ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+    const V cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xee));
+    V x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xb1));
+    // lanes 0, 4, 8, 12 hold a, b, c, d
+    const __m128 s = _mm512_castps512_ps128(
+        _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), x));
+    _mm_storeu_ps(out, s);
+  }
+  static float half(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+  }
+  static V halfs(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+
+  // Cephes-style expf: 2^n * p(r), |relative error| ~ 2e-7; 0 below -87.
+  static V exp(V x) {
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    V y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(y, n));
+  }
+  static float exp_scalar(float x) { return _mm_cvtss_f32(_mm512_castps512_ps128(exp(_mm512_set1_ps(x)))); }
+
+  static V f32(const uint8_t* p, int i) { return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i); }
+  static V f16(const uint8_t* p, int i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)));
+  }
+  static V bf16(const uint8_t* p, int i) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+  static V fp8(const uint8_t* p, int i) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
+                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7));
+    return _mm512_cvtph_ps(h);
+  }
+  // Codes i .. i+15 (i a multiple of 16) as 32-bit lanes whose low B bits are the code (higher
+  // bits may hold neighbours; lut() tables are replicated so that they do not matter).
+  // 2 and 3 bits read a few bytes past the codes (4 / 8 bytes for 4 / 6 bytes of codes),
+  // which always lie inside the slot or page: metadata follows every packed code row.
+  template <int B>
+  static __m512i code_ints(const uint8_t* p, int i) {
+    if constexpr (B >= 5) {
+      // 16 codes in exactly 2B bytes (a masked load reads nothing past them), broadcast to the
+      // four 128-bit lanes, then one byte shuffle and one shift (wide_codes.h). lut() and
+      // codes() mask the neighbours' bits above B.
+      static constexpr auto tables = wide_code_tables<B, 16>();
+      const __m128i raw = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (2 * B)) - 1u), p + (i / 8) * B);
+      const __m512i two = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(raw), _mm512_loadu_si512(tables.ctl));
+      return _mm512_srlv_epi32(two, _mm512_loadu_si512(tables.shift));
+    } else if constexpr (B == 4) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i / 2));
+      return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, _mm_srli_epi16(b, 4)));
+    } else if constexpr (B == 2) {
+      uint32_t a;
+      std::memcpy(&a, p + i / 4, 4);
+      return _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(a)),
+                               _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0));
+    } else {
+      static_assert(B == 3, "AVX-512 kernel decodes 2 to 8 bits");
+      uint64_t a;
+      std::memcpy(&a, p + (i / 8) * 3, 8);
+      const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(static_cast<int>(a))),
+                                           _mm256_set1_epi32(static_cast<int>(a >> 24)), 1);
+      return _mm512_srlv_epi32(w, _mm512_set_epi32(21, 18, 15, 12, 9, 6, 3, 0, 21, 18, 15, 12, 9, 6, 3, 0));
+    }
+  }
+  // Split decode (kernel_impl.h): one lane per byte of the block (2, 4 bits), or per 12 bits
+  // (3 bits: 4 codes; the two 16-bit words holding them, shifted down), then a shift and a
+  // table lookup per vector.
+  template <int B>
+  static void lut_split(const uint8_t* p, int i, const float* table16, V* out) {
+    constexpr int K = split_codes(B);
+    __m512i x;
+    if constexpr (B == 3) {
+      // 64 codes in 24 bytes (a masked load reads nothing past them); lane l's codes start at
+      // bit 12l: word 3l/4, shift 12l mod 16.
+      const __m512i raw = _mm512_maskz_loadu_epi8(0xffffff, p + (i / 8) * 3);
+      const __m512i words = _mm512_permutexvar_epi16(
+          _mm512_set_epi16(12, 11, 11, 10, 10, 9, 10, 9, 9, 8, 8, 7, 7, 6, 7, 6, 6, 5, 5, 4, 4, 3, 4, 3, 3, 2, 2, 1, 1, 0,
+                           1, 0),
+          raw);
+      x = _mm512_srlv_epi32(words, _mm512_set_epi32(4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0));
+    } else {
+      x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * B / 8)));
+    }
+    const V t = _mm512_loadu_ps(table16);
+    out[0] = _mm512_permutexvar_ps(x, t);
+    for (int k = 1; k < K; ++k) out[k] = _mm512_permutexvar_ps(_mm512_srli_epi32(x, B * k), t);
+  }
+  template <int B>
+  static V codes(const uint8_t* p, int i) {
+    return _mm512_cvtepi32_ps(_mm512_and_si512(code_ints<B>(p, i), _mm512_set1_epi32((1 << B) - 1)));
+  }
+  template <int B>
+  static V lut(const uint8_t* p, int i, const float* table16) {
+    if constexpr (B == 5) {  // table16 is the full 2^B-entry level table here
+      // A 32-entry table in two registers: vpermi2ps reads the low 5 bits of each lane.
+      return _mm512_permutex2var_ps(_mm512_loadu_ps(table16), code_ints<B>(p, i), _mm512_loadu_ps(table16 + 16));
+    } else if constexpr (B == 6) {
+      // 64 entries: two 32-entry lookups, bit 5 of the code picks one.
+      const __m512i c = code_ints<B>(p, i);
+      const V lo = _mm512_permutex2var_ps(_mm512_loadu_ps(table16), c, _mm512_loadu_ps(table16 + 16));
+      const V hi = _mm512_permutex2var_ps(_mm512_loadu_ps(table16 + 32), c, _mm512_loadu_ps(table16 + 48));
+      return _mm512_mask_blend_ps(_mm512_test_epi32_mask(c, _mm512_set1_epi32(32)), lo, hi);
+    } else if constexpr (B >= 7) {
+      return _mm512_i32gather_ps(_mm512_and_si512(code_ints<B>(p, i), _mm512_set1_epi32((1 << B) - 1)), table16, 4);
+    } else {
+      return _mm512_permutexvar_ps(code_ints<B>(p, i), _mm512_loadu_ps(table16));
+    }
+  }
+};
+
+}  // namespace
+}  // namespace tqkv::cpu
