@@ -192,6 +192,27 @@ TEST(CacheSpec, RecipesAndStatisticsBelongToTheModel) {
   EXPECT_THROW(resolve_cache_spec("k4v3+c", other, wrong), Error);
 }
 
+// The sensitivity scan's specs compress exactly one layer each: an inner one, or with all_layers
+// a boundary one too (+skip0, or only<0> would leave layer 0 f16 like the rest).
+TEST(Calibrate, ScanSpecsCompressOneLayerEach) {
+  const ModelConfig c = smol_like();
+  ScanOptions o;
+  o.suffix = "+sink1+w8";
+  for (bool all : {false, true}) {
+    o.all_layers = all;
+    const std::vector<std::string> specs = scan_specs(c, o);
+    const std::vector<int> layers = compressed_layers(c, all);
+    ASSERT_EQ(specs.size(), 2 * layers.size()) << all;
+    EXPECT_EQ(specs[0], all ? "k4v8+c+skip0+only0+sink1+w8" : "k4v8+c+only2+sink1+w8");
+    EXPECT_EQ(specs[1], all ? "k8v3+c+skip0+only0+sink1+w8" : "k8v3+c+only2+sink1+w8");
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const CacheSpec s = resolve(specs[i], c);
+      for (int l = 0; l < c.n_layers; ++l)
+        EXPECT_EQ(s.layers[static_cast<size_t>(l)].compressed(), l == layers[i / 2]) << specs[i] << " layer " << l;
+    }
+  }
+}
+
 class SmolEval : public testing_util::SmolModelTest {
  protected:
 };
