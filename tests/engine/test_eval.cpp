@@ -126,6 +126,21 @@ TEST(CacheSpec, NamedRecipesResolve) {
       EXPECT_LE(s.bits_at(ctx), budget + 1e-12) << name << " " << ctx;
       EXPECT_GT(s.bits_at(ctx), budget - 16.0 / ctx) << name << " " << ctx;  // within one f16 position
     }
+  // tq-4.375 and tq-3.375 count every layer (issue 14, item 9: the same KV memory holds >= 3.5x
+  // f16's 4K-token sequences); their -b16 forms keep the boundary layers f16 outside the budget.
+  const double f16_bytes = static_cast<double>(resolve("f16", c).bytes(4096, 4096).total());
+  for (auto [name, budget] : {std::pair{"tq-4.375", 4.375}, std::pair{"tq-3.375", 3.375}}) {
+    const CacheSpec s = resolve(name, c);
+    for (const Format& f : s.layers) EXPECT_TRUE(f.compressed()) << name;
+    const double bytes = static_cast<double>(s.bytes(4096, 4096).total());
+    EXPECT_LE(bytes * 8, 4096.0 * 30 * 3 * 2 * 64 * budget) << name;
+    EXPECT_GE(f16_bytes / bytes, 16 / budget - 0.05) << name;
+    const CacheSpec b16 = resolve(std::string(name) + "-b16", c);
+    EXPECT_FALSE(b16.layers[0].compressed()) << name;
+    EXPECT_FALSE(b16.layers[29].compressed()) << name;
+    EXPECT_LT(f16_bytes / static_cast<double>(b16.bytes(4096, 4096).total()), 3.2) << name;
+  }
+  EXPECT_GE(f16_bytes / static_cast<double>(resolve("tq-4.375", c).bytes(4096, 4096).total()), 3.5);
 }
 
 // +sink<N> and +fill<B>: the f16 copies count 16 bits per element for their positions.
