@@ -15,8 +15,10 @@
   X(kmse(2), vmse(2)) X(kmse(2), vmse(3)) X(kmse(2), vmse(4))                                  \
   X(kmse(3), vmse(2)) X(kmse(3), vmse(3)) X(kmse(3), vmse(4))                                  \
   X(kmse(4), vmse(2)) X(kmse(4), vmse(3)) X(kmse(4), vmse(4))                                  \
-  /* the recipes' wide keys (tq-4.36, tq-4.25, tq-4.375, tq-3.12) */                            \
+  /* the recipes' wide keys (tq-4.36, tq-4.25, tq-4.375-b16, tq-3.12) */                        \
   X(kmse(5), vmse(2)) X(kmse(5), vmse(3)) X(kmse(5), vmse(4)) X(kmse(6), vmse(3))              \
+  /* the all-layer tq-4.375's most sensitive layer (calibrate --boundary-in-budget) */        \
+  X(kmse(6), vmse(5))                                                                          \
   /* the recent window's copies of the recipes (wq6) */                                         \
   X(kmse(6), vmse(6))
 
