@@ -18,13 +18,15 @@ OUT=${OUT:-docs/quality}
 mkdir -p "$OUT"
 BASE="f16,fp8,turboquant_k8v4,turboquant_4bit_nc,turboquant_k3v4_nc,turboquant_3bit_nc,tq-k4v2,tq-k3v2,tq-k4v3,tq-k4v4"
 STUDY=${STUDY:-tq-k4v4+c,tq-4.36+skip0,turboquant_4bit_nc+skip0}
-NAMED=${NAMED:-tq-4.36,tq-3.36,tq-2.75,tq-4.25+w4,tq-4.25+w32,tq-3.12+w8,tq-3.12+w64,tq-4.375,tq-3.375,tq-2.5}
+# tq-4.375-b16 / tq-3.375-b16: the budgets over the compressed layers that the tables of record
+# (2026-11-29) call tq-4.375 / tq-3.375; the names now hold the all-layer recipes.
+NAMED=${NAMED:-tq-4.36,tq-3.36,tq-2.75,tq-4.25+w4,tq-4.25+w32,tq-3.12+w8,tq-3.12+w64,tq-4.375-b16,tq-3.375-b16,tq-2.5,tq-4.375,tq-3.375}
 # The ladder from tq-3.12+w<N> to tq-3.375: a sink, the re-allocated slots, the 6-bit window.
 A3=k3v2+c+L11=k2v2+L5.7.8.9.16.18.20.26=k4v2+L14.15.17.21.23.24=k4v3
 LADDER=${LADDER:-tq-3.12+sink1+fill3.375,$A3+sink1+fill3.375,$A3+wq6+fill3.375}
 F512=${F512:-$BASE,$STUDY,$NAMED,$LADDER}
 F4K=${F4K:-$BASE,tq-k4v4+c,$NAMED,$LADDER}
-FPK=${FPK:-f16,turboquant_4bit_nc,tq-4.36,tq-4.25+w32,tq-4.375,tq-3.375}
+FPK=${FPK:-f16,turboquant_4bit_nc,tq-4.36,tq-4.25+w32,tq-4.375-b16,tq-3.375-b16,tq-4.375,tq-3.375}
 
 "$TQKV" eval --formats "$F512" --ctx 512 --tokens "$TOKENS" -t "$THREADS" --json "$OUT/eval_512.json"
 "$TQKV" eval --formats "$F4K" --ctx 4096 --tokens "$TOKENS" -t "$THREADS" --json "$OUT/eval_4096.json"

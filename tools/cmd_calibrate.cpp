@@ -50,6 +50,7 @@ void register_calibrate(CLI::App& app) {
     std::string model, text, out, name;
     std::vector<std::string> budgets;
     int ctx = 256, tokens = 4096, scan_tokens = 256, threads = 0;
+    bool boundary_in_budget = false;
   };
   static Opts o;
   add_model_options(cmd, o.model, o.threads, o.device);
@@ -71,6 +72,9 @@ void register_calibrate(CLI::App& app) {
                   "text tokens for the sensitivity scan (it costs 1 + 2 x compressed layers forward passes per chunk)")
       ->check(CLI::Range(16, 1 << 30))
       ->capture_default_str();
+  cmd->add_flag("--boundary-in-budget", o.boundary_in_budget,
+               "compress the boundary layers too (first and last 2, f16 otherwise): the scan covers every layer "
+               "and the budget counts the whole cache (+skip0 in the spec)");
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
@@ -101,13 +105,15 @@ void register_calibrate(CLI::App& app) {
       so.max_tokens = o.scan_tokens;
       so.bos = c.bos;
       so.suffix = recipe_uses_copies(cfg) ? "+sink1+w8" : "";
+      so.all_layers = o.boundary_in_budget;
       const std::vector<LayerSensitivity> scan =
           scan_layers(model, tokens, so, [](int64_t done, int64_t total) { bar("scan", done, total); });
       const int chunks = std::max(1, std::min(o.scan_tokens / so.ctx, static_cast<int>(tokens.size() / so.ctx)));
+      const std::string only = so.all_layers ? "+c+skip0+only<l>" : "+c+only<l>";
       std::ostringstream fitted;
-      fitted << "tqkv calibrate on " << tname << ": per-layer scan k" << so.key_bits << "v8+c+only<l>" << so.suffix << ", k8v"
-             << so.value_bits << "+c+only<l>" << so.suffix << " (" << chunks << " chunk" << (chunks > 1 ? "s" : "") << " of "
-             << so.ctx << ")";
+      fitted << "tqkv calibrate" << (so.all_layers ? " --boundary-in-budget" : "") << " on " << tname
+             << ": per-layer scan k" << so.key_bits << "v8" << only << so.suffix << ", k8v" << so.value_bits << only
+             << so.suffix << " (" << chunks << " chunk" << (chunks > 1 ? "s" : "") << " of " << so.ctx << ")";
       std::printf("layer  KL keys at %d bits  KL values at %d bits\n", so.key_bits, so.value_bits);
       for (const LayerSensitivity& s : scan) std::printf("%5d  %18.5f  %20.5f\n", s.layer, s.key_kl, s.value_kl);
       for (const BudgetRequest& b : budgets) {
@@ -115,6 +121,7 @@ void register_calibrate(CLI::App& app) {
         model.resolve(r.spec);  // resolvable, with the statistics
         std::ostringstream note;
         note << "Greedy allocation under " << number_text(b.bits) << " bits per element at head_dim " << cfg.head_dim
+             << (so.all_layers ? " over every layer" : " over the compressed layers (the first and last 2 stay f16)")
              << " (slots" << (recipe_uses_copies(cfg) ? " + f16 sink + 6-bit recent window" : "")
              << ", CacheSpec::bytes at every context): " << r.bits << " bits; predicted KL " << r.predicted_kl
              << " (additive model).";
@@ -123,7 +130,8 @@ void register_calibrate(CLI::App& app) {
         // The rule's recipe for the same budget, to compare against (tqkv eval --formats SPEC).
         std::string why;
         if (const std::optional<FitResult> rule = rule_recipe(cfg, b.bits, true, &why))
-          std::printf("  without the scan (the rule): %s  (%.4f bits)\n", rule->spec.c_str(), rule->bits);
+          std::printf("  without the scan (the rule%s): %s  (%.4f bits)\n",
+                      so.all_layers ? ", boundary layers f16 outside the budget" : "", rule->spec.c_str(), rule->bits);
       }
     }
     const std::string written = store_calibration(file, cfg, mpath, ks, recipes, o.out);

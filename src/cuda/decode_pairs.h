@@ -15,8 +15,11 @@
   X(kmse(2), vmse(2)) X(kmse(2), vmse(3)) X(kmse(2), vmse(4))                                  \
   X(kmse(3), vmse(2)) X(kmse(3), vmse(3)) X(kmse(3), vmse(4))                                  \
   X(kmse(4), vmse(2)) X(kmse(4), vmse(3)) X(kmse(4), vmse(4))                                  \
-  /* the recipes' wide keys (tq-4.36, tq-4.25, tq-4.375, tq-3.12) */                            \
+  /* the recipes' wide keys (tq-4.36, tq-4.25, tq-4.375-b16, tq-3.12) */                        \
   X(kmse(5), vmse(2)) X(kmse(5), vmse(3)) X(kmse(5), vmse(4)) X(kmse(6), vmse(3))              \
+  /* the all-layer recipes (calibrate --boundary-in-budget): SmolLM2's k6v5, Qwen2.5-Coder's  \
+     k6v4 and its layer 0's 8-bit keys */                                                      \
+  X(kmse(6), vmse(4)) X(kmse(6), vmse(5)) X(kmse(8), vmse(2)) X(kmse(8), vmse(3))              \
   /* the recent window's copies of the recipes (wq6) */                                         \
   X(kmse(6), vmse(6))
 

@@ -24,8 +24,21 @@ std::string number_text(double x) {
 
 // The bits of a candidate, resolved for the model (centring does not change bytes, so the
 // spec is resolved without it and needs no key statistics).
-double widths_bits(const ModelConfig& cfg, const LayerWidths& w, const std::string& suffix) {
-  return budget_bits(resolve_cache_spec(widths_spec(w, false, suffix), cfg));
+double widths_bits(const ModelConfig& cfg, const LayerWidths& w, const std::string& suffix, bool all_layers) {
+  return budget_bits(resolve_cache_spec(widths_spec(w, false, suffix, all_layers), cfg));
+}
+
+// Whether widths cover every layer (the budget counts the boundary layers), after checking that
+// they name either exactly compressed_layers(cfg) or exactly every layer, each once, in order.
+bool covers_all_layers(const ModelConfig& cfg, const LayerWidths& w) {
+  std::vector<int> layers;
+  for (const auto& [l, kv] : w) layers.push_back(l);
+  if (layers == compressed_layers(cfg, true)) return true;
+  if (layers == compressed_layers(cfg, false)) return false;
+  throw Error(ErrorCode::InvalidArgument,
+              "allocate_bits: the scan must name the layers the boundary rule compresses (" +
+                  std::to_string(compressed_layers(cfg).size()) + " of " + std::to_string(cfg.n_layers) +
+                  ") or every layer, each once in order; it names " + std::to_string(layers.size()));
 }
 
 std::string copies_suffix(const ModelConfig& cfg, double budget) {
@@ -55,10 +68,11 @@ std::optional<FitResult> finish(const ModelConfig& cfg, double budget, bool cent
                                 double predicted, std::string* why) {
   const std::string suffix = copies_suffix(cfg, budget);
   const bool copies = !suffix.empty();
+  const bool all_layers = covers_all_layers(cfg, widths);
   FitResult r;
   // fill<B> needs room for its window: slots of B bits or more do not even resolve.
   const bool fits = mean_slot_bits(widths, cfg.head_dim) < slot_target(cfg, budget) + 1e-9 &&
-                    (r.bits = widths_bits(cfg, widths, suffix)) <= budget + 1e-9;
+                    (r.bits = widths_bits(cfg, widths, suffix, all_layers)) <= budget + 1e-9;
   if (!fits) {
     if (why) {
       LayerWidths narrowest = widths;
@@ -72,7 +86,7 @@ std::optional<FitResult> finish(const ModelConfig& cfg, double budget, bool cent
     }
     return std::nullopt;
   }
-  r.spec = widths_spec(widths, centre, suffix);
+  r.spec = widths_spec(widths, centre, suffix, all_layers);
   r.predicted_kl = predicted;
   r.widths = std::move(widths);
   return r;
@@ -152,8 +166,8 @@ double budget_bits(const CacheSpec& spec) {
   return worst;
 }
 
-std::vector<int> compressed_layers(const ModelConfig& cfg) {
-  const std::vector<Format> f = boundary_layer_formats(cfg.n_layers, find_format("tq-k4v4"));
+std::vector<int> compressed_layers(const ModelConfig& cfg, bool all_layers) {
+  const std::vector<Format> f = boundary_layer_formats(cfg.n_layers, find_format("tq-k4v4"), all_layers ? 0 : -1);
   std::vector<int> out;
   for (int l = 0; l < cfg.n_layers; ++l)
     if (f[l].compressed()) out.push_back(l);
@@ -177,7 +191,7 @@ double kv_slot_bits(int key_bits, int value_bits, int head_dim) {
   return resolve_cache_spec(spec, one).layers[0].bits_per_element(head_dim);
 }
 
-std::string widths_spec(const LayerWidths& widths, bool centre, const std::string& suffix) {
+std::string widths_spec(const LayerWidths& widths, bool centre, const std::string& suffix, bool all_layers) {
   std::map<std::pair<int, int>, std::vector<int>> groups;
   for (const auto& [l, kv] : widths) groups[kv].push_back(l);
   if (groups.empty()) return "f16";
@@ -187,6 +201,7 @@ std::string widths_spec(const LayerWidths& widths, bool centre, const std::strin
   std::string spec = "k";
   spec.append(std::to_string(base->first.first)).append("v").append(std::to_string(base->first.second));
   if (centre) spec += "+c";
+  if (all_layers) spec += "+skip0";
   for (const auto& [kv, ls] : groups) {
     if (kv == base->first) continue;
     spec += "+L";

@@ -51,8 +51,9 @@ double budget_bits(const CacheSpec& spec);
 using LayerWidths = std::vector<std::pair<int, std::pair<int, int>>>;
 
 // The layers a model compresses (those the presets' boundary rule leaves compressed: every
-// layer but the first and last 2).
-std::vector<int> compressed_layers(const ModelConfig& cfg);
+// layer but the first and last 2), or every layer when all_layers (a recipe whose budget counts
+// the boundary layers too: they get widths of their own, and its spec says +skip0).
+std::vector<int> compressed_layers(const ModelConfig& cfg, bool all_layers = false);
 // Whether a recipe for cfg may keep copies next to the cache (sinks, recent window): not on a
 // model with sliding-window layers, whose rings the copies would disable (CacheSpec::ring_positions).
 bool recipe_uses_copies(const ModelConfig& cfg);
@@ -61,9 +62,10 @@ constexpr double kCopyReserve = 0.125;
 // Bits per element of one k<K>v<V> slot (Mse keys and values, two fp16 norms) at head_dim d.
 double kv_slot_bits(int key_bits, int value_bits, int head_dim);
 
-// The cache spec of per-layer widths: the most common width as the base, the others as
-// L<i>.<j>=k<K>v<V> overrides, then "+c" when centre, then `suffix` ("+sink1+wq6+fill4.375").
-std::string widths_spec(const LayerWidths& widths, bool centre, const std::string& suffix);
+// The cache spec of per-layer widths: the most common width as the base, then "+c" when
+// centre, "+skip0" when all_layers (no layer left f16 by the boundary rule), the others as
+// L<i>.<j>=k<K>v<V> overrides, then `suffix` ("+sink1+wq6+fill4.375").
+std::string widths_spec(const LayerWidths& widths, bool centre, const std::string& suffix, bool all_layers = false);
 
 // Per-layer sensitivity from a scan: the KL that layer l's keys cause at scan_key_bits (values
 // near-exact) and that its values cause at scan_value_bits (keys near-exact).
@@ -82,7 +84,11 @@ struct FitResult {
 // keys/values, each term scales with the Lloyd-Max distortion D(b) of its width, D convex):
 // every layer starts at 2/2 bits and one bit at a time goes where it lowers the predicted KL
 // the most, while the slots fit in budget (less kCopyReserve when the recipe keeps copies).
-// Throws Error(InvalidArgument) with one line when the budget cannot hold 2/2 bits everywhere.
+// The scan names the layers the budget counts: compressed_layers(cfg) — the boundary layers
+// stay f16 outside it — or every layer (compressed_layers(cfg, true)), when the spec compresses
+// all of them (+skip0) and the budget is that of the whole cache. Throws Error(InvalidArgument)
+// with one line when the budget cannot hold 2/2 bits everywhere, or when the scan names a
+// boundary layer without naming every layer, or a layer twice or out of range.
 FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivity>& scan, int scan_key_bits,
                         int scan_value_bits, double budget, bool centre);
 

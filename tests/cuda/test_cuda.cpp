@@ -139,7 +139,8 @@ std::vector<Format> decode_formats() {
   std::vector<Format> v;
   for (const NamedFormat& f : named_formats())
     if (tqkv::cuda::CacheCodec(f.format, 128).decode_supported()) v.push_back(f.format);
-  for (const char* name : {"k5v2", "k5v3", "k5v4", "k6v3", "k6v6", "tq-k2v4", "tq-k3v4"}) {
+  for (const char* name :
+       {"k5v2", "k5v3", "k5v4", "k6v3", "k6v4", "k6v5", "k6v6", "k8v2", "k8v3", "tq-k2v4", "tq-k3v4"}) {
     const Format f = Format::parse(name);
     EXPECT_TRUE(tqkv::cuda::CacheCodec(f, 64).decode_supported()) << name;
     v.push_back(f);

@@ -126,6 +126,21 @@ TEST(CacheSpec, NamedRecipesResolve) {
       EXPECT_LE(s.bits_at(ctx), budget + 1e-12) << name << " " << ctx;
       EXPECT_GT(s.bits_at(ctx), budget - 16.0 / ctx) << name << " " << ctx;  // within one f16 position
     }
+  // tq-4.375 and tq-3.375 count every layer (issue 14, item 9: the same KV memory holds >= 3.5x
+  // f16's 4K-token sequences); their -b16 forms keep the boundary layers f16 outside the budget.
+  const double f16_bytes = static_cast<double>(resolve("f16", c).bytes(4096, 4096).total());
+  for (auto [name, budget] : {std::pair{"tq-4.375", 4.375}, std::pair{"tq-3.375", 3.375}}) {
+    const CacheSpec s = resolve(name, c);
+    for (const Format& f : s.layers) EXPECT_TRUE(f.compressed()) << name;
+    const double bytes = static_cast<double>(s.bytes(4096, 4096).total());
+    EXPECT_LE(bytes * 8, 4096.0 * 30 * 3 * 2 * 64 * budget) << name;
+    EXPECT_GE(f16_bytes / bytes, 16 / budget - 0.05) << name;
+    const CacheSpec b16 = resolve(std::string(name) + "-b16", c);
+    EXPECT_FALSE(b16.layers[0].compressed()) << name;
+    EXPECT_FALSE(b16.layers[29].compressed()) << name;
+    EXPECT_LT(f16_bytes / static_cast<double>(b16.bytes(4096, 4096).total()), 3.2) << name;
+  }
+  EXPECT_GE(f16_bytes / static_cast<double>(resolve("tq-4.375", c).bytes(4096, 4096).total()), 3.5);
 }
 
 // +sink<N> and +fill<B>: the f16 copies count 16 bits per element for their positions.
@@ -190,6 +205,27 @@ TEST(CacheSpec, RecipesAndStatisticsBelongToTheModel) {
   EXPECT_NO_THROW(resolve_cache_spec("k4v3", other, none));
   SpecSources wrong = smol_sources();  // statistics of a 30-layer model
   EXPECT_THROW(resolve_cache_spec("k4v3+c", other, wrong), Error);
+}
+
+// The sensitivity scan's specs compress exactly one layer each: an inner one, or with all_layers
+// a boundary one too (+skip0, or only<0> would leave layer 0 f16 like the rest).
+TEST(Calibrate, ScanSpecsCompressOneLayerEach) {
+  const ModelConfig c = smol_like();
+  ScanOptions o;
+  o.suffix = "+sink1+w8";
+  for (bool all : {false, true}) {
+    o.all_layers = all;
+    const std::vector<std::string> specs = scan_specs(c, o);
+    const std::vector<int> layers = compressed_layers(c, all);
+    ASSERT_EQ(specs.size(), 2 * layers.size()) << all;
+    EXPECT_EQ(specs[0], all ? "k4v8+c+skip0+only0+sink1+w8" : "k4v8+c+only2+sink1+w8");
+    EXPECT_EQ(specs[1], all ? "k8v3+c+skip0+only0+sink1+w8" : "k8v3+c+only2+sink1+w8");
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const CacheSpec s = resolve(specs[i], c);
+      for (int l = 0; l < c.n_layers; ++l)
+        EXPECT_EQ(s.layers[static_cast<size_t>(l)].compressed(), l == layers[i / 2]) << specs[i] << " layer " << l;
+    }
+  }
 }
 
 class SmolEval : public testing_util::SmolModelTest {

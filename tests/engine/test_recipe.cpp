@@ -128,9 +128,16 @@ TEST(RecipeFile, ShippedFileHoldsTheEngineRecipes) {
       {"tq-4.25", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3"},
       {"tq-3.12", "k4v2+c+L4.5.6.7.8.9.24.25.26=k3v2+L3.10.11=k3v3+L2=k4v3+L17=k5v2"},
       {"tq-2.75", "k3v2+c"},
-      {"tq-4.375", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3+sink1+wq6+fill4.375"},
-      {"tq-3.375", "k3v2+c+L11=k2v2+L5.7.8.9.16.18.20.26=k4v2+L14.15.17.21.23.24=k4v3+sink1+wq6+fill3.375"},
+      {"tq-4.375-b16", "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3+sink1+wq6+fill4.375"},
+      {"tq-3.375-b16", "k3v2+c+L11=k2v2+L5.7.8.9.16.18.20.26=k4v2+L14.15.17.21.23.24=k4v3+sink1+wq6+fill3.375"},
       {"tq-2.5", "k2v2+c+L5.8.9.14.20.23=k3v2+sink1+wq6+fill2.5"},
+      // tqkv calibrate --boundary-in-budget: every layer compressed, the budget over the whole cache.
+      {"tq-4.375",
+       "k5v4+c+skip0+L11.29=k3v2+L0.1=k3v4+L27=k4v2+L2.7.10.28=k4v3+L3.4=k4v4+L9.13.16.19.22.25.26=k5v3+L23=k6v5+sink1+wq6+"
+       "fill4.375"},
+      {"tq-3.375",
+       "k4v3+c+skip0+L11.29=k2v2+L0.1=k2v3+L2.4.7.10.27.28=k3v2+L3.6=k3v3+L9.12.13.16.19.22.25.26=k4v2+L23=k5v4+sink1+wq6+"
+       "fill3.375"},
   };
   SpecSources sources;
   sources.key_stats = std::make_shared<KeyStats>(*f.key_stats);
@@ -412,7 +419,9 @@ TEST_F(RecipeBookTest, FindsOnlyExactModels) {
   EXPECT_EQ(book.for_model(tiny_)->model_name, "Tiny-Qwen");
   const std::optional<Recipe> r = book.find(smol_, "tq-4.375");
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->spec, "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3+sink1+wq6+fill4.375");
+  EXPECT_EQ(r->spec.rfind("k5v4+c+skip0+", 0), 0u) << r->spec;  // every layer in the budget
+  EXPECT_EQ(book.find(smol_, "tq-4.375-b16")->spec,
+            "k5v3+c+L4.5.6.7.8.24.25=k4v3+L3.10.11=k4v4+L2.12.13.16.19.23=k5v4+L17=k6v3+sink1+wq6+fill4.375");
   EXPECT_EQ(book.why_not(smol_, "tq-4.375"), "");
   EXPECT_TRUE(book.find(tiny_, "tq-3.5").has_value());
   EXPECT_FALSE(book.find(tiny_, "tq-4.375").has_value());
@@ -429,7 +438,7 @@ TEST_F(RecipeBookTest, FindsOnlyExactModels) {
     EXPECT_FALSE(book.find(k, "tq-4.36").has_value()) << field;
   }
   const std::vector<std::string> names = book.names();
-  EXPECT_EQ(names.size(), 8u + 2);  // the shipped file's and the test file's
+  EXPECT_EQ(names.size(), 10u + 2);  // the shipped file's and the test file's
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
   EXPECT_NE(std::find(names.begin(), names.end(), "tq-3.5"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "tq-2.5"), names.end());

@@ -169,6 +169,72 @@ TEST(RecipeFit, WidthsSpecRoundTrips) {
   }
 }
 
+TEST(RecipeFit, AllLayersSpecCompressesTheBoundary) {
+  const ModelConfig c = config(8, 64);
+  EXPECT_EQ(compressed_layers(c), (std::vector<int>{2, 3, 4, 5}));
+  EXPECT_EQ(compressed_layers(c, true), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  LayerWidths w;
+  for (int l = 0; l < 8; ++l) w.push_back({l, l == 0 ? std::pair{8, 4} : std::pair{4, 3}});
+  const std::string spec = widths_spec(w, false, "+sink1", true);
+  EXPECT_EQ(spec, "k4v3+skip0+L0=k8v4+sink1");
+  const CacheSpec s = resolve_cache_spec(spec, c);
+  for (int l = 0; l < 8; ++l) {
+    EXPECT_TRUE(s.layers[static_cast<size_t>(l)].compressed()) << l;
+    EXPECT_EQ(s.layers[static_cast<size_t>(l)].key_bits, l == 0 ? 8 : 4) << l;
+  }
+  // Without +skip0 the override of a boundary layer would not apply: it stays f16.
+  EXPECT_FALSE(resolve_cache_spec(widths_spec(w, false, ""), c).layers[0].compressed());
+}
+
+TEST(RecipeFit, AllocatorOverEveryLayerCountsTheWholeCache) {
+  const ModelConfig c = config(12, 64, 3);
+  std::vector<LayerSensitivity> scan;
+  // Layer 0's keys are the most sensitive of all (as SmolLM2's first layer can be).
+  for (int l : compressed_layers(c, true)) scan.push_back({l, l == 0 ? 2.0 : 0.01 * (l % 3 + 1), 0.01});
+  ASSERT_EQ(scan.size(), 12u);
+  for (const char* name : {"tq-4.375", "tq-3.375"}) {
+    const double budget = *named_budget_bits(name, 64);
+    const FitResult r = allocate_bits(c, scan, 4, 3, budget, true);
+    EXPECT_NE(r.spec.find("+c+skip0"), std::string::npos) << r.spec;
+    SpecSources src;
+    src.key_stats = std::make_shared<KeyStats>(stats_for(c));
+    const CacheSpec s = resolve_cache_spec(r.spec, c, src);
+    ASSERT_EQ(r.widths.size(), 12u);
+    for (size_t l = 0; l < s.layers.size(); ++l) {
+      EXPECT_TRUE(s.layers[l].compressed()) << r.spec << " layer " << l;
+      EXPECT_EQ(s.layers[l].key_bits, r.widths[l].second.first) << r.spec << " layer " << l;
+      EXPECT_EQ(s.layers[l].value_bits, r.widths[l].second.second) << r.spec << " layer " << l;
+    }
+    EXPECT_GT(r.widths[0].second.first, r.widths[5].second.first) << r.spec;
+    // The budget is that of the whole cache: every layer's bytes, copies included, at every context.
+    EXPECT_NEAR(r.bits, budget_bits(s), 1e-12);
+    EXPECT_LE(r.bits, budget + 1e-9) << r.spec;
+    const double elements_per_position = 12.0 * 3 * 2 * 64;
+    for (int ctx : {128, 512, 4096, 32768}) {
+      const CacheBytes b = s.bytes(ctx, ctx);
+      EXPECT_LE(static_cast<double>(b.total()) * 8 / (elements_per_position * ctx), budget + 1e-9) << r.spec << " ctx " << ctx;
+    }
+    // ... and the slots spend it: within one bit of one layer and the copies' reserve.
+    EXPECT_GE(s.bits, budget - kCopyReserve - 1.0 / 12 - 1e-9) << r.spec;
+  }
+}
+
+TEST(RecipeFit, AllocatorRejectsAScanOfSomeBoundaryLayers) {
+  const ModelConfig c = config(12, 64);
+  std::vector<LayerSensitivity> scan;
+  for (int l = 0; l < 10; ++l) scan.push_back({l, 0.1, 0.1});  // layers 0-9: 10 and 11 missing
+  try {
+    allocate_bits(c, scan, 4, 3, 4.375, true);
+    FAIL() << "a scan of layers 0-9 was allocated";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("or every layer"), std::string::npos) << e.what();
+  }
+  scan.clear();
+  for (int l : compressed_layers(c)) scan.push_back({l, 0.1, 0.1});
+  scan.push_back(scan.back());  // a layer twice
+  EXPECT_THROW(allocate_bits(c, scan, 4, 3, 4.375, true), Error);
+}
+
 class NamedBudgetResolution : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -232,7 +298,14 @@ TEST_F(NamedBudgetResolution, ABudgetThatCannotApplySaysWhyInOneLine) {
   EXPECT_NE(why.find("cannot apply to this model"), std::string::npos) << why;
   EXPECT_NE(why.find("its slots take 2.25 bits per element at head_dim 64, and its f16 sink"), std::string::npos) << why;
   EXPECT_EQ(why.find('\n'), std::string::npos) << why;
-  EXPECT_THROW(allocate_bits(config(12, 64), {{2, 1, 1}}, 4, 3, 2.2, false), Error);
+  std::vector<LayerSensitivity> inner;
+  for (int l : compressed_layers(config(12, 64))) inner.push_back({l, 1, 1});
+  try {
+    allocate_bits(config(12, 64), inner, 4, 3, 2.2, false);
+    FAIL() << "2.2 bits held k2v2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot apply to this model"), std::string::npos) << e.what();
+  }
   // Four layers: the boundary keeps them all f16.
   const ModelConfig tiny = config(4, 64);
   const ModelKey k2{"qwen2", 4, 2, 64, "xxh3-64:00000000000000dd"};

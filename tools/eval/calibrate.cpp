@@ -70,8 +70,9 @@ engine::KeyStats calibrate_keys(const engine::Model& model, const std::vector<in
 
 std::vector<std::string> scan_specs(const engine::ModelConfig& cfg, const ScanOptions& opt) {
   std::vector<std::string> out;
-  for (int l : engine::compressed_layers(cfg)) {
-    const std::string only = std::string("+c+only").append(std::to_string(l)).append(opt.suffix);
+  for (int l : engine::compressed_layers(cfg, opt.all_layers)) {
+    const std::string only =
+        std::string(opt.all_layers ? "+c+skip0+only" : "+c+only").append(std::to_string(l)).append(opt.suffix);
     out.push_back(std::string("k").append(std::to_string(opt.key_bits)).append("v8").append(only));
     out.push_back(std::string("k8v").append(std::to_string(opt.value_bits)).append(only));
   }
@@ -81,7 +82,7 @@ std::vector<std::string> scan_specs(const engine::ModelConfig& cfg, const ScanOp
 std::vector<engine::LayerSensitivity> scan_layers(const engine::Model& model, const std::vector<int32_t>& tokens,
                                                   const ScanOptions& opt,
                                                   const std::function<void(int64_t, int64_t)>& progress) {
-  const std::vector<int> layers = engine::compressed_layers(model.config());
+  const std::vector<int> layers = engine::compressed_layers(model.config(), opt.all_layers);
   if (layers.empty())
     throw Error(ErrorCode::InvalidArgument, "calibrate: the model has " + std::to_string(model.config().n_layers) +
                                                 " layers, all kept f16 at the boundary: nothing to scan");

@@ -29,17 +29,20 @@ engine::KeyStats calibrate_keys(const engine::Model& model, const std::vector<in
                                 const std::function<void(int chunk, int chunks)>& progress = {});
 
 // The per-layer sensitivity scan behind `tqkv calibrate --budget`: for every compressed layer l
-// (recipe_fit.h compressed_layers), the mean KL (vs the f32 cache, evaluate()'s scoring) when
-// only layer l is compressed — keys at key_bits with values at 8 (k<K>v8+c+only<l>), then values
-// at value_bits with keys at 8 (k8v<V>+c+only<l>) — with `suffix` appended to every spec (the
-// copies the recipe will keep: "+sink1+w8", or "" on a model with sliding-window layers).
-// Centred keys need the model's key statistics in its spec sources.
+// (recipe_fit.h compressed_layers; every layer when all_layers), the mean KL (vs the f32 cache,
+// evaluate()'s scoring) when only layer l is compressed — keys at key_bits with values at 8
+// (k<K>v8+c+only<l>), then values at value_bits with keys at 8 (k8v<V>+c+only<l>; with
+// +skip0 before only<l> when all_layers, so that a boundary layer is compressed too) — with
+// `suffix` appended to every spec (the copies the recipe will keep: "+sink1+w8", or "" on a
+// model with sliding-window layers). Centred keys need the model's key statistics in its spec
+// sources.
 struct ScanOptions {
   int ctx = 256;
   int max_tokens = 256;  // floor(max_tokens / ctx) chunks (at least one)
   int key_bits = 4, value_bits = 3;
   std::string suffix;
   int32_t bos = -1;
+  bool all_layers = false;  // scan the boundary layers too (a budget over every layer)
 };
 std::vector<engine::LayerSensitivity> scan_layers(const engine::Model& model, const std::vector<int32_t>& tokens,
                                                   const ScanOptions& opt,
