@@ -10,6 +10,7 @@ namespace tqkv::python {
 
 void bind_format(nanobind::module_& m);  // format.cpp: Format, named formats, SlotCodec
 void bind_caches(nanobind::module_& m);  // caches.cpp: ContiguousCache, PagedCache, attention
+void bind_spec(nanobind::module_& m);    // spec.cpp: cache specs by name (the engine's resolver)
 
 // A Format from a tqkv.Format or a name; one per layer from a format, a name or a sequence of
 // them. Raise tqkv.Error(invalid_argument) for anything else.

@@ -58,4 +58,5 @@ NB_MODULE(_core, m) {
 
   tqkv::python::bind_format(m);
   tqkv::python::bind_caches(m);
+  tqkv::python::bind_spec(m);
 }
