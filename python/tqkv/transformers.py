@@ -327,7 +327,7 @@ class TQCache(Cache):
             super().__init__()
             self.layers = layers
         self.attention_on_codes = attention_on_codes
-        self.max_cache_len = int(max_cache_len)
+        self.capacity = int(max_cache_len)  # (transformers 4.5x has a read-only max_cache_len)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if not 0 <= layer_idx < len(self.layers):
@@ -341,17 +341,13 @@ class TQCache(Cache):
         return self.layers[layer_idx].get_mask_sizes(query_length)
 
     def get_max_length(self, layer_idx: Optional[int] = None) -> int:
-        return self.max_cache_len
+        return self.capacity
 
     def get_max_cache_shape(self, layer_idx: Optional[int] = None) -> int:
-        return self.max_cache_len
+        return self.capacity
 
     def get_usable_length(self, new_seq_length: int, layer_idx: Optional[int] = 0) -> int:  # transformers 4.x
         return self.get_seq_length(layer_idx)
-
-    @property
-    def seen_tokens(self) -> int:
-        return self.get_seq_length()
 
     def reset(self) -> None:
         for layer in self.layers:
