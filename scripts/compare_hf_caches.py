@@ -9,6 +9,9 @@ transformers' DynamicCache at float32 (the reference, same model, same tokens):
   bits/elt   bytes the cache holds per cached key or value element, times 8 — quantized codes,
              scales, zero points and the float residual buffer of QuantizedCache included —
              averaged over the decode steps (the residual buffer fills and empties as it goes)
+  @16-bit    the same with float32 tensors counted at 2 bytes: what the cache of a float16
+             model holds (the float32 model here keeps QuantizedCache's residual and scales in
+             float32; TQCache's slots do not depend on the model's dtype)
   KL         mean KL(p_f32 || p_cache) over the decode steps, in nats
   ppl        perplexity of the text's tokens over the decode steps
   top-1      fraction of decode steps whose argmax equals the reference's
@@ -21,7 +24,7 @@ backend (optimum-quanto) at int4 and int2 and the HQQ backend where hqq imports 
 defaults: groups of 64, a float residual of 128 tokens), and TQCache with attn_implementation
 "tqkv" for each --tq spec (resolved as the engine resolves --kv-cache-dtype; key centring and
 recent windows of the recipes are not applied by TQCache, so a tq-* recipe runs with its
-per-layer formats alone).
+per-layer formats and key centring alone).
 
   python3 scripts/compare_hf_caches.py                      # SmolLM2 on the CPU, markdown table
   python3 scripts/compare_hf_caches.py --device cuda --dtype float16 --json out.json
@@ -43,31 +46,33 @@ import torch
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
-def tensor_bytes(x) -> int:
+def tensor_bytes(x, half=False) -> int:
     """Bytes of every tensor inside x: plain tensors, tensor subclasses (quanto's QTensors,
-    through __tensor_flatten__), tuples, lists and dicts (HQQ's metadata)."""
+    through __tensor_flatten__), tuples, lists and dicts (HQQ's metadata). half: count float32
+    tensors at 2 bytes an element (what a float16 model's cache would hold)."""
     if isinstance(x, torch.Tensor):
         if type(x) is not torch.Tensor and hasattr(x, "__tensor_flatten__"):
             names, _ = x.__tensor_flatten__()
-            return sum(tensor_bytes(getattr(x, n)) for n in names)
-        return x.numel() * x.element_size()
+            return sum(tensor_bytes(getattr(x, n), half) for n in names)
+        return x.numel() * (2 if half and x.dtype == torch.float32 else x.element_size())
     if isinstance(x, (tuple, list)):
-        return sum(tensor_bytes(v) for v in x)
+        return sum(tensor_bytes(v, half) for v in x)
     if isinstance(x, dict):
-        return sum(tensor_bytes(v) for v in x.values())
+        return sum(tensor_bytes(v, half) for v in x.values())
     return 0
 
 
-def cache_bytes(cache) -> int:
-    """Bytes a transformers cache holds for its keys and values (or a TQCache's slots)."""
+def cache_bytes(cache, half=False) -> int:
+    """Bytes a transformers cache holds for its keys and values (or a TQCache's slots, whose
+    floats are f16 or f32 by format, not by the model's dtype)."""
     if hasattr(cache, "bits_per_element") and hasattr(cache, "formats"):  # tqkv TQCache
         return cache.bytes()
     total = 0
     for layer in getattr(cache, "layers", []):
         for name in ("keys", "values", "_quantized_keys", "_quantized_values"):
-            total += tensor_bytes(getattr(layer, name, None))
+            total += tensor_bytes(getattr(layer, name, None), half)
     for name in ("key_cache", "value_cache", "_quantized_key_cache", "_quantized_value_cache"):  # transformers 4.x
-        total += tensor_bytes(getattr(cache, name, None))
+        total += tensor_bytes(getattr(cache, name, None), half)
     return total
 
 
@@ -100,7 +105,7 @@ def run(model, toks, prefill, make_cache, attn, device, measure_every):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    logps, bits, peak = [], [], 0
+    logps, bits, bits16, peak = [], [], [], 0
     warmup = min(4, toks.shape[0] - prefill - 2)  # steps left out of the timing (lazy set-up, JIT)
     with torch.no_grad():
         out = model(input_ids=toks[None, :prefill], **{kw: cache}, use_cache=True)
@@ -114,7 +119,9 @@ def run(model, toks, prefill, make_cache, attn, device, measure_every):
             if (i - prefill) % measure_every == 0:
                 held = cache_bytes(cache)
                 peak = max(peak, held)
-                bits.append(8.0 * held / (2 * n_layers * n_kv * head_dim * i))
+                elements = 2 * n_layers * n_kv * head_dim * i
+                bits.append(8.0 * held / elements)
+                bits16.append(8.0 * cache_bytes(cache, half=True) / elements)
             if i + 1 == toks.shape[0]:
                 break
             out = model(input_ids=toks[None, i:i + 1], **{kw: cache}, use_cache=True)
@@ -123,7 +130,7 @@ def run(model, toks, prefill, make_cache, attn, device, measure_every):
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
     steps = toks.shape[0] - prefill - 1 - warmup
-    stats = {"bits": sum(bits) / len(bits), "cache_mib": peak / 2**20, "tok_s": steps / seconds}
+    stats = {"bits": sum(bits) / len(bits), "bits16": sum(bits16) / len(bits16), "cache_mib": peak / 2**20, "tok_s": steps / seconds}
     if device.type == "cuda":
         stats["cuda_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
     return torch.stack(logps), stats
@@ -167,8 +174,14 @@ def main():
           f"torch {torch.__version__}, tqkv {tqkv.__version__}, {args.device})", file=sys.stderr)
     capacity = toks.shape[0] + 1
 
-    ref, ref_stats = run(model, toks, args.prefill, transformers.DynamicCache, "sdpa", device, args.measure_every)
+    def summary(name, logp, stats):
+        kl = (ref.exp() * (ref - logp)).sum(-1).mean().item()
+        nll = -logp.gather(1, targets[:, None]).mean().item()
+        top1 = (logp.argmax(-1) == ref.argmax(-1)).float().mean().item()
+        return dict(cache=name, kl=kl, ppl=math.exp(nll), top1=top1, **stats)
+
     targets = toks[args.prefill:].cpu()  # decode step j predicts token prefill + j
+    ref, ref_stats = run(model, toks, args.prefill, transformers.DynamicCache, "sdpa", device, args.measure_every)
     rows = [("DynamicCache f32 (reference)", "sdpa", ref, ref_stats)]
     if args.dtype != "float32":
         model = model.to(getattr(torch, args.dtype))
@@ -190,31 +203,25 @@ def main():
                 warnings.simplefilter("ignore")
                 return tt.TQCache(model.config, spec=spec, max_cache_len=capacity, attention_on_codes=True)
         ignored = make().ignored
-        cases.append((f"TQCache {spec}" + (" (per-layer formats only)" if ignored else ""), "tqkv", make))
+        cases.append((f"TQCache {spec}" + (" (no sinks/window)" if ignored else ""), "tqkv", make))
     for name, attn, make in cases:
         gc.collect()
         logp, stats = run(model, toks, args.prefill, make, attn, device, args.measure_every)
         rows.append((name, attn, logp, stats))
-        print(f"# {name}: done", file=sys.stderr)
+        print(f"# {name}: {summary(name, logp, stats)}", file=sys.stderr, flush=True)
 
-    results = []
-    for name, attn, logp, stats in rows:
-        p_ref = ref.exp()
-        kl = (p_ref * (ref - logp)).sum(-1).mean().item()
-        nll = -logp.gather(1, targets[:, None]).mean().item()
-        top1 = (logp.argmax(-1) == ref.argmax(-1)).float().mean().item()
-        results.append(dict(cache=name, attn=attn, kl=kl, ppl=math.exp(nll), top1=top1, **stats))
+    results = [dict(summary(name, logp, stats), attn=attn) for name, attn, logp, stats in rows]
 
     print(f"\n{args.gguf}, {os.path.basename(args.text)}: prompt {args.prefill} tokens, {args.decode} decode steps "
           f"(context {args.prefill}..{args.prefill + args.decode}), device {args.device}, dtype {args.dtype}, "
           f"{platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}\n")
     cuda = device.type == "cuda"
-    print("| cache | attention | bits/elt | KL vs f32 | ppl | top-1 | " + ("CUDA peak MiB" if cuda else "cache MiB")
+    print("| cache | attention | bits/elt | @16-bit | KL vs f32 | ppl | top-1 | " + ("CUDA peak MiB" if cuda else "cache MiB")
           + " | decode tok/s |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         mem = r.get("cuda_peak_mib", r["cache_mib"])
-        print(f"| {r['cache']} | {r['attn']} | {r['bits']:.2f} | {r['kl']:.4f} | {r['ppl']:.3f} | {r['top1']:.3f} | "
+        print(f"| {r['cache']} | {r['attn']} | {r['bits']:.2f} | {r['bits16']:.2f} | {r['kl']:.4f} | {r['ppl']:.3f} | {r['top1']:.3f} | "
               f"{mem:.2f} | {r['tok_s']:.1f} |")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -25,15 +25,18 @@ chunk and every decoded token attends over the compressed cache, itself included
 other attention implementation the cache returns the decoded history instead (correct but
 slower: the whole history is dequantized at every step).
 
+Spec options: key centring (``+c``, ``+s``) is applied as the engine applies it (its code,
+with the key statistics of the model's recipe file, in transformers' channel order); attention
+sinks and recent windows (``+sink<N>``, ``+w<N>``, ``+wq<B>``, ``+fill<B>``) are not — a spec
+that has them (SmolLM2's ``tq-*`` recipes fill a recent window and keep one sink) runs without
+them, with a warning, and :attr:`TQCache.ignored` lists what was left out;
+:meth:`TQCache.bits_per_element` counts what is stored. Recipes match a model by architecture,
+layer count, kv heads and head dim (the GGUF weights hash the engine also checks is not
+available to transformers).
+
 Limits: one sequence per batch row, no padding (attention masks are not read); no beam search
-or cache cropping; the spec options for key centring (``+c``, ``+s``), attention sinks and
-recent windows (``+sink<N>``, ``+w<N>``, ``+fill<B>``) are not applied here — a spec that has
-them (the shipped ``tq-*`` recipes centre their keys, SmolLM2's also fill a recent window) runs
-with its per-layer formats only, with a warning, and :attr:`TQCache.ignored` lists what was left
-out; :meth:`TQCache.bits_per_element` counts what is stored. Tensors on a GPU are copied to the CPU for the cache and the
-attention (the CUDA custom ops live in ``tqkv.torch``, not used here yet). Recipes match a
-model by architecture, layer count, kv heads and head dim (the GGUF weights hash the engine
-also checks is not available to transformers).
+or cache cropping. Tensors on a GPU are copied to the CPU for the cache and the attention (the
+CUDA custom ops of ``tqkv.torch`` are not used here yet).
 
 Needs ``torch`` and ``transformers`` (4.46 or later for :class:`TQCache`; the attention
 function needs the ``AttentionInterface`` of 4.48 and later).
@@ -46,6 +49,7 @@ import os
 import warnings
 from typing import Any, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from . import _core
@@ -84,10 +88,16 @@ def recipes_for(arch: str, n_layers: int, n_kv_heads: int, head_dim: int,
                 recipe_file: Optional[str] = None) -> dict[str, str]:
     """Recipe name -> spec of the recipe files fitted to a model of this architecture and shape
     (the first file of the search order wins a name; ``recipe_file`` comes first)."""
+    return _recipe_files(arch, n_layers, n_kv_heads, head_dim, recipe_file)[0]
+
+
+def _recipe_files(arch, n_layers, n_kv_heads, head_dim, recipe_file=None):
+    """(name -> spec, the key statistics of the first matching file that has them, or None)."""
     files = [recipe_file] if recipe_file else []
     for d in _recipe_dirs():
         files += sorted(glob.glob(os.path.join(d, "*.json")))
     out: dict[str, str] = {}
+    stats = None
     for path in files:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -98,11 +108,54 @@ def recipes_for(arch: str, n_layers: int, n_kv_heads: int, head_dim: int,
                 continue
         for r in data.get("recipes", []):
             out.setdefault(r["name"], r["spec"])
-    return out
+        if stats is None:
+            stats = data.get("key_stats")
+    return out, stats
+
+
+def _text_config(config):
+    return getattr(config, "text_config", None) or config
+
+
+def _rope_base(config) -> float:
+    """The RoPE base of the full-attention layers (the engine's rope.freq_base)."""
+    config = _text_config(config)
+    params = getattr(config, "rope_parameters", None) or {}
+    params = params.get("full_attention", params)
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def _centring(config, spec: str, capacity: int, recipe_file: Optional[str]):
+    """The engine's key centring of `spec` for this model, in transformers' channel order:
+    (mean, scale or None) as [n_layers, n_kv_heads, head_dim] tensors, or None when the spec
+    does not centre or the model's recipe file has no key statistics."""
+    arch, n_layers, n_kv, head_dim = _model_shape(config)
+    recipes, stats = _recipe_files(arch, n_layers, n_kv, head_dim, recipe_file)
+    if stats is None:
+        return None
+    fields = [np.asarray(stats[k], dtype=np.float32) for k in ("key_mean", "key_sq", "query_sq")]
+    # In the GGUF's channel order, as the cache stores keys (see _gguf_key_order).
+    n_heads = _text_config(config).num_attention_heads
+    out = _core.key_centring(spec, n_layers, n_kv, head_dim, n_heads, _rope_base(config), arch != "llama", *fields,
+                             capacity, recipes)
+    if out is None:
+        return None
+    return tuple(None if a is None else torch.from_numpy(a) for a in out)
+
+
+def _gguf_key_order(arch: str, head_dim: int) -> Optional[torch.Tensor]:
+    """Llama GGUFs store the q/k rows of each head permuted for RoPE on adjacent pairs
+    (2i, 2i+1), and the engine runs them so; transformers' GGUF loader undoes the permutation
+    (RoPE on halves i, i + d/2). The cache stores keys in the GGUF's order — channel 2i+h is
+    transformers' h*d/2 + i — so that its codes, and the recipes' key statistics, are the
+    engine's. None for the architectures that use halves in both (Qwen2, Gemma 3)."""
+    if arch != "llama":
+        return None
+    return torch.arange(head_dim).reshape(2, head_dim // 2).t().reshape(-1)
 
 
 def _model_shape(config) -> tuple[str, int, int, int]:
-    config = getattr(config, "text_config", None) or config
+    config = _text_config(config)
     n_heads = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
@@ -163,7 +216,9 @@ class TQLayer(_LayerBase):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, rows: _Rows, index: int, attention_on_codes: bool, prefill_on_codes: bool = False):
+    def __init__(self, rows: _Rows, index: int, attention_on_codes: bool, prefill_on_codes: bool = False,
+                 key_mean: Optional[torch.Tensor] = None, key_scale: Optional[torch.Tensor] = None,
+                 key_order: Optional[torch.Tensor] = None):
         if _LayerBase is not object:
             super().__init__()
         self.keys = self.values = None
@@ -174,6 +229,11 @@ class TQLayer(_LayerBase):
         self.attention_on_codes, self.prefill_on_codes = attention_on_codes, prefill_on_codes
         self.seq_len = 0
         self.dtype, self.device = torch.float32, torch.device("cpu")
+        # Key centring (+c, +s): keys cached as (k - mean) / scale, queries times scale.
+        self.key_mean, self.key_scale = key_mean, key_scale
+        # Keys (and queries) in the GGUF's channel order: channel j of the cache is key_order[j].
+        self.key_order = key_order
+        self.key_order_inv = None if key_order is None else torch.argsort(key_order)
 
     # transformers' layer interface ------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor = None) -> None:
@@ -193,6 +253,12 @@ class TQLayer(_LayerBase):
                              f"got {list(value_states.shape)}")
         if key_states.device != value_states.device:
             raise ValueError("value_states: on another device than key_states")
+        if self.key_order is not None:
+            k = k[..., self.key_order]
+        if self.key_mean is not None:
+            k = k.float() - self.key_mean
+            if self.key_scale is not None:
+                k = k / self.key_scale
         batch, n_new = k.shape[0], k.shape[1]
         if not self.is_initialized:
             self.lazy_initialization(key_states)
@@ -218,12 +284,21 @@ class TQLayer(_LayerBase):
 
     def decoded(self, keys: bool = True) -> torch.Tensor:
         """Every position's keys (or values) decoded: [batch, n_kv_heads, seq_len, head_dim]."""
-        rows = [torch.from_numpy(c.decode(self.index, 0, self.seq_len, keys=keys)) for c in self.caches]
-        return torch.stack(rows).transpose(1, 2).to(device=self.device, dtype=self.dtype)
+        rows = torch.stack([torch.from_numpy(c.decode(self.index, 0, self.seq_len, keys=keys)) for c in self.caches])
+        if keys and self.key_mean is not None:
+            rows = rows * (1.0 if self.key_scale is None else self.key_scale) + self.key_mean
+        if keys and self.key_order_inv is not None:
+            rows = rows[..., self.key_order_inv]
+        return rows.transpose(1, 2).to(device=self.device, dtype=self.dtype)
 
     def attention(self, query: torch.Tensor, start: int, scale: float, window: int) -> torch.Tensor:
         """Queries [B, n_q_heads, T, D] at positions start.. over the compressed cache -> [B, T, n_q_heads, D]."""
-        q = query.detach().transpose(1, 2).to("cpu", torch.float32).contiguous()
+        q = query.detach().transpose(1, 2).to("cpu", torch.float32)
+        if self.key_order is not None:
+            q = q[..., self.key_order]
+        if self.key_scale is not None:
+            q = q * self.key_scale.repeat_interleave(q.shape[2] // self.n_kv_heads, dim=0)
+        q = q.contiguous()
         out = [torch.from_numpy(c.attention(self.index, q[b], start, scale=scale, window=window))
                for b, c in enumerate(self.caches)]
         return torch.stack(out).to(device=query.device, dtype=query.dtype)
@@ -271,6 +346,11 @@ class TQLayer(_LayerBase):
         raise NotImplementedError("TQCache: selecting batch rows is not supported")
 
 
+def _default_capacity(config) -> int:
+    n = getattr(_text_config(config), "max_position_embeddings", None) or DEFAULT_CAPACITY
+    return min(int(n), DEFAULT_CAPACITY)
+
+
 class TQCache(Cache):
     """A transformers ``Cache`` over tqkv's compressed KV cache.
 
@@ -295,7 +375,11 @@ class TQCache(Cache):
         self.ignored: list[str] = []
         if isinstance(spec, str):
             r = resolve_spec(config, spec, recipe_file)
-            for what, on in (("+c (key centring)", r["centre_keys"]), ("+s (channel scales)", r["scale_channels"]),
+            if max_cache_len is None:
+                max_cache_len = _default_capacity(config)
+            centring = _centring(config, spec, int(max_cache_len), recipe_file) if r["centre_keys"] else None
+            for what, on in (("+c/+s (key centring: no key statistics for this model)",
+                              r["centre_keys"] and centring is None),
                              ("+w<N> (recent window)", r["recent_window"]), ("+sink<N> (attention sinks)", r["sinks"]),
                              ("+fill<B> (recent window)", r["fill_bits"])):
                 if on:
@@ -306,6 +390,7 @@ class TQCache(Cache):
             formats = list(r["layers"])
             self.detail = r["detail"]
         else:
+            centring = None
             formats = [f if isinstance(f, _core.Format) else _core.Format(f) for f in spec]
             if len(formats) != n_layers:
                 raise ValueError(f"TQCache: {len(formats)} formats for {n_layers} layers")
@@ -313,14 +398,17 @@ class TQCache(Cache):
         self.spec = spec
         self.formats = formats
         if max_cache_len is None:
-            max_cache_len = min(getattr(config, "max_position_embeddings", DEFAULT_CAPACITY) or DEFAULT_CAPACITY,
-                                DEFAULT_CAPACITY)
+            max_cache_len = _default_capacity(config)
         if attention_on_codes is None:
             attention_on_codes = getattr(config, "_attn_implementation", None) == ATTN_NAME
         if attention_on_codes and ATTN_NAME not in _registered:
             raise ValueError("TQCache: attention_on_codes needs transformers' AttentionInterface (4.48 or later)")
         rows = _Rows(formats, n_kv, head_dim, int(max_cache_len), seed)
-        layers = [TQLayer(rows, i, attention_on_codes, prefill_on_codes) for i in range(len(formats))]
+        mean, scale = centring if centring is not None else (None, None)
+        order = _gguf_key_order(arch, head_dim)
+        layers = [TQLayer(rows, i, attention_on_codes, prefill_on_codes, None if mean is None else mean[i],
+                          None if scale is None else scale[i], order) for i in range(len(formats))]
+        self.centred_keys = centring is not None
         try:
             super().__init__(layers=layers)
         except TypeError:  # transformers < 4.56: no layer objects in the base class
