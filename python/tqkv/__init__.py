@@ -6,7 +6,8 @@ re-exports them. Inputs are float32 or float16, C-contiguous, in CPU memory (flo
 in place; any DLPack producer on the CPU is read the same way); anything else raises
 :class:`tqkv.Error`, a ``ValueError`` carrying the C++ message. Framework layers (torch ops,
 a transformers Cache) belong in submodules beside ``_core`` (``tqkv.torch``,
-``tqkv.transformers``) so that ``import tqkv`` keeps needing NumPy alone.
+``tqkv.transformers``, which needs torch and transformers) so that ``import tqkv`` keeps
+needing NumPy alone.
 
     >>> import numpy as np, tqkv
     >>> fmt = tqkv.Format("turboquant_4bit_nc"); fmt.slot_bytes(128)
@@ -25,6 +26,7 @@ from ._core import (
     boundary_layer_formats,
     named_formats,
     num_threads,
+    resolve_cache_spec,
     set_num_threads,
     set_simd_level,
     simd_level,
@@ -41,6 +43,7 @@ __all__ = [
     "boundary_layer_formats",
     "named_formats",
     "num_threads",
+    "resolve_cache_spec",
     "set_num_threads",
     "set_simd_level",
     "simd_level",

@@ -109,3 +109,16 @@ def capi():
     if os.environ.get("TQKV_C_LIBRARY"):
         pytest.fail(f"TQKV_C_LIBRARY={os.environ['TQKV_C_LIBRARY']} does not exist")
     pytest.skip("libtqkv.so not built (bash scripts/test.sh builds build/release/lib/libtqkv.so)")
+
+
+def require_module(name):
+    """Imports an optional dependency (torch, transformers, gguf) or skips the test module; with
+    TQKV_REQUIRE_TORCH=1 (CI) a missing one fails instead, so those tests cannot skip silently."""
+    if os.environ.get("TQKV_REQUIRE_TORCH") == "1":
+        import importlib
+
+        try:
+            return importlib.import_module(name)
+        except ImportError as e:
+            pytest.fail(f"TQKV_REQUIRE_TORCH=1 but {name} does not import: {e}", pytrace=False)
+    return pytest.importorskip(name)

@@ -3,8 +3,9 @@
 against the CPU ops (skipped without a GPU or without the CUDA build)."""
 import numpy as np
 import pytest
+from conftest import require_module
 
-torch = pytest.importorskip("torch")
+torch = require_module("torch")
 import tqkv  # noqa: E402
 import tqkv.torch as tq  # noqa: E402
 

@@ -1,0 +1,296 @@
+"""tqkv.transformers: TQCache and attn_implementation="tqkv" on SmolLM2 loaded by transformers'
+own GGUF loader (weights dequantized to float32), against transformers' DynamicCache, against
+attention on the decoded history, and against the C++ engine's perplexity.
+
+Needs torch, transformers and gguf (skipped without them, a failure when TQKV_REQUIRE_TORCH=1,
+as CI sets), and models/SmolLM2-135M-Instruct.Q4_1.gguf. The engine comparison runs the `tqkv`
+CLI from TQKV_CLI, else build/release/tqkv or build/dev/tqkv.
+"""
+import inspect
+import json
+import os
+import subprocess
+import warnings
+
+import numpy as np
+import pytest
+
+from conftest import REPO, require_module
+
+torch = require_module("torch")
+transformers = require_module("transformers")
+require_module("gguf")
+
+import tqkv  # noqa: E402
+import tqkv.transformers as tt  # noqa: E402
+
+MODEL_DIR = os.path.join(REPO, "models")
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TEXT = os.path.join(REPO, "data", "kjv-genesis.txt")
+
+
+@pytest.fixture(scope="module")
+def smol():
+    if not os.path.exists(os.path.join(MODEL_DIR, GGUF)):
+        if os.environ.get("TQKV_REQUIRE_TORCH") == "1":
+            pytest.fail(f"models/{GGUF} missing (bash scripts/setup.sh fetches it)")
+        pytest.skip(f"models/{GGUF} missing")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, gguf_file=GGUF, attn_implementation="tqkv")
+    tok = AutoTokenizer.from_pretrained(MODEL_DIR, gguf_file=GGUF)
+    model.eval()
+    return model, tok
+
+
+def cache_kw(model):
+    """transformers 5 calls the argument `cache`, 4.x `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def set_attn(model, name):
+    model.set_attn_implementation(name)
+
+
+def quiet_cache(config, spec, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tt.TQCache(config, spec=spec, **kw)
+
+
+def greedy(model, ids, cache, n=16):
+    with torch.no_grad():
+        out = model.generate(ids, **{cache_kw(model): cache}, max_new_tokens=n, do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def prompt_ids(tok):
+    return tok("In the beginning God created the heaven and the earth. And the earth was",
+               return_tensors="pt").input_ids
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "tqkv"])
+def test_greedy_tokens_with_f16_equal_dynamic_cache(smol, attn):
+    model, tok = smol
+    ids = prompt_ids(tok)
+    set_attn(model, "sdpa")
+    want = greedy(model, ids, transformers.DynamicCache())
+    set_attn(model, attn)
+    cache = tt.TQCache(model.config, spec="f16")
+    assert cache.attention_on_codes == (attn == "tqkv")
+    assert greedy(model, ids, cache) == want
+    assert cache.get_seq_length() == ids.shape[1] + len(want) - 1
+    assert cache.bits_per_element() == 16.0
+
+
+def forward_logits(model, toks, cache, batch):
+    """Logits [n, V] of toks fed in micro-batches of `batch` tokens through one cache."""
+    out = []
+    with torch.no_grad():
+        for p in range(0, toks.shape[0], batch):
+            o = model(input_ids=toks[None, p:p + batch], **{cache_kw(model): cache}, use_cache=True)
+            out.append(o.logits[0].float())
+    return torch.cat(out)
+
+
+def test_attention_on_codes_equals_attention_on_decoded_history(smol, monkeypatch):
+    """attn "tqkv" reads the codes through the C++ kernels: at every layer and step of a real
+    model, its output equals float softmax attention over the history the cache decodes (GQA,
+    scale, positions). k4v4+s centres the keys and scales their channels (the queries scaled to
+    match on the codes, the keys restored when decoded). Compared inside one run, as two runs
+    would feed the cache inputs that differ by float rounding, and a rounding that moves a value
+    across a code boundary moves the rest of the run."""
+    model, tok = smol
+    set_attn(model, "tqkv")
+    cache = tt.TQCache(model.config, spec="k4v4+s", max_cache_len=64)
+    assert cache.centred_keys and cache.attention_on_codes
+    worst, calls = [], []
+    on_codes = tt.TQLayer.attention
+
+    def checked(layer, query, start, scale, window):
+        out = on_codes(layer, query, start, scale, window)
+        group = query.shape[1] // layer.n_kv_heads
+        k = layer.decoded(keys=True).repeat_interleave(group, 1).double()
+        v = layer.decoded(keys=False).repeat_interleave(group, 1).double()
+        n_q, n_k = query.shape[2], k.shape[2]
+        scores = (query.double() @ k.transpose(-1, -2)) * scale
+        scores = scores.masked_fill(~tt._causal_mask(n_q, n_k, window, query.device), float("-inf"))
+        want = (torch.softmax(scores, -1) @ v).transpose(1, 2)
+        worst.append(((out.double() - want).abs().max() / want.abs().max()).item())
+        calls.append(n_q)
+        return out
+
+    monkeypatch.setattr(tt.TQLayer, "attention", checked)
+    toks = tok(open(TEXT, encoding="utf-8").read()[:400], return_tensors="pt").input_ids[0, :32]
+    forward_logits(model, toks[:16], cache, 16)  # the prompt: float attention, not checked here
+    forward_logits(model, toks[16:24], cache, 4)  # two chunks of 4 over the codes
+    forward_logits(model, toks[24:], cache, 1)  # 8 decode steps
+    assert calls.count(4) == 2 * 30 and calls.count(1) == 8 * 30
+    assert max(worst) < 1e-4
+
+
+def find_cli():
+    for path in (os.environ.get("TQKV_CLI", ""), os.path.join(REPO, "build", "release", "tqkv"),
+                 os.path.join(REPO, "build", "dev", "tqkv")):
+        if path and os.path.exists(path):
+            return path
+    if os.environ.get("TQKV_CLI"):
+        pytest.fail(f"TQKV_CLI={os.environ['TQKV_CLI']} does not exist")
+    pytest.skip("the tqkv CLI is not built (bash scripts/test.sh builds build/release/tqkv)")
+
+
+def engine_perplexity(spec, ctx, batch):
+    out = subprocess.run([find_cli(), "perplexity", "-m", os.path.join(MODEL_DIR, GGUF), "-f", TEXT, "-c", str(ctx),
+                          "--chunks", "1", "-b", str(batch), "--kv-cache-dtype", spec, "--no-compare", "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def hf_perplexity(model, tok, spec, ctx, batch, prefill_on_codes):
+    """The engine's protocol (tools/eval/perplexity.cpp): the first ctx tokens of the text (SmolLM2
+    adds no BOS), fed in micro-batches, the second half scored."""
+    toks = tok(open(TEXT, encoding="utf-8").read(), add_special_tokens=False, return_tensors="pt").input_ids[0, :ctx]
+    cache = quiet_cache(model.config, spec, max_cache_len=ctx, prefill_on_codes=prefill_on_codes)
+    logp = torch.log_softmax(forward_logits(model, toks, cache, batch).double(), dim=-1)
+    first = ctx // 2
+    nll = -logp[first:ctx - 1].gather(1, toks[first + 1:ctx, None]).sum().item()
+    return float(np.exp(nll / (ctx - 1 - first)))
+
+
+def test_perplexity_equals_the_engine_f32(smol):
+    """Same model (transformers dequantizes the GGUF to float32), text, chunk and cache: the
+    f32 cache gives the engine's perplexity within float tolerance."""
+    model, tok = smol
+    set_attn(model, "tqkv")
+    want = engine_perplexity("f32", ctx=64, batch=16)["ppl"]
+    got = hf_perplexity(model, tok, "f32", ctx=64, batch=16, prefill_on_codes=True)
+    assert got == pytest.approx(want, rel=2e-3)
+
+
+def test_perplexity_near_the_engine_compressed(smol):
+    """Compressed (tq-4.375's per-layer formats and key centring; the engine is given the same
+    without the recipe's sink and recent window, which TQCache leaves out): every chunk attends
+    over the codes as in the engine, keys stored in the GGUF's channel order with the engine's
+    seed, so equal inputs give the engine's codes. The inputs differ by float rounding (float32
+    weights in transformers, the engine's own kernels), and on this model one value rounding
+    across a code boundary visibly moves the following tokens (two attention implementations of
+    transformers itself differ as much on the same cache): within 3 %, not bit for bit. (Uncentred
+    4-bit formats drift further on these 31 tokens: turboquant_4bit_nc 8 %, tq-k4v4 4 %.)"""
+    model, tok = smol
+    set_attn(model, "tqkv")
+    want = engine_perplexity(tt.recipes_for("llama", 30, 3, 64)["tq-4.375"].split("+sink")[0], ctx=64, batch=16)
+    got = hf_perplexity(model, tok, "tq-4.375", ctx=64, batch=16, prefill_on_codes=True)
+    assert got == pytest.approx(want["ppl"], rel=0.03)
+
+
+# Bad inputs ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def tiny_config():
+    return transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                     hidden_size=64, max_position_embeddings=32)
+
+
+def kv(*shape, dtype=None, device="cpu"):
+    return torch.randn(*shape, dtype=dtype or torch.float32, device=device)
+
+
+def test_recipe_and_format_names_resolve_as_in_the_engine(smol):
+    model, _ = smol
+    with pytest.warns(UserWarning, match=r"\+sink<N>"):
+        cache = tt.TQCache(model.config, spec="tq-4.375")
+    want = tqkv.resolve_cache_spec(tt.recipes_for("llama", 30, 3, 64)["tq-4.375"], 30, 3, 64)
+    assert cache.formats == want["layers"]
+    assert cache.formats[0] == tqkv.Format("f16") and cache.formats[5] != tqkv.Format("f16")
+    assert cache.centred_keys and not any("centring" in x for x in cache.ignored)
+    four = tt.TQCache(model.config, spec="turboquant_4bit_nc")
+    assert [f.name for f in four.formats] == ["f16"] * 2 + ["turboquant_4bit_nc"] * 26 + ["f16"] * 2
+
+
+def test_key_centring_subtracts_the_means_of_these_keys(smol):
+    """The recipe's key means are in the GGUF's channel order (RoPE on adjacent pairs for a
+    Llama GGUF), where transformers un-permutes q/k (halves); TQCache stores keys in the GGUF's
+    order. Were the orders mixed up the cached keys would not get shorter: their mean over a text
+    must move towards 0."""
+    model, tok = smol
+    set_attn(model, "sdpa")
+    cache = quiet_cache(model.config, "tq-4.375", max_cache_len=128, attention_on_codes=False)
+    toks = tok(open(TEXT, encoding="utf-8").read()[:2000], return_tensors="pt").input_ids[:, :96]
+    with torch.no_grad():
+        model(input_ids=toks, **{cache_kw(model): cache}, use_cache=True)
+    shorter = []
+    for layer in cache.layers[2:-2]:
+        stored = torch.from_numpy(layer.caches[0].decode(layer.index, 0, layer.seq_len, keys=True))  # centred
+        restored = layer.decoded(keys=True)[0].transpose(0, 1)  # [T, H, D]
+        shorter.append(stored.mean(0).norm() < 0.5 * restored.mean(0).norm())
+    assert sum(shorter) >= 0.9 * len(shorter)
+
+
+def test_unknown_spec_raises(tiny_config):
+    with pytest.raises(tqkv.Error, match="unknown format or recipe 'nope'"):
+        tt.TQCache(tiny_config, spec="nope")
+    with pytest.raises(tqkv.Error, match="unknown option"):
+        tt.TQCache(tiny_config, spec="f16+bogus")
+    with pytest.raises(ValueError, match="3 formats for 2 layers"):
+        tt.TQCache(tiny_config, spec=["f16"] * 3)
+
+
+def test_bad_key_value_tensors_raise(tiny_config):
+    cache = tt.TQCache(tiny_config, spec="turboquant_4bit_nc", attention_on_codes=False)
+    good = kv(1, 2, 3, 16)
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        cache.update(good.to(torch.int32), good, 0)
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        cache.update(good, good.double(), 0)
+    with pytest.raises(ValueError, match=r"n_kv_heads=2"):
+        cache.update(kv(1, 3, 3, 16), kv(1, 3, 3, 16), 0)
+    with pytest.raises(ValueError, match=r"head_dim=16"):
+        cache.update(kv(1, 2, 3, 8), kv(1, 2, 3, 8), 0)
+    with pytest.raises(ValueError, match="shape"):
+        cache.update(kv(2, 3, 16), kv(2, 3, 16), 0)
+    with pytest.raises(ValueError, match="expected the shape of key_states"):
+        cache.update(good, kv(1, 2, 4, 16), 0)
+    with pytest.raises(ValueError, match="CPU or CUDA"):
+        cache.update(kv(1, 2, 3, 16, device="meta"), kv(1, 2, 3, 16, device="meta"), 0)
+    with pytest.raises(ValueError, match="layer_idx 2 out of range"):
+        cache.update(good, good, 2)
+    with pytest.raises(tqkv.Error, match="non"):
+        cache.update(torch.full((1, 2, 3, 16), float("nan")), good, 0)
+    assert cache.get_seq_length() == 0  # nothing was written
+    k, v = cache.update(good, good, 0)  # the prompt comes back as given
+    assert k is good
+    with pytest.raises(ValueError, match="capacity 32"):
+        cache.update(kv(1, 2, 30, 16), kv(1, 2, 30, 16), 0)
+    with pytest.raises(ValueError, match="batch 2"):
+        cache.update(kv(2, 2, 1, 16), kv(2, 2, 1, 16), 0)
+    # Non-contiguous views (transformers' own [B, H, T, D] tensors are) are accepted.
+    k, v = cache.update(kv(1, 1, 2, 16).expand(1, 2, 2, 16), kv(1, 2, 16, 2).transpose(-1, -2), 0)
+    assert k.shape == (1, 2, 5, 16) and cache.get_seq_length() == 5
+    decoded = cache.layers[0].decoded()
+    assert decoded.shape == (1, 2, 5, 16) and decoded.dtype == torch.float32
+
+
+def test_core_rejects_bad_torch_tensors():
+    """The C++ boundary on torch tensors: non-contiguous, wrong dtype, wrong shape raise."""
+    c = tqkv.ContiguousCache(n_layers=1, n_kv_heads=2, head_dim=16, capacity=8)
+    k = torch.randn(3, 2, 16)
+    with pytest.raises(tqkv.Error, match="C-contiguous"):
+        c.write(0, 0, k.transpose(0, 1).contiguous().transpose(0, 1), k)
+    with pytest.raises(tqkv.Error, match="float32 or float16"):
+        c.write(0, 0, k.double(), k)
+    with pytest.raises(tqkv.Error, match="shape"):
+        c.write(0, 0, k[:, :1], k[:, :1])
+    c.write(0, 0, k, k.half())
+    assert c.seq_len == 3
+
+
+def test_attention_function_refuses_what_it_cannot_do(tiny_config):
+    q = kv(1, 4, 1, 16)
+    with pytest.raises(ValueError, match="dropout"):
+        tt.tqkv_attention(None, q, kv(1, 2, 1, 16), kv(1, 2, 1, 16), None, dropout=0.1)
+    with pytest.raises(ValueError, match="soft-capping"):
+        tt.tqkv_attention(None, q, kv(1, 2, 1, 16), kv(1, 2, 1, 16), None, softcap=30.0)
+    cache = tt.TQCache(tiny_config, spec="f16")
+    for name in ("reorder_cache", "crop", "batch_repeat_interleave"):
+        with pytest.raises(NotImplementedError):
+            getattr(cache, name)(torch.zeros(1, dtype=torch.long) if name == "reorder_cache" else 1)
