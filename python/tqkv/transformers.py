@@ -43,6 +43,7 @@ function needs the ``AttentionInterface`` of 4.48 and later).
 """
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -88,11 +89,14 @@ def recipes_for(arch: str, n_layers: int, n_kv_heads: int, head_dim: int,
                 recipe_file: Optional[str] = None) -> dict[str, str]:
     """Recipe name -> spec of the recipe files fitted to a model of this architecture and shape
     (the first file of the search order wins a name; ``recipe_file`` comes first)."""
-    return _recipe_files(arch, n_layers, n_kv_heads, head_dim, recipe_file)[0]
+    return dict(_recipe_files(arch, n_layers, n_kv_heads, head_dim, recipe_file)[0])
 
 
+@functools.lru_cache(maxsize=16)
 def _recipe_files(arch, n_layers, n_kv_heads, head_dim, recipe_file=None):
-    """(name -> spec, the key statistics of the first matching file that has them, or None)."""
+    """(name -> spec, the key statistics of the first matching file that has them, or None).
+    Read once per model shape: a TQCache resolves its spec and its centring from the same files,
+    several hundred KB of JSON (callers copy before changing what it returns)."""
     files = [recipe_file] if recipe_file else []
     for d in _recipe_dirs():
         files += sorted(glob.glob(os.path.join(d, "*.json")))
