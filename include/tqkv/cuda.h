@@ -132,6 +132,39 @@ void init_decode_workspace(const CacheCodec& codec, const PagedKv& kv, const Dec
 void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& args, const DecodePlan& plan,
                 void* workspace, cudaStream_t stream = nullptr);
 
+// Fused decode of a layer kept in three parts (engine::CudaKvCache's attention sinks and recent
+// window, beside the compressed middle): one launch in which each part's CTAs read its own pool
+// (codec, block tables, lengths, key-range cuts), and the last CTA of a (sequence, kv head) merges
+// every part's partial outputs by log-sum-exp, so no separate merge runs. Parts: kFusedMain,
+// kFusedWindow, kFusedSinks; a part without a codec is absent (no CTAs); the sinks are f16.
+enum FusedPart : int { kFusedMain = 0, kFusedWindow = 1, kFusedSinks = 2 };
+struct DecodePart {
+  const CacheCodec* codec = nullptr;  // host pointer; null: no such part
+  PagedKv kv;
+  const int32_t* block_tables = nullptr;  // [batch, block_table_stride]
+  int block_table_stride = 0;
+  const int32_t* seq_lens = nullptr;  // [batch]: the query of sequence b sits at seq_lens[b] - 1
+  int max_seq_len = 0;                // bounds the part's key positions (its splits' tiles)
+  int min_key_pos = 0, window = 0, exclude_recent = 0;  // the cuts of AttentionParams
+};
+struct FusedDecodePlan {
+  int batch = 0;
+  int n_q_heads = 0;
+  int ctas[3] = {0, 0, 0};  // CTAs per (sequence, kv head) of each part
+  size_t workspace_bytes = 0;
+};
+// True where a fused kernel exists for the middle's and the window's pairs at this head dim
+// (src/cuda/decode_pairs.h); window null: no window part.
+bool fused_decode_supported(const CacheCodec& main, const CacheCodec* window);
+FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n_q_heads);
+// The workspace as init_decode_workspace's: prepared once, left prepared by every run.
+void init_fused_decode_workspace(const FusedDecodePlan& plan, int n_kv_heads, void* workspace,
+                                 cudaStream_t stream = nullptr);
+// args: q, out, their dtypes, batch and params (n_q_heads, head_dim, scale, lse); its block
+// tables, lengths and cuts are unused (each part has its own).
+void run_fused_decode(const DecodePart (&parts)[3], const DecodeArgs& args, const FusedDecodePlan& plan,
+                      void* workspace, cudaStream_t stream = nullptr);
+
 // Dequantize tokens [start, start + n_tokens) of one sequence into contiguous
 // k_out, v_out: [n_tokens, n_kv_heads, head_dim] in the original domain (fp16/bf16/f32).
 struct DequantArgs {

@@ -97,24 +97,92 @@ bool use_cluster(const Kernel& k, int64_t units, int ctas) {
 
 
 // Workspace: per-CTA partial outputs and log2-sum-exps (only when a (sequence, kv head) has more
-// than one CTA), then one counter per (sequence, kv head).
+// than one CTA, or always: the fused decode), then one counter per (sequence, kv head).
 struct Workspace {
   size_t o_part = 0, lse_part = 0, counters = 0, bytes = 0;
 };
-Workspace workspace_layout(const DecodePlan& plan, int n_kv_heads, int group, int head_dim, int warps) {
-  const size_t units = static_cast<size_t>(plan.batch) * n_kv_heads;
-  const int ctas = plan.num_splits / warps;
-  const size_t rows = ctas > 1 ? units * ctas * group : 0;
+Workspace workspace_layout(int64_t units, int ctas, int group, int head_dim, bool partials) {
+  const size_t rows = partials || ctas > 1 ? static_cast<size_t>(units) * ctas * group : 0;
   Workspace w;
   w.lse_part = align256(rows * head_dim * sizeof(float));
   w.counters = w.lse_part + align256(rows * sizeof(float));
-  w.bytes = w.counters + align256(units * sizeof(uint32_t));
+  w.bytes = w.counters + align256(static_cast<size_t>(units) * sizeof(uint32_t));
   return w;
+}
+Workspace workspace_layout(const DecodePlan& plan, int n_kv_heads, int group, int head_dim, int warps) {
+  return workspace_layout(static_cast<int64_t>(plan.batch) * n_kv_heads, plan.num_splits / warps, group, head_dim,
+                          false);
 }
 
 __global__ void init_counters(uint32_t* c, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) c[i] = kCounterTag;
+}
+
+void init_counters(uint32_t* c, int64_t n, cudaStream_t stream) {
+  init_counters<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(c, n);
+  TQKV_CUDA_CHECK(cudaGetLastError());
+}
+
+// The kernel parameters of one key range (a whole decode, or one part of a fused one) but the
+// output and workspace fields.
+DecodeParams range_params(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& a, int num_splits,
+                          int max_seq_len) {
+  const AttentionParams& ap = a.params;
+  if (kv.layout != PageLayout::Page) throw_arg("decode needs the page layout");
+  if (ap.window < 0 || ap.min_key_pos < 0 || ap.exclude_recent < 0)
+    throw_arg("decode: window, min_key_pos and exclude_recent must be >= 0");
+  if (ap.head_dim != 0 && ap.head_dim != codec.head_dim())
+    throw_arg("decode: query head dim " + std::to_string(ap.head_dim) + " does not match the cache's " +
+              std::to_string(codec.head_dim()));
+  if (!a.q || !a.out || !a.block_tables || !a.seq_lens) throw_arg("decode: null argument");
+  const Layout L = make_layout(codec, kv);
+  DecodeParams p{};
+  p.pages = kv.pages;
+  p.geo = L.geo;
+  p.page_bytes = L.geo.page_bytes();
+  p.block_size = kv.block_size;
+  p.tpp_log2 = kv.block_size == 16 ? 0 : kv.block_size == 32 ? 1 : kv.block_size == 64 ? 2 : 3;
+  p.n_kv_heads = kv.n_kv_heads;
+  p.slot_bytes = L.geo.slot_bytes;
+  p.q = a.q;
+  p.q_dtype = a.q_dtype;
+  p.block_tables = a.block_tables;
+  p.bt_stride = a.block_table_stride;
+  p.seq_lens = a.seq_lens;
+  p.n_q_heads = ap.n_q_heads;
+  p.group = ap.n_q_heads / kv.n_kv_heads;
+  p.num_splits = num_splits;
+  p.max_seq_len = max_seq_len;
+  const float scale = ap.scale != 0 ? ap.scale : 1.0f / std::sqrt(static_cast<float>(codec.head_dim()));
+  p.scale_log2 = scale * 1.4426950408889634f;
+  p.keys_rotated = codec.format().keys_rotated();
+  p.values_rotated = codec.format().values_rotated();
+  p.out = a.out;
+  p.out_dtype = a.out_dtype;
+  p.lse = ap.lse;
+  p.ranged = ap.window != 0 || ap.min_key_pos != 0 || ap.exclude_recent != 0;
+  p.min_key_pos = static_cast<int>(std::min<int64_t>(ap.min_key_pos, INT_MAX));
+  p.window = ap.window;
+  p.exclude_recent = ap.exclude_recent;
+  const CodecTables& t = codec.tables();
+  std::copy(std::begin(t.k_levels_h), std::end(t.k_levels_h), p.tab.k_lv);
+  std::copy(std::begin(t.v_levels_h), std::end(t.v_levels_h), p.tab.v_lv);
+  std::copy(std::begin(t.sign_bits), std::end(t.sign_bits), p.tab.sign_bits);
+  p.tab.rot_scale = t.rot_scale;
+  return p;
+}
+
+// The fused kernel of a middle codec and a window codec (null: the f16 kinds), or {}.
+FusedKernel find_fused_kernel(const CacheCodec& main, const CacheCodec* window) {
+  const int kk = kind_of_key(main.format()), vk = kind_of_value(main.format());
+  const int wk = window ? kind_of_key(window->format()) : K_F16, wv = window ? kind_of_value(window->format()) : V_F16;
+  if (kk < 0 || vk < 0 || wk < 0 || wv < 0 || (window && window->head_dim() != main.head_dim())) return FusedKernel{};
+  switch (main.head_dim()) {
+    case 64: return pick_fused_kernel<64>(kk, vk, wk, wv);
+    case 128: return pick_fused_kernel<128>(kk, vk, wk, wv);
+    default: return FusedKernel{};
+  }
 }
 
 }  // namespace
@@ -181,57 +249,16 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
 void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& a, const DecodePlan& plan,
                 void* workspace, cudaStream_t stream) {
   using namespace detail;
-  if (kv.layout != PageLayout::Page) throw_arg("decode needs the page layout");
   const AttentionParams& ap = a.params;
-  if (ap.window < 0 || ap.min_key_pos < 0 || ap.exclude_recent < 0)
-    throw_arg("decode: window, min_key_pos and exclude_recent must be >= 0");
-  if (ap.head_dim != 0 && ap.head_dim != codec.head_dim())
-    throw_arg("decode: query head dim " + std::to_string(ap.head_dim) + " does not match the cache's " +
-              std::to_string(codec.head_dim()));
   if (a.batch != plan.batch || ap.n_q_heads != plan.n_q_heads) throw_arg("decode: arguments do not match the plan");
-  if (!a.q || !a.out || !a.block_tables || !a.seq_lens || !workspace) throw_arg("decode: null argument");
-  const Layout L = make_layout(codec, kv);
+  if (!workspace) throw_arg("decode: null argument");
+  DecodeParams p = range_params(codec, kv, a, plan.num_splits, plan.max_seq_len);
   const Kernel k = pick(codec);
-  const int D = codec.head_dim();
-  const int group = ap.n_q_heads / kv.n_kv_heads;
-  DecodeParams p{};
-  p.pages = kv.pages;
-  p.geo = L.geo;
-  p.page_bytes = L.geo.page_bytes();
-  p.block_size = kv.block_size;
-  p.tpp_log2 = kv.block_size == 16 ? 0 : kv.block_size == 32 ? 1 : kv.block_size == 64 ? 2 : 3;
-  p.n_kv_heads = kv.n_kv_heads;
-  p.slot_bytes = L.geo.slot_bytes;
-  p.q = a.q;
-  p.q_dtype = a.q_dtype;
-  p.block_tables = a.block_tables;
-  p.bt_stride = a.block_table_stride;
-  p.seq_lens = a.seq_lens;
-  p.n_q_heads = ap.n_q_heads;
-  p.group = group;
-  p.num_splits = plan.num_splits;
-  p.max_seq_len = plan.max_seq_len;
-  const float scale = ap.scale != 0 ? ap.scale : 1.0f / std::sqrt(static_cast<float>(codec.head_dim()));
-  p.scale_log2 = scale * 1.4426950408889634f;
-  p.keys_rotated = codec.format().keys_rotated();
-  const Workspace w = workspace_layout(plan, kv.n_kv_heads, group, D, k.warps);
+  const Workspace w = workspace_layout(plan, kv.n_kv_heads, p.group, codec.head_dim(), k.warps);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   p.o_part = reinterpret_cast<float*>(ws + w.o_part);
   p.lse_part = reinterpret_cast<float*>(ws + w.lse_part);
   p.counters = reinterpret_cast<uint32_t*>(ws + w.counters);
-  p.values_rotated = codec.format().values_rotated();
-  p.out = a.out;
-  p.out_dtype = a.out_dtype;
-  p.lse = ap.lse;
-  p.ranged = ap.window != 0 || ap.min_key_pos != 0 || ap.exclude_recent != 0;
-  p.min_key_pos = static_cast<int>(std::min<int64_t>(ap.min_key_pos, INT_MAX));
-  p.window = ap.window;
-  p.exclude_recent = ap.exclude_recent;
-  const CodecTables& t = codec.tables();
-  std::copy(std::begin(t.k_levels_h), std::end(t.k_levels_h), p.tab.k_lv);
-  std::copy(std::begin(t.v_levels_h), std::end(t.v_levels_h), p.tab.v_lv);
-  std::copy(std::begin(t.sign_bits), std::end(t.sign_bits), p.tab.sign_bits);
-  p.tab.rot_scale = t.rot_scale;
   TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
   if (plan.num_splits % k.warps) throw_arg("decode: plan does not match this format");
   const int ctas = plan.num_splits / k.warps;
@@ -264,8 +291,117 @@ void init_decode_workspace(const CacheCodec& codec, const PagedKv& kv, const Dec
   const Kernel k = pick(codec);
   const Workspace w = workspace_layout(plan, kv.n_kv_heads, plan.n_q_heads / kv.n_kv_heads, codec.head_dim(), k.warps);
   const int64_t n = static_cast<int64_t>(plan.batch) * kv.n_kv_heads;
-  init_counters<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-      reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + w.counters), n);
+  init_counters(reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + w.counters), n, stream);
+}
+
+bool fused_decode_supported(const CacheCodec& main, const CacheCodec* window) {
+  return detail::find_fused_kernel(main, window).fn != nullptr;
+}
+
+namespace {
+
+const CacheCodec& fused_main(const DecodePart (&parts)[3]) {
+  if (!parts[kFusedMain].codec) detail::throw_arg("fused decode: the main part needs a codec");
+  const CacheCodec* s = parts[kFusedSinks].codec;
+  if (s && (s->format().key != KeyCodec::F16 || s->format().value != ValueCodec::F16))
+    detail::throw_arg("fused decode: the sinks must be f16");
+  for (const DecodePart& part : parts)
+    if (part.codec && part.kv.n_kv_heads != parts[kFusedMain].kv.n_kv_heads)
+      detail::throw_arg("fused decode: the parts' kv heads differ");
+  return *parts[kFusedMain].codec;
+}
+
+detail::FusedKernel fused_kernel(const DecodePart (&parts)[3]) {
+  const detail::FusedKernel k = detail::find_fused_kernel(fused_main(parts), parts[kFusedWindow].codec);
+  if (!k.fn)
+    detail::throw_arg("fused decode: no kernel for " + parts[kFusedMain].codec->format().name() + " with window " +
+                      (parts[kFusedWindow].codec ? parts[kFusedWindow].codec->format().name() : std::string("f16")) +
+                      " (src/cuda/decode_pairs.h)");
+  return k;
+}
+
+}  // namespace
+
+// The middle takes plan_decode's CTAs (it fills the device as a plain decode would); the window
+// and the sinks, short ranges, one CTA per 4 tiles a warp, at most 8.
+FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n_q_heads) {
+  using namespace detail;
+  const FusedKernel k = fused_kernel(parts);
+  const CacheCodec& main = *parts[kFusedMain].codec;
+  FusedDecodePlan plan;
+  plan.batch = batch;
+  plan.n_q_heads = n_q_heads;
+  const DecodePlan mp = plan_decode(main, parts[kFusedMain].kv, batch, n_q_heads, parts[kFusedMain].max_seq_len);
+  int others = 0;
+  for (int i : {kFusedWindow, kFusedSinks}) {
+    if (!parts[i].codec) continue;
+    const int tiles = (std::max(parts[i].max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
+    plan.ctas[i] = std::clamp((tiles + 4 * k.warps - 1) / (4 * k.warps), 1, 8);
+    others += plan.ctas[i];
+  }
+  plan.ctas[kFusedMain] = std::max(1, std::min(mp.num_splits / pick(main).warps, kMaxSplits / k.warps - others));
+  const Workspace w = workspace_layout(static_cast<int64_t>(batch) * parts[kFusedMain].kv.n_kv_heads,
+                                       plan.ctas[0] + others, n_q_heads / parts[kFusedMain].kv.n_kv_heads,
+                                       main.head_dim(), true);
+  plan.workspace_bytes = w.bytes;
+  return plan;
+}
+
+void init_fused_decode_workspace(const FusedDecodePlan& plan, int n_kv_heads, void* workspace, cudaStream_t stream) {
+  using namespace detail;
+  if (!workspace) throw_arg("fused decode: null workspace");
+  if (plan.batch <= 0 || n_kv_heads <= 0 || plan.n_q_heads % n_kv_heads) throw_arg("fused decode: bad plan");
+  const int64_t units = static_cast<int64_t>(plan.batch) * n_kv_heads;
+  // The counters close the workspace (workspace_layout).
+  const size_t counters = plan.workspace_bytes - align256(static_cast<size_t>(units) * sizeof(uint32_t));
+  init_counters(reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + counters), units, stream);
+}
+
+void run_fused_decode(const DecodePart (&parts)[3], const DecodeArgs& a, const FusedDecodePlan& plan, void* workspace,
+                      cudaStream_t stream) {
+  using namespace detail;
+  const FusedKernel k = fused_kernel(parts);
+  const CacheCodec& main = *parts[kFusedMain].codec;
+  const AttentionParams& ap = a.params;
+  if (a.batch != plan.batch || ap.n_q_heads != plan.n_q_heads) throw_arg("fused decode: arguments do not match the plan");
+  if (!workspace) throw_arg("fused decode: null workspace");
+  if (ap.n_q_heads <= 0 || ap.n_q_heads % parts[kFusedMain].kv.n_kv_heads ||
+      ap.n_q_heads / parts[kFusedMain].kv.n_kv_heads > kMaxGroup)
+    throw_arg("fused decode: n_q_heads must be a multiple of n_kv_heads, at most 8 per kv head");
+  FusedParams fp{};
+  int end = 0;
+  for (int i = 0; i < 3; ++i) {
+    const DecodePart& part = parts[i];
+    if (part.codec && plan.ctas[i] > 0) {
+      DecodeArgs pa = a;
+      pa.block_tables = part.block_tables;
+      pa.block_table_stride = part.block_table_stride;
+      pa.seq_lens = part.seq_lens;
+      pa.params.min_key_pos = part.min_key_pos;
+      pa.params.window = part.window;
+      pa.params.exclude_recent = part.exclude_recent;
+      // The softmax scale is the query's, whichever part's head dim rounding: the middle's.
+      if (pa.params.scale == 0) pa.params.scale = 1.0f / std::sqrt(static_cast<float>(main.head_dim()));
+      fp.part[i] = range_params(*part.codec, part.kv, pa, plan.ctas[i] * k.warps, part.max_seq_len);
+      end += plan.ctas[i];
+    }
+    fp.cta_end[i] = end;
+  }
+  const int ctas = end;
+  if (ctas > kMaxSplits / k.warps) throw_arg("fused decode: too many CTAs");
+  fp.part[0].group = fp.part[1].group = fp.part[2].group = ap.n_q_heads / parts[kFusedMain].kv.n_kv_heads;
+  const int64_t units = static_cast<int64_t>(a.batch) * parts[kFusedMain].kv.n_kv_heads;
+  const Workspace w = workspace_layout(units, ctas, fp.part[0].group, main.head_dim(), true);
+  if (w.bytes != plan.workspace_bytes) throw_arg("fused decode: the workspace does not match the plan");
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  fp.o_part = reinterpret_cast<float*>(ws + w.o_part);
+  fp.lse_part = reinterpret_cast<float*>(ws + w.lse_part);
+  fp.counters = reinterpret_cast<uint32_t*>(ws + w.counters);
+  fp.out = a.out;
+  fp.out_dtype = a.out_dtype;
+  fp.lse = ap.lse;
+  TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+  k.fn<<<dim3(ctas, parts[kFusedMain].kv.n_kv_heads, a.batch), k.warps * 32, k.smem, stream>>>(fp);
   TQKV_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -203,7 +203,8 @@ __device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t two) {
   return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
 }
 
-template <int D, int KK, int VK>
+// W: warps per CTA (0: the format's own choice; the fused decode gives every part the middle's).
+template <int D, int KK, int VK, int W = 0>
 struct Traits {
   static constexpr bool KBF = KK == K_BF16;  // S = K Q^T in bf16 (else fp16)
   static constexpr bool VBF = VK == V_BF16;  // O = P V in bf16
@@ -221,7 +222,7 @@ struct Traits {
   // cp.async, so many tiles are in flight without holding registers; the 16-bit formats (large
   // tiles) load straight into registers instead.
   static constexpr bool ASYNC = !(KK == K_F16 || KK == K_BF16);
-  static constexpr int WARPS = (ASYNC && D <= 128) ? 8 : 4;
+  static constexpr int WARPS = W ? W : (ASYNC && D <= 128) ? 8 : 4;
   static constexpr int MIN_BLOCKS = (ASYNC && D <= 128) ? 2 : 1;
   static constexpr int KPL = 16 * KCB;                              // key plane of a tile
   static constexpr int PV = (VCB & -VCB) >= 16 ? 16 : (VCB & -VCB);  // cp.async piece of a value row
@@ -476,30 +477,66 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 
 __device__ __forceinline__ float h_lo(uint32_t x) { return __half2float(__ushort_as_half(x & 0xffffu)); }
 
-// Writes one query head's output from its merged rotated-domain values x (lane l holds dims
-// [E l, E l + E)): rotates back (o = R^T o~) where values are stored rotated.
+// Rotates one query head's merged rotated-domain values back (o = R^T o~); lane l holds dims
+// [E l, E l + E).
 template <int D>
-__device__ __forceinline__ void write_head(const DecodeParams& p, float (&x)[D / 32], int lane, int64_t qhead, float lse2) {
+__device__ __forceinline__ void rotate_back(const DecodeTables& tab, float (&x)[D / 32], int lane) {
   constexpr int E = D / 32;
-  if (p.values_rotated) {
-    warp_fwht<E>(x, lane);
+  warp_fwht<E>(x, lane);
 #pragma unroll
-    for (int i = 0; i < E; ++i) {
-      x[i] *= p.tab.rot_scale;
-      if (sign_negative(p.tab, E * lane + i)) x[i] = -x[i];
-    }
+  for (int i = 0; i < E; ++i) {
+    x[i] *= tab.rot_scale;
+    if (sign_negative(tab, E * lane + i)) x[i] = -x[i];
   }
-#pragma unroll
-  for (int i = 0; i < E; ++i) store_elem(p.out, p.out_dtype, qhead * D + E * lane + i, x[i]);
-  if (p.lse && lane == 0) p.lse[qhead] = lse2 == -INFINITY || lse2 != lse2 ? lse2 : lse2 * 0.69314718055994531f;
 }
 
-template <int D, int KK, int VK>
-__global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, VK>::MIN_BLOCKS) decode_kernel(const __grid_constant__ DecodeParams p) {
-  using T = Traits<D, KK, VK>;
+// Writes one query head's output (lane l: dims [E l, E l + E)) and, where lse is set, its
+// natural-log log-sum-exp from the log2 one.
+template <int D>
+__device__ __forceinline__ void write_out(void* out, DType out_dtype, float* lse, const float (&x)[D / 32], int lane,
+                                          int64_t qhead, float lse2) {
+  constexpr int E = D / 32;
+#pragma unroll
+  for (int i = 0; i < E; ++i) store_elem(out, out_dtype, qhead * D + E * lane + i, x[i]);
+  if (lse && lane == 0) lse[qhead] = lse2 == -INFINITY || lse2 != lse2 ? lse2 : lse2 * 0.69314718055994531f;
+}
+
+// Writes one query head's output from its merged values x, rotated back where values are stored rotated.
+template <int D>
+__device__ __forceinline__ void write_head(const DecodeParams& p, float (&x)[D / 32], int lane, int64_t qhead, float lse2) {
+  if (p.values_rotated) rotate_back<D>(p.tab, x, lane);
+  write_out<D>(p.out, p.out_dtype, p.lse, x, lane, qhead, lse2);
+}
+
+// The epilogue's shared memory (after the tile loop, over the queries and the ring, which are no
+// longer needed), from the end of the lookup tables: every warp's unnormalised output, the merged
+// output, per-(warp, head) max and sum, per-head max and sum, per-CTA weights of the cross-CTA
+// merge, a flag.
+template <int D, int W>
+struct Epilogue {
+  float* wo;   // [W][kMaxGroup][D]
+  float* fin;  // [kMaxGroup][D]
+  float* wml;  // [W][kMaxGroup]{max, sum}
+  float* hml;  // [kMaxGroup]{max, sum}; then the final log2-sum-exp in hml[2 j]
+  float* cw;   // [kMaxSplits / W][kMaxGroup]
+  int* flag;
+  __device__ explicit Epilogue(uint32_t* base)
+      : wo(reinterpret_cast<float*>(base)),
+        fin(wo + W * kMaxGroup * D),
+        wml(fin + kMaxGroup * D),
+        hml(wml + W * kMaxGroup * 2),
+        cw(hml + 2 * kMaxGroup),
+        flag(reinterpret_cast<int*>(cw + (kMaxSplits / W) * kMaxGroup)) {}
+};
+
+// The tile loop of CTA `cta` of the (sequence, kv head) (blockIdx.z, blockIdx.y): warp w runs
+// split cta * W + w of the key range p describes and leaves its unnormalised output and its max
+// and sum in the Epilogue at smem + KLUT + VLUT (wo, wml), the CTA synchronised.
+template <int D, int KK, int VK, int W>
+__device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, uint32_t* smem) {
+  using T = Traits<D, KK, VK, W>;
   constexpr bool KBF = T::KBF, VBF = T::VBF;
   constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T, and m-tiles of O^T
-  extern __shared__ __align__(16) uint32_t smem[];
   uint32_t* klut_all = smem;
   uint32_t* vlut_all = smem + T::KLUT;
   float* qs = reinterpret_cast<float*>(smem + T::KLUT + T::VLUT);  // [kMaxGroup][D]
@@ -507,7 +544,7 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int hkv = blockIdx.y, b = blockIdx.z;
-  const int split = blockIdx.x * T::WARPS + warp;
+  const int split = cta * T::WARPS + warp;
   const int group = p.group;
 
   // This warp's range of tiles. The page ids of its first tiles, seq_lens[b] and the queries are
@@ -807,19 +844,13 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
       o[m][3] = (o[m][3] - 1024.0f * s1_run1) * 0.0625f;
     }
   }
-  // Epilogue. The warps of the CTA merge in shared memory (over the queries and the ring, which
-  // are no longer needed); a CTA that covers its whole (sequence, kv head) writes the output,
-  // otherwise each CTA writes a partial and the last one to finish (counted in p.counters)
-  // merges them. One launch, a fixed grid: capturable in a CUDA graph.
+  // Each warp's partial into the epilogue's shared memory.
   const bool empty = t_begin >= t_end;
   if constexpr (T::ASYNC) cp_async_wait<0>();
   __syncthreads();
-  float* wo = reinterpret_cast<float*>(smem + T::KLUT + T::VLUT);  // [WARPS][kMaxGroup][D]
-  float* fin = wo + T::WARPS * kMaxGroup * D;                       // [kMaxGroup][D]
-  float* wml = fin + kMaxGroup * D;                                 // [WARPS][kMaxGroup]{max, sum}
-  float* hml = wml + T::WARPS * kMaxGroup * 2;                      // [kMaxGroup]{max, sum}
-  float* cw = hml + 2 * kMaxGroup;                                  // [ctas][kMaxGroup]
-  int* flag = reinterpret_cast<int*>(cw + (kMaxSplits / T::WARPS) * kMaxGroup);
+  const Epilogue<D, W> ep(smem + T::KLUT + T::VLUT);
+  float* wo = ep.wo;
+  float* wml = ep.wml;
   {
     const int h0 = 2 * c, h1 = 2 * c + 1;
     if (g == 0) {
@@ -838,37 +869,123 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     }
   }
   __syncthreads();
-  if (tid < group) {  // per head: the CTA's max and sum, each warp's weight
+}
+
+// The CTA's warps merged: per head the CTA's max and sum (hml) and each warp's weight (wml), then
+// each element of the CTA's normalised output handed to put(head, dim, value).
+template <int D, int W, typename Put>
+__device__ __forceinline__ void combine_warps(const Epilogue<D, W>& ep, int group, Put put) {
+  const int tid = threadIdx.x;
+  if (tid < group) {
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < T::WARPS; ++w) mx = fmaxf(mx, wml[(w * kMaxGroup + tid) * 2]);
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, ep.wml[(w * kMaxGroup + tid) * 2]);
     float l = 0.0f;
 #pragma unroll
-    for (int w = 0; w < T::WARPS; ++w) {
-      float& mw = wml[(w * kMaxGroup + tid) * 2];
+    for (int w = 0; w < W; ++w) {
+      float& mw = ep.wml[(w * kMaxGroup + tid) * 2];
       mw = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
-      l += mw * wml[(w * kMaxGroup + tid) * 2 + 1];
+      l += mw * ep.wml[(w * kMaxGroup + tid) * 2 + 1];
     }
-    hml[2 * tid] = mx;
-    hml[2 * tid + 1] = l;
+    ep.hml[2 * tid] = mx;
+    ep.hml[2 * tid + 1] = l;
   }
   __syncthreads();
-  const int ctas = gridDim.x;
-  const int64_t unit = static_cast<int64_t>(b) * p.n_kv_heads + hkv;
   for (int e = tid; e < group * D; e += blockDim.x) {
     const int j = e / D, i = e % D;
     float acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < T::WARPS; ++w) acc += wml[(w * kMaxGroup + j) * 2] * wo[(w * kMaxGroup + j) * D + i];
-    const float l = hml[2 * j + 1];
-    acc = l > 0.0f ? acc / l : 0.0f;
-    if (ctas == 1 || p.cluster) fin[j * D + i] = acc;
-    else p.o_part[((unit * ctas + blockIdx.x) * group + j) * D + i] = acc;
+    for (int w = 0; w < W; ++w) acc += ep.wml[(w * kMaxGroup + j) * 2] * ep.wo[(w * kMaxGroup + j) * D + i];
+    const float l = ep.hml[2 * j + 1];
+    put(j, i, l > 0.0f ? acc / l : 0.0f);
   }
-  float* lse_fin = hml;  // per head: the final log2-sum-exp, written over the CTA's max
+}
+
+// The CTA's log2-sum-exp of head j (after combine_warps).
+template <int D, int W>
+__device__ __forceinline__ float cta_lse2(const Epilogue<D, W>& ep, int j) {
+  return ep.hml[2 * j + 1] > 0.0f ? ep.hml[2 * j] + log2f(ep.hml[2 * j + 1]) : -INFINITY;
+}
+
+// The workspace merge of a (sequence, kv head) `unit` of `ctas` CTAs, once this CTA (`cta`) wrote
+// its normalised partial output to o_part: writes its log2-sum-exp, counts itself in, and in the
+// last CTA to finish merges every CTA's partial into ep.fin and their log2-sum-exps into
+// ep.hml[2 j] (then resets the counter). Returns false in the other CTAs.
+template <int D, int W>
+__device__ __forceinline__ bool merge_workspace(const Epilogue<D, W>& ep, const float* o_part, float* lse_part,
+                                                uint32_t* counters, int64_t unit, int ctas, int cta, int group) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float* lse_fin = ep.hml;
+  if (tid < group) lse_part[(unit * ctas + cta) * group + tid] = cta_lse2(ep, tid);
+  // The CTA's partial writes, then one gpu-scope acq_rel add (release: the barrier orders the
+  // other threads' writes before it; acquire: the last CTA sees every CTA's partial).
+  __syncthreads();
+  if (tid == 0) {
+    const uint32_t old = atom_add_acq_rel_gpu(counters + unit, 1u);
+    // 1: the last CTA; 0: another is; -1: the workspace was not prepared (init_decode_workspace).
+    *ep.flag = (old & kCounterTagMask) != kCounterTag ? -1 : (old & ~kCounterTagMask) == static_cast<uint32_t>(ctas - 1);
+  }
+  __syncthreads();
+  const int f = *ep.flag;
+  if (f == 0) return false;
+  if (f < 0) {  // loud, never a silently wrong merge
+    for (int e = tid; e < group * D; e += blockDim.x) ep.fin[e] = __int_as_float(0x7fc00000);
+    if (tid < group) lse_fin[2 * tid] = __int_as_float(0x7fc00000);
+    return true;
+  }
+  // Per head, one warp: the max of the CTAs' log2-sum-exps and their weights.
+  for (int j = warp; j < group; j += W) {
+    float mx = -INFINITY;
+    for (int k = lane; k < ctas; k += 32) mx = fmaxf(mx, __ldcg(lse_part + (unit * ctas + k) * group + j));
+    mx = warp_max(mx);
+    float den = 0.0f;
+    for (int k = lane; k < ctas; k += 32) {
+      const float l = __ldcg(lse_part + (unit * ctas + k) * group + j);
+      const float w = l == -INFINITY ? 0.0f : exp2f(l - mx);
+      ep.cw[k * kMaxGroup + j] = w;
+      den += w;
+    }
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o2);
+    if (lane == 0) lse_fin[2 * j] = den > 0.0f ? mx + log2f(den) : -INFINITY, lse_fin[2 * j + 1] = den;
+  }
+  __syncthreads();
+  for (int e = tid; e < group * D; e += blockDim.x) {
+    const int j = e / D, i = e % D;
+    const float* op = o_part + (unit * ctas * group + j) * D + i;
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int k = 0; k < ctas; ++k) acc += ep.cw[k * kMaxGroup + j] * __ldcg(op + static_cast<int64_t>(k) * group * D);
+    const float den = lse_fin[2 * j + 1];
+    ep.fin[e] = den > 0.0f ? acc / den : 0.0f;
+  }
+  if (tid == 0) counters[unit] = kCounterTag;  // ready for the next launch
+  return true;
+}
+
+// Epilogue. The warps of the CTA merge in shared memory; a CTA that covers its whole (sequence,
+// kv head) writes the output, otherwise the CTAs merge as a cluster in distributed shared memory
+// or each writes a partial and the last one to finish (counted in p.counters) merges them. One
+// launch, a fixed grid: capturable in a CUDA graph.
+template <int D, int KK, int VK>
+__global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, VK>::MIN_BLOCKS) decode_kernel(const __grid_constant__ DecodeParams p) {
+  using T = Traits<D, KK, VK>;
+  constexpr int W = T::WARPS, E = D / 32;
+  extern __shared__ __align__(16) uint32_t smem[];
+  decode_splits<D, KK, VK, W>(p, blockIdx.x, smem);
+  const Epilogue<D, W> ep(smem + T::KLUT + T::VLUT);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int hkv = blockIdx.y, b = blockIdx.z, group = p.group, ctas = gridDim.x;
+  const int64_t unit = static_cast<int64_t>(b) * p.n_kv_heads + hkv;
+  float* fin = ep.fin;
+  combine_warps<D, W>(ep, group, [&](int j, int i, float v) {
+    if (ctas == 1 || p.cluster) fin[j * D + i] = v;
+    else p.o_part[((unit * ctas + blockIdx.x) * group + j) * D + i] = v;
+  });
+  float* lse_fin = ep.hml;  // per head: the final log2-sum-exp, written over the CTA's max
   if (ctas == 1) {
     __syncthreads();
-    if (tid < group) lse_fin[2 * tid] = hml[2 * tid + 1] > 0.0f ? hml[2 * tid] + log2f(hml[2 * tid + 1]) : -INFINITY;
+    if (tid < group) lse_fin[2 * tid] = cta_lse2(ep, tid);
   } else if (p.cluster) {
     // The CTAs of this (sequence, kv head) form one cluster: each keeps its normalised partial in
     // its own shared memory, and head j is merged by warp j / ctas of CTA j % ctas, which reads
@@ -876,9 +993,9 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     namespace cg = cooperative_groups;
     const cg::cluster_group cl = cg::this_cluster();
     __syncthreads();
-    if (tid < group) lse_fin[2 * tid] = hml[2 * tid + 1] > 0.0f ? hml[2 * tid] + log2f(hml[2 * tid + 1]) : -INFINITY;
+    if (tid < group) lse_fin[2 * tid] = cta_lse2(ep, tid);
     cl.sync();
-    for (int j = blockIdx.x + ctas * warp; j < group; j += ctas * T::WARPS) {
+    for (int j = blockIdx.x + ctas * warp; j < group; j += ctas * W) {
       const float l = lane < ctas ? cl.map_shared_rank(lse_fin, lane)[2 * j] : -INFINITY;
       const float mx = warp_max(l);
       float w = l == -INFINITY ? 0.0f : exp2f(l - mx);
@@ -912,61 +1029,89 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     }
     cl.sync();  // no CTA leaves while its partial may still be read
     return;
-  } else {
-    if (tid < group)
-      p.lse_part[(unit * ctas + blockIdx.x) * group + tid] =
-          hml[2 * tid + 1] > 0.0f ? hml[2 * tid] + log2f(hml[2 * tid + 1]) : -INFINITY;
-    // The CTA's partial writes, then one gpu-scope acq_rel add (release: the barrier orders the
-    // other threads' writes before it; acquire: the last CTA sees every CTA's partial).
-    __syncthreads();
-    if (tid == 0) {
-      const uint32_t old = atom_add_acq_rel_gpu(p.counters + unit, 1u);
-      // 1: the last CTA; 0: another is; -1: the workspace was not prepared (init_decode_workspace).
-      *flag = (old & kCounterTagMask) != kCounterTag ? -1 : (old & ~kCounterTagMask) == static_cast<uint32_t>(ctas - 1);
-    }
-    __syncthreads();
-    const int f = *flag;
-    if (f == 0) return;
-    if (f < 0) {  // loud, never a silently wrong merge
-      for (int e = tid; e < group * D; e += blockDim.x) fin[e] = __int_as_float(0x7fc00000);
-      if (tid < group) lse_fin[2 * tid] = __int_as_float(0x7fc00000);
-    } else {
-      // Per head, one warp: the max of the CTAs' log2-sum-exps and their weights.
-      for (int j = warp; j < group; j += T::WARPS) {
-        float mx = -INFINITY;
-        for (int k = lane; k < ctas; k += 32) mx = fmaxf(mx, __ldcg(p.lse_part + (unit * ctas + k) * group + j));
-        mx = warp_max(mx);
-        float den = 0.0f;
-        for (int k = lane; k < ctas; k += 32) {
-          const float l = __ldcg(p.lse_part + (unit * ctas + k) * group + j);
-          const float w = l == -INFINITY ? 0.0f : exp2f(l - mx);
-          cw[k * kMaxGroup + j] = w;
-          den += w;
-        }
-#pragma unroll
-        for (int o2 = 16; o2 > 0; o2 >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o2);
-        if (lane == 0) lse_fin[2 * j] = den > 0.0f ? mx + log2f(den) : -INFINITY, lse_fin[2 * j + 1] = den;
-      }
-      __syncthreads();
-      for (int e = tid; e < group * D; e += blockDim.x) {
-        const int j = e / D, i = e % D;
-        const float* op = p.o_part + (unit * ctas * group + j) * D + i;
-        float acc = 0.0f;
-#pragma unroll 4
-        for (int k = 0; k < ctas; ++k) acc += cw[k * kMaxGroup + j] * __ldcg(op + static_cast<int64_t>(k) * group * D);
-        const float den = lse_fin[2 * j + 1];
-        fin[e] = den > 0.0f ? acc / den : 0.0f;
-      }
-      if (tid == 0) p.counters[unit] = kCounterTag;  // ready for the next launch
-    }
+  } else if (!merge_workspace<D, W>(ep, p.o_part, p.lse_part, p.counters, unit, ctas, blockIdx.x, group)) {
+    return;
   }
   __syncthreads();
   // Output, one warp per query head.
-  for (int j = warp; j < group; j += T::WARPS) {
-    float x[D / 32];
+  for (int j = warp; j < group; j += W) {
+    float x[E];
 #pragma unroll
-    for (int i = 0; i < D / 32; ++i) x[i] = fin[j * D + (D / 32) * lane + i];
+    for (int i = 0; i < E; ++i) x[i] = fin[j * D + E * lane + i];
     write_head<D>(p, x, lane, static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j, lse_fin[2 * j]);
+  }
+}
+
+// The fused decode of a layer kept in three parts (the compressed middle, the recent window's
+// copies, the sinks' f16 copies; run_fused_decode): one grid whose CTAs [cta_end[i-1], cta_end[i])
+// along x run part i's splits, each part with its own pool, codec, tables, lengths and key range.
+// Every CTA rotates its partial back to the original domain (the parts rotate values
+// differently) and writes it to the workspace; the last CTA of a (sequence, kv head) merges them
+// all by log-sum-exp, so no separate merge runs.
+struct FusedParams {
+  DecodeParams part[3];  // their out / lse / workspace fields are unused
+  int cta_end[3];
+  float* o_part;       // [batch, n_kv_heads, ctas, group, D]: each CTA's normalised partial, original domain
+  float* lse_part;     // [batch, n_kv_heads, ctas, group]: its log2-sum-exp
+  uint32_t* counters;  // [batch, n_kv_heads]: CTAs done under kCounterTag
+  void* out;           // [batch, n_q_heads, D]
+  DType out_dtype;
+  float* lse;          // optional [batch, n_q_heads], natural log
+};
+
+// The fused kernel's warps per CTA (every part's) and shared memory (the largest part's).
+template <int D, int KK, int VK, int WK, int WV>
+struct FusedTraits {
+  static constexpr int W = Traits<D, KK, VK>::WARPS;
+  static constexpr int S0 = Traits<D, KK, VK, W>::SMEM, S1 = Traits<D, WK, WV, W>::SMEM,
+                       S2 = Traits<D, K_F16, V_F16, W>::SMEM;
+  static constexpr int SMEM = S0 > S1 ? (S0 > S2 ? S0 : S2) : (S1 > S2 ? S1 : S2);
+};
+
+template <int D, int KK, int VK, int WK, int WV>
+__global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, VK>::MIN_BLOCKS)
+    fused_decode_kernel(const __grid_constant__ FusedParams fp) {
+  constexpr int W = FusedTraits<D, KK, VK, WK, WV>::W, E = D / 32;
+  extern __shared__ __align__(16) uint32_t smem[];
+  const int x = blockIdx.x;
+  const DecodeParams* p;
+  uint32_t* base;
+  if (x < fp.cta_end[0]) {
+    p = &fp.part[0];
+    decode_splits<D, KK, VK, W>(*p, x, smem);
+    base = smem + Traits<D, KK, VK>::KLUT + Traits<D, KK, VK>::VLUT;
+  } else if (x < fp.cta_end[1]) {
+    p = &fp.part[1];
+    decode_splits<D, WK, WV, W>(*p, x - fp.cta_end[0], smem);
+    base = smem + Traits<D, WK, WV>::KLUT + Traits<D, WK, WV>::VLUT;
+  } else {
+    p = &fp.part[2];
+    decode_splits<D, K_F16, V_F16, W>(*p, x - fp.cta_end[1], smem);
+    base = smem;
+  }
+  const Epilogue<D, W> ep(base);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int hkv = blockIdx.y, b = blockIdx.z, group = fp.part[0].group, ctas = gridDim.x;
+  const int64_t unit = static_cast<int64_t>(b) * fp.part[0].n_kv_heads + hkv;
+  combine_warps<D, W>(ep, group, [&](int j, int i, float v) { ep.fin[j * D + i] = v; });
+  __syncthreads();
+  for (int j = warp; j < group; j += W) {
+    float v[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) v[i] = ep.fin[j * D + E * lane + i];
+    if (p->values_rotated) rotate_back<D>(p->tab, v, lane);
+    float* dst = fp.o_part + ((unit * ctas + x) * group + j) * D + E * lane;
+#pragma unroll
+    for (int i = 0; i < E; ++i) dst[i] = v[i];
+  }
+  if (!merge_workspace<D, W>(ep, fp.o_part, fp.lse_part, fp.counters, unit, ctas, x, group)) return;
+  __syncthreads();
+  for (int j = warp; j < group; j += W) {
+    float v[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) v[i] = ep.fin[j * D + E * lane + i];
+    write_out<D>(fp.out, fp.out_dtype, fp.lse, v, lane,
+                 static_cast<int64_t>(b) * fp.part[0].n_q_heads + hkv * group + j, ep.hml[2 * j]);
   }
 }
 
@@ -983,6 +1128,20 @@ Kernel make_kernel() {
   return Kernel{&decode_kernel<D, KK, VK>, Traits<D, KK, VK>::SMEM, Traits<D, KK, VK>::WARPS};
 }
 
+using FusedKernelFn = void (*)(FusedParams);
+
+struct FusedKernel {
+  FusedKernelFn fn = nullptr;
+  int smem = 0;
+  int warps = 0;
+};
+
+template <int D, int KK, int VK, int WK, int WV>
+FusedKernel make_fused_kernel() {
+  using F = FusedTraits<D, KK, VK, WK, WV>;
+  return FusedKernel{&fused_decode_kernel<D, KK, VK, WK, WV>, F::SMEM, F::W};
+}
+
 // The kernel of head dim D for key kind kk and value kind vk, or {} (decode_d<D>.cu).
 template <int D>
 Kernel pick_kernel(int kk, int vk);
@@ -992,5 +1151,14 @@ template <>
 Kernel pick_kernel<128>(int kk, int vk);
 template <>
 Kernel pick_kernel<256>(int kk, int vk);
+
+// The fused kernel of head dim D for the middle's kinds (kk, vk) and the window's (wk, wv), or {}
+// (decode_fused_d<D>.cu; the sinks are f16).
+template <int D>
+FusedKernel pick_fused_kernel(int kk, int vk, int wk, int wv);
+template <>
+FusedKernel pick_fused_kernel<64>(int kk, int vk, int wk, int wv);
+template <>
+FusedKernel pick_fused_kernel<128>(int kk, int vk, int wk, int wv);
 
 }  // namespace tqkv::cuda::detail

@@ -33,3 +33,29 @@
     TQKV_DECODE_PAIRS(TQKV_DECODE_CASE)              \
     return Kernel{};                                 \
   }
+
+// The fused decode of a layer with copies (run_fused_decode: the compressed middle, the recent
+// window's copies, the sinks' f16 copies in one launch): X(middle key kind, middle value kind,
+// window key kind, window value kind), per head dim. Each costs one kernel of three tile loops;
+// a layer whose pair is not listed takes the three launches and merges (engine::CudaKvCache).
+#define TQKV_FUSED_QUADS_64(X)                                                                  \
+  /* SmolLM2's recipes (tq-4.375, tq-3.375, tq-2.5, their all-layer forms) with wq6 windows */  \
+  X(kmse(2), vmse(2), kmse(6), vmse(6)) X(kmse(2), vmse(3), kmse(6), vmse(6))                  \
+  X(kmse(3), vmse(2), kmse(6), vmse(6)) X(kmse(3), vmse(3), kmse(6), vmse(6))                  \
+  X(kmse(3), vmse(4), kmse(6), vmse(6)) X(kmse(4), vmse(2), kmse(6), vmse(6))                  \
+  X(kmse(4), vmse(3), kmse(6), vmse(6)) X(kmse(4), vmse(4), kmse(6), vmse(6))                  \
+  X(kmse(5), vmse(3), kmse(6), vmse(6)) X(kmse(5), vmse(4), kmse(6), vmse(6))                  \
+  X(kmse(6), vmse(3), kmse(6), vmse(6)) X(kmse(6), vmse(5), kmse(6), vmse(6))                  \
+  /* f16 windows (w<N> without wq<B>; no window: the f16 kinds) */                             \
+  X(kmse(3), vmse(2), K_F16, V_F16) X(kmse(4), vmse(2), K_F16, V_F16) X(kmse(5), vmse(3), K_F16, V_F16)
+#define TQKV_FUSED_QUADS_128(X) \
+  X(kmse(4), vmse(2), K_F16, V_F16) X(kmse(4), vmse(3), kmse(6), vmse(6)) X(kmse(3), vmse(2), kmse(6), vmse(6))
+
+#define TQKV_FUSED_CASE(K, V, WK, WV) \
+  if (kk == (K) && vk == (V) && wk == (WK) && wv == (WV)) return make_fused_kernel<TQKV_DECODE_D, (K), (V), (WK), (WV)>();
+#define TQKV_DEFINE_PICK_FUSED_KERNEL(LIST)                                  \
+  template <>                                                                \
+  FusedKernel pick_fused_kernel<TQKV_DECODE_D>(int kk, int vk, int wk, int wv) { \
+    LIST(TQKV_FUSED_CASE)                                                    \
+    return FusedKernel{};                                                    \
+  }

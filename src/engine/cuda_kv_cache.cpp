@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <optional>
 #include <cmath>
 #include <string>
@@ -41,6 +42,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   const ModelConfig& m = spec.model;
   sinks_ = spec.sinks;
   window_ = spec.window_at(shape.capacity);
+  if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
   if (copies()) {
     for (int l = 0; l < m.n_layers; ++l)
       if (m.window(l) > 0) not_yet("attention sinks or a recent window with sliding-window layers");
@@ -64,7 +66,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
       } catch (const Error& e) {
         not_yet("layer " + std::to_string(l) + "'s format " + f.name() + " (" + e.what() + ")");
       }
-      Layer L{*codec, {}, false, false, std::nullopt, std::nullopt, {}, {}};
+      Layer L{*codec, {}, false, false, std::nullopt, std::nullopt, {}, {}, false};
       L.kv = cuda::PagedKv{nullptr, num_blocks, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
       L.decode = L.codec.decode_supported() && m.n_heads / m.n_kv_heads <= 8;
       L.f32_workspace = !f.compressed() && (f.value == ValueCodec::F32 || f.value == ValueCodec::F16 ||
@@ -78,6 +80,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
                   " or the window format " + wf.name() + " (no decode kernel: src/cuda/decode_pairs.h)");
         L.window_kv = cuda::PagedKv{nullptr, ring_blocks_ * shape.max_seqs, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
         L.sink_kv = cuda::PagedKv{nullptr, sink_blocks_ * shape.max_seqs, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
+        L.fused = fused_ && cuda::fused_decode_supported(*codec, window_ > 0 ? &*L.window_codec : nullptr);
       }
       layers_.push_back(L);
       Layer& P = layers_.back();  // pools allocated once the layer is listed (freed on a throw below)
@@ -130,6 +133,7 @@ CudaKvCache::~CudaKvCache() {
   for (cudaEvent_t e : {fork_, join_[0], join_[1]})
     if (e) cudaEventDestroy(e);
   for (auto& [key, p] : plans_) cudaFree(p.workspace);
+  for (auto& [key, p] : fused_plans_) cudaFree(p.workspace);
   for (auto& [bucket, b] : buckets_)
     for (void* p : {b.slots, b.tables, b.parts}) cudaFree(p);
   for (void* p : {static_cast<void*>(mean_), static_cast<void*>(scale_), slots_, tables_, kws_, vws_, qbuf_, obuf_, parts_})
@@ -349,22 +353,53 @@ CudaKvCache::Plan& CudaKvCache::plan_for(const cuda::CacheCodec& codec, const cu
   return plans_.emplace(key, p).first->second;
 }
 
-void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, const int32_t* tables,
-                         int stride, const int32_t* lens, int max_len, const AttentionParams& ap, const float* q,
-                         float* o, float* lse, cudaStream_t stream) {
-  Plan& p = plan_for(codec, kv, part, step_.n_rows, max_len, stream);
+cuda::DecodeArgs CudaKvCache::step_args(const float* q, float* o, const AttentionParams& ap) const {
   cuda::DecodeArgs da;
   da.q = q;
   da.q_dtype = cuda::DType::F32;
   da.out = o;
   da.out_dtype = cuda::DType::F32;
+  da.batch = step_.n_rows;
+  da.params = ap;
+  return da;
+}
+
+void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, const int32_t* tables,
+                         int stride, const int32_t* lens, int max_len, const AttentionParams& ap, const float* q,
+                         float* o, float* lse, cudaStream_t stream) {
+  Plan& p = plan_for(codec, kv, part, step_.n_rows, max_len, stream);
+  cuda::DecodeArgs da = step_args(q, o, ap);
   da.block_tables = tables;
   da.block_table_stride = stride;
   da.seq_lens = lens;
-  da.batch = step_.n_rows;
-  da.params = ap;
   da.params.lse = lse;
   cuda::run_decode(codec, kv, da, p.plan, p.workspace, stream);
+}
+
+void CudaKvCache::fused_decode(const Layer& L, const AttentionParams& ap, const float* q, float* o) {
+  // The old path's three ranges: the window's (p - N, p] of the ring, the middle [S, p - N], the sinks [0, S).
+  cuda::DecodePart parts[3];
+  parts[cuda::kFusedMain] = {&L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), sinks_, 0, window_};
+  if (window_ > 0)
+    parts[cuda::kFusedWindow] = {&*L.window_codec, L.window_kv, win_tables_, blocks_per_seq_, dec_lens_,
+                                 window_ + kBlockSize, sinks_, window_, 0};
+  if (sinks_ > 0) parts[cuda::kFusedSinks] = {&*L.sink_codec, L.sink_kv, sink_tables_, sink_blocks_, sink_lens_, sinks_, 0, 0, 0};
+  const int rows = step_.n_rows;
+  const auto key = std::make_tuple(L.codec.format().name(), L.window_codec->format().name(), rows);
+  auto it = fused_plans_.find(key);
+  if (it == fused_plans_.end()) {
+    FusedPlan p;
+    p.plan = cuda::plan_fused_decode(parts, rows, spec().model.n_heads);
+    ck(cudaMalloc(&p.workspace, std::max<size_t>(p.plan.workspace_bytes, 256)), "allocating a decode workspace");
+    try {
+      cuda::init_fused_decode_workspace(p.plan, spec().model.n_kv_heads, p.workspace, stream_);
+    } catch (...) {
+      cudaFree(p.workspace);
+      throw;
+    }
+    it = fused_plans_.emplace(key, p).first;
+  }
+  cuda::run_fused_decode(parts, step_args(q, o, ap), it->second.plan, it->second.workspace, stream_);
 }
 
 void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
@@ -427,6 +462,8 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     if (!covered) {
       decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), ap, q_in, o, nullptr,
              stream_);
+    } else if (L.fused) {
+      fused_decode(L, ap, q_in, o);
     } else {
       // Parts: the compressed [S, p - N] into o, the window's (p - N, p] and the sinks' [0, S)
       // into the parts buffer, merged into o by their log-sum-exps (the CPU's RecentWindow), the

@@ -17,9 +17,11 @@
 // blocks, so the decode kernel reads it like any paged cache. Every query of a step (prefill
 // tokens included, 512 per step at most) then runs through the split-KV decode kernel three
 // times, over the copies of [0, S), the compressed [S, p - N] and the copies of (p - N, p], and
-// the parts merge by their log-sum-exps (cuda::merge_attention); in a recorded step (CUDA
-// graphs) the window's and the sinks' launches are forked onto two side streams, parallel
-// branches beside the compressed one. Copies need a decode kernel for
+// the parts merge by their log-sum-exps: in one fused launch (cuda::run_fused_decode, whose
+// last CTA per (sequence, kv head) merges every part) where decode_pairs.h lists the layer's
+// pair and window pair, else in three launches and two cuda::merge_attention (also with
+// TQKV_FUSED_DECODE=0); in a recorded step (CUDA graphs) the three launches' window and sinks
+// are forked onto two side streams, parallel branches beside the compressed one. Copies need a decode kernel for
 // the layer's format (cuda::CacheCodec::decode_supported) and no sliding-window layers.
 //
 // CUDA graphs (cuda_graphs.h): a decode step padded to a bucket prepares into that bucket's
@@ -65,6 +67,12 @@ class CudaKvCache final : public KvCache {
   void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
 
   int free_blocks() const { return static_cast<int>(free_.size()); }
+  // Layers whose copies attend in one fused launch (tests).
+  int fused_layers() const {
+    int n = 0;
+    for (const Layer& L : layers_) n += L.fused;
+    return n;
+  }
 
   // CUDA graphs. True where every layer attends through the split-KV decode kernel (no
   // sliding-window layers, no format without a decode kernel) and no key hook is set.
@@ -89,6 +97,7 @@ class CudaKvCache final : public KvCache {
     // Copies (compressed layers of a spec with sinks or a window): their codecs and pools.
     std::optional<cuda::CacheCodec> window_codec, sink_codec;
     cuda::PagedKv window_kv, sink_kv;
+    bool fused = false;  // copies attend in one fused launch (cuda::run_fused_decode)
   };
   struct Sequence {
     std::vector<int32_t> blocks;
@@ -97,6 +106,10 @@ class CudaKvCache final : public KvCache {
   };
   struct Plan {
     cuda::DecodePlan plan;
+    void* workspace = nullptr;
+  };
+  struct FusedPlan {
+    cuda::FusedDecodePlan plan;
     void* workspace = nullptr;
   };
   // What a step's layers share: uploaded slot mapping, block tables, decode rows.
@@ -134,6 +147,10 @@ class CudaKvCache final : public KvCache {
   void decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, const int32_t* tables, int stride,
               const int32_t* lens, int max_len, const AttentionParams& ap, const float* q, float* o, float* lse,
               cudaStream_t stream);
+  // The step's decode rows: q and o [n_rows, n_heads, head_dim] f32, attention parameters ap.
+  cuda::DecodeArgs step_args(const float* q, float* o, const AttentionParams& ap) const;
+  // The sinks, the compressed middle and the window of a layer with copies in one launch into o.
+  void fused_decode(const Layer& L, const AttentionParams& ap, const float* q, float* o);
 
   std::shared_ptr<CUstream_st> owner_;
   cudaStream_t stream_;
@@ -150,6 +167,10 @@ class CudaKvCache final : public KvCache {
   int64_t next_id_ = 0;
   Step step_;
   std::map<std::tuple<std::string, Part, int, int>, Plan> plans_;
+  // Layers with copies: one fused launch per layer (TQKV_FUSED_DECODE=0: the three launches and
+  // two merges instead, for comparison), plans by (middle format, window format, rows).
+  bool fused_ = true;
+  std::map<std::tuple<std::string, std::string, int>, FusedPlan> fused_plans_;
   // Copies, while a step is recorded: the window's and the sinks' decodes go to side streams,
   // forked from and joined back into the step's stream (parallel branches of the graph).
   cudaStream_t side_[2] = {nullptr, nullptr};

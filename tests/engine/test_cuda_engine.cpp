@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -553,6 +554,124 @@ TEST(CudaCacheLayer, RecordedDecodeStepsMatchOpByOp) {
     EXPECT_EQ(graphed->seq_len(b), 13 + steps);
     std::printf("[ graphs ] %-28s replayed vs op by op: max |diff| %.3g over %d steps\n", name.c_str(), worst, steps);
     EXPECT_EQ(worst, 0.0);
+  }
+}
+
+// TQKV_FUSED_DECODE=0 for the caches made in its scope: copies attend in three launches and two merges.
+struct FusedDecodeOff {
+  FusedDecodeOff() { setenv("TQKV_FUSED_DECODE", "0", 1); }
+  ~FusedDecodeOff() { unsetenv("TQKV_FUSED_DECODE"); }
+};
+
+// The fused decode of the copies (sinks, compressed middle, window in one launch) against the
+// three launches and two merges, on the same inputs, layer by layer: a prefill (every query its
+// own key ranges), then decode steps of two sequences; the recipes' layers on SmolLM2's shape,
+// f16 and wq6 windows, sinks alone, a window alone.
+TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  struct Case {
+    ModelConfig m;
+    std::string spec;
+    int capacity;
+  };
+  const std::vector<Case> cases = {
+      {cache_test_model(30, 9, 3),
+       "k5v4+skip0+L11.29=k3v2+L0.1=k3v4+L27=k4v2+L2.7.10.28=k4v3+L3.4=k4v4+L9.13.16.19.22.25.26=k5v3+L23=k6v5+sink1+wq6+fill4.375",
+       512},
+      {cache_test_model(30, 9, 3),
+       "k4v3+skip0+L11.29=k2v2+L0.1=k2v3+L2.4.7.10.27.28=k3v2+L3.6=k3v3+L9.12.13.16.19.22.25.26=k4v2+L23=k5v4+sink1+wq6+fill3.375",
+       512},
+      {cache_test_model(2, 6, 2), "k5v3+sink1+w5+skip0", 128},
+      {cache_test_model(2, 6, 2), "k6v3+sink2+wq6+w11+skip0", 128},
+      {cache_test_model(2, 6, 2), "tq-k4v2+sink1+skip0", 128},
+      {cache_test_model(2, 6, 2), "tq-k3v2+w9+skip0", 128},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.spec);
+    const ModelConfig& m = c.m;
+    const CacheSpec spec = resolve_cache_spec(c.spec, m);
+    auto fused = dev->make_cache(spec, CacheShape{c.capacity, 2});
+    std::unique_ptr<KvCache> three;
+    {
+      FusedDecodeOff off;
+      three = dev->make_cache(spec, CacheShape{c.capacity, 2});
+    }
+    const auto* fc = dynamic_cast<const CudaKvCache*>(fused.get());
+    const auto* tc = dynamic_cast<const CudaKvCache*>(three.get());
+    ASSERT_TRUE(fc && tc);
+    EXPECT_EQ(fc->fused_layers(), m.n_layers);
+    EXPECT_EQ(tc->fused_layers(), 0);
+    const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim, rows = 70;
+    uint64_t x = 4242;
+    auto rnd = [&] {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      return static_cast<float>(static_cast<int64_t>(x >> 11) % 2000001 - 1000000) / 1e6f;
+    };
+    std::vector<float> hq(static_cast<size_t>(rows) * qd), hk(static_cast<size_t>(rows) * kd), hv(hk.size());
+    const int64_t a = fused->add_sequence(), b = fused->add_sequence();
+    ASSERT_EQ(three->add_sequence(), a);
+    ASSERT_EQ(three->add_sequence(), b);
+    std::vector<int32_t> ids(rows, 1);
+    double worst = 0, scale = 0;
+    auto run = [&](const Batch& batch, int n) {
+      for (int l = 0; l < m.n_layers; ++l) {
+        for (float& e : hq) e = rnd();
+        for (float& e : hk) e = 2.0f * rnd() + 0.3f;
+        for (float& e : hv) e = rnd();
+        std::vector<float> of(static_cast<size_t>(n) * qd), ot(of.size());
+        for (KvCache* cache : {fused.get(), three.get()}) {
+          // Centring rewrites q and k in place: each cache gets fresh copies of the inputs.
+          DeviceBuffer q = dev->load_vector(hq.data(), static_cast<size_t>(n) * qd),
+                       k = dev->load_vector(hk.data(), static_cast<size_t>(n) * kd),
+                       v = dev->load_vector(hv.data(), static_cast<size_t>(n) * kd), o = dev->alloc(of.size());
+          cache->attend(l, batch, q.data(), k.data(), v.data(), o.data());
+          dev->to_host(o.data(), of.size(), cache == fused.get() ? of.data() : ot.data());
+        }
+        for (size_t i = 0; i < of.size(); ++i) {
+          worst = std::max(worst, std::fabs(static_cast<double>(of[i]) - ot[i]));
+          scale = std::max(scale, std::fabs(static_cast<double>(ot[i])));
+        }
+      }
+    };
+    Batch prefill;
+    prefill.add(a, ids.data(), 40, 0, true);
+    prefill.add(b, ids.data(), 23, 0, true);
+    run(prefill, 63);
+    for (int s = 0; s < 8; ++s) {
+      Batch step;
+      step.add(a, ids.data(), 1, 40 + s, true);
+      step.add(b, ids.data(), 1, 23 + s, true);
+      run(step, 2);
+    }
+    std::printf("[ fused ] %-24.24s fused vs three launches: max |diff| %.3g (outputs up to %.3g)\n", c.spec.c_str(),
+                worst, scale);
+    EXPECT_LT(worst, 5e-3);
+    EXPECT_GT(scale, 0.0);
+  }
+}
+
+// 64 greedy tokens of the recipes with copies: the fused decode gives the three launches' tokens.
+TEST_F(CudaSmol, FusedDecodeGivesTheSameGreedyTokens) {
+  const std::vector<int32_t> prompt = chat("What are the three primary colors? Answer briefly.");
+  for (const std::string spec : {"tq-4.375", "tq-3.375"}) {
+    SCOPED_TRACE(spec);
+    auto cache = gpu_->make_cache(spec, 512);
+    const auto* cc = dynamic_cast<const CudaKvCache*>(cache.get());
+    ASSERT_NE(cc, nullptr);
+    EXPECT_GT(cc->fused_layers(), 0);
+    GenerateOptions g;
+    g.n_predict = 64;
+    g.stop_at_end_of_generation = false;
+    std::vector<int32_t> fused, three;
+    generate(*gpu_, *tok_, *cache, cache->add_sequence(), prompt, g, [&](int32_t id) { fused.push_back(id); });
+    {
+      FusedDecodeOff off;
+      three = greedy(*gpu_, prompt, spec, 64);
+    }
+    ASSERT_EQ(fused.size(), 64u);
+    EXPECT_EQ(fused, three) << "fused: " << tok_->decode(fused) << "\nthree launches: " << tok_->decode(three);
+    std::printf("[ fused ] %-10s 64 greedy tokens identical: %s\n", spec.c_str(), fused == three ? "yes" : "no");
   }
 }
 
