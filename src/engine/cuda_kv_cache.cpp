@@ -462,7 +462,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     if (!covered) {
       decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), ap, q_in, o, nullptr,
              stream_);
-    } else if (L.fused) {
+    } else if (L.fused && n_dec <= kFusedMaxRows) {
       fused_decode(L, ap, q_in, o);
     } else {
       // Parts: the compressed [S, p - N] into o, the window's (p - N, p] and the sinks' [0, S)

@@ -170,6 +170,11 @@ class CudaKvCache final : public KvCache {
   // Layers with copies: one fused launch per layer (TQKV_FUSED_DECODE=0: the three launches and
   // two merges instead, for comparison), plans by (middle format, window format, rows).
   bool fused_ = true;
+  // Above this many decode rows (prefill chunks whose queries run as decode rows) the three
+  // launches stay: the fused launch gives the sinks' and window's parts a fixed share of CTAs,
+  // and 1K-row prefill steps measured 5-20% slower with it on the H200. Decode steps of every
+  // CUDA-graph bucket (at most 256 sequences) stay fused.
+  static constexpr int kFusedMaxRows = 256;
   std::map<std::tuple<std::string, std::string, int>, FusedPlan> fused_plans_;
   // Copies, while a step is recorded: the window's and the sinks' decodes go to side streams,
   // forked from and joined back into the step's stream (parallel branches of the graph).
