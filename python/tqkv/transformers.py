@@ -271,6 +271,9 @@ class _CudaStore:
                            .reshape(batch, self.width))
             self.row_base = torch.arange(batch, dtype=torch.int64, device=device) * (self.width * self.BLOCK)
             self.seq_lens = torch.zeros(batch, dtype=torch.int32, device=device)
+            # Formats without a CUDA decode kernel (e.g. k8v8) attend with SDPA over the decoded history.
+            self.kernel = [self.tq._cuda_codec(f, self.head_dim, _core.DEFAULT_SEED).decode_supported
+                           for f in self.formats]
             if self.mean is not None:
                 self.mean = self.mean.to(device)
                 self.scale = None if self.scale is None else self.scale.to(device)
@@ -408,9 +411,9 @@ class TQLayer(_LayerBase):
 
     def _attention_cuda(self, query: torch.Tensor, start: int, scale: float, window: int) -> torch.Tensor:
         """The CUDA path of attention(): one token per row through tqkv.torch's decode kernel; a
-        chunk of several through SDPA over the decoded history."""
+        chunk of several, or a format without a decode kernel, through SDPA over the decoded history."""
         st, n = self.cuda_store(), query.shape[2]
-        if n > 1:
+        if n > 1 or not st.kernel[self.index]:
             return _sdpa(query, self.decoded(keys=True), self.decoded(keys=False), None, scale, window)
         q = query[:, :, 0]
         if self.key_order is not None:
