@@ -22,9 +22,8 @@ transformers' DynamicCache at float32 (the reference, same model, same tokens):
 Caches: DynamicCache (f32, the reference, and at --dtype), QuantizedCache with the quanto
 backend (optimum-quanto) at int4 and int2 and the HQQ backend where hqq imports (transformers'
 defaults: groups of 64, a float residual of 128 tokens), and TQCache with attn_implementation
-"tqkv" for each --tq spec (resolved as the engine resolves --kv-cache-dtype; key centring and
-recent windows of the recipes are not applied by TQCache, so a tq-* recipe runs with its
-per-layer formats and key centring alone).
+"tqkv" for each --tq spec (the engine's cache layer: a tq-* recipe runs whole, per-layer
+formats, key centring, sinks and recent window).
 
   python3 scripts/compare_hf_caches.py                      # SmolLM2 on the CPU, markdown table
   python3 scripts/compare_hf_caches.py --device cuda --dtype float16 --json out.json
@@ -199,11 +198,8 @@ def main():
                       lambda b=backend, n=int(nbits): make_quantized(b, n, model.config)))
     for spec in args.tq:
         def make(spec=spec):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return tt.TQCache(model.config, spec=spec, max_cache_len=capacity, attention_on_codes=True)
-        ignored = make().ignored
-        cases.append((f"TQCache {spec}" + (" (no sinks/window)" if ignored else ""), "tqkv", make))
+            return tt.TQCache(model.config, spec=spec, max_cache_len=capacity, attention_on_codes=True)
+        cases.append((f"TQCache {spec}", "tqkv", make))
     for name, attn, make in cases:
         gc.collect()
         logp, stats = run(model, toks, args.prefill, make, attn, device, args.measure_every)

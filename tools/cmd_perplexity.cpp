@@ -23,7 +23,7 @@ void register_perplexity(CLI::App& app) {
   auto* cmd = app.add_subcommand("perplexity", "Perplexity and KL/top-1 vs the f32 cache of a GGUF model on a text");
   struct Opts {
     std::string device = "cpu";
-    std::string model, text, format = "f32";
+    std::string model, text, format = "f32", logits;
     int ctx = 512, chunks = 0, skip = -1, threads = 0, batch = 512;
     bool json = false, no_compare = false;
   };
@@ -36,6 +36,8 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help(tqkv::engine::known_recipe_names()))->capture_default_str();
   cmd->add_option("--kv-skip-layers", o.skip, "first and last N layers keep an f16 cache (default: the formats')");
   cmd->add_flag("--no-compare", o.no_compare, "skip the f32-cache run (no KL / top-1)");
+  cmd->add_option("--save-logits", o.logits,
+                  "write the first chunk's logits, [ctx, n_vocab] float32 little-endian, raw, to this file");
   cmd->add_flag("--json", o.json, "print one JSON object: ppl, kld, top1, tokens, kv_bytes_per_token");
   cmd->callback([] {
     using namespace tqkv::engine;
@@ -56,6 +58,8 @@ void register_perplexity(CLI::App& app) {
     p.compare_to_f32 = !o.no_compare;
     p.batch = o.batch;
     p.bos = tok.add_bos() ? tok.bos() : -1;
+    std::vector<float> first_logits;
+    if (!o.logits.empty()) p.first_chunk_logits = &first_logits;
     const PerplexityResult r = perplexity(model, tokens, p, [](int done, int total, double ppl) {
       const int width = 30, fill = done * width / total;
       std::fprintf(stderr, "\r[%s%s] %d/%d chunks  ppl %.4f", std::string(fill, '#').c_str(),
@@ -63,6 +67,12 @@ void register_perplexity(CLI::App& app) {
       if (done == total) std::fputc('\n', stderr);
       std::fflush(stderr);
     });
+    if (!o.logits.empty()) {
+      std::FILE* f = std::fopen(o.logits.c_str(), "wb");
+      bool ok = f && std::fwrite(first_logits.data(), sizeof(float), first_logits.size(), f) == first_logits.size();
+      ok = f && std::fclose(f) == 0 && ok;
+      if (!ok) throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "--save-logits: cannot write '" + o.logits + "'");
+    }
     if (o.json) {
       nlohmann::json j = {{"ppl", r.ppl},
                           {"kld", r.kld},

@@ -15,6 +15,7 @@ void bind_caches(nanobind::module_& m);  // caches.cpp: ContiguousCache, PagedCa
 void bind_pool_ops(nanobind::module_& m);  // pool_ops.cpp: the CPU paged ops behind tqkv.torch
 void bind_cuda_ops(nanobind::module_& m);  // cuda_ops.cpp: the CUDA ones (TQKV_PY_CUDA builds only)
 void bind_spec(nanobind::module_& m);    // spec.cpp: cache specs by name (the engine's resolver)
+void bind_model_cache(nanobind::module_& m);  // model_cache.cpp: the engine's CPU cache layer
 
 // A Format from a tqkv.Format or a name; one per layer from a format, a name or a sequence of
 // them. Raise tqkv.Error(invalid_argument) for anything else.

@@ -59,6 +59,7 @@ NB_MODULE(_core, m) {
   tqkv::python::bind_format(m);
   tqkv::python::bind_caches(m);
   tqkv::python::bind_spec(m);
+  tqkv::python::bind_model_cache(m);
   tqkv::python::bind_pool_ops(m);
 #ifdef TQKV_PY_CUDA
   tqkv::python::bind_cuda_ops(m);

@@ -17,6 +17,7 @@
 #include "bindings.h"
 #include "engine/cache_spec.h"
 #include "engine/key_centring.h"
+#include "model_spec.h"
 #include "tqkv/error.h"
 
 namespace tqkv::python {
@@ -36,6 +37,45 @@ FloatArray per_layer(int n_layers, int n_kv_heads, int head_dim, Get get) {
 }
 
 }  // namespace
+
+engine::ModelConfig model_config(int n_layers, int n_heads, int n_kv_heads, int head_dim, float rope_base,
+                                 bool rope_halves, std::vector<int> layer_windows) {
+  if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+    throw Error(ErrorCode::InvalidArgument, "n_heads: must be a positive multiple of n_kv_heads");
+  if (!layer_windows.empty() && static_cast<int>(layer_windows.size()) != n_layers)
+    throw Error(ErrorCode::InvalidArgument, "layer_windows: expected one per layer (0: full attention)");
+  engine::ModelConfig cfg;
+  cfg.n_layers = n_layers;
+  cfg.n_kv_heads = n_kv_heads;
+  cfg.n_heads = n_heads;
+  cfg.head_dim = head_dim;
+  cfg.rope.n_rot = head_dim;
+  cfg.rope.base = rope_base;
+  cfg.rope.layout = rope_halves ? engine::RopeLayout::Halves : engine::RopeLayout::Adjacent;
+  cfg.layer_window = std::move(layer_windows);
+  return cfg;
+}
+
+engine::SpecSources spec_sources(const engine::ModelConfig& cfg, const std::map<std::string, std::string>& recipes,
+                                 std::vector<float> key_mean, std::vector<float> key_sq, std::vector<float> query_sq) {
+  engine::SpecSources sources;
+  for (const auto& [name, s] : recipes) sources.recipes.push_back({name, s});
+  if (key_mean.empty()) return sources;
+  auto stats = std::make_shared<engine::KeyStats>();
+  stats->n_layers = cfg.n_layers;
+  stats->n_kv_heads = cfg.n_kv_heads;
+  stats->head_dim = cfg.head_dim;
+  stats->tokens = 1;
+  for (const auto* v : {&key_mean, &key_sq, &query_sq})
+    if (v->size() != stats->size())
+      throw Error(ErrorCode::InvalidArgument, "key statistics: expected n_layers * n_kv_heads * head_dim = " +
+                                                  std::to_string(stats->size()) + " values each");
+  stats->key_mean = std::move(key_mean);
+  stats->key_sq = std::move(key_sq);
+  stats->query_sq = std::move(query_sq);
+  sources.key_stats = stats;
+  return sources;
+}
 
 void bind_spec(nb::module_& m) {
   m.def(
@@ -83,31 +123,9 @@ void bind_spec(nb::module_& m) {
       [](const std::string& spec, int n_layers, int n_kv_heads, int head_dim, int n_heads, float rope_base,
          bool rope_halves, std::vector<float> key_mean, std::vector<float> key_sq, std::vector<float> query_sq,
          int capacity, const std::map<std::string, std::string>& recipes) -> nb::object {
-        engine::ModelConfig cfg;
-        cfg.n_layers = n_layers;
-        cfg.n_kv_heads = n_kv_heads;
-        cfg.n_heads = n_heads;
-        cfg.head_dim = head_dim;
-        cfg.rope.n_rot = head_dim;
-        cfg.rope.base = rope_base;
-        cfg.rope.layout = rope_halves ? engine::RopeLayout::Halves : engine::RopeLayout::Adjacent;
-        if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
-          throw Error(ErrorCode::InvalidArgument, "n_heads: must be a positive multiple of n_kv_heads");
-        auto stats = std::make_shared<engine::KeyStats>();
-        stats->n_layers = n_layers;
-        stats->n_kv_heads = n_kv_heads;
-        stats->head_dim = head_dim;
-        stats->tokens = 1;
-        for (const auto* v : {&key_mean, &key_sq, &query_sq})
-          if (v->size() != stats->size())
-            throw Error(ErrorCode::InvalidArgument, "key statistics: expected n_layers * n_kv_heads * head_dim = " +
-                                                        std::to_string(stats->size()) + " values each");
-        stats->key_mean = std::move(key_mean);
-        stats->key_sq = std::move(key_sq);
-        stats->query_sq = std::move(query_sq);
-        engine::SpecSources sources;
-        for (const auto& [name, s] : recipes) sources.recipes.push_back({name, s});
-        sources.key_stats = stats;
+        const engine::ModelConfig cfg = model_config(n_layers, n_heads, n_kv_heads, head_dim, rope_base, rope_halves);
+        const engine::SpecSources sources =
+            spec_sources(cfg, recipes, std::move(key_mean), std::move(key_sq), std::move(query_sq));
         const engine::KeyCentring kc(engine::resolve_cache_spec(spec, cfg, sources), capacity);
         if (!kc.active()) return nb::none();
         FloatArray mean = per_layer(n_layers, n_kv_heads, head_dim, [&](int l) { return kc.mean(l); });

@@ -25,18 +25,19 @@ chunk and every decoded token attends over the compressed cache, itself included
 other attention implementation the cache returns the decoded history instead (correct but
 slower: the whole history is dequantized at every step).
 
-Spec options: key centring (``+c``, ``+s``) is applied as the engine applies it (its code,
-with the key statistics of the model's recipe file, in transformers' channel order); attention
-sinks and recent windows (``+sink<N>``, ``+w<N>``, ``+wq<B>``, ``+fill<B>``) are not — a spec
-that has them (SmolLM2's ``tq-*`` recipes fill a recent window and keep one sink) runs without
-them, with a warning, and :attr:`TQCache.ignored` lists what was left out;
-:meth:`TQCache.bits_per_element` counts what is stored. Recipes match a model by architecture,
-layer count, kv heads and head dim (the GGUF weights hash the engine also checks is not
-available to transformers).
+The cache behind it is the engine's own CPU cache layer (``tqkv.ModelCache``, the C++ of
+``tqkv generate``): a spec means here what it means there — per-layer formats, key centring
+(``+c``, ``+s``, with the key statistics of the model's recipe file, keys in the GGUF's channel
+order), attention sinks and the recent window (``+sink<N>``, ``+w<N>``, ``+wq<B>``, ``+fill<B>``:
+f16 or wq copies merged with the compressed part by log-sum-exp); :meth:`TQCache.bits_per_element`
+counts the slots and the copies. Recipes match a model by architecture, layer count, kv heads and
+head dim (the GGUF weights hash the engine also checks is not available to transformers).
 
 Limits: one sequence per batch row, no padding (attention masks are not read); no beam search
-or cache cropping. Tensors on a GPU are copied to the CPU for the cache and the attention (the
-CUDA custom ops of ``tqkv.torch`` are not used here yet).
+or cache cropping. On a GPU the cache stays there: per layer a paged cache tensor of the
+``tqkv.torch`` ops (store and decode kernels, no host copy per step; chunks of several tokens
+attend with SDPA over the decoded history); specs with attention sinks or a recent window run on
+the CPU only (a CUDA update raises).
 
 Needs ``torch`` and ``transformers`` (4.46 or later for :class:`TQCache`; the attention
 function needs the ``AttentionInterface`` of 4.48 and later).
@@ -129,22 +130,41 @@ def _rope_base(config) -> float:
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
 
+def _layer_windows(config) -> list[int]:
+    """The sliding window of each layer (0: full attention), from transformers' layer types."""
+    config = _text_config(config)
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None) or 0
+    if not types or not window:
+        return []
+    return [int(window) if t == "sliding_attention" else 0 for t in types]
+
+
 def _centring(config, spec: str, capacity: int, recipe_file: Optional[str]):
-    """The engine's key centring of `spec` for this model, in transformers' channel order:
-    (mean, scale or None) as [n_layers, n_kv_heads, head_dim] tensors, or None when the spec
-    does not centre or the model's recipe file has no key statistics."""
+    """The engine's key centring of `spec` for this model (GGUF channel order): (mean, scale or None)
+    as [n_layers, n_kv_heads, head_dim] tensors, or None. The CUDA path applies it in torch."""
     arch, n_layers, n_kv, head_dim = _model_shape(config)
     recipes, stats = _recipe_files(arch, n_layers, n_kv, head_dim, recipe_file)
     if stats is None:
         return None
-    fields = [np.asarray(stats[k], dtype=np.float32) for k in ("key_mean", "key_sq", "query_sq")]
-    # In the GGUF's channel order, as the cache stores keys (see _gguf_key_order).
-    n_heads = _text_config(config).num_attention_heads
-    out = _core.key_centring(spec, n_layers, n_kv, head_dim, n_heads, _rope_base(config), arch != "llama", *fields,
-                             capacity, recipes)
-    if out is None:
-        return None
-    return tuple(None if a is None else torch.from_numpy(a) for a in out)
+    fields = [np.asarray(stats[k], dtype=np.float32).ravel().tolist() for k in ("key_mean", "key_sq", "query_sq")]
+    out = _core.key_centring(spec, n_layers, n_kv, head_dim, _text_config(config).num_attention_heads,
+                             _rope_base(config), arch != "llama", *fields, capacity, dict(recipes))
+    return None if out is None else tuple(None if a is None else torch.from_numpy(a) for a in out)
+
+
+def _model_cache(config, spec: str, capacity: int, max_seqs: int, recipe_file: Optional[str]):
+    """The engine's CPU cache layer (tqkv.ModelCache) for this model and spec: formats, centring with
+    the recipe file's key statistics, sinks and recent window, as `tqkv generate` runs them."""
+    arch, n_layers, n_kv, head_dim = _model_shape(config)
+    recipes, stats = _recipe_files(arch, n_layers, n_kv, head_dim, recipe_file)
+    kw = {}
+    if stats is not None:
+        kw = {k: np.asarray(stats[k], dtype=np.float32).ravel().tolist() for k in ("key_mean", "key_sq", "query_sq")}
+    # Keys in the GGUF's channel order, as the cache stores them (see _gguf_key_order).
+    return _core.ModelCache(spec, n_layers, _text_config(config).num_attention_heads, n_kv, head_dim,
+                            rope_base=_rope_base(config), rope_halves=arch != "llama", capacity=capacity,
+                            max_seqs=max_seqs, layer_windows=_layer_windows(config), recipes=dict(recipes), **kw)
 
 
 def _gguf_key_order(arch: str, head_dim: int) -> Optional[torch.Tensor]:
@@ -176,7 +196,12 @@ def resolve_spec(config, spec: str, recipe_file: Optional[str] = None) -> dict:
 
 
 def _core_input(x: torch.Tensor, name: str, n_kv_heads: int, head_dim: int) -> torch.Tensor:
-    """[B, H, T, D] float (any device) -> [B, T, H, D] float32/float16, C-contiguous, on the CPU."""
+    """[B, H, T, D] float (any device) -> [B, T, H, D] float32, C-contiguous, on the CPU."""
+    return _checked(x, name, n_kv_heads, head_dim).transpose(1, 2).to("cpu", torch.float32).contiguous()
+
+
+def _checked(x: torch.Tensor, name: str, n_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """x, detached, once it is a [B, n_kv_heads, T, head_dim] float tensor on the CPU or a GPU."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -186,31 +211,109 @@ def _core_input(x: torch.Tensor, name: str, n_kv_heads: int, head_dim: int) -> t
                          f"got {list(x.shape)}")
     if x.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name}: expected a CPU or CUDA tensor, got device {x.device}")
-    x = x.detach()
-    if x.dtype == torch.bfloat16:
-        x = x.float()
-    return x.transpose(1, 2).to("cpu").contiguous()
+    return x.detach()
 
 
-class _Rows:
-    """The storage a TQCache's layers share: one ``tqkv.ContiguousCache`` (every layer, the
-    per-layer formats) per batch row, made when the first layer sees the batch."""
+class _Store:
+    """The storage a TQCache's layers share: the engine's cache layer (tqkv.ModelCache: formats,
+    centring, sinks, recent window) with one sequence per batch row, made when the first layer
+    sees the batch."""
 
-    def __init__(self, formats, n_kv_heads: int, head_dim: int, capacity: int, seed: int):
-        self.formats, self.n_kv_heads, self.head_dim, self.capacity, self.seed = (
-            formats, n_kv_heads, head_dim, capacity, seed)
-        self.caches: list[_core.ContiguousCache] = []
+    def __init__(self, make):
+        self.make = make  # max_seqs -> tqkv.ModelCache
+        self.cache = None
+        self.seqs: list[int] = []
 
-    def ensure(self, batch: int) -> list:
+    def ensure(self, batch: int):
+        if self.cache is None:
+            self.cache = self.make(batch)
+            self.seqs = [self.cache.add_sequence() for _ in range(batch)]
+        elif batch != len(self.seqs):
+            raise ValueError(f"key_states: batch {batch}, but the cache holds {len(self.seqs)} sequences")
+        return self.cache
+
+    def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [B, T, H, D] float32 at positions start.., in pieces the copies' ring takes."""
+        step = self.cache.max_step_tokens
+        for p in range(0, k.shape[1], step):
+            self.cache.store(layer, self.seqs, [start + p] * len(self.seqs), k[:, p:p + step].contiguous(),
+                             v[:, p:p + step].contiguous())
+
+
+class _CudaStore:
+    """The storage of a TQCache on a GPU: per layer one paged cache tensor of the ``tqkv.torch`` ops
+    (uint8 ``[num_blocks, page_bytes]``, the layer's format; docs/FORMAT.md "Paged cache"), batch row b
+    owning blocks ``[b * width, (b + 1) * width)``. Stores and decode attention run as those ops'
+    CUDA kernels on the current stream; nothing is copied to the host per step. Key centring (+c, +s)
+    is applied with the engine's numbers (tqkv.key_centring); attention sinks and recent windows are
+    the CPU cache layer's only (the engine's CUDA cache layer is not bound): such a spec raises."""
+
+    BLOCK = 16
+
+    def __init__(self, formats, n_kv_heads: int, head_dim: int, capacity: int, centring):
+        from . import torch as tq
+
+        if not tq.has_cuda:
+            raise ValueError("TQCache: CUDA tensors, but this tqkv module was built without CUDA (TQKV_CUDA=ON)")
+        self.tq, self.formats = tq, [f.name for f in formats]
+        self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
+        self.width = -(-capacity // self.BLOCK)
+        self.mean, self.scale = centring if centring is not None else (None, None)
+        self.caches: list = []
+        self.device = None
+
+    def ensure(self, batch: int, device: torch.device):
         if not self.caches:
-            self.caches = [
-                _core.ContiguousCache(n_layers=len(self.formats), n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
-                                      capacity=self.capacity, formats=self.formats, seed=self.seed)
-                for _ in range(batch)
-            ]
-        elif batch != len(self.caches):
-            raise ValueError(f"key_states: batch {batch}, but the cache holds {len(self.caches)} sequences")
-        return self.caches
+            self.device = device
+            self.caches = [self.tq.new_cache(f, self.head_dim, self.n_kv_heads, self.BLOCK, batch * self.width,
+                                             device=device) for f in self.formats]
+            self.tables = (torch.arange(batch * self.width, dtype=torch.int32, device=device)
+                           .reshape(batch, self.width))
+            self.row_base = torch.arange(batch, dtype=torch.int64, device=device) * (self.width * self.BLOCK)
+            self.seq_lens = torch.zeros(batch, dtype=torch.int32, device=device)
+            # Formats without a CUDA decode kernel (e.g. k8v8) attend with SDPA over the decoded history.
+            self.kernel = [self.tq._cuda_codec(f, self.head_dim, _core.DEFAULT_SEED).decode_supported
+                           for f in self.formats]
+            if self.mean is not None:
+                self.mean = self.mean.to(device)
+                self.scale = None if self.scale is None else self.scale.to(device)
+        elif batch != self.tables.shape[0]:
+            raise ValueError(f"key_states: batch {batch}, but the cache holds {self.tables.shape[0]} sequences")
+        elif device != self.device:
+            raise ValueError(f"key_states: on {device}, but the cache is on {self.device}")
+
+    def centre(self, layer: int, k: torch.Tensor) -> torch.Tensor:
+        """Keys [..., H, D] in the cache's channel order -> as cached ((k - mean) / scale)."""
+        if self.mean is None:
+            return k
+        k = k.float() - self.mean[layer]
+        return k if self.scale is None else k / self.scale[layer]
+
+    def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [B, T, H, D] (cache channel order, not yet centred) at positions start.."""
+        batch, n = k.shape[0], k.shape[1]
+        slots = (self.row_base[:, None] + torch.arange(start, start + n, device=k.device)).reshape(-1)
+        dt = v.dtype
+        self.tq.store(self.centre(layer, k).to(dt).reshape(batch * n, self.n_kv_heads, self.head_dim).contiguous(),
+                      v.reshape(batch * n, self.n_kv_heads, self.head_dim).contiguous(), self.caches[layer], slots,
+                      self.formats[layer], self.BLOCK)
+
+    def decode(self, layer: int, q: torch.Tensor, seq_len: int, scale: float, window: int) -> torch.Tensor:
+        """One query per row q [B, Hq, D] (cache channel order, scaled) over seq_len positions."""
+        self.seq_lens.fill_(seq_len)
+        return self.tq.decode(q, self.caches[layer], self.tables, self.seq_lens, self.formats[layer], scale=scale,
+                              block_size=self.BLOCK, window=window)
+
+    def read(self, layer: int, n: int, keys: bool, dtype) -> torch.Tensor:
+        """Positions [0, n) of every row, decoded, centring undone: [B, n, H, D]."""
+        rows = []
+        for b in range(self.tables.shape[0]):
+            k, v = self.tq.dequantize(self.caches[layer], self.tables[b], 0, n, self.formats[layer], self.head_dim,
+                                      self.BLOCK, dtype=torch.float32)
+            if keys and self.mean is not None:
+                k = (k if self.scale is None else k * self.scale[layer]) + self.mean[layer]
+            rows.append(k if keys else v)
+        return torch.stack(rows).to(dtype)
 
 
 class TQLayer(_LayerBase):
@@ -220,21 +323,19 @@ class TQLayer(_LayerBase):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, rows: _Rows, index: int, attention_on_codes: bool, prefill_on_codes: bool = False,
-                 key_mean: Optional[torch.Tensor] = None, key_scale: Optional[torch.Tensor] = None,
-                 key_order: Optional[torch.Tensor] = None):
+    def __init__(self, store: _Store, index: int, fmt, n_kv_heads: int, head_dim: int, capacity: int,
+                 attention_on_codes: bool, prefill_on_codes: bool = False, key_order: Optional[torch.Tensor] = None,
+                 cuda_store=None):
         if _LayerBase is not object:
             super().__init__()
         self.keys = self.values = None
         self.is_initialized = False
-        self.rows, self.index = rows, index
-        self.format = rows.formats[index]
-        self.n_kv_heads, self.head_dim, self.capacity = rows.n_kv_heads, rows.head_dim, rows.capacity
+        self.store, self.index, self.format = store, index, fmt
+        self.cuda_store = cuda_store  # () -> the TQCache's _CudaStore (made on first use)
+        self.n_kv_heads, self.head_dim, self.capacity = n_kv_heads, head_dim, capacity
         self.attention_on_codes, self.prefill_on_codes = attention_on_codes, prefill_on_codes
         self.seq_len = 0
         self.dtype, self.device = torch.float32, torch.device("cpu")
-        # Key centring (+c, +s): keys cached as (k - mean) / scale, queries times scale.
-        self.key_mean, self.key_scale = key_mean, key_scale
         # Keys (and queries) in the GGUF's channel order: channel j of the cache is key_order[j].
         self.key_order = key_order
         self.key_order_inv = None if key_order is None else torch.argsort(key_order)
@@ -242,14 +343,12 @@ class TQLayer(_LayerBase):
     # transformers' layer interface ------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor = None) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self.rows.ensure(key_states.shape[0])
+        self.store.ensure(key_states.shape[0])
         self.is_initialized = True
 
-    @property
-    def caches(self) -> list:
-        return self.rows.caches if self.is_initialized else []
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if isinstance(key_states, torch.Tensor) and key_states.device.type == "cuda":
+            return self._update_cuda(key_states, value_states)
         k = _core_input(key_states, "key_states", self.n_kv_heads, self.head_dim)
         v = _core_input(value_states, "value_states", self.n_kv_heads, self.head_dim)
         if k.shape != v.shape:
@@ -258,54 +357,113 @@ class TQLayer(_LayerBase):
         if key_states.device != value_states.device:
             raise ValueError("value_states: on another device than key_states")
         if self.key_order is not None:
-            k = k[..., self.key_order]
-        if self.key_mean is not None:
-            k = k.float() - self.key_mean
-            if self.key_scale is not None:
-                k = k / self.key_scale
+            k = k[..., self.key_order].contiguous()
+        if not torch.isfinite(k).all() or not torch.isfinite(v).all():
+            raise _core.Error("key_states / value_states: non-finite element")
         batch, n_new = k.shape[0], k.shape[1]
         if not self.is_initialized:
             self.lazy_initialization(key_states)
-        self.rows.ensure(batch)
+        self.store.ensure(batch)
         start = self.seq_len
         if start + n_new > self.capacity:
             raise ValueError(f"TQCache: {start + n_new} positions exceed the capacity {self.capacity} "
                              "(pass max_cache_len)")
-        for b in range(batch):  # all or nothing: a raising write changes nothing
-            self.caches[b].write(self.index, start, k[b], v[b])
-        self.seq_len += n_new
         raw_prefill = start == 0 and not self.prefill_on_codes
+        if self.attention_on_codes and not raw_prefill:
+            # Stored by the attention function, piece by piece with the queries, as the engine
+            # does: the recent window's ring holds at most max_step_tokens new positions.
+            pending = (k, v)
+        else:
+            self.store.store(self.index, start, k, v)
+            pending = None
+        self.seq_len += n_new
         if self.attention_on_codes:
-            return self._tag(key_states, start, raw_prefill), self._tag(value_states, start, raw_prefill)
+            return self._tag(key_states, start, raw_prefill, pending), self._tag(value_states, start, raw_prefill, None)
         if raw_prefill:  # the prompt attends over its own float keys and values
             return key_states, value_states
         return self.decoded(keys=True), self.decoded(keys=False)
 
-    def _tag(self, x: torch.Tensor, start: int, raw: bool) -> torch.Tensor:
+    def _update_cuda(self, key_states: torch.Tensor, value_states: torch.Tensor):
+        k = _checked(key_states, "key_states", self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = _checked(value_states, "value_states", self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if k.shape != v.shape:
+            raise ValueError(f"value_states: expected the shape of key_states {list(key_states.shape)}, "
+                             f"got {list(value_states.shape)}")
+        if key_states.device != value_states.device:
+            raise ValueError("value_states: on another device than key_states")
+        st = self.cuda_store()
+        st.ensure(k.shape[0], k.device)
+        self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+        if self.key_order is not None:
+            k = k[..., self.key_order.to(k.device)]
+        start, n_new = self.seq_len, k.shape[1]
+        if start + n_new > self.capacity:
+            raise ValueError(f"TQCache: {start + n_new} positions exceed the capacity {self.capacity} "
+                             "(pass max_cache_len)")
+        st.store(self.index, start, k, v)
+        self.seq_len += n_new
+        raw_prefill = start == 0 and not self.prefill_on_codes
+        if self.attention_on_codes:
+            return self._tag(key_states, start, raw_prefill, None), self._tag(value_states, start, raw_prefill, None)
+        if raw_prefill:
+            return key_states, value_states
+        return self.decoded(keys=True), self.decoded(keys=False)
+
+    def _attention_cuda(self, query: torch.Tensor, start: int, scale: float, window: int) -> torch.Tensor:
+        """The CUDA path of attention(): one token per row through tqkv.torch's decode kernel; a
+        chunk of several, or a format without a decode kernel, through SDPA over the decoded history."""
+        st, n = self.cuda_store(), query.shape[2]
+        if n > 1 or not st.kernel[self.index]:
+            return _sdpa(query, self.decoded(keys=True), self.decoded(keys=False), None, scale, window)
+        q = query[:, :, 0]
+        if self.key_order is not None:
+            q = q[..., self.key_order.to(q.device)]
+        if st.scale is not None:
+            q = q * st.scale[self.index].repeat_interleave(q.shape[1] // self.n_kv_heads, dim=0)
+        out = st.decode(self.index, q.to(query.dtype).contiguous(), start + 1, scale, window)
+        return out[:, None]
+
+    def _tag(self, x: torch.Tensor, start: int, raw: bool, pending) -> torch.Tensor:
         t = x.view_as(x)
-        setattr(t, _TAG, (self, start, raw))
+        setattr(t, _TAG, (self, start, raw, pending))
         return t
 
     def decoded(self, keys: bool = True) -> torch.Tensor:
         """Every position's keys (or values) decoded: [batch, n_kv_heads, seq_len, head_dim]."""
-        rows = torch.stack([torch.from_numpy(c.decode(self.index, 0, self.seq_len, keys=keys)) for c in self.caches])
-        if keys and self.key_mean is not None:
-            rows = rows * (1.0 if self.key_scale is None else self.key_scale) + self.key_mean
+        if self.device.type == "cuda":
+            rows = self.cuda_store().read(self.index, self.seq_len, keys, self.dtype)
+            if keys and self.key_order_inv is not None:
+                rows = rows[..., self.key_order_inv.to(rows.device)]
+            return rows.transpose(1, 2)
+        c = self.store.cache
+        rows = torch.stack([torch.from_numpy(c.read(self.index, s, 0, self.seq_len, keys=keys))
+                            for s in self.store.seqs])
         if keys and self.key_order_inv is not None:
             rows = rows[..., self.key_order_inv]
         return rows.transpose(1, 2).to(device=self.device, dtype=self.dtype)
 
-    def attention(self, query: torch.Tensor, start: int, scale: float, window: int) -> torch.Tensor:
-        """Queries [B, n_q_heads, T, D] at positions start.. over the compressed cache -> [B, T, n_q_heads, D]."""
+    def attention(self, query: torch.Tensor, start: int, scale: float, window: int, pending=None) -> torch.Tensor:
+        """Queries [B, n_q_heads, T, D] at positions start.. over the compressed cache -> [B, T, n_q_heads, D]
+        (the engine's attention: sinks, recent window, compressed part, the layer's sliding window).
+        pending: the (keys, values) [B, T, H, D] update() left for this call to store."""
+        if query.device.type == "cuda":
+            return self._attention_cuda(query, start, scale, window)
         q = query.detach().transpose(1, 2).to("cpu", torch.float32)
         if self.key_order is not None:
             q = q[..., self.key_order]
-        if self.key_scale is not None:
-            q = q * self.key_scale.repeat_interleave(q.shape[2] // self.n_kv_heads, dim=0)
+        if scale != self.head_dim ** -0.5:  # the cache scores with 1/sqrt(head_dim)
+            q = q * (scale * self.head_dim ** 0.5)
         q = q.contiguous()
-        out = [torch.from_numpy(c.attention(self.index, q[b], start, scale=scale, window=window))
-               for b, c in enumerate(self.caches)]
-        return torch.stack(out).to(device=query.device, dtype=query.dtype)
+        st, n = self.store, q.shape[1]
+        step = st.cache.max_step_tokens if pending is not None else n
+        out = []
+        for p in range(0, n, step):
+            pos = [start + p] * len(st.seqs)
+            if pending is not None:
+                st.cache.store(self.index, st.seqs, pos, pending[0][:, p:p + step].contiguous(),
+                               pending[1][:, p:p + step].contiguous())
+            out.append(torch.from_numpy(st.cache.attention(self.index, st.seqs, pos, q[:, p:p + step].contiguous())))
+        return torch.cat(out, 1).to(device=query.device, dtype=query.dtype)
 
     def get_seq_length(self, *args) -> int:
         return self.seq_len
@@ -320,16 +478,12 @@ class TQLayer(_LayerBase):
     def get_max_cache_shape(self) -> int:
         return self.capacity
 
-    def bytes(self) -> int:
-        """Slot bytes of the positions held (every batch row)."""
-        return self.format.slot_bytes(self.head_dim) * self.n_kv_heads * self.seq_len * len(self.caches)
-
     def reset(self) -> None:
-        for c in self.caches:
-            c.clear()
         self.seq_len = 0
         self.is_initialized = False
-        self.rows.caches = []
+        self.store.cache, self.store.seqs = None, []
+        if self.cuda_store is not None:
+            self.cuda_store().caches = []
 
     def offload(self):
         pass
@@ -376,50 +530,35 @@ class TQCache(Cache):
                  attention_on_codes: Optional[bool] = None, seed: int = _core.DEFAULT_SEED,
                  recipe_file: Optional[str] = None, prefill_on_codes: bool = False):
         arch, n_layers, n_kv, head_dim = _model_shape(config)
-        self.ignored: list[str] = []
-        if isinstance(spec, str):
-            r = resolve_spec(config, spec, recipe_file)
-            if max_cache_len is None:
-                max_cache_len = _default_capacity(config)
-            centring = _centring(config, spec, int(max_cache_len), recipe_file) if r["centre_keys"] else None
-            for what, on in (("+c/+s (key centring: no key statistics for this model)",
-                              r["centre_keys"] and centring is None),
-                             ("+w<N> (recent window)", r["recent_window"]), ("+sink<N> (attention sinks)", r["sinks"]),
-                             ("+fill<B> (recent window)", r["fill_bits"])):
-                if on:
-                    self.ignored.append(what)
-            if self.ignored:
-                warnings.warn(f"TQCache: cache spec '{spec}': {', '.join(self.ignored)} not applied here; its "
-                              "per-layer formats run alone", stacklevel=2)
-            formats = list(r["layers"])
-            self.detail = r["detail"]
-        else:
-            centring = None
+        if seed != _core.DEFAULT_SEED:
+            raise ValueError("TQCache: the engine's cache layer rotates with the engine's seed (DEFAULT_SEED)")
+        if not isinstance(spec, str):  # one format per layer: the spec that says so
             formats = [f if isinstance(f, _core.Format) else _core.Format(f) for f in spec]
             if len(formats) != n_layers:
                 raise ValueError(f"TQCache: {len(formats)} formats for {n_layers} layers")
-            self.detail = " ".join(f"L{i}:{f.name}" for i, f in enumerate(formats))
-        self.spec = spec
-        self.formats = formats
+            spec = "f32+skip0" + "".join(f"+L{i}={f.name}" for i, f in enumerate(formats))
         if max_cache_len is None:
             max_cache_len = _default_capacity(config)
+        self.capacity = int(max_cache_len)  # (transformers 4.5x has a read-only max_cache_len)
+        probe = _model_cache(config, spec, self.capacity, 1, recipe_file)  # a bad spec raises here
+        self.spec, self.detail, self.formats = spec, probe.detail, list(probe.formats)
+        self.centred_keys = probe.centred_keys
         if attention_on_codes is None:
             attention_on_codes = getattr(config, "_attn_implementation", None) == ATTN_NAME
         if attention_on_codes and ATTN_NAME not in _registered:
             raise ValueError("TQCache: attention_on_codes needs transformers' AttentionInterface (4.48 or later)")
-        rows = _Rows(formats, n_kv, head_dim, int(max_cache_len), seed)
-        mean, scale = centring if centring is not None else (None, None)
+        self._store = _Store(lambda batch: _model_cache(config, spec, self.capacity, batch, recipe_file))
+        self._cuda = None
+        self._cuda_args = (config, recipe_file)
         order = _gguf_key_order(arch, head_dim)
-        layers = [TQLayer(rows, i, attention_on_codes, prefill_on_codes, None if mean is None else mean[i],
-                          None if scale is None else scale[i], order) for i in range(len(formats))]
-        self.centred_keys = centring is not None
+        layers = [TQLayer(self._store, i, f, n_kv, head_dim, self.capacity, attention_on_codes, prefill_on_codes, order,
+                          self._cuda_store) for i, f in enumerate(self.formats)]
         try:
             super().__init__(layers=layers)
         except TypeError:  # transformers < 4.56: no layer objects in the base class
             super().__init__()
             self.layers = layers
         self.attention_on_codes = attention_on_codes
-        self.capacity = int(max_cache_len)  # (transformers 4.5x has a read-only max_cache_len)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if not 0 <= layer_idx < len(self.layers):
@@ -448,14 +587,36 @@ class TQCache(Cache):
     # reorder_cache, crop, batch_repeat_interleave, batch_select_indices: the base class hands
     # them to the layers, which raise NotImplementedError.
 
+    def _cuda_store(self) -> _CudaStore:
+        """The GPU storage, made on the first CUDA update. Raises ValueError for a spec with
+        attention sinks or a recent window (the CPU cache layer's only)."""
+        if self._cuda is None:
+            config, recipe_file = self._cuda_args
+            r = resolve_spec(config, self.spec, recipe_file)
+            if r["sinks"] or r["recent_window"] or r["fill_bits"]:
+                raise ValueError(f"TQCache: cache spec '{self.spec}': attention sinks and recent windows "
+                                 "(+sink<N>, +w<N>, +fill<B>) run on the CPU only; on CUDA use a spec without them")
+            arch, n_layers, n_kv, head_dim = _model_shape(config)
+            self._cuda = _CudaStore(self.formats, n_kv, head_dim, self.capacity,
+                                    _centring(config, self.spec, self.capacity, recipe_file)
+                                    if r["centre_keys"] else None)
+        return self._cuda
+
     def bytes(self) -> int:
-        """Bytes of the compressed slots of the positions held (every layer and batch row)."""
-        return sum(layer.bytes() for layer in self.layers)
+        """Bytes of the positions held (every layer and batch row): the compressed slots and the
+        copies (sinks, recent window), by the engine's accounting."""
+        if self._cuda is not None and self._cuda.caches:
+            layer = self.layers[0]
+            rows = self._cuda.tables.shape[0]
+            return sum(f.slot_bytes(layer.head_dim) * layer.n_kv_heads * layer.seq_len * rows for f in self.formats)
+        st = self._store
+        return sum(sum(st.cache.bytes(s)) for s in st.seqs) if st.cache is not None else 0
 
     def bits_per_element(self) -> float:
-        """Bits per cached key or value element, slot metadata (norms, scales) included."""
+        """Bits per cached key or value element, slot metadata and copies included."""
         layer = self.layers[0]
-        elements = 2 * sum(l.n_kv_heads * l.head_dim * l.seq_len * len(l.caches) for l in self.layers)
+        rows = self._cuda.tables.shape[0] if self._cuda is not None and self._cuda.caches else len(self._store.seqs)
+        elements = 2 * len(self.layers) * layer.n_kv_heads * layer.head_dim * layer.seq_len * rows
         return 8.0 * self.bytes() / elements if elements else float(
             sum(f.bits_per_element(layer.head_dim) for f in self.formats) / len(self.formats))
 
@@ -503,8 +664,8 @@ def tqkv_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.
     tag = getattr(key, _TAG, None)
     if tag is None or tag[2]:
         return _sdpa(query, key, value, None if tag else attention_mask, scale, window), None
-    layer, start, _ = tag
-    return layer.attention(query, start, scale, window), None
+    layer, start, _, pending = tag
+    return layer.attention(query, start, scale, window, pending), None
 
 
 _registered: set[str] = set()

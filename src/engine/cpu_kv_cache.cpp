@@ -83,39 +83,72 @@ void CpuKvCache::check(const Batch& batch) const {
   }
 }
 
-void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
-  const ModelConfig& m = spec().model;
-  const int n = batch.size();
-  const std::vector<Batch::Run> runs = batch.runs();
-  for (const Batch::Run& r : runs)  // before anything is written (Model::forward splits longer runs)
-    if (r.count > max_step_tokens())
+namespace {
+
+// Throws before anything is written when a run exceeds what one step may append.
+void check_step(const std::vector<Batch::Run>& runs, int max_step) {
+  for (const Batch::Run& r : runs)  // (Model::forward splits longer runs)
+    if (r.count > max_step)
       throw Error(ErrorCode::Capacity, "cache: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
-                                           "this cache takes at most " + std::to_string(max_step_tokens()));
-  centring_.apply(layer, n, k, q);
-  if (key_hook()) key_hook()(layer, n, k, q);
+                                           "this cache takes at most " + std::to_string(max_step));
+}
+
+}  // namespace
+
+void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
+  check_step(batch.runs(), max_step_tokens());
+  centring_.apply(layer, batch.size(), k, q);
+  if (key_hook()) key_hook()(layer, batch.size(), k, q);
+  // The new keys and values go into the (possibly compressed) cache first; attention then
+  // reads every position, the new ones included, from the cache, exactly as decode will.
+  write(layer, batch, k, v);
+  attention(layer, batch, q, out);
+}
+
+void CpuKvCache::store(int layer, const Batch& batch, float* k, const float* v) {
+  check_step(batch.runs(), max_step_tokens());
+  centring_.apply(layer, batch.size(), k, nullptr);
+  write(layer, batch, k, v);
+}
+
+void CpuKvCache::attend_stored(int layer, const Batch& batch, float* q, float* out) {
+  for (const Batch::Run& r : batch.runs())
+    if (r.pos0 + r.count > at(r.seq).main.seq_len())
+      throw Error(ErrorCode::OutOfRange, "cache: attention at positions not stored yet");
+  centring_.apply(layer, batch.size(), nullptr, q);
+  attention(layer, batch, q, out);
+}
+
+void CpuKvCache::write(int layer, const Batch& batch, const float* k, const float* v) {
+  const size_t kv_row = static_cast<size_t>(spec().model.n_kv_heads) * spec().model.head_dim;
+  for (const Batch::Run& r : batch.runs()) {
+    Sequence& s = seqs_.at(r.seq);
+    const size_t t0 = static_cast<size_t>(r.begin);
+    if (in_ring_[layer]) {  // the window's positions only; the step appends at most max_step_tokens
+      s.ring->write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+      continue;
+    }
+    s.main.write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+    if (s.copies && s.copies->covers(layer)) s.copies->write(layer, r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+  }
+}
+
+void CpuKvCache::attention(int layer, const Batch& batch, const float* q, float* out) {
+  const ModelConfig& m = spec().model;
   AttentionParams ap;
   ap.n_q_heads = m.n_heads;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
   ap.window = m.window(layer);
   const size_t q_row = static_cast<size_t>(m.n_heads) * m.head_dim;
-  const size_t kv_row = static_cast<size_t>(m.n_kv_heads) * m.head_dim;
-  for (const Batch::Run& r : runs) {
+  for (const Batch::Run& r : batch.runs()) {
     Sequence& s = seqs_.at(r.seq);
     const size_t t0 = static_cast<size_t>(r.begin);
-    // The new keys and values go into the (possibly compressed) cache first; attention then
-    // reads every position, the new ones included, from the cache, exactly as decode will.
-    if (in_ring_[layer]) {  // the window's positions only; the step appends at most max_step_tokens
-      s.ring->write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+    if (in_ring_[layer])
       tqkv::attention(*s.ring, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
-      continue;
-    }
-    s.main.write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
-    if (s.copies && s.copies->covers(layer)) {
-      s.copies->write(layer, r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+    else if (s.copies && s.copies->covers(layer))
       s.copies->attention(s.main, layer, q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
-    } else {
+    else
       tqkv::attention(s.main, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
-    }
   }
 }
 

@@ -29,6 +29,14 @@ class CpuKvCache final : public KvCache {
   void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
   bool copy_prefix(int64_t src, int64_t dst, int64_t n) override;
 
+  // attend() in two steps, for callers that get the keys and values of a layer before its
+  // queries (tqkv.transformers): store() centres k in place and writes k, v at the batch's
+  // positions; attend_stored() scales q in place and computes the attention of the batch's
+  // queries over what is stored, those positions included. attend() = store + attend_stored
+  // (no key hook here). A sequence may take at most max_step_tokens() positions between the two.
+  void store(int layer, const Batch& batch, float* k, const float* v);
+  void attend_stored(int layer, const Batch& batch, float* q, float* out);
+
   // The compressed cache of one sequence (tests, tools that read slots; keys as stored, centred).
   const ContiguousCache& slots(int64_t seq) const { return at(seq).main; }
   const KeyCentring& centring() const { return centring_; }
@@ -40,6 +48,8 @@ class CpuKvCache final : public KvCache {
     std::unique_ptr<RecentWindow> copies;
   };
   const Sequence& at(int64_t seq) const;
+  void write(int layer, const Batch& batch, const float* k, const float* v);
+  void attention(int layer, const Batch& batch, const float* q, float* out);
 
   KeyCentring centring_;
   ContiguousCacheConfig config_, ring_config_;

@@ -61,9 +61,10 @@ void KeyCentring::apply(int layer, int n, float* k, float* q) const {
   if (!active_) return;
   const float* mu = mean(layer);
   const float* sc = scale(layer);
-  for (int t = 0; t < n; ++t)
-    for (size_t i = 0; i < per_layer_; ++i) k[t * per_layer_ + i] = (k[t * per_layer_ + i] - mu[i]) / sc[i];
-  if (!scales_) return;
+  if (k)
+    for (int t = 0; t < n; ++t)
+      for (size_t i = 0; i < per_layer_; ++i) k[t * per_layer_ + i] = (k[t * per_layer_ + i] - mu[i]) / sc[i];
+  if (!scales_ || !q) return;
   const size_t q_row = per_layer_ * group_;
   for (int t = 0; t < n; ++t)
     for (int h = 0; h < n_kv_heads_; ++h)

@@ -32,6 +32,7 @@ class KeyCentring {
   const float* scale(int layer) const { return scale_.data() + layer * per_layer_; }
 
   // Host memory: k [n, n_kv_heads, head_dim] -> (k - mu) / s; q [n, n_heads, head_dim] *= s.
+  // Either may be null (only the other is changed).
   void apply(int layer, int n, float* k, float* q) const;
   // The inverse for keys read back: k [n, n_kv_heads, head_dim] -> k * s + mu.
   void restore(int layer, int n, float* k) const;

@@ -68,6 +68,7 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
     std::copy_n(tokens.begin() + static_cast<int64_t>(c) * ctx, ctx, chunk.begin());
     if (opt.bos >= 0) chunk[0] = opt.bos;
     run_chunk(model, chunk.data(), ctx, spec, opt.batch, lt);
+    if (c == 0 && opt.first_chunk_logits) *opt.first_chunk_logits = lt;
     if (compare) run_chunk(model, chunk.data(), ctx, f32, opt.batch, lb);
     for (int j = first; j < ctx - 1; ++j) {
       float* pt = lt.data() + static_cast<size_t>(j) * V;

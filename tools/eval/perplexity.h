@@ -21,6 +21,9 @@ struct PerplexityOptions {
   bool compare_to_f32 = true;
   int batch = 512;          // prefill micro-batch: later batches attend to earlier ones through the cache
   int32_t bos = -1;         // when >= 0, each chunk's first token is replaced by it (models that want BOS)
+  // When set: receives the first chunk's raw logits [ctx, n_vocab] (other implementations of
+  // the same model and cache, e.g. tqkv.transformers, are compared with them).
+  std::vector<float>* first_chunk_logits = nullptr;
 };
 
 struct PerplexityResult {
