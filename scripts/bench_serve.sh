@@ -8,7 +8,8 @@
 # Environment: TQKV (binary, default build/dev/tqkv), LLAMA_SERVER (default
 # /work/peer/build/bin/llama-server; skipped when absent), MODEL, THREADS (2), LLAMA_THREADS
 # (THREADS), CTX (2048 per
-# sequence), SEQS (32), TQKV_SPECS ("f16 turboquant_4bit_nc tq-4.375"), LLAMA_TYPES ("f16 q8_0 q4_0").
+# sequence), SEQS (32), TQKV_SPECS ("f16 turboquant_4bit_nc tq-4.375"), LLAMA_TYPES ("f16 q8_0 q4_0"),
+# TQKV_ARGS (more `tqkv serve` options, e.g. "--device cuda").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:?usage: bench_serve.sh OUT.jsonl [bench options]}
@@ -23,6 +24,7 @@ SEQS=${SEQS:-32}
 PORT=${PORT:-18300}
 TQKV_SPECS=${TQKV_SPECS:-"f16 turboquant_4bit_nc tq-4.375"}
 LLAMA_TYPES=${LLAMA_TYPES:-"f16 q8_0 q4_0"}
+read -r -a TQKV_EXTRA <<<"${TQKV_ARGS:-}"
 
 wait_health() {
   for _ in $(seq 1 600); do
@@ -49,7 +51,7 @@ bench() {  # label, then the server command
 BENCH_ARGS=("$@")
 for spec in $TQKV_SPECS; do
   bench "tqkv $spec" "$TQKV" serve -m "$MODEL" --kv-cache-dtype "$spec" --port "$PORT" --ctx "$CTX" \
-    --max-seqs "$SEQS" --threads "$THREADS"
+    --max-seqs "$SEQS" --threads "$THREADS" "${TQKV_EXTRA[@]}"
 done
 if [ -x "$LLAMA_SERVER" ]; then
   for t in $LLAMA_TYPES; do
