@@ -118,6 +118,53 @@ struct IsaAvx512 {
       }
     }
   }
+
+  // Int8 value sums (kernel_impl.h), 64 channels per block: the four keys' level bytes
+  // (levels_u8 on the signed table value_i8) are interleaved by bytes and words (8 unpacks) so
+  // that each 32-bit lane holds one channel of four consecutive keys, and vpdpbusd against the
+  // row's four u8 weights broadcast to every lane sums them. Position t = 16q + 4l + e of a
+  // block (vector q, 128-bit lane l) holds level byte 16l + 4q + e (i8v_byte).
+  static constexpr bool kI8Values = true;
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= 4 ? 64 : 0; }
+  static IT i8v_table(const int8_t* t) { return _mm512_loadu_si512(t); }
+  static int i8v_byte(int t) { return 16 * ((t % 16) / 4) + 4 * (t / 16) + t % 4; }
+  static void store_u8(uint8_t* p, V x) {
+    const __m512i i = _mm512_max_epi32(_mm512_cvtps_epi32(x), _mm512_setzero_si512());
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(i));
+  }
+  template <int NR, int B>
+  static void values_i8_tile(float* acc, int d, const uint8_t* base, size_t stride, int nt, const uint8_t* w8,
+                             const float* alpha, const float* scale, IT table) {
+    for (int i = 0; i < d; i += 64) {
+      __m512i a[NR][4];
+      for (int r = 0; r < NR; ++r)
+        for (int q = 0; q < 4; ++q) a[r][q] = _mm512_setzero_si512();
+      for (int j = 0; j < nt; j += 4) {
+        const int n = nt - j < 4 ? nt - j : 4;  // keys past nt: weight 0, codes of key nt - 1
+        const uint8_t* p[4];
+        for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
+        const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
+        const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
+        const __m512i lo01 = _mm512_unpacklo_epi8(l0, l1), hi01 = _mm512_unpackhi_epi8(l0, l1);
+        const __m512i lo23 = _mm512_unpacklo_epi8(l2, l3), hi23 = _mm512_unpackhi_epi8(l2, l3);
+        const __m512i t[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
+                              _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
+        for (int r = 0; r < NR; ++r) {
+          uint32_t w4;
+          std::memcpy(&w4, w8 + r * kTile + j, 4);
+          const __m512i wb = _mm512_set1_epi32(static_cast<int>(w4));
+          for (int q = 0; q < 4; ++q) a[r][q] = _mm512_dpbusd_epi32(a[r][q], wb, t[q]);
+        }
+      }
+      for (int r = 0; r < NR; ++r) {
+        const V sc = _mm512_set1_ps(scale[r]), al = _mm512_set1_ps(alpha[r]);
+        for (int q = 0; q < 4; ++q) {
+          float* x = acc + static_cast<size_t>(r) * d + i + 16 * q;
+          _mm512_storeu_ps(x, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][q]), sc, _mm512_mul_ps(_mm512_loadu_ps(x), al)));
+        }
+      }
+    }
+  }
 #else
   static constexpr bool kHasI8 = false;
   static constexpr int i8_block(int) { return 0; }
