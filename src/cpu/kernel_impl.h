@@ -48,8 +48,8 @@
 // u8[j] = round(w[j] * (kI8WeightMax / max_j w[j])) (store_u8: nearest-even, clamped), and
 //   acc[r][c] = acc[r][c] * alpha[r] + (float)(sum_j u8[j] * value_i8[code j c]) * scale[r],
 //   scale[r] = max_j w[j] / kI8WeightMax * value_i8_step,
-// the integer sums being the same in every build. A row whose weights are not finite or
-// negative (a corrupt value scale) gets scale NaN: its output is NaN, as in fp32. The
+// the integer sums being the same in every build. A tile with a non-finite or negative value
+// scale (corrupt data) gives the rows that see it scale NaN: their output is NaN. The
 // accumulators are held in the build's int8 value order (i8v_byte, i8_channel) during a call.
 //
 // Split order. With a split decode, a block of W*k channels is held as k vectors, vector m
@@ -655,6 +655,20 @@ struct Kernel {
         });
       }
       key_factors(f, run, j0, nt, kfac);
+      value_factors(f, run, j0, nt, vfac, vzero);
+      for (int j = nt; j < kTile; ++j) vfac[j] = vzero[j] = 0.0f;  // weights there are 0 already
+      // Int8 values: a non-finite or negative value scale in the tile makes every row NaN.
+      bool bad_scales = false;
+      if (cv > 0) {
+        V total = I::zero(), neg = I::zero();
+        for (int j = 0; j < kTile; j += W) {
+          const V x = I::load(vfac + j);
+          total = I::add(total, x);
+          neg = I::max(neg, I::sub(I::zero(), x));
+        }
+        const float t = I::reduce(total);
+        bad_scales = !(t - t == 0.0f) || I::reduce_max(neg) > 0.0f;
+      }
       const V kf_first = I::load(kfac);
       for (int r = 0; r < R; ++r) {
         float* s = p + r * kTile;
@@ -681,47 +695,27 @@ struct Kernel {
           live[r] = 0.0f;
           alpha[r] = 1.0f;
           for (int j = 0; j < kTile; ++j) s[j] = 0.0f;
+          if (cv > 0) quantize_weights(f, s, 0.0f, false, w8 + r * kTile, wscale + r);
           continue;
         }
         const float m_old = st.m[r];
         const float m_new = m_old > mt ? m_old : mt;
         alpha[r] = m_old == kNegInf ? 0.0f : (m_old == m_new ? 1.0f : I::exp_scalar(m_old - m_new));
         st.m[r] = m_new;
+        // One pass: e = exp(s - m) into l, e * vzero into zs, the weight e * vfac into s.
         const V mv = I::set1(m_new);
-        V sum = I::zero();
+        V sum = I::zero(), z = I::zero(), mx = I::zero();
         for (int j = 0; j < kTile; j += W) {
           const V e = I::exp(I::sub(I::load(s + j), mv));
-          I::store(s + j, e);
           sum = I::add(sum, e);
+          z = I::fmadd(e, I::load(vzero + j), z);
+          const V x = I::mul(e, I::load(vfac + j));
+          I::store(s + j, x);
+          if (cv > 0) mx = I::max(mx, x);
         }
         st.l[r] = st.l[r] * alpha[r] + I::reduce(sum);
-      }
-      value_factors(f, run, j0, nt, vfac, vzero);
-      for (int j = nt; j < kTile; ++j) vfac[j] = vzero[j] = 0.0f;  // weights there are 0 already
-      for (int r = 0; r < R; ++r) {
-        if (live[r] == 0.0f) {
-          if (cv > 0) quantize_weights(f, p + r * kTile, 0.0f, false, w8 + r * kTile, wscale + r);
-          continue;
-        }
-        float* w = p + r * kTile;
-        V z = I::zero(), mx = I::zero(), neg = I::zero(), sum = I::zero();
-        for (int j = 0; j < kTile; j += W) {
-          const V wv = I::load(w + j);
-          z = I::fmadd(wv, I::load(vzero + j), z);
-          const V x = I::mul(wv, I::load(vfac + j));
-          I::store(w + j, x);
-          if (cv > 0) {
-            mx = I::max(mx, x);
-            neg = I::max(neg, I::sub(I::zero(), x));
-            sum = I::add(sum, x);
-          }
-        }
         st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);
-        if (cv > 0) {
-          const float total = I::reduce(sum);
-          const bool bad = !(total - total == 0.0f) || I::reduce_max(neg) > 0.0f;  // NaN, Inf, < 0
-          quantize_weights(f, w, I::reduce_max(mx), bad, w8 + r * kTile, wscale + r);
-        }
+        if (cv > 0) quantize_weights(f, s, I::reduce_max(mx), bad_scales, w8 + r * kTile, wscale + r);
       }
       if (cv > 0) {
         values_i8_rows(f, R, st.acc, run.vc + static_cast<size_t>(j0) * run.vc_stride, run.vc_stride, nt, w8, alpha,
