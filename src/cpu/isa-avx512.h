@@ -119,15 +119,78 @@ struct IsaAvx512 {
     }
   }
 
-  // Int8 value sums (kernel_impl.h), 64 channels per block: the four keys' level bytes
-  // (levels_u8 on the signed table value_i8) are interleaved by bytes and words (8 unpacks) so
-  // that each 32-bit lane holds one channel of four consecutive keys, and vpdpbusd against the
-  // row's four u8 weights broadcast to every lane sums them. Position t = 16q + 4l + e of a
-  // block (vector q, 128-bit lane l) holds level byte 16l + 4q + e (i8v_byte).
+  // Int8 value sums (kernel_impl.h), 64 channels per block, in vectors whose 32-bit lanes each
+  // hold one channel of four consecutive keys, so that vpdpbusd against the row's four u8
+  // weights (broadcast) sums them. 4 and 2 bits: the four keys' code bytes are interleaved
+  // first (one vpermt2b / vpermb), then each code position of the byte is shifted down and
+  // looked up (vpermb on the signed table value_i8, replicated every 2^B entries): vector q
+  // lane j holds channel 2j + q (4 bits: q = 0, 1 from bytes 0-15, + 32 for q = 2, 3 from
+  // bytes 16-31) or 4j + q (2 bits). 3 bits: levels_u8 per key, interleaved by 8 unpacks:
+  // position 16q + 4l + e (vector q, 128-bit lane l) holds channel 16l + 4q + e.
   static constexpr bool kI8Values = true;
   static constexpr int i8v_block(int b) { return b >= 2 && b <= 4 ? 64 : 0; }
   static IT i8v_table(const int8_t* t) { return _mm512_loadu_si512(t); }
-  static int i8v_byte(int t) { return 16 * ((t % 16) / 4) + 4 * (t / 16) + t % 4; }
+  static int i8v_channel(int bits, int t) {
+    const int q = t / 16, j = t % 16;
+    if (bits == 4) return 32 * (q / 2) + 2 * j + q % 2;
+    if (bits == 2) return 4 * j + q;
+    return 16 * (j / 4) + 4 * q + j % 4;
+  }
+  // Code bytes of four keys (64 channels each) as four level vectors in the i8v_channel order.
+  template <int B>
+  static void levels_i8v(const uint8_t* const* p, int i, IT table, __m512i* t) {
+    if constexpr (B == 4) {
+      // out byte 4j + k = byte j (+ 16 for the second vector) of key k: k0 k1 in a, k2 k3 in b
+      alignas(64) static constexpr auto idx = [] {
+        struct {
+          uint8_t v[2][64];
+        } x{};
+        for (int h = 0; h < 2; ++h)
+          for (int j = 0; j < 16; ++j)
+            for (int k = 0; k < 4; ++k) x.v[h][4 * j + k] = static_cast<uint8_t>(32 * k + 16 * h + j);
+        return x;
+      }();
+      const auto two = [&](int a, int b) {
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[a] + i / 2))),
+                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[b] + i / 2)), 1);
+      };
+      const __m512i k01 = two(0, 1), k23 = two(2, 3);
+      const __m512i x0 = _mm512_permutex2var_epi8(k01, _mm512_load_si512(idx.v[0]), k23);
+      const __m512i x1 = _mm512_permutex2var_epi8(k01, _mm512_load_si512(idx.v[1]), k23);
+      t[0] = _mm512_permutexvar_epi8(x0, table);
+      t[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x0, 4), table);
+      t[2] = _mm512_permutexvar_epi8(x1, table);
+      t[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x1, 4), table);
+    } else if constexpr (B == 2) {
+      alignas(64) static constexpr auto idx = [] {
+        struct {
+          uint8_t v[64];
+        } x{};
+        for (int j = 0; j < 16; ++j)
+          for (int k = 0; k < 4; ++k) x.v[4 * j + k] = static_cast<uint8_t>(16 * k + j);
+        return x;
+      }();
+      const auto lane = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[k] + i / 4)); };
+      __m512i x = _mm512_castsi128_si512(lane(0));
+      x = _mm512_inserti32x4(x, lane(1), 1);
+      x = _mm512_inserti32x4(x, lane(2), 2);
+      x = _mm512_inserti32x4(x, lane(3), 3);
+      x = _mm512_permutexvar_epi8(_mm512_load_si512(idx.v), x);
+      t[0] = _mm512_permutexvar_epi8(x, table);
+      t[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 2), table);
+      t[2] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 4), table);
+      t[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 6), table);
+    } else {
+      const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
+      const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
+      const __m512i lo01 = _mm512_unpacklo_epi8(l0, l1), hi01 = _mm512_unpackhi_epi8(l0, l1);
+      const __m512i lo23 = _mm512_unpacklo_epi8(l2, l3), hi23 = _mm512_unpackhi_epi8(l2, l3);
+      t[0] = _mm512_unpacklo_epi16(lo01, lo23);
+      t[1] = _mm512_unpackhi_epi16(lo01, lo23);
+      t[2] = _mm512_unpacklo_epi16(hi01, hi23);
+      t[3] = _mm512_unpackhi_epi16(hi01, hi23);
+    }
+  }
   static void store_u8(uint8_t* p, V x) {
     const __m512i i = _mm512_max_epi32(_mm512_cvtps_epi32(x), _mm512_setzero_si512());
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(i));
@@ -143,12 +206,8 @@ struct IsaAvx512 {
         const int n = nt - j < 4 ? nt - j : 4;  // keys past nt: weight 0, codes of key nt - 1
         const uint8_t* p[4];
         for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
-        const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
-        const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
-        const __m512i lo01 = _mm512_unpacklo_epi8(l0, l1), hi01 = _mm512_unpackhi_epi8(l0, l1);
-        const __m512i lo23 = _mm512_unpacklo_epi8(l2, l3), hi23 = _mm512_unpackhi_epi8(l2, l3);
-        const __m512i t[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
-                              _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
+        __m512i t[4];
+        levels_i8v<B>(p, i, table, t);
         for (int r = 0; r < NR; ++r) {
           uint32_t w4;
           std::memcpy(&w4, w8 + r * kTile + j, 4);

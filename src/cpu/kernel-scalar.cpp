@@ -33,7 +33,7 @@ struct IsaScalar {
   static constexpr bool kI8Values = true;
   static constexpr int i8v_block(int b) { return b >= 2 && b <= 4 ? 1 : 0; }
   static const int8_t* i8v_table(const int8_t* t) { return t; }
-  static int i8v_byte(int t) { return t; }
+  static int i8v_channel(int, int t) { return t; }
   static void store_u8(uint8_t* p, V x) {
     const float y = std::nearbyint(x);  // nearest-even, as vcvtps2dq
     *p = static_cast<uint8_t>(y > static_cast<float>(kI8WeightMax) ? kI8WeightMax : y > 0.0f ? y : 0.0f);

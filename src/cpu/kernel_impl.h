@@ -43,14 +43,14 @@
 // The integers are the same in every build, and so are the float scores.
 //
 // Int8 values. For 2-4-bit Mse or Uniform values (f.int8_values) and a build with the path
-// (kI8Values: i8v_block(B) channels per block, i8v_table, values_i8_tile, i8v_byte, store_u8),
+// (kI8Values: i8v_block(B) channels per block, i8v_table, values_i8_tile, i8v_channel, store_u8),
 // each tile's weights w[r][j] (exp(score - m) times the value's scale) are rounded per row to
 // u8[j] = round(w[j] * (kI8WeightMax / max_j w[j])) (store_u8: nearest-even, clamped), and
 //   acc[r][c] = acc[r][c] * alpha[r] + (float)(sum_j u8[j] * value_i8[code j c]) * scale[r],
 //   scale[r] = max_j w[j] / kI8WeightMax * value_i8_step,
 // the integer sums being the same in every build. A tile with a non-finite or negative value
 // scale (corrupt data) gives the rows that see it scale NaN: their output is NaN. The
-// accumulators are held in the build's int8 value order (i8v_byte, i8_channel) during a call.
+// accumulators are held in the build's int8 value order (i8v_channel) during a call.
 //
 // Split order. With a split decode, a block of W*k channels is held as k vectors, vector m
 // holding channels m, k + m, 2k + m, ...: the kernel works in that "stored" order throughout.
@@ -96,7 +96,7 @@ constexpr bool has_i8_tiles() {
     return false;
 }
 
-// Whether the traits have int8 value sums (values_i8_tile, i8v_table, i8v_byte, store_u8).
+// Whether the traits have int8 value sums (values_i8_tile, i8v_table, i8v_channel, store_u8).
 template <class I>
 constexpr bool has_i8_values() {
   if constexpr (requires { I::kI8Values; })
@@ -258,12 +258,12 @@ struct Kernel {
            static_cast<size_t>(R) * (2 + (d + 3) / 4) + 64;
   }
   // x[d] into the int8 value order of blocks of C channels (or back): position t of a block
-  // holds channel i8_channel(bits, C, i8v_byte(t)).
+  // holds channel i8v_channel(bits, t).
   static void permute_i8v(float* x, int d, int C, int bits, float* tmp, bool back) {
     if constexpr (has_i8_values<I>()) {
       for (int b = 0; b < d; b += C)
         for (int t = 0; t < C; ++t) {
-          const int c = b + i8_channel(bits, C, I::i8v_byte(t)), at = b + t;
+          const int c = b + I::i8v_channel(bits, t), at = b + t;
           if (back)
             tmp[c] = x[at];
           else
