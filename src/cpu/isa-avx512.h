@@ -75,14 +75,23 @@ struct IsaAvx512 {
   // 4 and 2 bits: the keys' code bytes go to the lanes first (one load and three 128-bit
   // inserts per 16 bytes), then a shift and a vpermb per vector (14 / 11 instructions per 4
   // keys instead of 4 decodes and 8 vshufi64x2: 20).
+  // 16 bytes at p[k] + off in 128-bit lane k.
+  static __m512i lanes16(const uint8_t* const* p, int off) {
+    __m512i x = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + off)));
+    x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[1] + off)), 1);
+    x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[2] + off)), 2);
+    return _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[3] + off)), 3);
+  }
+  // out[m] = the levels of the 2-bit codes at bit 2m of every byte of x.
+  static void lookup_2bit(__m512i x, IT table, __m512i* out) {
+    out[0] = _mm512_permutexvar_epi8(x, table);
+    out[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 2), table);
+    out[2] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 4), table);
+    out[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 6), table);
+  }
   template <int B>
   static void levels_i8k(const uint8_t* const* p, int i, IT table, __m512i* z) {
-    const auto lanes = [&](int off) {
-      __m512i x = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + off)));
-      x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[1] + off)), 1);
-      x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[2] + off)), 2);
-      return _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[3] + off)), 3);
-    };
+    const auto lanes = [&](int off) { return lanes16(p, off); };
     if constexpr (B == 4) {  // low nibbles of bytes 0-15, 16-31, then the high ones
       const __m512i a = lanes(i / 2), b = lanes(i / 2 + 16);
       z[0] = _mm512_permutexvar_epi8(a, table);
@@ -90,11 +99,7 @@ struct IsaAvx512 {
       z[2] = _mm512_permutexvar_epi8(_mm512_srli_epi16(a, 4), table);
       z[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(b, 4), table);
     } else if constexpr (B == 2) {  // code m of each byte
-      const __m512i a = lanes(i / 4);
-      z[0] = _mm512_permutexvar_epi8(a, table);
-      z[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(a, 2), table);
-      z[2] = _mm512_permutexvar_epi8(_mm512_srli_epi16(a, 4), table);
-      z[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(a, 6), table);
+      lookup_2bit(lanes(i / 4), table, z);
     } else {
       const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
       const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
@@ -201,16 +206,7 @@ struct IsaAvx512 {
           for (int k = 0; k < 4; ++k) x.v[4 * j + k] = static_cast<uint8_t>(16 * k + j);
         return x;
       }();
-      const auto lane = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[k] + i / 4)); };
-      __m512i x = _mm512_castsi128_si512(lane(0));
-      x = _mm512_inserti32x4(x, lane(1), 1);
-      x = _mm512_inserti32x4(x, lane(2), 2);
-      x = _mm512_inserti32x4(x, lane(3), 3);
-      x = _mm512_permutexvar_epi8(_mm512_load_si512(idx.v), x);
-      t[0] = _mm512_permutexvar_epi8(x, table);
-      t[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 2), table);
-      t[2] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 4), table);
-      t[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 6), table);
+      lookup_2bit(_mm512_permutexvar_epi8(_mm512_load_si512(idx.v), lanes16(p, i / 4)), table, t);
     } else {
       const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
       const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
