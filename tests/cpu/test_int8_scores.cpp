@@ -1,5 +1,7 @@
-// Int8 key scores (tqkv/simd.h KeyScores::Int8) against the exact reference, with the error
-// bound their quantization steps imply, and the same integers at every level that has them.
+// Int8 key scores (tqkv/simd.h KeyScores::Int8Keys: int8 scores, fp32 value sums; the int8
+// value sums of KeyScores::Int8 are test_int8_values.cpp's) against the exact reference, with
+// the error bound their quantization steps imply, and the same integers at every level that
+// has them.
 //
 // The bound. Row q (rotated, times the softmax scale) is rounded to q8 with step s_q =
 // max|q| / 127, the codebook levels L to L8 with step s_k = max|L| / 63. For a key of norm n
