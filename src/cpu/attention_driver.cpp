@@ -9,6 +9,23 @@
 
 namespace tqkv::cpu {
 
+namespace {
+
+// The codebook's levels as 7-bit integers, replicated every size() entries: out[j] =
+// round(level[j mod size] / step), step = max |level| / kI8LevelMax (returned).
+float int8_levels(const Codebook& cb, int8_t out[64]) {
+  float amax = 0.0f;
+  for (float x : cb.levels_f32) amax = std::max(amax, std::fabs(x));
+  const float step = amax / static_cast<float>(kI8LevelMax);
+  for (int j = 0; j < 64; ++j) {
+    const float x = std::nearbyint(cb.levels_f32[j % cb.size()] / step);
+    out[j] = static_cast<int8_t>(std::clamp(x, -float{kI8LevelMax}, float{kI8LevelMax}));
+  }
+  return step;
+}
+
+}  // namespace
+
 KernelFormat kernel_format(const SlotCodec& codec) {
   const Format& f = codec.format();
   KernelFormat k{};
@@ -28,15 +45,22 @@ KernelFormat kernel_format(const SlotCodec& codec) {
     const int n = 1 << f.value_bits;
     for (int i = 0; i < 16; ++i) k.value_lut[i] = static_cast<float>(i % n) - 0.5f * static_cast<float>(n - 1);
   }
-  k.int8_keys = f.key == KeyCodec::Mse && f.key_bits >= 2 && f.key_bits <= 4 && active_key_scores() == KeyScores::Int8;
+  const KeyScores mode = active_key_scores();
+  k.int8_keys = f.key == KeyCodec::Mse && f.key_bits >= 2 && f.key_bits <= 4 && mode != KeyScores::Exact;
   if (k.int8_keys) {
-    const Codebook& cb = *codec.key_codebook();
-    float amax = 0.0f;
-    for (float x : cb.levels_f32) amax = std::max(amax, std::fabs(x));
-    k.key_i8_step = amax / static_cast<float>(kI8LevelMax);
-    for (int j = 0; j < 64; ++j) {
-      const float x = std::nearbyint(cb.levels_f32[j % cb.size()] / k.key_i8_step);
-      k.key_u8[j] = static_cast<uint8_t>(std::clamp(x, -float{kI8LevelMax}, float{kI8LevelMax}) + kI8Offset);
+    int8_t l8[64];
+    k.key_i8_step = int8_levels(*codec.key_codebook(), l8);
+    for (int j = 0; j < 64; ++j) k.key_u8[j] = static_cast<uint8_t>(l8[j] + kI8Offset);
+  }
+  k.int8_values = (f.value == ValueCodec::Mse || f.value == ValueCodec::Uniform) && f.value_bits >= 2 &&
+                  f.value_bits <= 4 && mode == KeyScores::Int8;
+  if (k.int8_values) {
+    const int n = 1 << f.value_bits;
+    if (f.value == ValueCodec::Uniform) {  // code - mid = (2 code - (n - 1)) / 2: exact
+      k.value_i8_step = 0.5f;
+      for (int j = 0; j < 64; ++j) k.value_i8[j] = static_cast<int8_t>(2 * (j % n) - (n - 1));
+    } else {
+      k.value_i8_step = int8_levels(*codec.value_codebook(), k.value_i8);
     }
   }
   k.key_code_bytes = f.key_code_bytes(k.dim);

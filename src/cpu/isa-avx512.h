@@ -71,6 +71,46 @@ struct IsaAvx512 {
   // (9 instructions) replaces a 4-row reduction per key. The integers are those of
   // scores_i8 (integer sums in any order).
   static constexpr bool kI8Tiles = true;
+  // z[m] lane k = level bytes 16m .. 16m+15 (levels_u8 order) of key k's block at channel i.
+  // 4 and 2 bits: the keys' code bytes go to the lanes first (one load and three 128-bit
+  // inserts per 16 bytes), then a shift and a vpermb per vector (14 / 11 instructions per 4
+  // keys instead of 4 decodes and 8 vshufi64x2: 20).
+  // 16 bytes at p[k] + off in 128-bit lane k.
+  static __m512i lanes16(const uint8_t* const* p, int off) {
+    __m512i x = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + off)));
+    x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[1] + off)), 1);
+    x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[2] + off)), 2);
+    return _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[3] + off)), 3);
+  }
+  // out[m] = the levels of the 2-bit codes at bit 2m of every byte of x.
+  static void lookup_2bit(__m512i x, IT table, __m512i* out) {
+    out[0] = _mm512_permutexvar_epi8(x, table);
+    out[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 2), table);
+    out[2] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 4), table);
+    out[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 6), table);
+  }
+  template <int B>
+  static void levels_i8k(const uint8_t* const* p, int i, IT table, __m512i* z) {
+    const auto lanes = [&](int off) { return lanes16(p, off); };
+    if constexpr (B == 4) {  // low nibbles of bytes 0-15, 16-31, then the high ones
+      const __m512i a = lanes(i / 2), b = lanes(i / 2 + 16);
+      z[0] = _mm512_permutexvar_epi8(a, table);
+      z[1] = _mm512_permutexvar_epi8(b, table);
+      z[2] = _mm512_permutexvar_epi8(_mm512_srli_epi16(a, 4), table);
+      z[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(b, 4), table);
+    } else if constexpr (B == 2) {  // code m of each byte
+      lookup_2bit(lanes(i / 4), table, z);
+    } else {
+      const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
+      const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
+      const __m512i t0 = _mm512_shuffle_i64x2(l0, l1, 0x44), t1 = _mm512_shuffle_i64x2(l0, l1, 0xee);
+      const __m512i t2 = _mm512_shuffle_i64x2(l2, l3, 0x44), t3 = _mm512_shuffle_i64x2(l2, l3, 0xee);
+      z[0] = _mm512_shuffle_i64x2(t0, t2, 0x88);
+      z[1] = _mm512_shuffle_i64x2(t0, t2, 0xdd);
+      z[2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
+      z[3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
+    }
+  }
   static void i8_broadcast_rows(const int8_t* q8, int rows, int d, int8_t* qb) {
     for (int r = 0; r < rows; ++r)
       for (int m = 0; m < d / 16; ++m)
@@ -90,12 +130,8 @@ struct IsaAvx512 {
       __m512i acc[NR];
       for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
       for (int i = 0; i < d; i += 64) {
-        const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
-        const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
-        const __m512i t0 = _mm512_shuffle_i64x2(l0, l1, 0x44), t1 = _mm512_shuffle_i64x2(l0, l1, 0xee);
-        const __m512i t2 = _mm512_shuffle_i64x2(l2, l3, 0x44), t3 = _mm512_shuffle_i64x2(l2, l3, 0xee);
-        const __m512i z[4] = {_mm512_shuffle_i64x2(t0, t2, 0x88), _mm512_shuffle_i64x2(t0, t2, 0xdd),
-                              _mm512_shuffle_i64x2(t1, t3, 0x88), _mm512_shuffle_i64x2(t1, t3, 0xdd)};
+        __m512i z[4];
+        levels_i8k<B>(p, i, table, z);
         for (int r = 0; r < NR; ++r) {
           const int8_t* qr = qb + (static_cast<size_t>(r) * nc + i / 16) * 64;
           for (int m = 0; m < 4; ++m) acc[r] = _mm512_dpbusd_epi32(acc[r], z[m], _mm512_loadu_si512(qr + 64 * m));
@@ -115,6 +151,103 @@ struct IsaAvx512 {
         if (r0 + 1 < NR) _mm_mask_storeu_ps(s + (r0 + 1) * kTile + j, keep, _mm512_extractf32x4_ps(y, 1));
         if (r0 + 2 < NR) _mm_mask_storeu_ps(s + (r0 + 2) * kTile + j, keep, _mm512_extractf32x4_ps(y, 2));
         if (r0 + 3 < NR) _mm_mask_storeu_ps(s + (r0 + 3) * kTile + j, keep, _mm512_extractf32x4_ps(y, 3));
+      }
+    }
+  }
+
+  // Int8 value sums (kernel_impl.h), 64 channels per block, in vectors whose 32-bit lanes each
+  // hold one channel of four consecutive keys, so that vpdpbusd against the row's four u8
+  // weights (broadcast) sums them. 4 and 2 bits: the four keys' code bytes are interleaved
+  // first (one vpermt2b / vpermb), then each code position of the byte is shifted down and
+  // looked up (vpermb on the signed table value_i8, replicated every 2^B entries): vector q
+  // lane j holds channel 2j + q (4 bits: q = 0, 1 from bytes 0-15, + 32 for q = 2, 3 from
+  // bytes 16-31) or 4j + q (2 bits). 3 bits: levels_u8 per key, interleaved by 8 unpacks:
+  // position 16q + 4l + e (vector q, 128-bit lane l) holds channel 16l + 4q + e.
+  static constexpr bool kI8Values = true;
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= 4 ? 64 : 0; }
+  static IT i8v_table(const int8_t* t) { return _mm512_loadu_si512(t); }
+  static int i8v_channel(int bits, int t) {
+    const int q = t / 16, j = t % 16;
+    if (bits == 4) return 32 * (q / 2) + 2 * j + q % 2;
+    if (bits == 2) return 4 * j + q;
+    return 16 * (j / 4) + 4 * q + j % 4;
+  }
+  // Code bytes of four keys (64 channels each) as four level vectors in the i8v_channel order.
+  template <int B>
+  static void levels_i8v(const uint8_t* const* p, int i, IT table, __m512i* t) {
+    if constexpr (B == 4) {
+      // out byte 4j + k = byte j (+ 16 for the second vector) of key k: k0 k1 in a, k2 k3 in b
+      alignas(64) static constexpr auto idx = [] {
+        struct {
+          uint8_t v[2][64];
+        } x{};
+        for (int h = 0; h < 2; ++h)
+          for (int j = 0; j < 16; ++j)
+            for (int k = 0; k < 4; ++k) x.v[h][4 * j + k] = static_cast<uint8_t>(32 * k + 16 * h + j);
+        return x;
+      }();
+      const auto two = [&](int a, int b) {
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[a] + i / 2))),
+                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[b] + i / 2)), 1);
+      };
+      const __m512i k01 = two(0, 1), k23 = two(2, 3);
+      const __m512i x0 = _mm512_permutex2var_epi8(k01, _mm512_load_si512(idx.v[0]), k23);
+      const __m512i x1 = _mm512_permutex2var_epi8(k01, _mm512_load_si512(idx.v[1]), k23);
+      t[0] = _mm512_permutexvar_epi8(x0, table);
+      t[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x0, 4), table);
+      t[2] = _mm512_permutexvar_epi8(x1, table);
+      t[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(x1, 4), table);
+    } else if constexpr (B == 2) {
+      alignas(64) static constexpr auto idx = [] {
+        struct {
+          uint8_t v[64];
+        } x{};
+        for (int j = 0; j < 16; ++j)
+          for (int k = 0; k < 4; ++k) x.v[4 * j + k] = static_cast<uint8_t>(16 * k + j);
+        return x;
+      }();
+      lookup_2bit(_mm512_permutexvar_epi8(_mm512_load_si512(idx.v), lanes16(p, i / 4)), table, t);
+    } else {
+      const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
+      const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
+      const __m512i lo01 = _mm512_unpacklo_epi8(l0, l1), hi01 = _mm512_unpackhi_epi8(l0, l1);
+      const __m512i lo23 = _mm512_unpacklo_epi8(l2, l3), hi23 = _mm512_unpackhi_epi8(l2, l3);
+      t[0] = _mm512_unpacklo_epi16(lo01, lo23);
+      t[1] = _mm512_unpackhi_epi16(lo01, lo23);
+      t[2] = _mm512_unpacklo_epi16(hi01, hi23);
+      t[3] = _mm512_unpackhi_epi16(hi01, hi23);
+    }
+  }
+  static void store_u8(uint8_t* p, V x) {
+    const __m512i i = _mm512_max_epi32(_mm512_cvtps_epi32(x), _mm512_setzero_si512());
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(i));
+  }
+  template <int NR, int B>
+  static void values_i8_tile(float* acc, int d, const uint8_t* base, size_t stride, int nt, const uint8_t* w8,
+                             const float* alpha, const float* scale, IT table) {
+    for (int i = 0; i < d; i += 64) {
+      __m512i a[NR][4];
+      for (int r = 0; r < NR; ++r)
+        for (int q = 0; q < 4; ++q) a[r][q] = _mm512_setzero_si512();
+      for (int j = 0; j < nt; j += 4) {
+        const int n = nt - j < 4 ? nt - j : 4;  // keys past nt: weight 0, codes of key nt - 1
+        const uint8_t* p[4];
+        for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
+        __m512i t[4];
+        levels_i8v<B>(p, i, table, t);
+        for (int r = 0; r < NR; ++r) {
+          uint32_t w4;
+          std::memcpy(&w4, w8 + r * kTile + j, 4);
+          const __m512i wb = _mm512_set1_epi32(static_cast<int>(w4));
+          for (int q = 0; q < 4; ++q) a[r][q] = _mm512_dpbusd_epi32(a[r][q], wb, t[q]);
+        }
+      }
+      for (int r = 0; r < NR; ++r) {
+        const V sc = _mm512_set1_ps(scale[r]), al = _mm512_set1_ps(alpha[r]);
+        for (int q = 0; q < 4; ++q) {
+          float* x = acc + static_cast<size_t>(r) * d + i + 16 * q;
+          _mm512_storeu_ps(x, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][q]), sc, _mm512_mul_ps(_mm512_loadu_ps(x), al)));
+        }
       }
     }
   }

@@ -29,6 +29,27 @@ struct IsaScalar {
   static IV levels_u8(const uint8_t* p, int i, IT table) {
     return table[unpack_one(p, i, B)];
   }
+  // Int8 value sums (kernel_impl.h) one channel at a time, in channel order.
+  static constexpr bool kI8Values = true;
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= 4 ? 1 : 0; }
+  static const int8_t* i8v_table(const int8_t* t) { return t; }
+  static int i8v_channel(int, int t) { return t; }
+  static void store_u8(uint8_t* p, V x) {
+    const float y = std::nearbyint(x);  // nearest-even, as vcvtps2dq
+    *p = static_cast<uint8_t>(y > static_cast<float>(kI8WeightMax) ? kI8WeightMax : y > 0.0f ? y : 0.0f);
+  }
+  template <int NR, int B>
+  static void values_i8_tile(float* acc, int d, const uint8_t* base, size_t stride, int nt, const uint8_t* w8,
+                             const float* alpha, const float* scale, const int8_t* table) {
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < d; ++c) {
+        int32_t sum = 0;
+        for (int j = 0; j < nt; ++j)
+          sum += w8[r * kTile + j] * table[unpack_one(base + static_cast<size_t>(j) * stride, c, B)];
+        float& a = acc[static_cast<size_t>(r) * d + c];
+        a = std::fma(static_cast<float>(sum), scale[r], a * alpha[r]);
+      }
+  }
   static V zero() { return 0.0f; }
   static V set1(float x) { return x; }
   static V load(const float* p) { return *p; }

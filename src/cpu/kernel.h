@@ -46,9 +46,23 @@ struct KernelFormat {
   bool int8_keys;
   float key_i8_step;
   uint8_t key_u8[64];
+  // Int8 value sums (KeyScores::Int8; kernel_impl.h "Int8 values"): on for 2-4-bit Mse and
+  // Uniform values; a kernel without the path for these bits and head dim sums in fp32.
+  //   value_i8[j] = round(level[j mod 2^bits] / value_i8_step), |.| <= kI8LevelMax (Mse:
+  //   value_i8_step = max_j |level[j]| / kI8LevelMax; Uniform: 2 (j mod 2^bits) - (2^bits - 1),
+  //   value_i8_step = 1/2, so that value_i8_step * value_i8[code] = code - mid exactly).
+  bool int8_values;
+  float value_i8_step;
+  int8_t value_i8[64];
   size_t key_code_bytes;    // bytes of one token's key codes / elements (prefetch size)
   size_t value_code_bytes;
 };
+
+// Int8 values: per tile and query row, the weights w (softmax numerators times the value's
+// scale) become u8 = round(w * 255 / max w) <= kI8WeightMax, so that a pair of products u8 * L8
+// fits in int16 (2 * 255 * 63 = 32130: vpmaddubsw) and a tile's sum (kTile * 255 * 63 < 2^24)
+// is exact in float.
+inline constexpr int kI8WeightMax = 255;
 
 // Int8 scores: |q8| <= 127 (per query row, step max|q| / 127) and |L8| <= 63, so that the
 // unsigned level u8 = L8 + 64 <= 127 and a pair of products u8 * q8 fits in int16 (vpmaddubsw
@@ -87,11 +101,11 @@ struct RowState {
 inline constexpr int kTile = 64;
 
 // Scratch floats a kernel needs for `rows` rows of `dim` channels (tile state, then the query
-// rows in a split decode's channel order, one row of workspace, and the int8 query rows with
-// their scales and offsets).
+// rows in a split decode's channel order, one row of workspace, the int8 query rows with
+// their scales and offsets, and the int8 value weights [rows, kTile] bytes with their scales).
 constexpr size_t kernel_scratch_floats(int dim, int rows) {
   return 3 * kTile + static_cast<size_t>(rows) * (kTile + 2) + static_cast<size_t>(rows + 1) * dim +
-         static_cast<size_t>(rows) * (2 + (dim + 3) / 4) + 64;
+         static_cast<size_t>(rows) * (2 + (dim + 3) / 4) + 64 + static_cast<size_t>(rows) * (1 + kTile / 4);
 }
 
 // Consumes runs[0 .. n_runs) in order (the next run's first tile is prefetched while the last

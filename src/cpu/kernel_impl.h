@@ -42,6 +42,16 @@
 // in int32, then (float) times s_q * s_k (the row's and the codebook's steps) and the norm.
 // The integers are the same in every build, and so are the float scores.
 //
+// Int8 values. For 2-4-bit Mse or Uniform values (f.int8_values) and a build with the path
+// (kI8Values: i8v_block(B) channels per block, i8v_table, values_i8_tile, i8v_channel, store_u8),
+// each tile's weights w[r][j] (exp(score - m) times the value's scale) are rounded per row to
+// u8[j] = round(w[j] * (kI8WeightMax / max_j w[j])) (store_u8: nearest-even, clamped), and
+//   acc[r][c] = acc[r][c] * alpha[r] + (float)(sum_j u8[j] * value_i8[code j c]) * scale[r],
+//   scale[r] = max_j w[j] / kI8WeightMax * value_i8_step,
+// the integer sums being the same in every build. A tile with a non-finite or negative value
+// scale (corrupt data) gives the rows that see it scale NaN: their output is NaN. The
+// accumulators are held in the build's int8 value order (i8v_channel) during a call.
+//
 // Split order. With a split decode, a block of W*k channels is held as k vectors, vector m
 // holding channels m, k + m, 2k + m, ...: the kernel works in that "stored" order throughout.
 // The query rows are permuted into it once per call (scores are sums over channels, so their
@@ -82,6 +92,15 @@ template <class I>
 constexpr bool has_i8_tiles() {
   if constexpr (requires { I::kI8Tiles; })
     return I::kI8Tiles;
+  else
+    return false;
+}
+
+// Whether the traits have int8 value sums (values_i8_tile, i8v_table, i8v_channel, store_u8).
+template <class I>
+constexpr bool has_i8_values() {
+  if constexpr (requires { I::kI8Values; })
+    return I::kI8Values;
   else
     return false;
 }
@@ -221,6 +240,72 @@ struct Kernel {
       default:
         if constexpr (I::kAnyBits) return fn(dec(std::integral_constant<int, 1>{}, levels));
         return;
+    }
+  }
+
+  // Channels per block of the int8 value sums, or 0 where the build sums values in fp32.
+  static int i8v_block(const KernelFormat& f) {
+    if constexpr (has_i8_values<I>()) {
+      if (!f.int8_values) return 0;
+      const int c = I::i8v_block(f.value_bits);
+      return c > 0 && f.dim % c == 0 ? c : 0;
+    }
+    return 0;
+  }
+  // The int8 value weights [R, kTile] bytes and their scales [R], after the rest of the scratch.
+  static float* i8v_scales(float* scratch, int R, int d) {
+    return scratch + 3 * kTile + static_cast<size_t>(R) * (kTile + 2) + static_cast<size_t>(R + 1) * d +
+           static_cast<size_t>(R) * (2 + (d + 3) / 4) + 64;
+  }
+  // x[d] into the int8 value order of blocks of C channels (or back): position t of a block
+  // holds channel i8v_channel(bits, t).
+  static void permute_i8v(float* x, int d, int C, int bits, float* tmp, bool back) {
+    if constexpr (has_i8_values<I>()) {
+      for (int b = 0; b < d; b += C)
+        for (int t = 0; t < C; ++t) {
+          const int c = b + I::i8v_channel(bits, t), at = b + t;
+          if (back)
+            tmp[c] = x[at];
+          else
+            tmp[at] = x[c];
+        }
+      std::memcpy(x, tmp, sizeof(float) * static_cast<size_t>(d));
+    }
+  }
+
+  // Rounds row r's tile weights w[kTile] to u8 and sets its scale (see "Int8 values").
+  static void quantize_weights(const KernelFormat& f, const float* w, float mx, bool bad, uint8_t* o, float* scale) {
+    if constexpr (has_i8_values<I>()) {
+      if (bad || !(mx > 0.0f)) {
+        std::memset(o, 0, kTile);
+        *scale = bad ? __builtin_nanf("") : 0.0f;
+        return;
+      }
+      const V inv = I::set1(static_cast<float>(kI8WeightMax) / mx);
+      for (int j = 0; j < kTile; j += W) I::store_u8(o + j, I::mul(I::load(w + j), inv));
+      *scale = mx / static_cast<float>(kI8WeightMax) * f.value_i8_step;
+    }
+  }
+
+  static void values_i8_rows(const KernelFormat& f, int R, float* acc, const uint8_t* base, size_t stride, int nt,
+                             const uint8_t* w8, const float* alpha, const float* scale) {
+    if constexpr (has_i8_values<I>()) {
+      const int d = f.dim;
+      for (int r0 = 0; r0 < R; r0 += 4) {
+        with_rows<4>(kf_min(4, R - r0), [&](auto nr) {
+          constexpr int N = decltype(nr)::value;
+          const auto go = [&](auto b) {
+            constexpr int B = decltype(b)::value;
+            I::template values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, base, stride, nt, w8 + r0 * kTile,
+                                             alpha + r0, scale + r0, I::i8v_table(f.value_i8));
+          };
+          switch (f.value_bits) {
+            case 2: return go(std::integral_constant<int, 2>{});
+            case 3: return go(std::integral_constant<int, 3>{});
+            default: return go(std::integral_constant<int, 4>{});
+          }
+        });
+      }
     }
   }
 
@@ -511,11 +596,16 @@ struct Kernel {
       for (int r = 0; r < R; ++r) permute(qs + static_cast<size_t>(r) * d, d, ks, tmp, false);
       rows.q = qs;
     }
-    if (vs > 1)
+    const int cv = i8v_block(f);
+    if (cv > 1)
+      for (int r = 0; r < R; ++r) permute_i8v(st.acc + static_cast<size_t>(r) * d, d, cv, f.value_bits, tmp, false);
+    else if (vs > 1)
       for (int r = 0; r < R; ++r) permute(st.acc + static_cast<size_t>(r) * d, d, vs, tmp, false);
     for (int i = 0; i < n_runs; ++i)
       run_one(f, runs[i], i + 1 < n_runs ? &runs[i + 1] : nullptr, rows, c8 > 0 ? &i8 : nullptr, st, scratch);
-    if (vs > 1)
+    if (cv > 1)
+      for (int r = 0; r < R; ++r) permute_i8v(st.acc + static_cast<size_t>(r) * d, d, cv, f.value_bits, tmp, true);
+    else if (vs > 1)
       for (int r = 0; r < R; ++r) permute(st.acc + static_cast<size_t>(r) * d, d, vs, tmp, true);
   }
 
@@ -528,6 +618,9 @@ struct Kernel {
     float* p = vzero + kTile;                           // [R, kTile] scores, then weights
     float* alpha = p + static_cast<size_t>(R) * kTile;  // [R] accumulator rescale of this tile
     float* live = alpha + R;                            // [R] 1 if the row sees a key of this tile
+    const int cv = i8v_block(f);
+    float* wscale = i8v_scales(scratch, R, d);                         // [R] int8 value scales
+    uint8_t* w8 = reinterpret_cast<uint8_t*>(wscale + R);              // [R, kTile] int8 weights
     for (int j0 = 0; j0 < run.n; j0 += kTile) {
       const int nt = kf_min(kTile, run.n - j0);
       const int64_t first = run.pos0 + j0, last = first + nt - 1;
@@ -562,6 +655,20 @@ struct Kernel {
         });
       }
       key_factors(f, run, j0, nt, kfac);
+      value_factors(f, run, j0, nt, vfac, vzero);
+      for (int j = nt; j < kTile; ++j) vfac[j] = vzero[j] = 0.0f;  // weights there are 0 already
+      // Int8 values: a non-finite or negative value scale in the tile makes every row NaN.
+      bool bad_scales = false;
+      if (cv > 0) {
+        V total = I::zero(), neg = I::zero();
+        for (int j = 0; j < kTile; j += W) {
+          const V x = I::load(vfac + j);
+          total = I::add(total, x);
+          neg = I::max(neg, I::sub(I::zero(), x));
+        }
+        const float t = I::reduce(total);
+        bad_scales = !(t - t == 0.0f) || I::reduce_max(neg) > 0.0f;
+      }
       const V kf_first = I::load(kfac);
       for (int r = 0; r < R; ++r) {
         float* s = p + r * kTile;
@@ -588,33 +695,32 @@ struct Kernel {
           live[r] = 0.0f;
           alpha[r] = 1.0f;
           for (int j = 0; j < kTile; ++j) s[j] = 0.0f;
+          if (cv > 0) quantize_weights(f, s, 0.0f, false, w8 + r * kTile, wscale + r);
           continue;
         }
         const float m_old = st.m[r];
         const float m_new = m_old > mt ? m_old : mt;
         alpha[r] = m_old == kNegInf ? 0.0f : (m_old == m_new ? 1.0f : I::exp_scalar(m_old - m_new));
         st.m[r] = m_new;
+        // One pass: e = exp(s - m) into l, e * vzero into zs, the weight e * vfac into s.
         const V mv = I::set1(m_new);
-        V sum = I::zero();
+        V sum = I::zero(), z = I::zero(), mx = I::zero();
         for (int j = 0; j < kTile; j += W) {
           const V e = I::exp(I::sub(I::load(s + j), mv));
-          I::store(s + j, e);
           sum = I::add(sum, e);
+          z = I::fmadd(e, I::load(vzero + j), z);
+          const V x = I::mul(e, I::load(vfac + j));
+          I::store(s + j, x);
+          if (cv > 0) mx = I::max(mx, x);
         }
         st.l[r] = st.l[r] * alpha[r] + I::reduce(sum);
-      }
-      value_factors(f, run, j0, nt, vfac, vzero);
-      for (int j = nt; j < kTile; ++j) vfac[j] = vzero[j] = 0.0f;  // weights there are 0 already
-      for (int r = 0; r < R; ++r) {
-        if (live[r] == 0.0f) continue;
-        float* w = p + r * kTile;
-        V z = I::zero();
-        for (int j = 0; j < kTile; j += W) {
-          const V wv = I::load(w + j);
-          z = I::fmadd(wv, I::load(vzero + j), z);
-          I::store(w + j, I::mul(wv, I::load(vfac + j)));
-        }
         st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);
+        if (cv > 0) quantize_weights(f, s, I::reduce_max(mx), bad_scales, w8 + r * kTile, wscale + r);
+      }
+      if (cv > 0) {
+        values_i8_rows(f, R, st.acc, run.vc + static_cast<size_t>(j0) * run.vc_stride, run.vc_stride, nt, w8, alpha,
+                       wscale);
+        continue;
       }
       with_value_decoder(f, [&](const auto& dec) {
         accumulate_rows(R, st.acc, d, run.vc + static_cast<size_t>(j0) * run.vc_stride, run.vc_stride, nt, p,

@@ -89,12 +89,16 @@ void set_simd_level(SimdLevel level) {
   g_level.store(static_cast<int>(level));
 }
 
-std::string_view key_scores_name(KeyScores s) { return s == KeyScores::Int8 ? "int8" : "exact"; }
+std::string_view key_scores_name(KeyScores s) {
+  return s == KeyScores::Int8 ? "int8" : s == KeyScores::Int8Keys ? "int8-keys" : "exact";
+}
 
 KeyScores parse_key_scores(std::string_view name) {
   if (name == "int8") return KeyScores::Int8;
   if (name == "exact") return KeyScores::Exact;
-  throw Error(ErrorCode::InvalidArgument, "unknown key scoring '" + std::string(name) + "' (valid: int8, exact)");
+  if (name == "int8-keys") return KeyScores::Int8Keys;
+  throw Error(ErrorCode::InvalidArgument,
+              "unknown key scoring '" + std::string(name) + "' (valid: int8, int8-keys, exact)");
 }
 
 KeyScores active_key_scores() {

@@ -6,6 +6,8 @@
 #include <random>
 #include <vector>
 
+#include "tqkv/contiguous_cache.h"
+#include "tqkv/format.h"
 #include "tqkv/simd.h"
 #include "tqkv/threads.h"
 
@@ -28,6 +30,32 @@ inline double rel_error(const std::vector<float>& a, const std::vector<float>& b
     den += static_cast<double>(b[i]) * b[i];
   }
   return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// One layer of `format`, H kv heads of dim d, T tokens of seeded Gaussian K/V (seed, seed + 1)
+// written; the keys and values also to *k_out / *v_out where given.
+inline ContiguousCache filled_cache(const char* format, int H, int d, int T, uint64_t seed,
+                                    std::vector<float>* k_out = nullptr, std::vector<float>* v_out = nullptr) {
+  ContiguousCacheConfig cfg;
+  cfg.n_kv_heads = H;
+  cfg.head_dim = d;
+  cfg.capacity = T;
+  cfg.layer_formats = {find_format(format)};
+  ContiguousCache cache(cfg);
+  const auto k = gaussian(static_cast<size_t>(T) * H * d, seed), v = gaussian(k.size(), seed + 1);
+  cache.write(0, 0, T, k.data(), v.data());
+  if (k_out) *k_out = k;
+  if (v_out) *v_out = v;
+  return cache;
+}
+
+// Whether the AVX-512 kernel has its int8 paths here (VNNI + VBMI: kernel-avx512vnni.cpp).
+inline bool avx512_has_int8() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+#else
+  return false;
+#endif
 }
 
 // Every SIMD level this CPU runs, scalar first.

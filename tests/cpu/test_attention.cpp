@@ -183,17 +183,18 @@ std::vector<float> merge_by_lse(const std::vector<std::vector<float>>& outs, con
   return out;
 }
 
-// Every SIMD level with exact and with int8 key scores.
+// Every SIMD level with exact scores, int8 key scores, and int8 key scores and value sums.
 std::vector<std::pair<SimdLevel, KeyScores>> levels_and_scores() {
   std::vector<std::pair<SimdLevel, KeyScores>> out;
   for (SimdLevel level : testing_util::supported_levels())
-    for (KeyScores ks : {KeyScores::Exact, KeyScores::Int8}) out.emplace_back(level, ks);
+    for (KeyScores ks : {KeyScores::Exact, KeyScores::Int8Keys, KeyScores::Int8}) out.emplace_back(level, ks);
   return out;
 }
 
 // Attention split into a "sink" part [0, S), a middle part and a recent part (p - W, p] by
 // min_key_pos / exclude_recent / window, merged by the returned log-sum-exps, equals attention
-// over every key, at every SIMD level (the cuts merge exactly with int8 key scores too); the
+// over every key, at every SIMD level (the cuts merge exactly with int8 key scores too, within
+// the weights' rounding with int8 value sums); the
 // reference applies the same cuts; lse is exact.
 TEST(Attention, KeyRangeCutsAndLogSumExpMergeExactly) {
   const int d = 64, H = 2, Hq = 6, S = 3, W = 5, n = 40, n_q = 12;
@@ -236,9 +237,11 @@ TEST(Attention, KeyRangeCutsAndLogSumExpMergeExactly) {
         attention(cache, 0, q.data() + static_cast<size_t>(t) * Hq * d, 1, pos0 + t, sink,
                   outs[2].data() + static_cast<size_t>(t) * Hq * d);
       }
-      EXPECT_LT(rel_error(merge_by_lse(outs, lses, rows, d), full), 1e-5)
+      // Int8 value sums round each tile's weights against the tile's largest (u8, step 1/255):
+      // the cuts move the tiles, so the parts merge within that rounding, not exactly.
+      EXPECT_LT(rel_error(merge_by_lse(outs, lses, rows, d), full), ks == KeyScores::Int8 ? 3e-3 : 1e-5)
           << name << " " << simd_level_name(level) << " " << key_scores_name(ks);
-      if (ks == KeyScores::Int8) continue;  // the int8 scores' bound: test_int8_scores.cpp
+      if (ks != KeyScores::Exact) continue;  // the int8 scores' bound: test_int8_scores.cpp
       // The reference with the same cuts.
       std::vector<float> ref(q.size());
       mid.lse = nullptr;

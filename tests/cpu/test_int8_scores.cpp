@@ -1,5 +1,7 @@
-// Int8 key scores (tqkv/simd.h KeyScores::Int8) against the exact reference, with the error
-// bound their quantization steps imply, and the same integers at every level that has them.
+// Int8 key scores (tqkv/simd.h KeyScores::Int8Keys: int8 scores, fp32 value sums; the int8
+// value sums of KeyScores::Int8 are test_int8_values.cpp's) against the exact reference, with
+// the error bound their quantization steps imply, and the same integers at every level that
+// has them.
 //
 // The bound. Row q (rotated, times the softmax scale) is rounded to q8 with step s_q =
 // max|q| / 127, the codebook levels L to L8 with step s_k = max|L| / 63. For a key of norm n
@@ -39,30 +41,12 @@ bool level_has_int8(SimdLevel level, int key_bits, int d) {
   switch (level) {
     case SimdLevel::Scalar: return true;
     case SimdLevel::Avx2: return key_bits != 3 && d % 32 == 0;
-    case SimdLevel::Avx512:
-#if defined(__x86_64__)
-      return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") && d % 64 == 0;
-#else
-      return false;
-#endif
+    case SimdLevel::Avx512: return testing_util::avx512_has_int8() && d % 64 == 0;
   }
   return false;
 }
 
-// One layer of `format`, H kv heads of dim d, T tokens of seeded Gaussian K/V written (the
-// keys also to *k_out).
-ContiguousCache filled_cache(const char* format, int H, int d, int T, uint64_t seed, std::vector<float>* k_out) {
-  ContiguousCacheConfig cfg;
-  cfg.n_kv_heads = H;
-  cfg.head_dim = d;
-  cfg.capacity = T;
-  cfg.layer_formats = {find_format(format)};
-  ContiguousCache cache(cfg);
-  const auto k = gaussian(static_cast<size_t>(T) * H * d, seed), v = gaussian(k.size(), seed + 1);
-  cache.write(0, 0, T, k.data(), v.data());
-  if (k_out) *k_out = k;
-  return cache;
-}
+using testing_util::filled_cache;
 
 struct Setup {
   const char* format;
@@ -134,7 +118,7 @@ void check(const Setup& c) {
     }
 
   testing_util::LevelGuard guard;
-  testing_util::ScoresGuard int8(KeyScores::Int8);
+  testing_util::ScoresGuard int8(KeyScores::Int8Keys);  // fp32 value sums: the key contract alone
   std::vector<float> scalar_out;
   for (SimdLevel level : testing_util::supported_levels()) {
     set_simd_level(level);
@@ -208,7 +192,7 @@ void check_contract(const char* name, int d, int G, int T) {
   AttentionParams p;
   p.n_q_heads = G;
   testing_util::LevelGuard guard;
-  testing_util::ScoresGuard int8(KeyScores::Int8);
+  testing_util::ScoresGuard int8(KeyScores::Int8Keys);  // fp32 value sums: the key contract alone
   for (SimdLevel level : testing_util::supported_levels()) {
     if (!level_has_int8(level, f.key_bits, d)) continue;
     set_simd_level(level);
