@@ -73,25 +73,28 @@ DeviceBuffer WeightLoader::vec(const std::string& name, int n) const {
   return dev_.load_vector(v.data(), v.size());
 }
 
-StepProducts::StepProducts(Device& dev, const Batch& batch) : dev_(dev), batch_(batch), runs_(batch.runs()) {
-  per_run_ = runs_.size() > 1 && dev.row_count_changes_products();
+StepProducts::StepProducts(Device& dev, const Batch& batch) : dev_(dev), batch_(batch) {
+  const std::vector<Batch::Run> runs = batch.runs();
+  per_run_ = runs.size() > 1 && dev.row_count_changes_products();
+  if (!per_run_) return;
+  int row = 0;  // each run's logit rows together: the product that run gets alone
+  for (const Batch::Run& r : runs) {
+    runs_.push_back({r.begin, r.count});
+    int m = 0;
+    for (int t = r.begin; t < r.begin + r.count; ++t) m += batch.logits[t] != 0;
+    if (m > 0) logit_runs_.push_back({row, m});
+    row += m;
+  }
 }
 
 void StepProducts::matmul(const float* x, const DeviceMatrix& w, float* y, const float* bias) const {
   if (!per_run_) return dev_.matmul(x, batch_.size(), w, y, bias);
-  for (const Batch::Run& r : runs_)
-    dev_.matmul(x + static_cast<size_t>(r.begin) * w.cols(), r.count, w, y + static_cast<size_t>(r.begin) * w.rows(), bias);
+  dev_.matmul_runs(x, runs_.data(), static_cast<int>(runs_.size()), w, y, bias);
 }
 
 void StepProducts::matmul_logit_rows(const float* x, const DeviceMatrix& w, float* y) const {
   if (!per_run_) return dev_.matmul(x, batch_.n_logits(), w, y);
-  int row = 0;  // each run's logit rows together: the product that run gets alone
-  for (const Batch::Run& r : runs_) {
-    int m = 0;
-    for (int t = r.begin; t < r.begin + r.count; ++t) m += batch_.logits[t] != 0;
-    if (m > 0) dev_.matmul(x + static_cast<size_t>(row) * w.cols(), m, w, y + static_cast<size_t>(row) * w.rows());
-    row += m;
-  }
+  dev_.matmul_runs(x, logit_runs_.data(), static_cast<int>(logit_runs_.size()), w, y);
 }
 
 void output_logits(const ModelConfig& c, const ModelWeights& w, Device& dev, const StepProducts& products,

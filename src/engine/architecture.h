@@ -74,7 +74,8 @@ const Architecture& find_architecture(const std::string& arch);
 // (Device::row_count_changes_products: the CPU's quantized kernels for 1-2 rows, SGEMM beyond)
 // with a batch of several sequences: there each sequence's run gets the product it would get
 // alone, so batching changes no sequence's logits (the server's greedy answers equal
-// generate()'s), at the price of one product per sequence on that device.
+// generate()'s); Device::matmul_runs multiplies the runs together where that changes no
+// result (on the CPU, every sequence's decode row in one pass over the quantized weights).
 class StepProducts {
  public:
   StepProducts(Device& dev, const Batch& batch);
@@ -86,8 +87,9 @@ class StepProducts {
  private:
   Device& dev_;
   const Batch& batch_;
-  std::vector<Batch::Run> runs_;
   bool per_run_;
+  std::vector<RowRun> runs_;        // with per_run_: each run's rows
+  std::vector<RowRun> logit_runs_;  // and its logit rows (among the batch's logit rows)
 };
 
 // Shared by the architectures: final RMSNorm of the rows that want logits, the output head

@@ -80,8 +80,7 @@ void CpuDevice::matmul(const float* x, int n, const DeviceMatrix& wm, float* y, 
     const int m = o1 - o0;
     if (m <= 0) return;
     if (quantized) {
-      for (int t = 0; t < n; ++t)
-        qgemv(w.qtype, w.q.data(), in, o0, o1, x + static_cast<size_t>(t) * in, y + static_cast<size_t>(t) * out + o0);
+      qgemm(w.qtype, w.q.data(), in, o0, o1, x, n, y + o0, out);  // each row as qgemv alone
     } else if (!w.q.empty()) {
       // Tiles depend on the part and the matrix only, never on n, so a row's products do
       // not change with the batch beyond what SGEMM itself does for a different n.
@@ -106,6 +105,40 @@ void CpuDevice::matmul(const float* x, int n, const DeviceMatrix& wm, float* y, 
     if (bias)
       for (int t = 0; t < n; ++t)
         for (int o = o0; o < o1; ++o) y[static_cast<size_t>(t) * out + o] += bias[o];
+  });
+}
+
+// Runs of up to kQuantizedMaxTokens rows get qgemv per row from matmul, so all of them can
+// share one qgemm pass over the blocks (bit-identical rows, weights read once per group of rows
+// instead of once per sequence); longer runs (prefill chunks) get matmul's SGEMM each.
+void CpuDevice::matmul_runs(const float* x, const RowRun* runs, int n_runs, const DeviceMatrix& wm, float* y,
+                            const float* bias) {
+  const auto& w = static_cast<const CpuMatrix&>(wm);
+  if (w.q.empty()) return Device::matmul_runs(x, runs, n_runs, wm, y, bias);
+  const int in = w.cols(), out = w.rows();
+  std::vector<RowRun> stretches;  // consecutive rows of short runs
+  for (int i = 0; i < n_runs; ++i) {
+    const RowRun& r = runs[i];
+    if (r.count > kQuantizedMaxTokens) {
+      matmul(x + static_cast<size_t>(r.begin) * in, r.count, wm, y + static_cast<size_t>(r.begin) * out, bias);
+    } else if (!stretches.empty() && stretches.back().begin + stretches.back().count == r.begin) {
+      stretches.back().count += r.count;
+    } else if (r.count > 0) {
+      stretches.push_back(r);
+    }
+  }
+  if (stretches.empty()) return;
+  const int parts = std::max(1, std::min(cpu::pool_threads(), out / 64));
+  cpu::parallel_for(parts, [&](int p) {
+    const int o0 = static_cast<int>(static_cast<int64_t>(out) * p / parts);
+    const int o1 = static_cast<int>(static_cast<int64_t>(out) * (p + 1) / parts);
+    for (const RowRun& r : stretches) {
+      float* yr = y + static_cast<size_t>(r.begin) * out;
+      qgemm(w.qtype, w.q.data(), in, o0, o1, x + static_cast<size_t>(r.begin) * in, r.count, yr + o0, out);
+      if (bias)
+        for (int t = 0; t < r.count; ++t)
+          for (int o = o0; o < o1; ++o) yr[static_cast<size_t>(t) * out + o] += bias[o];
+    }
   });
 }
 

@@ -48,6 +48,10 @@ class CpuDevice final : public Device {
   // qgemv on the GGUF blocks for 1-2 rows, SGEMM (per dequantized row tile) beyond.
   bool row_count_changes_products() const override { return true; }
   void matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) override;
+  // Every run of 1-2 rows in one qgemm pass (the rows matmul gives each alone); longer runs
+  // one matmul each.
+  void matmul_runs(const float* x, const RowRun* runs, int n_runs, const DeviceMatrix& w, float* y,
+                   const float* bias) override;
   void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) override;
   void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) override;
   void swiglu(float* gate, const float* up, size_t n) override;

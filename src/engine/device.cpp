@@ -16,6 +16,13 @@ DeviceBuffer Device::load_vector(const float* host, size_t n) {
   return b;
 }
 
+void Device::matmul_runs(const float* x, const RowRun* runs, int n_runs, const DeviceMatrix& w, float* y,
+                         const float* bias) {
+  for (int i = 0; i < n_runs; ++i)
+    matmul(x + static_cast<size_t>(runs[i].begin) * w.cols(), runs[i].count, w,
+           y + static_cast<size_t>(runs[i].begin) * w.rows(), bias);
+}
+
 std::shared_ptr<Device> make_device(std::string_view name) {
   if (name == "cpu") return std::make_shared<CpuDevice>();
 #ifdef TQKV_HAS_CUDA

@@ -28,6 +28,11 @@ struct CacheSpec;
 // (i, i + n_rot/2).
 enum class RopeLayout { Adjacent, Halves };
 
+// Rows [begin, begin + count) of a product: one sequence's rows of a batch (Device::matmul_runs).
+struct RowRun {
+  int begin, count;
+};
+
 struct RopeParams {
   int n_rot = 0;  // leading dims of each head that RoPE rotates (even)
   float base = 10000.0f;
@@ -94,6 +99,12 @@ class Device {
   // sequence's rows of a batch separately, so batching changes no sequence's logits.
   virtual bool row_count_changes_products() const { return false; }
   virtual void matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias = nullptr) = 0;
+  // The same product over the rows of runs[0 .. n_runs) (in row order, disjoint), each run's rows
+  // equal to matmul of that run alone: what a device whose row count changes products gives
+  // each sequence of a batch. Default: one matmul per run; a device may share the weight reads
+  // among runs when that changes no result (the CPU's quantized kernels for 1-2 rows).
+  virtual void matmul_runs(const float* x, const RowRun* runs, int n_runs, const DeviceMatrix& w, float* y,
+                           const float* bias = nullptr);
   // y[t] = x[t] / rms(x[t]) * w, over d features; y may be x. Per-head norms pass
   // n = tokens * heads rows of d = head_dim.
   virtual void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) = 0;

@@ -1,5 +1,6 @@
 #include "qgemv.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -19,136 +20,152 @@ float f16(const uint8_t* p) {
   return half_to_float(h);
 }
 
-// Scalar references: the block layouts are those of dequant.cpp.
-void q4_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
-  const int nb = cols / 32;
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* b = w + static_cast<size_t>(r) * nb * 18;
-    float acc = 0;
-    for (int i = 0; i < nb; ++i, b += 18) {
-      const float* xb = x + 32 * i;
-      float s = 0;
-      for (int j = 0; j < 16; ++j) s += static_cast<float>(b[2 + j] & 0x0f) * xb[j] + static_cast<float>(b[2 + j] >> 4) * xb[j + 16];
-      acc += f16(b) * (s - 8.0f * xsum[i]);
-    }
-    y[r - r0] = acc;
+// Scalar references: the block layouts are those of dequant.cpp. Each converts a block's codes
+// to floats once and runs the one-row arithmetic of every activation row t on them.
+inline const float* row_x(const QgemmArgs& a, int t) { return a.x + static_cast<size_t>(t) * a.cols; }
+inline const float* row_xsum(const QgemmArgs& a, int t) { return a.xsum + static_cast<size_t>(t) * (a.cols / 32); }
+
+// For each weight row of [r0, r1): acc[t] starts at 0, block(b, i, acc) runs over its blocks
+// of kBytes bytes (kElems elements), and y = acc[t].
+template <int N, int kElems, int kBytes, class Block>
+inline void over_rows(const QgemmArgs& a, Block block) {
+  const int nb = a.cols / kElems;
+  for (int r = a.r0; r < a.r1; ++r) {
+    const uint8_t* b = a.w + static_cast<size_t>(r) * nb * kBytes;
+    float acc[N] = {};
+    for (int i = 0; i < nb; ++i, b += kBytes) block(b, i, acc);
+    for (int t = 0; t < N; ++t) a.y[t * a.ldy + (r - a.r0)] = acc[t];
   }
 }
 
-void q4_1(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
-  const int nb = cols / 32;
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* b = w + static_cast<size_t>(r) * nb * 20;
-    float acc = 0;
-    for (int i = 0; i < nb; ++i, b += 20) {
-      const float* xb = x + 32 * i;
-      float s = 0;
-      for (int j = 0; j < 16; ++j) s += static_cast<float>(b[4 + j] & 0x0f) * xb[j] + static_cast<float>(b[4 + j] >> 4) * xb[j + 16];
-      acc += f16(b) * s + f16(b + 2) * xsum[i];
-    }
-    y[r - r0] = acc;
+// q[j] for the 32 4-bit codes of a Q4_0/Q4_1 block (low nibbles: elements 0-15).
+inline void nibbles(const uint8_t* qs, float* q) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<float>(qs[j] & 0x0f);
+    q[j + 16] = static_cast<float>(qs[j] >> 4);
   }
+}
+
+// sum_j q_j x_j, pairing elements j and j + 16 as the one-row kernels do.
+inline float dot_pairs(const float* q, const float* xb) {
+  float s = 0;
+  for (int j = 0; j < 16; ++j) s += q[j] * xb[j] + q[j + 16] * xb[j + 16];
+  return s;
+}
+
+template <int N>
+void q4_0(const QgemmArgs& a) {
+  over_rows<N, 32, 18>(a, [&](const uint8_t* b, int i, float* acc) {
+    float q[32];
+    nibbles(b + 2, q);
+    for (int t = 0; t < N; ++t) acc[t] += f16(b) * (dot_pairs(q, row_x(a, t) + 32 * i) - 8.0f * row_xsum(a, t)[i]);
+  });
+}
+
+template <int N>
+void q4_1(const QgemmArgs& a) {
+  over_rows<N, 32, 20>(a, [&](const uint8_t* b, int i, float* acc) {
+    float q[32];
+    nibbles(b + 4, q);
+    for (int t = 0; t < N; ++t) acc[t] += f16(b) * dot_pairs(q, row_x(a, t) + 32 * i) + f16(b + 2) * row_xsum(a, t)[i];
+  });
 }
 
 // Q5_0: the 5th bit of element j is bit j of qh; (q - 16) d = d q - 16 d.
-void q5_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
-  const int nb = cols / 32;
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* b = w + static_cast<size_t>(r) * nb * 22;
-    float acc = 0;
-    for (int i = 0; i < nb; ++i, b += 22) {
-      uint32_t qh;
-      std::memcpy(&qh, b + 2, 4);
-      const float* xb = x + 32 * i;
-      float s = 0;
-      for (int j = 0; j < 16; ++j) {
-        const int lo = (b[6 + j] & 0x0f) | (((qh >> j) & 1) << 4);
-        const int hi = (b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-        s += static_cast<float>(lo) * xb[j] + static_cast<float>(hi) * xb[j + 16];
-      }
-      acc += f16(b) * (s - 16.0f * xsum[i]);
+template <int N>
+void q5_0(const QgemmArgs& a) {
+  over_rows<N, 32, 22>(a, [&](const uint8_t* b, int i, float* acc) {
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    float q[32];
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<float>((b[6 + j] & 0x0f) | (((qh >> j) & 1) << 4));
+      q[j + 16] = static_cast<float>((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
     }
-    y[r - r0] = acc;
-  }
+    for (int t = 0; t < N; ++t) acc[t] += f16(b) * (dot_pairs(q, row_x(a, t) + 32 * i) - 16.0f * row_xsum(a, t)[i]);
+  });
 }
 
-void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float*, float* y) {
-  const int nb = cols / 32;
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* b = w + static_cast<size_t>(r) * nb * 34;
-    float acc = 0;
-    for (int i = 0; i < nb; ++i, b += 34) {
-      const auto* q = reinterpret_cast<const int8_t*>(b + 2);
+template <int N>
+void q8_0(const QgemmArgs& a) {
+  over_rows<N, 32, 34>(a, [&](const uint8_t* b, int i, float* acc) {
+    float q[32];
+    for (int j = 0; j < 32; ++j) q[j] = static_cast<float>(static_cast<int8_t>(b[2 + j]));
+    for (int t = 0; t < N; ++t) {
+      const float* xb = row_x(a, t) + 32 * i;
       float s = 0;
-      for (int j = 0; j < 32; ++j) s += static_cast<float>(q[j]) * x[32 * i + j];
-      acc += f16(b) * s;
+      for (int j = 0; j < 32; ++j) s += q[j] * xb[j];
+      acc[t] += f16(b) * s;
     }
-    y[r - r0] = acc;
-  }
+  });
 }
 
 // Q4_K: 256-element blocks of 8 sub-blocks of 32, each d*s*q - dmin*m; the mins factor out
 // against the sub-block sums of x.
-void q4_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
-  const int nb = cols / 256;
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* b = w + static_cast<size_t>(r) * nb * 144;
-    float acc = 0;
-    for (int i = 0; i < nb; ++i, b += 144) {
-      const float d = f16(b), dmin = f16(b + 2);
-      const uint8_t* q = b + 16;
-      for (int g = 0; g < 4; ++g, q += 32) {
-        int s0, m0, s1, m1;
-        q4_k_scale_min(b + 4, 2 * g, s0, m0);
-        q4_k_scale_min(b + 4, 2 * g + 1, s1, m1);
-        const float* x0 = x + 256 * i + 64 * g;
+template <int N>
+void q4_k(const QgemmArgs& a) {
+  over_rows<N, 256, 144>(a, [&](const uint8_t* b, int i, float* acc) {
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t* qs = b + 16;
+    for (int g = 0; g < 4; ++g, qs += 32) {
+      int s0, m0, s1, m1;
+      q4_k_scale_min(b + 4, 2 * g, s0, m0);
+      q4_k_scale_min(b + 4, 2 * g + 1, s1, m1);
+      float q0[32], q1[32];
+      for (int l = 0; l < 32; ++l) {
+        q0[l] = static_cast<float>(qs[l] & 0x0f);
+        q1[l] = static_cast<float>(qs[l] >> 4);
+      }
+      for (int t = 0; t < N; ++t) {
+        const float* x0 = row_x(a, t) + 256 * i + 64 * g;
         float a0 = 0, a1 = 0;
         for (int l = 0; l < 32; ++l) {
-          a0 += static_cast<float>(q[l] & 0x0f) * x0[l];
-          a1 += static_cast<float>(q[l] >> 4) * x0[32 + l];
+          a0 += q0[l] * x0[l];
+          a1 += q1[l] * x0[32 + l];
         }
-        const float* xs = xsum + 8 * i + 2 * g;
-        acc += d * (static_cast<float>(s0) * a0 + static_cast<float>(s1) * a1) -
-               dmin * (static_cast<float>(m0) * xs[0] + static_cast<float>(m1) * xs[1]);
+        const float* xs = row_xsum(a, t) + 8 * i + 2 * g;
+        acc[t] += d * (static_cast<float>(s0) * a0 + static_cast<float>(s1) * a1) -
+                  dmin * (static_cast<float>(m0) * xs[0] + static_cast<float>(m1) * xs[1]);
       }
     }
-    y[r - r0] = acc;
-  }
+  });
 }
 
 // Q6_K: the codes' offset of 32 is subtracted in integers, so no sums of x are needed; each
 // 16-element sub-block's dot product is scaled by d * scale.
-void q6_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const float*, float* y) {
-  const int nb = cols / 256;
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* b = w + static_cast<size_t>(r) * nb * kQ6kBytes;
-    float acc = 0;
-    for (int i = 0; i < nb; ++i, b += kQ6kBytes) {
-      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-      const float d = f16(b + 208);
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* ql = b + 64 * h;
-        const uint8_t* qh = b + 128 + 32 * h;
-        const float* xh = x + 256 * i + 128 * h;
+template <int N>
+void q6_k(const QgemmArgs& a) {
+  over_rows<N, 256, kQ6kBytes>(a, [&](const uint8_t* b, int i, float* acc) {
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = f16(b + 208);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = b + 64 * h;
+      const uint8_t* qh = b + 128 + 32 * h;
+      float q[128];  // element 32k + l
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < 32; ++l) {
+          const int lo = (ql[l + 32 * (k & 1)] >> (k < 2 ? 0 : 4)) & 0x0f;
+          q[32 * k + l] = static_cast<float>((lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32);
+        }
+      for (int t = 0; t < N; ++t) {
+        const float* xh = row_x(a, t) + 256 * i + 128 * h;
         for (int k = 0; k < 4; ++k)
           for (int half16 = 0; half16 < 2; ++half16) {
             float s = 0;
-            for (int l = 16 * half16; l < 16 * half16 + 16; ++l) {
-              const int lo = (ql[l + 32 * (k & 1)] >> (k < 2 ? 0 : 4)) & 0x0f;
-              const int q = (lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
-              s += static_cast<float>(q) * xh[32 * k + l];
-            }
-            acc += d * static_cast<float>(sc[8 * h + 2 * k + half16]) * s;
+            for (int l = 16 * half16; l < 16 * half16 + 16; ++l) s += q[32 * k + l] * xh[32 * k + l];
+            acc[t] += d * static_cast<float>(sc[8 * h + 2 * k + half16]) * s;
           }
       }
     }
-    y[r - r0] = acc;
-  }
+  });
 }
 
 }  // namespace
 
-QgemvKernels qgemv_scalar() { return {q4_0, q4_1, q5_0, q8_0, q4_k, q6_k}; }
+QgemvKernels qgemv_scalar() {
+  return {TQKV_QGEMM_ENTRY(q4_0), TQKV_QGEMM_ENTRY(q4_1), TQKV_QGEMM_ENTRY(q5_0),
+          TQKV_QGEMM_ENTRY(q8_0), TQKV_QGEMM_ENTRY(q4_k), TQKV_QGEMM_ENTRY(q6_k)};
+}
 
 }  // namespace detail
 
@@ -164,29 +181,44 @@ const detail::QgemvKernels& kernels_for(SimdLevel level) {
   return level >= SimdLevel::Avx512 ? avx512 : level >= SimdLevel::Avx2 ? avx2 : scalar;
 }
 
+// Row tiles of W that qgemm runs every group of kQgemmRows activation rows over before moving
+// on, so that past kQgemmRows rows the tile is read from the cache, not from memory, again.
+constexpr int kQgemmTileRows = 16;
+
 void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
-         float* y) {
+         int n, float* y, size_t ldy) {
   if (cols % 32 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: cols must be a multiple of 32");
+  if (n < 0 || r0 < 0 || r1 < r0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count or range");
+  detail::QgemmFn fn = nullptr;
+  switch (static_cast<TensorType>(type)) {
+    case TensorType::Q4_0: fn = k.q4_0; break;
+    case TensorType::Q4_1: fn = k.q4_1; break;
+    case TensorType::Q5_0: fn = k.q5_0; break;
+    case TensorType::Q8_0: fn = k.q8_0; break;
+    case TensorType::Q4_K:
+    case TensorType::Q6_K:
+      if (cols % 256 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: K-quants need cols a multiple of 256");
+      fn = type == static_cast<uint32_t>(TensorType::Q4_K) ? k.q4_k : k.q6_k;
+      break;
+    default: throw Error(ErrorCode::InvalidArgument, "qgemv: unsupported type " + tensor_type_name(type));
+  }
   const int nb = cols / 32;
   thread_local std::vector<float> xsum;
-  xsum.resize(nb);
-  for (int i = 0; i < nb; ++i) {
+  xsum.resize(static_cast<size_t>(n) * nb);
+  for (size_t i = 0; i < xsum.size(); ++i) {
     float s = 0;
     for (int j = 0; j < 32; ++j) s += x[32 * i + j];
     xsum[i] = s;
   }
-  switch (static_cast<TensorType>(type)) {
-    case TensorType::Q4_0: k.q4_0(w, cols, r0, r1, x, xsum.data(), y); break;
-    case TensorType::Q4_1: k.q4_1(w, cols, r0, r1, x, xsum.data(), y); break;
-    case TensorType::Q5_0: k.q5_0(w, cols, r0, r1, x, xsum.data(), y); break;
-    case TensorType::Q8_0: k.q8_0(w, cols, r0, r1, x, xsum.data(), y); break;
-    case TensorType::Q4_K:
-    case TensorType::Q6_K: {
-      if (cols % 256 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: K-quants need cols a multiple of 256");
-      (type == static_cast<uint32_t>(TensorType::Q4_K) ? k.q4_k : k.q6_k)(w, cols, r0, r1, x, xsum.data(), y);
-      break;
+  // One tile and one group of rows at a time: a row's arithmetic does not depend on either.
+  const int tile = n <= detail::kQgemmRows ? std::max(1, r1 - r0) : kQgemmTileRows;
+  for (int t0 = r0; t0 < r1; t0 += tile) {
+    const int t1 = std::min(r1, t0 + tile);
+    for (int g = 0; g < n; g += detail::kQgemmRows) {
+      const detail::QgemmArgs a{w, cols, t0, t1, x + static_cast<size_t>(g) * cols, xsum.data() + static_cast<size_t>(g) * nb,
+                                std::min(detail::kQgemmRows, n - g), y + g * ldy + (t0 - r0), ldy};
+      fn(a);
     }
-    default: throw Error(ErrorCode::InvalidArgument, "qgemv: unsupported type " + tensor_type_name(type));
   }
 }
 
@@ -204,7 +236,11 @@ const char* qgemv_isa() {
 }
 
 void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y) {
-  run(kernels_for(active_simd_level()), type, w, cols, r0, r1, x, y);
+  run(kernels_for(active_simd_level()), type, w, cols, r0, r1, x, 1, y, 0);
+}
+
+void qgemm(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, int n, float* y, size_t ldy) {
+  run(kernels_for(active_simd_level()), type, w, cols, r0, r1, x, n, y, ldy);
 }
 
 }  // namespace tqkv::engine

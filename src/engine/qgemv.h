@@ -11,10 +11,12 @@
 // batched path's SGEMM on dequantized weights to float rounding, which keeps token-by-token
 // decode and batched prefill in agreement (tests/engine/test_model.cpp).
 //
-// Kernels: a scalar reference (always compiled, the oracle), AVX2+FMA+F16C (qgemv_avx2.cpp)
-// and AVX-512 F+BW+VL+DQ (qgemv_avx512.cpp), picked by tqkv::active_simd_level(), so
-// TQKV_SIMD=scalar|avx2|avx512 or set_simd_level() forces a level.
+// Kernels, one set for qgemv and qgemm (1-8 activation rows per call): a scalar reference
+// (always compiled, the oracle), AVX2+FMA+F16C (qgemv_avx2.cpp) and AVX-512 F+BW+VL+DQ
+// (qgemv_avx512.cpp), picked by tqkv::active_simd_level(), so TQKV_SIMD=scalar|avx2|avx512 or
+// set_simd_level() forces a level.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace tqkv::engine {
@@ -25,6 +27,12 @@ bool qgemv_supported(uint32_t type);
 // blocks, row stride = cols / block_elems * block_bytes; cols a multiple of 32 (256 for
 // Q4_K and Q6_K); y: [r1 - r0].
 void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y);
+
+// qgemv of n activation rows at once: y[t * ldy + r - r0] for t < n, x: [n, cols]. Each weight
+// block is decoded once per group of up to 8 rows; every row's result is bit-identical to
+// qgemv of that row alone (same operations in the same order), so batching decode steps
+// changes no product. n = 0 writes nothing.
+void qgemm(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, int n, float* y, size_t ldy);
 
 // The implementation qgemv uses now: "avx512", "avx2" or "scalar".
 const char* qgemv_isa();

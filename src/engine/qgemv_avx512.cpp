@@ -1,8 +1,12 @@
-// qgemv kernels for AVX-512 F+BW+VL+DQ (this file alone is compiled with those flags; the
-// dispatcher in qgemv.cpp calls it only from SimdLevel::Avx512 up). Same arithmetic as the
+// qgemv / qgemm kernels for AVX-512 F+BW+VL+DQ (this file alone is compiled with those flags;
+// the dispatcher in qgemv.cpp calls it only from SimdLevel::Avx512 up). Same arithmetic as the
 // AVX2 kernels, 16 codes per vector: a block of 32 is two conversions instead of four, and
 // Q5_0's fifth bits become a masked add of 16 (the 16-bit halves of qh are the masks).
-// Two accumulators per row hide the FMA latency of the per-block scaling.
+// Two accumulators per activation row hide the FMA latency of the per-block scaling.
+//
+// Each kernel takes N activation rows (qgemv_kernels.h): a block's codes are converted to
+// floats once, then each row runs the one-row arithmetic on them; the per-row state lives in
+// arrays indexed by compile-time constants only (unrolled loops), so it stays in registers.
 #include <immintrin.h>
 
 #include <cstring>
@@ -32,103 +36,130 @@ inline void nibbles(const uint8_t* qs, __m512& lo, __m512& hi) {
   hi = u8x16(_mm_and_si128(_mm_srli_epi16(q, 4), m4));
 }
 
-// Runs `block(i, acc)` for blocks [0, nb), alternating two accumulators; returns their sum.
-template <class Block>
-inline float over_blocks(int nb, Block block) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 1 < nb; i += 2) {
-    block(i, acc0);
-    block(i + 1, acc1);
-  }
-  if (i < nb) block(i, acc0);
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+// sum_j q_j x_j over one row's 32 elements xb, the codes as floats lo (0-15) and hi (16-31).
+inline __m512 dot32(__m512 lo, __m512 hi, const float* xb) {
+  return _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(xb)));
 }
 
-void q4_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
-  const int nb = cols / 32;
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* row = w + static_cast<size_t>(r) * nb * 18;
-    float corr = 0;
-    const float dot = over_blocks(nb, [&](int i, __m512& acc) {
-      const uint8_t* b = row + 18 * i;
-      const float d = f16(b);
-      __m512 lo, hi;
-      nibbles(b + 2, lo, hi);
-      const __m512 s = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 32 * i + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x + 32 * i)));
-      acc = _mm512_fmadd_ps(s, _mm512_set1_ps(d), acc);
-      corr += d * xsum[i];
-    });
-    y[r - r0] = dot - 8.0f * corr;
-  }
+struct Vec {
+  using type = __m512;
+};
+template <int N>
+using Sums = RowSums<Vec, N>;
+
+// Row t's dot product: the sum of its two accumulators.
+template <int N>
+inline float dot(const Sums<N>& s, int t) {
+  return _mm512_reduce_add_ps(_mm512_add_ps(s.acc[0][t], s.acc[1][t]));
 }
 
-void q4_1(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
-  const int nb = cols / 32;
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* row = w + static_cast<size_t>(r) * nb * 20;
-    float off = 0;
-    const float dot = over_blocks(nb, [&](int i, __m512& acc) {
-      const uint8_t* b = row + 20 * i;
-      __m512 lo, hi;
-      nibbles(b + 4, lo, hi);
-      const __m512 s = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 32 * i + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x + 32 * i)));
-      acc = _mm512_fmadd_ps(s, _mm512_set1_ps(f16(b)), acc);
-      off += f16(b + 2) * xsum[i];
-    });
-    y[r - r0] = dot + off;
+template <int K>
+using Acc = std::integral_constant<int, K>;
+
+// For each weight row of [r0, r1): runs block(b, i, Acc<k>, s) over its 32-element blocks of
+// kBytes bytes, pairs of blocks alternating accumulators 0 and 1 (an odd last block takes 0), and
+// stores y = out(t, s) for each activation row t.
+template <int N, int kBytes, class Block, class Out>
+inline void over_rows(const QgemmArgs& a, Block block, Out out) {
+  const int nb = a.cols / 32;
+  for (int r = a.r0; r < a.r1; ++r) {
+    const uint8_t* row = a.w + static_cast<size_t>(r) * nb * kBytes;
+    Sums<N> s;
+    int i = 0;
+    for (; i + 1 < nb; i += 2) {
+      block(row + static_cast<size_t>(kBytes) * i, i, Acc<0>{}, s);
+      block(row + static_cast<size_t>(kBytes) * (i + 1), i + 1, Acc<1>{}, s);
+    }
+    if (i < nb) block(row + static_cast<size_t>(kBytes) * i, i, Acc<0>{}, s);
+#pragma GCC unroll 8
+    for (int t = 0; t < N; ++t) a.y[t * a.ldy + (r - a.r0)] = out(t, s);
   }
 }
 
-void q5_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
-  const int nb = cols / 32;
+template <int N>
+void q4_0(const QgemmArgs& a) {
+  const int nb = a.cols / 32;
+  over_rows<N, 18>(
+      a,
+      [&](const uint8_t* b, int i, auto k, Sums<N>& s) {
+        const float d = f16(b);
+        __m512 lo, hi;
+        nibbles(b + 2, lo, hi);
+#pragma GCC unroll 8
+        for (int t = 0; t < N; ++t) {
+          const __m512 p = dot32(lo, hi, a.x + static_cast<size_t>(t) * a.cols + 32 * i);
+          s.acc[k][t] = _mm512_fmadd_ps(p, _mm512_set1_ps(d), s.acc[k][t]);
+          s.sum[t] += d * a.xsum[t * nb + i];
+        }
+      },
+      [](int t, const Sums<N>& s) { return dot(s, t) - 8.0f * s.sum[t]; });
+}
+
+template <int N>
+void q4_1(const QgemmArgs& a) {
+  const int nb = a.cols / 32;
+  over_rows<N, 20>(
+      a,
+      [&](const uint8_t* b, int i, auto k, Sums<N>& s) {
+        __m512 lo, hi;
+        nibbles(b + 4, lo, hi);
+#pragma GCC unroll 8
+        for (int t = 0; t < N; ++t) {
+          const __m512 p = dot32(lo, hi, a.x + static_cast<size_t>(t) * a.cols + 32 * i);
+          s.acc[k][t] = _mm512_fmadd_ps(p, _mm512_set1_ps(f16(b)), s.acc[k][t]);
+          s.sum[t] += f16(b + 2) * a.xsum[t * nb + i];
+        }
+      },
+      [](int t, const Sums<N>& s) { return dot(s, t) + s.sum[t]; });
+}
+
+template <int N>
+void q5_0(const QgemmArgs& a) {
+  const int nb = a.cols / 32;
   const __m512 sixteen = _mm512_set1_ps(16.0f);
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* row = w + static_cast<size_t>(r) * nb * 22;
-    float corr = 0;
-    const float dot = over_blocks(nb, [&](int i, __m512& acc) {
-      const uint8_t* b = row + 22 * i;
-      uint32_t qh;
-      std::memcpy(&qh, b + 2, 4);
-      const float d = f16(b);
-      __m512 lo, hi;
-      nibbles(b + 6, lo, hi);
-      lo = _mm512_mask_add_ps(lo, static_cast<__mmask16>(qh), lo, sixteen);
-      hi = _mm512_mask_add_ps(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen);
-      const __m512 s = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 32 * i + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x + 32 * i)));
-      acc = _mm512_fmadd_ps(s, _mm512_set1_ps(d), acc);
-      corr += d * xsum[i];
-    });
-    y[r - r0] = dot - 16.0f * corr;
-  }
+  over_rows<N, 22>(
+      a,
+      [&](const uint8_t* b, int i, auto k, Sums<N>& s) {
+        uint32_t qh;
+        std::memcpy(&qh, b + 2, 4);
+        const float d = f16(b);
+        __m512 lo, hi;
+        nibbles(b + 6, lo, hi);
+        lo = _mm512_mask_add_ps(lo, static_cast<__mmask16>(qh), lo, sixteen);
+        hi = _mm512_mask_add_ps(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen);
+#pragma GCC unroll 8
+        for (int t = 0; t < N; ++t) {
+          const __m512 p = dot32(lo, hi, a.x + static_cast<size_t>(t) * a.cols + 32 * i);
+          s.acc[k][t] = _mm512_fmadd_ps(p, _mm512_set1_ps(d), s.acc[k][t]);
+          s.sum[t] += d * a.xsum[t * nb + i];
+        }
+      },
+      [](int t, const Sums<N>& s) { return dot(s, t) - 16.0f * s.sum[t]; });
 }
 
-void q8_0(const uint8_t* w, int cols, int r0, int r1, const float* x, const float*, float* y) {
-  const int nb = cols / 32;
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* row = w + static_cast<size_t>(r) * nb * 34;
-    y[r - r0] = over_blocks(nb, [&](int i, __m512& acc) {
-      const uint8_t* b = row + 34 * i;
-      const __m512 s = _mm512_fmadd_ps(i8x16(load16(b + 18)), _mm512_loadu_ps(x + 32 * i + 16),
-                                       _mm512_mul_ps(i8x16(load16(b + 2)), _mm512_loadu_ps(x + 32 * i)));
-      acc = _mm512_fmadd_ps(s, _mm512_set1_ps(f16(b)), acc);
-    });
-  }
+template <int N>
+void q8_0(const QgemmArgs& a) {
+  over_rows<N, 34>(
+      a,
+      [&](const uint8_t* b, int i, auto k, Sums<N>& s) {
+        const __m512 lo = i8x16(load16(b + 2)), hi = i8x16(load16(b + 18));
+#pragma GCC unroll 8
+        for (int t = 0; t < N; ++t) {
+          const __m512 p = dot32(lo, hi, a.x + static_cast<size_t>(t) * a.cols + 32 * i);
+          s.acc[k][t] = _mm512_fmadd_ps(p, _mm512_set1_ps(f16(b)), s.acc[k][t]);
+        }
+      },
+      [](int t, const Sums<N>& s) { return dot(s, t); });
 }
 
-// sum_j q_j x_j over 32 bytes of codes 0-15 and 32 floats.
-inline __m512 dot_u8x32(__m256i q, const float* xb) {
-  return _mm512_fmadd_ps(u8x16(_mm256_extracti128_si256(q, 1)), _mm512_loadu_ps(xb + 16),
-                         _mm512_mul_ps(u8x16(_mm256_castsi256_si128(q)), _mm512_loadu_ps(xb)));
-}
-
-void q4_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const float* xsum, float* y) {
-  const int nb = cols / 256;
+// Q4_K and Q6_K: accumulator 0 takes the first half of each sub-block pair, 1 the second.
+template <int N>
+void q4_k(const QgemmArgs& a) {
+  const int nb = a.cols / 256;
   const __m256i m4 = _mm256_set1_epi8(0x0f);
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* b = w + static_cast<size_t>(r) * nb * 144;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    float corr = 0;
+  for (int r = a.r0; r < a.r1; ++r) {
+    const uint8_t* b = a.w + static_cast<size_t>(r) * nb * 144;
+    Sums<N> s;
     for (int i = 0; i < nb; ++i, b += 144) {
       const float d = f16(b), dmin = f16(b + 2);
       const uint8_t* q = b + 16;
@@ -137,45 +168,61 @@ void q4_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const floa
         q4_k_scale_min(b + 4, 2 * g, s0, m0);
         q4_k_scale_min(b + 4, 2 * g + 1, s1, m1);
         const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-        const float* x0 = x + 256 * i + 64 * g;
-        acc0 = _mm512_fmadd_ps(dot_u8x32(_mm256_and_si256(qv, m4), x0), _mm512_set1_ps(d * static_cast<float>(s0)), acc0);
-        acc1 = _mm512_fmadd_ps(dot_u8x32(_mm256_and_si256(_mm256_srli_epi16(qv, 4), m4), x0 + 32),
-                               _mm512_set1_ps(d * static_cast<float>(s1)), acc1);
-        const float* xs = xsum + 8 * i + 2 * g;
-        corr += dmin * (static_cast<float>(m0) * xs[0] + static_cast<float>(m1) * xs[1]);
+        const __m256i c0 = _mm256_and_si256(qv, m4), c1 = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
+        const __m512 l0 = u8x16(_mm256_castsi256_si128(c0)), h0 = u8x16(_mm256_extracti128_si256(c0, 1));
+        const __m512 l1 = u8x16(_mm256_castsi256_si128(c1)), h1 = u8x16(_mm256_extracti128_si256(c1, 1));
+#pragma GCC unroll 8
+        for (int t = 0; t < N; ++t) {
+          const float* x0 = a.x + static_cast<size_t>(t) * a.cols + 256 * i + 64 * g;
+          s.acc[0][t] = _mm512_fmadd_ps(dot32(l0, h0, x0), _mm512_set1_ps(d * static_cast<float>(s0)), s.acc[0][t]);
+          s.acc[1][t] = _mm512_fmadd_ps(dot32(l1, h1, x0 + 32), _mm512_set1_ps(d * static_cast<float>(s1)), s.acc[1][t]);
+          const float* xs = a.xsum + static_cast<size_t>(t) * (a.cols / 32) + 8 * i + 2 * g;
+          s.sum[t] += dmin * (static_cast<float>(m0) * xs[0] + static_cast<float>(m1) * xs[1]);
+        }
       }
     }
-    y[r - r0] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - corr;
+#pragma GCC unroll 8
+    for (int t = 0; t < N; ++t) a.y[t * a.ldy + (r - a.r0)] = dot(s, t) - s.sum[t];
   }
 }
 
-void q6_k(const uint8_t* w, int cols, int r0, int r1, const float* x, const float*, float* y) {
-  const int nb = cols / 256;
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* b = w + static_cast<size_t>(r) * nb * kQ6kBytes;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+template <int N>
+void q6_k(const QgemmArgs& a) {
+  const int nb = a.cols / 256;
+  for (int r = a.r0; r < a.r1; ++r) {
+    const uint8_t* b = a.w + static_cast<size_t>(r) * nb * kQ6kBytes;
+    Sums<N> s;
     for (int i = 0; i < nb; ++i, b += kQ6kBytes) {
       const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
       const float d = f16(b + 208);
       for (int h = 0; h < 2; ++h) {
         __m256i q[4];
         q6_k_codes(b + 64 * h, b + 128 + 32 * h, q);
-        const float* xh = x + 256 * i + 128 * h;
         for (int k = 0; k < 4; ++k) {
-          const int8_t* s = sc + 8 * h + 2 * k;
-          acc0 = _mm512_fmadd_ps(_mm512_mul_ps(i8x16(_mm256_castsi256_si128(q[k])), _mm512_loadu_ps(xh + 32 * k)),
-                                 _mm512_set1_ps(d * static_cast<float>(s[0])), acc0);
-          acc1 = _mm512_fmadd_ps(_mm512_mul_ps(i8x16(_mm256_extracti128_si256(q[k], 1)), _mm512_loadu_ps(xh + 32 * k + 16)),
-                                 _mm512_set1_ps(d * static_cast<float>(s[1])), acc1);
+          const int8_t* sk = sc + 8 * h + 2 * k;
+          const __m512 c0 = i8x16(_mm256_castsi256_si128(q[k])), c1 = i8x16(_mm256_extracti128_si256(q[k], 1));
+#pragma GCC unroll 8
+          for (int t = 0; t < N; ++t) {
+            const float* xh = a.x + static_cast<size_t>(t) * a.cols + 256 * i + 128 * h + 32 * k;
+            s.acc[0][t] = _mm512_fmadd_ps(_mm512_mul_ps(c0, _mm512_loadu_ps(xh)), _mm512_set1_ps(d * static_cast<float>(sk[0])),
+                                          s.acc[0][t]);
+            s.acc[1][t] = _mm512_fmadd_ps(_mm512_mul_ps(c1, _mm512_loadu_ps(xh + 16)),
+                                          _mm512_set1_ps(d * static_cast<float>(sk[1])), s.acc[1][t]);
+          }
         }
       }
     }
-    y[r - r0] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#pragma GCC unroll 8
+    for (int t = 0; t < N; ++t) a.y[t * a.ldy + (r - a.r0)] = dot(s, t);
   }
 }
 
+// The entry point of kernel K for any row count 1 .. kQgemmRows.
 }  // namespace
 
-QgemvKernels qgemv_avx512() { return {q4_0, q4_1, q5_0, q8_0, q4_k, q6_k}; }
+QgemvKernels qgemv_avx512() {
+  return {TQKV_QGEMM_ENTRY(q4_0), TQKV_QGEMM_ENTRY(q4_1), TQKV_QGEMM_ENTRY(q5_0),
+          TQKV_QGEMM_ENTRY(q8_0), TQKV_QGEMM_ENTRY(q4_k), TQKV_QGEMM_ENTRY(q6_k)};
+}
 
 }  // namespace tqkv::engine::detail

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -243,6 +244,46 @@ TEST_F(Smol, VarlenBatchEqualsSeparateRuns) {
     shared->free_sequence(s0);
     EXPECT_THROW(shared->seq_len(s0), Error);
     EXPECT_GT(shared->add_sequence(), s1);
+  }
+}
+
+// A decode step of several sequences (the CPU multiplies all their rows in one qgemm pass over
+// the quantized weights) gives each sequence bit for bit the logits of its decode step alone,
+// also with a prefill run between decode rows (which splits the rows into two passes and gets
+// SGEMM itself).
+TEST_F(Smol, BatchedDecodeStepEqualsAloneBitForBit) {
+  const std::vector<std::string> qs = {"Name three rivers.", "What is two plus two?", "Say hello.", "Count to five.",
+                                       "Why is the sky blue?"};
+  const int V = model_->config().n_vocab, B = static_cast<int>(qs.size()), ctx = 128;
+  for (const std::string spec : {"f32", "tq-4.375"}) {
+    SCOPED_TRACE(spec);
+    auto shared = model_->make_cache(spec, ctx, B);
+    std::vector<std::vector<int32_t>> p(B);
+    std::vector<int64_t> seq(B);
+    std::vector<float> want(static_cast<size_t>(B) * V), scratch(static_cast<size_t>(V));
+    Batch step;
+    for (int i = 0; i < B; ++i) {
+      p[i] = chat(qs[i]);
+      const int n = static_cast<int>(p[i].size());
+      seq[i] = shared->add_sequence();
+      auto alone = model_->make_cache(spec, ctx);
+      const int64_t s = alone->add_sequence();
+      if (i == 3) {  // a prefill in the middle of the step
+        model_->forward(s, p[i].data(), n, *alone, &want[static_cast<size_t>(i) * V], false);
+        step.add(seq[i], p[i].data(), n, 0, false);
+        continue;
+      }
+      model_->forward(s, p[i].data(), n - 1, *alone, scratch.data(), false);
+      model_->forward(s, &p[i][n - 1], 1, *alone, &want[static_cast<size_t>(i) * V], false);
+      model_->forward(seq[i], p[i].data(), n - 1, *shared, scratch.data(), false);
+      step.add(seq[i], &p[i][n - 1], 1, n - 1, false);
+    }
+    ASSERT_EQ(step.n_logits(), B);
+    std::vector<float> got(static_cast<size_t>(B) * V);
+    model_->forward(step, *shared, got.data());
+    for (int i = 0; i < B; ++i)
+      EXPECT_EQ(std::memcmp(&got[static_cast<size_t>(i) * V], &want[static_cast<size_t>(i) * V], V * sizeof(float)), 0)
+          << "sequence " << i;
   }
 }
 

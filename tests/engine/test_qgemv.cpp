@@ -77,6 +77,48 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
   EXPECT_THROW(qgemv(static_cast<uint32_t>(TensorType::Q6_K), nullptr, 32, 0, 0, x.data(), nullptr), std::exception);
 }
 
+// qgemm decodes each block once for up to 8 activation rows; every row must equal qgemv of
+// that row alone bit for bit (the batch-invariance the server's greedy answers rely on), at
+// every ISA and type, for row counts below, at and past a group of 8, over a row slice, with
+// y rows strided (the padding between them untouched).
+TEST(Qgemm, EqualsQgemvRowByRowBitForBit) {
+  std::mt19937 rng(9);
+  const int rows = 45, cols = 512, r0 = 3, r1 = 40, ldy = 41;
+  struct Restore {
+    SimdLevel level = active_simd_level();
+    ~Restore() { set_simd_level(level); }
+  } restore;
+  std::normal_distribution<float> nd;
+  std::vector<float> x(17 * static_cast<size_t>(cols));
+  for (auto& v : x) v = nd(rng);
+  for (int c = 0; c < 64; ++c) x[c] = c % 3 == 0 ? -0.0f : 0.0f;  // signed zeros in row 0
+  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q4_K,
+                          TensorType::Q6_K}) {
+    const uint32_t ty = static_cast<uint32_t>(type);
+    const std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);
+    for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
+      if (!simd_level_supported(level)) continue;
+      set_simd_level(level);
+      for (int n : {1, 2, 3, 5, 7, 8, 9, 13, 17}) {
+        SCOPED_TRACE(tensor_type_name(ty) + " " + std::string(simd_level_name(level)) + " n " + std::to_string(n));
+        std::vector<float> y(static_cast<size_t>(n) * ldy, 12345.0f);
+        qgemm(ty, w.data(), cols, r0, r1, x.data(), n, y.data(), ldy);
+        for (int t = 0; t < n; ++t) {
+          std::vector<float> one(r1 - r0);
+          qgemv(ty, w.data(), cols, r0, r1, x.data() + static_cast<size_t>(t) * cols, one.data());
+          ASSERT_EQ(std::memcmp(one.data(), &y[static_cast<size_t>(t) * ldy], one.size() * sizeof(float)), 0) << "row " << t;
+          for (int k = r1 - r0; k < ldy; ++k) ASSERT_EQ(y[static_cast<size_t>(t) * ldy + k], 12345.0f) << "row " << t;
+        }
+      }
+    }
+  }
+  std::vector<float> y(2);
+  EXPECT_THROW(qgemm(static_cast<uint32_t>(TensorType::Q5_1), nullptr, 32, 0, 0, x.data(), 2, y.data(), 1), std::exception);
+  EXPECT_THROW(qgemm(static_cast<uint32_t>(TensorType::Q4_K), nullptr, 32, 0, 1, x.data(), 2, y.data(), 1), std::exception);
+  EXPECT_THROW(qgemm(static_cast<uint32_t>(TensorType::Q4_0), nullptr, 32, 0, 1, x.data(), -1, y.data(), 1), std::exception);
+  qgemm(static_cast<uint32_t>(TensorType::Q4_0), nullptr, 32, 0, 0, x.data(), 0, y.data(), 1);  // nothing to do
+}
+
 // The CPU device holds a qgemv type's blocks only: one token goes through qgemv, a batch
 // through SGEMM on dequantized row tiles (here 2+ tiles per thread's part), embedding rows
 // are dequantized on demand. All against the float32 product of the dequantized matrix.

@@ -1,0 +1,66 @@
+// Quantized products of n activation rows (Google Benchmark), one thread, at the fastest level
+// this CPU runs (TQKV_SIMD forces one): n single-row qgemv calls, each streaming the weights,
+// against one qgemm call, which decodes each block once per group of 8 rows (same results, bit
+// for bit). A 1536 x 768 matrix (about SmolLM2-135M's FFN up, 1536 x 576, with
+// columns a multiple of the K-quants' 256) in each qgemv type.
+// Counter: activation rows per second.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/gguf.h"
+#include "engine/qgemv.h"
+#include "tqkv/half.h"
+
+namespace {
+
+using tqkv::engine::TensorType;
+constexpr int kRows = 1536, kCols = 768;  // 576 rounded up to the K-quants' 256
+
+std::vector<uint8_t> blocks(TensorType type) {
+  const auto* tr = tqkv::engine::tensor_type_traits(static_cast<uint32_t>(type));
+  const size_t nb = static_cast<size_t>(kRows) * kCols / tr->block_elems;
+  std::mt19937 rng(1);
+  std::vector<uint8_t> b(nb * tr->block_bytes);
+  for (auto& v : b) v = static_cast<uint8_t>(rng());
+  const int at = type == TensorType::Q6_K ? 208 : 0;  // d (and Q4_1 / Q4_K's second field)
+  const uint16_t h = tqkv::float_to_half(0.01f);
+  for (size_t i = 0; i < nb; ++i) {
+    std::memcpy(&b[i * tr->block_bytes + at], &h, 2);
+    if (type == TensorType::Q4_1 || type == TensorType::Q4_K) std::memcpy(&b[i * tr->block_bytes + 2], &h, 2);
+  }
+  return b;
+}
+
+void products(benchmark::State& state, TensorType type, bool batched) {
+  const int n = static_cast<int>(state.range(0));
+  const auto w = blocks(type);
+  std::vector<float> x(static_cast<size_t>(n) * kCols, 0.5f), y(static_cast<size_t>(n) * kRows);
+  const auto t = static_cast<uint32_t>(type);
+  for (auto _ : state) {
+    if (batched) {
+      tqkv::engine::qgemm(t, w.data(), kCols, 0, kRows, x.data(), n, y.data(), kRows);
+    } else {
+      for (int r = 0; r < n; ++r)
+        tqkv::engine::qgemv(t, w.data(), kCols, 0, kRows, x.data() + static_cast<size_t>(r) * kCols,
+                            y.data() + static_cast<size_t>(r) * kRows);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["rows"] = benchmark::Counter(static_cast<double>(n) * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+#define TQKV_QGEMM_BENCH(T)                                                                          \
+  BENCHMARK_CAPTURE(products, T##_qgemv_per_row, TensorType::T, false)->Arg(1)->Arg(8)->Arg(16); \
+  BENCHMARK_CAPTURE(products, T##_qgemm, TensorType::T, true)->Arg(1)->Arg(4)->Arg(8)->Arg(16)
+
+TQKV_QGEMM_BENCH(Q4_0);
+TQKV_QGEMM_BENCH(Q4_1);
+TQKV_QGEMM_BENCH(Q5_0);
+TQKV_QGEMM_BENCH(Q8_0);
+TQKV_QGEMM_BENCH(Q4_K);
+TQKV_QGEMM_BENCH(Q6_K);
+
+}  // namespace
