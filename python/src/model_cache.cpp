@@ -95,6 +95,18 @@ void bind_model_cache(nb::module_& m) {
       .def_prop_ro("detail", [](const ModelCache& c) { return c.cache().spec().detail; }, "The resolved spec.")
       .def_prop_ro("formats", [](const ModelCache& c) { return c.cache().spec().layers; })
       .def_prop_ro("centred_keys", [](const ModelCache& c) { return c.cache().centring().active(); })
+      .def_prop_ro(
+          "recent_window", [](const ModelCache& c) { return c.cache().spec().window_at(c.cache().capacity()); },
+          "Positions of the recent window at this capacity (+w<N>'s N, or what +fill<B> leaves room for; 0: none).")
+      .def_prop_ro("sinks", [](const ModelCache& c) { return c.cache().spec().sinks; },
+                   "Attention sinks (+sink<N>): the first positions kept as f16 copies (0: none).")
+      .def_prop_ro(
+          "window_format",
+          [](const ModelCache& c) {
+            const auto& f = c.cache().spec().window_format;
+            return f ? *f : find_format("f16");
+          },
+          "The format of the recent window's copies (+wq<B>; f16 without).")
       .def(
           "key_mean",
           [](const ModelCache& c, int layer) -> nb::object {

@@ -36,8 +36,11 @@ head dim (the GGUF weights hash the engine also checks is not available to trans
 Limits: one sequence per batch row, no padding (attention masks are not read); no beam search
 or cache cropping. On a GPU the cache stays there: per layer a paged cache tensor of the
 ``tqkv.torch`` ops (store and decode kernels, no host copy per step; chunks of several tokens
-attend with SDPA over the decoded history); specs with attention sinks or a recent window run on
-the CPU only (a CUDA update raises).
+attend with SDPA over the decoded history). Sinks and the recent window are kept there as the
+engine keeps them (f16 copies of the first positions, a paged ring of the window's format written
+and read with the same ops); the layers that have them attend with SDPA over the decoded history
+with the copies in place of their positions (the engine's split, per query), not with the decode
+kernel.
 
 Needs ``torch`` and ``transformers`` (4.46 or later for :class:`TQCache`; the attention
 function needs the ``AttentionInterface`` of 4.48 and later).
@@ -240,30 +243,52 @@ class _Store:
                              v[:, p:p + step].contiguous())
 
 
+# Test-only: run the GPU path (tqkv.torch's paged cache) on CPU tensors, whose ops have CPU
+# implementations, so that the path can be checked on a machine without a GPU.
+_DEVICE_PATH_ON_CPU = False
+
+
+def _device_path(device: torch.device) -> bool:
+    return device.type == "cuda" or _DEVICE_PATH_ON_CPU
+
+
 class _CudaStore:
     """The storage of a TQCache on a GPU: per layer one paged cache tensor of the ``tqkv.torch`` ops
     (uint8 ``[num_blocks, page_bytes]``, the layer's format; docs/FORMAT.md "Paged cache"), batch row b
     owning blocks ``[b * width, (b + 1) * width)``. Stores and decode attention run as those ops'
     CUDA kernels on the current stream; nothing is copied to the host per step. Key centring (+c, +s)
-    is applied with the engine's numbers (tqkv.key_centring); attention sinks and recent windows are
-    the CPU cache layer's only (the engine's CUDA cache layer is not bound): such a spec raises."""
+    is applied with the engine's numbers (tqkv.key_centring).
+
+    Attention sinks and the recent window (+sink<N>, +w<N>, +wq<B>, +fill<B>) are kept as the
+    engine keeps them, for the compressed layers: the first ``sinks`` positions' centred keys and
+    values as f16 tensors, the recent ones in a paged ring of the window's format (written with
+    tqkv.torch.store, read back with tqkv.torch.dequantize), ``window + STEP`` positions per row so
+    that every query of a piece of up to STEP tokens finds its ``window`` predecessors (the engine's
+    ring). A query at p attends over the sinks' [0, S), the compressed (S, p - window] and the
+    window's (p - window, p] (SDPA with that mask over the three parts)."""
 
     BLOCK = 16
+    STEP = 512  # tokens of one attention piece (the engine's kCopyStepTokens)
 
-    def __init__(self, formats, n_kv_heads: int, head_dim: int, capacity: int, centring):
+    def __init__(self, formats, n_kv_heads: int, head_dim: int, capacity: int, centring, copies=(0, 0, "f16")):
         from . import torch as tq
 
-        if not tq.has_cuda:
-            raise ValueError("TQCache: CUDA tensors, but this tqkv module was built without CUDA (TQKV_CUDA=ON)")
         self.tq, self.formats = tq, [f.name for f in formats]
         self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
         self.width = -(-capacity // self.BLOCK)
         self.mean, self.scale = centring if centring is not None else (None, None)
+        self.sinks, self.window, self.window_format = copies
+        has = self.sinks > 0 or self.window > 0
+        self.covered = [has and f.compressed for f in formats]
+        self.ring_width = -(-(self.window + self.STEP) // self.BLOCK) if self.window > 0 else 0
+        self.ring_len = self.ring_width * self.BLOCK
         self.caches: list = []
         self.device = None
 
     def ensure(self, batch: int, device: torch.device):
         if not self.caches:
+            if device.type == "cuda" and not self.tq.has_cuda:
+                raise ValueError("TQCache: CUDA tensors, but this tqkv module was built without CUDA (TQKV_CUDA=ON)")
             self.device = device
             self.caches = [self.tq.new_cache(f, self.head_dim, self.n_kv_heads, self.BLOCK, batch * self.width,
                                              device=device) for f in self.formats]
@@ -272,11 +297,24 @@ class _CudaStore:
             self.row_base = torch.arange(batch, dtype=torch.int64, device=device) * (self.width * self.BLOCK)
             self.seq_lens = torch.zeros(batch, dtype=torch.int32, device=device)
             # Formats without a CUDA decode kernel (e.g. k8v8) attend with SDPA over the decoded history.
-            self.kernel = [self.tq._cuda_codec(f, self.head_dim, _core.DEFAULT_SEED).decode_supported
-                           for f in self.formats]
+            self.kernel = [device.type != "cuda" or self.tq._cuda_codec(f, self.head_dim, _core.DEFAULT_SEED)
+                           .decode_supported for f in self.formats]
             if self.mean is not None:
                 self.mean = self.mean.to(device)
                 self.scale = None if self.scale is None else self.scale.to(device)
+            shape = (batch, self.sinks, self.n_kv_heads, self.head_dim)
+            self.sink_kv = [(torch.zeros(shape, dtype=torch.float16, device=device),
+                             torch.zeros(shape, dtype=torch.float16, device=device)) if c and self.sinks else None
+                            for c in self.covered]
+            self.rings = [self.tq.new_cache(self.window_format, self.head_dim, self.n_kv_heads, self.BLOCK,
+                                            batch * self.ring_width, device=device) if c and self.window else None
+                          for c in self.covered]
+            if self.window:
+                blocks = torch.arange(batch * self.ring_width, dtype=torch.int32, device=device)
+                blocks = blocks.reshape(batch, self.ring_width)
+                # Each row's ring pages twice over, so that positions that wrap read as one run.
+                self.ring_tables = torch.cat([blocks, blocks], 1).contiguous()
+                self.ring_base = torch.arange(batch, dtype=torch.int64, device=device) * self.ring_len
         elif batch != self.tables.shape[0]:
             raise ValueError(f"key_states: batch {batch}, but the cache holds {self.tables.shape[0]} sequences")
         elif device != self.device:
@@ -289,14 +327,46 @@ class _CudaStore:
         k = k.float() - self.mean[layer]
         return k if self.scale is None else k / self.scale[layer]
 
-    def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [B, T, H, D] (cache channel order, not yet centred) at positions start.."""
+    def restore(self, layer: int, k: torch.Tensor) -> torch.Tensor:
+        """Cached keys [..., H, D] (float32) -> with the centring undone."""
+        if self.mean is None:
+            return k
+        return (k if self.scale is None else k * self.scale[layer]) + self.mean[layer]
+
+    def _write(self, cache, fmt: str, base: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Centred keys k, values v [B, T, H, D] into slots base[b] + pos[t] of a paged cache."""
         batch, n = k.shape[0], k.shape[1]
-        slots = (self.row_base[:, None] + torch.arange(start, start + n, device=k.device)).reshape(-1)
-        dt = v.dtype
-        self.tq.store(self.centre(layer, k).to(dt).reshape(batch * n, self.n_kv_heads, self.head_dim).contiguous(),
-                      v.reshape(batch * n, self.n_kv_heads, self.head_dim).contiguous(), self.caches[layer], slots,
-                      self.formats[layer], self.BLOCK)
+        slots = (base[:, None] + pos).reshape(-1)
+        self.tq.store(k.to(v.dtype).reshape(batch * n, self.n_kv_heads, self.head_dim).contiguous(),
+                      v.reshape(batch * n, self.n_kv_heads, self.head_dim).contiguous(), cache, slots, fmt, self.BLOCK)
+
+    def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, ring: bool = True) -> None:
+        """k, v [B, T, H, D] (cache channel order, not yet centred) at positions start..: the slots,
+        the sinks among them, and (ring) the window's copies of the last positions."""
+        n = k.shape[1]
+        kc = self.centre(layer, k)
+        self._write(self.caches[layer], self.formats[layer], self.row_base,
+                    torch.arange(start, start + n, device=k.device), kc, v)
+        sinks = self.sink_kv[layer] if self.covered[layer] else None
+        if sinks is not None and start < self.sinks:
+            m = min(self.sinks, start + n) - start
+            ks, vs = kc[:, :m].float(), v[:, :m].float()
+            if not bool(((ks.abs() <= 65504) & (vs.abs() <= 65504)).all()):  # once per sequence
+                raise _core.Error("attention sink: key or value element beyond the fp16 range (or NaN)")
+            sinks[0][:, start:start + m] = ks.to(torch.float16)
+            sinks[1][:, start:start + m] = vs.to(torch.float16)
+        if ring:
+            self.ring_store(layer, start, kc, v, centred=True)
+
+    def ring_store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, centred: bool = False) -> None:
+        """The window's copies of positions start.. (only the last ring_len of them: the ring's)."""
+        if not self.covered[layer] or not self.window:
+            return
+        n = k.shape[1]
+        skip = max(0, n - self.ring_len)
+        kc = k[:, skip:] if centred else self.centre(layer, k[:, skip:])
+        pos = torch.arange(start + skip, start + n, device=k.device) % self.ring_len
+        self._write(self.rings[layer], self.window_format, self.ring_base, pos, kc, v[:, skip:])
 
     def decode(self, layer: int, q: torch.Tensor, seq_len: int, scale: float, window: int) -> torch.Tensor:
         """One query per row q [B, Hq, D] (cache channel order, scaled) over seq_len positions."""
@@ -304,16 +374,55 @@ class _CudaStore:
         return self.tq.decode(q, self.caches[layer], self.tables, self.seq_lens, self.formats[layer], scale=scale,
                               block_size=self.BLOCK, window=window)
 
+    def _rows(self, cache, fmt: str, tables, start: int, n: int):
+        """Positions [start, start + n) of every row of a paged cache, decoded: (k, v) [B, n, H, D] float32."""
+        k, v = zip(*(self.tq.dequantize(cache, tables[b], start, n, fmt, self.head_dim, self.BLOCK,
+                                        dtype=torch.float32) for b in range(tables.shape[0])))
+        return torch.stack(k), torch.stack(v)
+
     def read(self, layer: int, n: int, keys: bool, dtype) -> torch.Tensor:
         """Positions [0, n) of every row, decoded, centring undone: [B, n, H, D]."""
-        rows = []
-        for b in range(self.tables.shape[0]):
-            k, v = self.tq.dequantize(self.caches[layer], self.tables[b], 0, n, self.formats[layer], self.head_dim,
-                                      self.BLOCK, dtype=torch.float32)
-            if keys and self.mean is not None:
-                k = (k if self.scale is None else k * self.scale[layer]) + self.mean[layer]
-            rows.append(k if keys else v)
-        return torch.stack(rows).to(dtype)
+        k, v = self._rows(self.caches[layer], self.formats[layer], self.tables, 0, n)
+        return (self.restore(layer, k) if keys else v).to(dtype)
+
+    def with_copies(self, layer: int, start: int, n: int):
+        """The keys and values queries at positions start..start+n-1 read, [B, L, H, D] float32 (centring
+        undone), with their positions and parts (0 compressed, 1 sink, 2 window) [L]: every
+        compressed position of [0, start + n), the sinks, and the window copies those queries read."""
+        end = start + n
+        k, v = self._rows(self.caches[layer], self.formats[layer], self.tables, 0, end)
+        dev = k.device
+        ks, vs = [k], [v]
+        pos, part = [torch.arange(end, device=dev)], [torch.zeros(end, dtype=torch.int8, device=dev)]
+        n_sink = min(self.sinks, end)
+        if n_sink:
+            sk, sv = self.sink_kv[layer]
+            ks.append(sk[:, :n_sink].float())
+            vs.append(sv[:, :n_sink].float())
+            pos.append(torch.arange(n_sink, device=dev))
+            part.append(torch.ones(n_sink, dtype=torch.int8, device=dev))
+        first = max(self.sinks, start - self.window + 1)
+        if self.window and first < end:
+            wk, wv = self._rows(self.rings[layer], self.window_format, self.ring_tables, first % self.ring_len,
+                                end - first)
+            ks.append(wk)
+            vs.append(wv)
+            pos.append(torch.arange(first, end, device=dev))
+            part.append(torch.full((end - first,), 2, dtype=torch.int8, device=dev))
+        return self.restore(layer, torch.cat(ks, 1)), torch.cat(vs, 1), torch.cat(pos), torch.cat(part)
+
+    def copies_mask(self, pos: torch.Tensor, part: torch.Tensor, start: int, n: int, window: int) -> torch.Tensor:
+        """[n, L] bool: the query at start + i reads key j (the engine's split: sinks [0, S), compressed
+        [S, p - window], window copies (p - window, p]; causal; the layer's sliding window)."""
+        qpos = torch.arange(start, start + n, device=pos.device)[:, None]
+        kpos = pos[None, :]
+        seen = kpos <= qpos
+        if window:
+            seen &= kpos > qpos - window
+        recent = kpos > qpos - self.window
+        comp = (part == 0)[None, :] & (kpos >= self.sinks) & ~recent
+        copy = ((part == 1)[None, :]) | ((part == 2)[None, :] & recent)
+        return seen & (comp | copy)
 
 
 class TQLayer(_LayerBase):
@@ -347,7 +456,7 @@ class TQLayer(_LayerBase):
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if isinstance(key_states, torch.Tensor) and key_states.device.type == "cuda":
+        if isinstance(key_states, torch.Tensor) and _device_path(key_states.device):
             return self._update_cuda(key_states, value_states)
         k = _core_input(key_states, "key_states", self.n_kv_heads, self.head_dim)
         v = _core_input(value_states, "value_states", self.n_kv_heads, self.head_dim)
@@ -400,19 +509,27 @@ class TQLayer(_LayerBase):
         if start + n_new > self.capacity:
             raise ValueError(f"TQCache: {start + n_new} positions exceed the capacity {self.capacity} "
                              "(pass max_cache_len)")
-        st.store(self.index, start, k, v)
-        self.seq_len += n_new
         raw_prefill = start == 0 and not self.prefill_on_codes
+        # The window's copies of a chunk that attends on the codes are written by the attention
+        # function, piece by piece with the queries (the ring holds window + STEP positions).
+        defer = self.attention_on_codes and not raw_prefill and st.covered[self.index] and st.window > 0
+        st.store(self.index, start, k, v, ring=not defer)
+        self.seq_len += n_new
         if self.attention_on_codes:
-            return self._tag(key_states, start, raw_prefill, None), self._tag(value_states, start, raw_prefill, None)
+            pending = (k, v) if defer else None
+            return self._tag(key_states, start, raw_prefill, pending), self._tag(value_states, start, raw_prefill, None)
         if raw_prefill:
             return key_states, value_states
         return self.decoded(keys=True), self.decoded(keys=False)
 
-    def _attention_cuda(self, query: torch.Tensor, start: int, scale: float, window: int) -> torch.Tensor:
+    def _attention_cuda(self, query: torch.Tensor, start: int, scale: float, window: int,
+                        pending=None) -> torch.Tensor:
         """The CUDA path of attention(): one token per row through tqkv.torch's decode kernel; a
-        chunk of several, or a format without a decode kernel, through SDPA over the decoded history."""
+        chunk of several, or a format without a decode kernel, through SDPA over the decoded history;
+        a layer with sinks or a recent window through SDPA over [sinks | compressed | window]."""
         st, n = self.cuda_store(), query.shape[2]
+        if st.covered[self.index]:
+            return self._attention_copies(query, start, scale, window, pending)
         if n > 1 or not st.kernel[self.index]:
             return _sdpa(query, self.decoded(keys=True), self.decoded(keys=False), None, scale, window)
         q = query[:, :, 0]
@@ -423,6 +540,25 @@ class TQLayer(_LayerBase):
         out = st.decode(self.index, q.to(query.dtype).contiguous(), start + 1, scale, window)
         return out[:, None]
 
+    def _attention_copies(self, query: torch.Tensor, start: int, scale: float, window: int,
+                          pending) -> torch.Tensor:
+        """The engine's attention with sinks and a recent window (RecentWindow::attention): pieces of
+        at most STEP queries, each writing its window copies (pending) first, then SDPA over the
+        compressed history, the sinks and the window copies with the engine's split as the mask."""
+        st, n, out = self.cuda_store(), query.shape[2], []
+        inv = None if self.key_order_inv is None else self.key_order_inv.to(query.device)
+        for p in range(0, n, st.STEP):
+            m = min(st.STEP, n - p)
+            if pending is not None:
+                st.ring_store(self.index, start + p, pending[0][:, p:p + m], pending[1][:, p:p + m])
+            k, v, pos, part = st.with_copies(self.index, start + p, m)
+            if inv is not None:
+                k = k[..., inv]
+            mask = st.copies_mask(pos, part, start + p, m, window)
+            out.append(_sdpa(query[:, :, p:p + m], k.transpose(1, 2).to(self.dtype), v.transpose(1, 2).to(self.dtype),
+                             mask[None, None], scale, window))
+        return torch.cat(out, 1)
+
     def _tag(self, x: torch.Tensor, start: int, raw: bool, pending) -> torch.Tensor:
         t = x.view_as(x)
         setattr(t, _TAG, (self, start, raw, pending))
@@ -430,7 +566,7 @@ class TQLayer(_LayerBase):
 
     def decoded(self, keys: bool = True) -> torch.Tensor:
         """Every position's keys (or values) decoded: [batch, n_kv_heads, seq_len, head_dim]."""
-        if self.device.type == "cuda":
+        if _device_path(self.device):
             rows = self.cuda_store().read(self.index, self.seq_len, keys, self.dtype)
             if keys and self.key_order_inv is not None:
                 rows = rows[..., self.key_order_inv.to(rows.device)]
@@ -446,8 +582,8 @@ class TQLayer(_LayerBase):
         """Queries [B, n_q_heads, T, D] at positions start.. over the compressed cache -> [B, T, n_q_heads, D]
         (the engine's attention: sinks, recent window, compressed part, the layer's sliding window).
         pending: the (keys, values) [B, T, H, D] update() left for this call to store."""
-        if query.device.type == "cuda":
-            return self._attention_cuda(query, start, scale, window)
+        if _device_path(query.device):
+            return self._attention_cuda(query, start, scale, window, pending)
         q = query.detach().transpose(1, 2).to("cpu", torch.float32)
         if self.key_order is not None:
             q = q[..., self.key_order]
@@ -543,6 +679,7 @@ class TQCache(Cache):
         probe = _model_cache(config, spec, self.capacity, 1, recipe_file)  # a bad spec raises here
         self.spec, self.detail, self.formats = spec, probe.detail, list(probe.formats)
         self.centred_keys = probe.centred_keys
+        self._copies = (probe.sinks, probe.recent_window, probe.window_format.name)  # the engine's, at this capacity
         if attention_on_codes is None:
             attention_on_codes = getattr(config, "_attn_implementation", None) == ATTN_NAME
         if attention_on_codes and ATTN_NAME not in _registered:
@@ -588,27 +725,26 @@ class TQCache(Cache):
     # them to the layers, which raise NotImplementedError.
 
     def _cuda_store(self) -> _CudaStore:
-        """The GPU storage, made on the first CUDA update. Raises ValueError for a spec with
-        attention sinks or a recent window (the CPU cache layer's only)."""
+        """The GPU storage, made on the first CUDA update (with the engine's sinks and recent window
+        at this capacity: the probe's)."""
         if self._cuda is None:
             config, recipe_file = self._cuda_args
             r = resolve_spec(config, self.spec, recipe_file)
-            if r["sinks"] or r["recent_window"] or r["fill_bits"]:
-                raise ValueError(f"TQCache: cache spec '{self.spec}': attention sinks and recent windows "
-                                 "(+sink<N>, +w<N>, +fill<B>) run on the CPU only; on CUDA use a spec without them")
             arch, n_layers, n_kv, head_dim = _model_shape(config)
             self._cuda = _CudaStore(self.formats, n_kv, head_dim, self.capacity,
                                     _centring(config, self.spec, self.capacity, recipe_file)
-                                    if r["centre_keys"] else None)
+                                    if r["centre_keys"] else None, self._copies)
         return self._cuda
 
     def bytes(self) -> int:
         """Bytes of the positions held (every layer and batch row): the compressed slots and the
         copies (sinks, recent window), by the engine's accounting."""
         if self._cuda is not None and self._cuda.caches:
-            layer = self.layers[0]
-            rows = self._cuda.tables.shape[0]
-            return sum(f.slot_bytes(layer.head_dim) * layer.n_kv_heads * layer.seq_len * rows for f in self.formats)
+            layer, st = self.layers[0], self._cuda
+            rows, n, d = st.tables.shape[0], layer.seq_len, layer.head_dim
+            copy = (_core.Format(st.window_format).slot_bytes(d) * min(st.window, n) + 4 * d * min(st.sinks, n))
+            return sum((f.slot_bytes(d) * n + (copy if c else 0)) * layer.n_kv_heads * rows
+                       for f, c in zip(self.formats, st.covered))
         st = self._store
         return sum(sum(st.cache.bytes(s)) for s in st.seqs) if st.cache is not None else 0
 

@@ -23,6 +23,7 @@ require_module("gguf")
 
 import tqkv  # noqa: E402
 import tqkv.transformers as tt  # noqa: E402
+import copies_check  # noqa: E402
 
 MODEL_DIR = os.path.join(REPO, "models")
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -207,6 +208,31 @@ def test_sinks_and_window_are_the_engines(rng):
             want, _ = softmax_attention(q[0, pos:pos + 1], kk, vv, pos)
             np.testing.assert_allclose(out[0, i], want[0], atol=2e-5)
     assert c.bytes(seq)[1] == (S + N) * 2 * n_kv * d * 2  # f16 copies: sinks and window
+
+
+@pytest.mark.parametrize("spec", ["tq-4.375", "tq-3.375"])
+def test_device_path_with_sinks_and_window_equals_the_cpu_cache(spec, monkeypatch):
+    """TQCache's GPU path (tqkv.torch's paged cache; the sinks as f16 tensors, the recent window in a
+    6-bit paged ring) run on CPU tensors through the ops' CPU implementations: the greedy tokens,
+    logits and one layer's attention of the engine's CPU cache layer (tqkv.ModelCache), and its bytes.
+    The same check runs on a GPU in test_transformers_cuda.py."""
+    model = copies_check.smol_shaped_llama()
+    ids = copies_check.prompt()
+    cpu = tt.TQCache(model.config, spec=spec, max_cache_len=copies_check.CAPACITY)
+    want = copies_check.greedy_logits(model, ids, cpu, 32)
+    want_layer = copies_check.layer_outputs(model.config, spec, "cpu")
+    monkeypatch.setattr(tt, "_DEVICE_PATH_ON_CPU", True)
+    cache = tt.TQCache(model.config, spec=spec, max_cache_len=copies_check.CAPACITY)
+    got = copies_check.greedy_logits(model, ids, cache, 32, forced=want[0])
+    st = cache._cuda
+    assert st is not None and (st.sinks, st.window) == (1, 7) and st.window_format == "k6v6"
+    # The same greedy tokens; logits within 2e-3: the attention's float order differs (SDPA over
+    # the decoded keys here, the engine's kernels there) by ~1e-7, which now and then moves a key
+    # across a 2-bit code boundary in a later layer (tq-3.375: 7e-4; tq-4.375: 4e-7).
+    copies_check.check_greedy(want, got, margin=0.0, rel=2e-3)
+    assert cache.bytes() == cpu.bytes()
+    for a, b in zip(want_layer, copies_check.layer_outputs(model.config, spec, "cpu")):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
 
 
 # Bad inputs ---------------------------------------------------------------------------------
