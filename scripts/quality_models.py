@@ -182,7 +182,9 @@ def sha256(path):
 def table(args):
     d = args.dir
     rows, md = [], []
-    for ctx in (512, 4096):
+    ctxs = sorted({int(f[len(p):-5]) for f in os.listdir(d) for p in ("eval_", "llamacpp_")
+                   if f.startswith(p) and f[len(p):-5].isdigit()})
+    for ctx in ctxs:
         ours = eval_rows(d, ctx)
         f16b = next((r["bytes_per_token"] for r in ours if r["format"] == "f16"), None)
         llama = llama_rows(d, ctx, f16b)

@@ -7,7 +7,8 @@
 # summary (scripts/quality_models.py table).
 #
 #   scripts/quality_models.sh TAG MODEL TEXT [STEP...]
-#     STEP: eval512 eval4096 passkey llama512 llama4096 table  (default: all, in that order)
+#     STEP: eval512 eval4096 passkey llama512 llama4096 table  (default: all, in that order;
+#     eval<CTX> / llama<CTX> take any context, with TOKENS_<CTX> tokens)
 #   e.g. scripts/quality_models.sh smollm2-135m models/SmolLM2-135M-Instruct.Q4_1.gguf build/study/kjv-genesis-exodus.txt
 #
 # Environment: TQKV (build/dev/tqkv), THREADS (2), TOKENS_512 / TOKENS_4096 (text tokens per
@@ -42,17 +43,19 @@ run() { echo "+ $*" >&2; nice -n 10 "$@"; }
 
 for step in $STEPS; do
   case $step in
-    eval512 | eval4096)
+    eval[0-9]*)
       ctx=${step#eval}
       tokens=TOKENS_$ctx
+      [ -n "${!tokens:-}" ] || eval "$tokens=20480"
       run "$TQKV" eval -m "$MODEL" -f "$TEXT" --ctx "$ctx" --tokens "${!tokens}" -t "$THREADS" \
         --formats "$FORMATS" --json "$OUT/eval_$ctx.json" > "$LOG/eval_$ctx.log" 2>&1 ;;
     passkey)
       run "$TQKV" passkey -m "$MODEL" -f "$TEXT" --ctx "$PK_CTX" --depths "$PK_DEPTHS" --trials "$PK_TRIALS" \
         -t "$THREADS" --formats "$PK_FORMATS" --json "$OUT/passkey.json" > "$LOG/passkey.log" 2>&1 ;;
-    llama512 | llama4096)
+    llama[0-9]*)
       ctx=${step#llama}
       tokens=TOKENS_$ctx
+      [ -n "${!tokens:-}" ] || eval "$tokens=20480"
       MODEL=$MODEL TEXT=$TEXT THREADS=$THREADS LOGDIR=$LOG \
         scripts/peer_llamacpp.sh run "$ctx" "${!tokens}" "$OUT/llamacpp_$ctx.json" > "$LOG/llama_$ctx.log"
       rm -f "$LOG"/base_*.kld ;;  # the saved f16 logits: n_vocab x 2 bytes per token
