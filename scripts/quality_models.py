@@ -66,7 +66,7 @@ def ctx_table(ctx, ours, llama):
     f16 = next((r["ppl"] for r in ours if r["format"] == "f16"), None)
     head = ours[0] if ours else llama[0]
     scored = f", {head['scored_tokens']} scored" if "scored_tokens" in head else ""
-    out.append(f"\nctx {ctx}: {head['chunks']} chunks of {ctx} tokens ({head['chunks'] * ctx} tokens of text{scored})\n")
+    out.append(f"\nctx {ctx}: {head['chunks']} chunk{'s' if head['chunks'] > 1 else ''} of {ctx} tokens ({head['chunks'] * ctx} tokens of text{scored})\n")
     out.append("| format | bits/elem (compressed layers) | bits/elem, all layers | cache B/token | PPL | ΔPPL vs f16 | KL | top-1 |")
     out.append("|---|---|---|---|---|---|---|---|")
     for r in ours:
@@ -223,7 +223,9 @@ def plot(args):
             continue
         title = (s.get("model") or os.path.basename(d)).replace(".gguf", "")
         ax.set_title(f"{title}\n({s.get('text') or ''})", fontsize=9)
-        for ctx, fill in ((512, True), (4096, False)):
+        ctxs = sorted({r["ctx"] for r in s["rows"]})
+        for ctx in ctxs:
+            fill = ctx == ctxs[0]  # filled: the shortest context, hollow: the longer one
             for engine, marker, color in (("tqkv", "o", "tab:blue"), ("llama.cpp", "s", "tab:red")):
                 pts = [r for r in s["rows"] if r["ctx"] == ctx and r["engine"] == engine
                        and r.get("kl_mean") and r["kl_mean"] > 1e-5]
