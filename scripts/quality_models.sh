@@ -58,7 +58,7 @@ for step in $STEPS; do
       [ -n "${!tokens:-}" ] || eval "$tokens=20480"
       MODEL=$MODEL TEXT=$TEXT THREADS=$THREADS LOGDIR=$LOG \
         scripts/peer_llamacpp.sh run "$ctx" "${!tokens}" "$OUT/llamacpp_$ctx.json" > "$LOG/llama_$ctx.log"
-      rm -f "$LOG"/base_*.kld ;;  # the saved f16 logits: n_vocab x 2 bytes per token
+      rm -f "$LOG"/base_"$ctx"_*.kld ;;  # the saved f16 logits: n_vocab x 2 bytes per token
     table)
       python3 scripts/quality_models.py table "$OUT" --model "$MODEL" --text "$TEXT" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
