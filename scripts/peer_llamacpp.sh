@@ -1,31 +1,33 @@
 #!/usr/bin/env bash
-# Build llama.cpp's perplexity tool from the PyPI sdist of llama-cpp-python
-# (our script, not their code: everything lands in the git-ignored .peer/)
-# and run it with --kl-divergence for the f16, q8_0 and q4_0 KV caches on
-# the same GGUF and text as `tqkv eval`.
+# Build llama.cpp's perplexity, server and bench tools from the PyPI sdist of llama-cpp-python
+# (our script, not their code: everything lands in $PEER, default /work/peer, outside the
+# repository: source in $PEER/src, build in $PEER/build) and run llama-perplexity with
+# --kl-divergence for the f16, q8_0 and q4_0 KV caches on the same GGUF and text as `tqkv eval`.
 #
 #   scripts/peer_llamacpp.sh build
-#   scripts/peer_llamacpp.sh run CTX TOKENS OUT_JSON   (e.g. 512 20480 .peer/llamacpp_512.json)
+#   scripts/peer_llamacpp.sh run CTX TOKENS OUT_JSON   (e.g. 512 20480 /tmp/llamacpp_512.json)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PEER=$ROOT/.peer
+PEER=${PEER:-/work/peer}
 MODEL=${MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 TEXT=${TEXT:-$ROOT/data/kjv-genesis.txt}
 THREADS=${THREADS:-2}
 mkdir -p "$PEER"
 
-src_dir() { ls -d "$PEER"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | head -1; }
+src_dir() { ls -d "$PEER"/src "$PEER"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | head -1; }
 
 build() {
   if [ -z "$(src_dir)" ]; then
     pip download --no-deps --no-binary :all: llama-cpp-python -d "$PEER"
     (cd "$PEER" && tar xzf llama_cpp_python-*.tar.gz)
+    ln -s "$(ls -d "$PEER"/llama_cpp_python-*/vendor/llama.cpp | head -1)" "$PEER/src"
   fi
   local src; src=$(src_dir)
-  cmake -S "$src" -B "$PEER/llama-build" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DGGML_CUDA=OFF -DGGML_METAL=OFF -DBUILD_SHARED_LIBS=OFF
-  nice -n 10 cmake --build "$PEER/llama-build" -j2 --target llama-perplexity
+  cmake -S "$src" -B "$PEER/build" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DBUILD_SHARED_LIBS=OFF
+  # llama-server first: scripts/bench_serve.sh waits for it
+  nice -n 10 cmake --build "$PEER/build" -j2 --target llama-server
+  nice -n 10 cmake --build "$PEER/build" -j2 --target llama-perplexity llama-bench
 }
 
 # llama-perplexity's text scoring: for each chunk of n_ctx tokens it scores
@@ -34,7 +36,7 @@ build() {
 # f16 cache as the base (llama.cpp has no f32 KV cache type for flash attn).
 run() {
   local ctx=$1 tokens=$2 out=$3
-  local bin=${LLAMA_PERPLEXITY:-$PEER/llama-build/bin/llama-perplexity}
+  local bin=${LLAMA_PERPLEXITY:-$PEER/build/bin/llama-perplexity}
   local chunks=$(( tokens / ctx ))
   local base="${LOGDIR:-$PEER}/base_${ctx}_${chunks}.kld"
   local fa="-fa on"
