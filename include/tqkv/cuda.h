@@ -85,6 +85,22 @@ struct StoreArgs {
 };
 void store(const CacheCodec& codec, const PagedKv& kv, const StoreArgs& args, cudaStream_t stream = nullptr);
 
+// The same K/V rows stored into up to kMaxStoreTargets page pools in one launch, each through its
+// own codec and slot mapping (a layer's compressed pages and its copies: the recent window's ring,
+// the sinks), so a decode step pays one launch per layer for all of them. Every target's bytes
+// are what store() writes for it. key_mean/key_scale ([n_kv_heads * head_dim], both or neither)
+// centre the keys on the way, (k - mean) / scale per channel in the same float operations as
+// centre_keys (args.k itself is not modified). Targets share head_dim and n_kv_heads;
+// args.slot_mapping is not used.
+constexpr int kMaxStoreTargets = 3;
+struct StoreTarget {
+  const CacheCodec* codec = nullptr;
+  PagedKv kv{};
+  const int64_t* slot_mapping = nullptr;
+};
+void store_many(const StoreTarget* targets, int n_targets, const StoreArgs& args, const float* key_mean = nullptr,
+                const float* key_scale = nullptr, cudaStream_t stream = nullptr);
+
 // Split-KV decode attention, one query token per sequence (at its last position), GQA (query
 // head h uses kv head h / (n_q_heads / n_kv_heads)). Needs the page layout.
 // params (attention_params.h, as the CPU paths): n_q_heads, head_dim (0 or the codec's), scale

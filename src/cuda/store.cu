@@ -1,6 +1,7 @@
 // Fused store: one warp per (token, kv head) rotates (FWHT in registers), normalises,
 // quantizes, packs and scatters K and V into the paged cache through the slot mapping.
 // Every arithmetic step mirrors src/core/codec.cpp so the bytes match the CPU reference.
+#include <string>
 #include <type_traits>
 
 #include "common.cuh"
@@ -12,15 +13,27 @@ namespace {
 
 constexpr int kStoreWarps = 8;
 
-struct StoreParams {
+// One destination of a launch: its pages, codebooks and slot mapping.
+struct StoreDest {
   Layout L;
   CodecTables tab;
+  const int64_t* slot_mapping;
+};
+
+// N destinations of the same K/V rows (blockIdx.y picks one): a layer's compressed pages and its
+// copies in one launch. About 5 KB per destination, within the 32 KB of kernel parameters that
+// sm_70+ takes since CUDA 12.1.
+template <int N>
+struct StoreParams {
+  StoreDest dest[N];
   const void* k;
   const void* v;
   DType dtype;
   int64_t token_stride;
-  const int64_t* slot_mapping;
   int n_tokens;
+  int n_kv_heads;
+  const float* key_mean;   // null, or centre the keys: (k - mean) / scale per channel
+  const float* key_scale;  // [n_kv_heads * head_dim], as centre_keys does
 };
 
 // Packs the warp's D codes (E = D/32 per lane, lane l holding codes [E*l, E*l+E)) into the
@@ -196,49 +209,58 @@ __device__ void encode_uniform(const float (&x)[D / 32], uint8_t* codes_dst,
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_constant__ StoreParams p) {
+template <int D, int N>
+__global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_constant__ StoreParams<N> p) {
   constexpr int E = D / 32;
+  const StoreDest& dest = p.dest[N == 1 ? 0 : blockIdx.y];
+  const Layout& L = dest.L;
+  const CodecTables& tab = dest.tab;
   // Codebooks in shared memory: lanes index them with different codes. Only the 2^bits entries
   // a code width uses are copied (the parameter space holds 256 of each).
   constexpr int NL = CodecTables::kMaxLevels;
   __shared__ float th_k[NL], th_v[NL], lv_k[NL], lv_v[NL];
-  const int nk = p.L.kcodec == KeyCodec::Mse ? 1 << p.L.kbits : 0;
-  const int nv = p.L.vcodec == ValueCodec::Mse ? 1 << p.L.vbits : 0;
+  const int nk = L.kcodec == KeyCodec::Mse ? 1 << L.kbits : 0;
+  const int nv = L.vcodec == ValueCodec::Mse ? 1 << L.vbits : 0;
   for (int i = threadIdx.x; i < nk; i += blockDim.x) {
-    th_k[i] = p.tab.k_thresholds[i];
-    lv_k[i] = p.tab.k_levels[i];
+    th_k[i] = tab.k_thresholds[i];
+    lv_k[i] = tab.k_levels[i];
   }
   for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-    th_v[i] = p.tab.v_thresholds[i];
-    lv_v[i] = p.tab.v_levels[i];
+    th_v[i] = tab.v_thresholds[i];
+    lv_v[i] = tab.v_levels[i];
   }
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int wib = threadIdx.x >> 5;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kStoreWarps + wib;
-  const Layout& L = p.L;
-  if (item >= static_cast<int64_t>(p.n_tokens) * L.geo.n_kv_heads) return;
-  const int t = static_cast<int>(item / L.geo.n_kv_heads);
-  const int h = static_cast<int>(item % L.geo.n_kv_heads);
-  const int64_t slot = p.slot_mapping[t];
+  if (item >= static_cast<int64_t>(p.n_tokens) * p.n_kv_heads) return;
+  const int t = static_cast<int>(item / p.n_kv_heads);
+  const int h = static_cast<int>(item % p.n_kv_heads);
+  const int64_t slot = dest.slot_mapping[t];
   if (slot < 0) return;
   const SlotAddr a = slot_addr(L, slot / L.geo.block_size, static_cast<int>(slot % L.geo.block_size), h);
   // This lane's E SRHT sign bits (E divides 32, so they sit in one word).
-  const uint32_t neg_mask = (p.tab.sign_bits[(lane * E) >> 5] >> ((lane * E) & 31)) & ((1u << E) - 1u);
+  const uint32_t neg_mask = (tab.sign_bits[(lane * E) >> 5] >> ((lane * E) & 31)) & ((1u << E) - 1u);
   const int64_t base = static_cast<int64_t>(t) * p.token_stride + static_cast<int64_t>(h) * D + lane * E;
 
   float x[E];
   load_row<E>(x, p.k, p.dtype, base);
+  if (p.key_mean) {  // the same float operations as centre_keys, so the same centred keys
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      const int c = h * D + lane * E + j;
+      x[j] = (x[j] - p.key_mean[c]) / p.key_scale[c];
+    }
+  }
   if (L.kcodec == KeyCodec::Mse) {
-    with_bits(L.kbits, [&](auto b) { encode_mse<D, decltype(b)::value>(x, lv_k, th_k, L.nc, p.tab, neg_mask, a.kc, a.km, lane); });
+    with_bits(L.kbits, [&](auto b) { encode_mse<D, decltype(b)::value>(x, lv_k, th_k, L.nc, tab, neg_mask, a.kc, a.km, lane); });
   } else {
     encode_plain<D>(x, L.kcodec, a.kc, lane);
   }
 
   load_row<E>(x, p.v, p.dtype, base);
   if (L.vcodec == ValueCodec::Mse) {
-    with_bits(L.vbits, [&](auto b) { encode_mse<D, decltype(b)::value>(x, lv_v, th_v, L.nc, p.tab, neg_mask, a.vc, a.vm, lane); });
+    with_bits(L.vbits, [&](auto b) { encode_mse<D, decltype(b)::value>(x, lv_v, th_v, L.nc, tab, neg_mask, a.vc, a.vm, lane); });
   } else if (L.vcodec == ValueCodec::Uniform) {
     with_bits(L.vbits, [&](auto b) { encode_uniform<D, decltype(b)::value>(x, a.vc, a.vm, a.vm + a.vm1, lane); });
   } else {
@@ -249,6 +271,45 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_co
 }
 
 }  // namespace
+
+namespace {
+
+template <int N>
+void launch_store(const StoreParams<N>& p, int head_dim, cudaStream_t stream) {
+  const int64_t items = static_cast<int64_t>(p.n_tokens) * p.n_kv_heads;
+  const dim3 grid(static_cast<unsigned>((items + kStoreWarps - 1) / kStoreWarps), N);
+  switch (head_dim) {
+    case 64: store_kernel<64, N><<<grid, kStoreWarps * 32, 0, stream>>>(p); break;
+    case 128: store_kernel<128, N><<<grid, kStoreWarps * 32, 0, stream>>>(p); break;
+    default: store_kernel<256, N><<<grid, kStoreWarps * 32, 0, stream>>>(p); break;
+  }
+  TQKV_CUDA_CHECK(cudaGetLastError());
+}
+
+// The fields every destination shares.
+template <int N>
+void fill_common(StoreParams<N>& p, const StoreArgs& args, int n_kv_heads, int head_dim) {
+  p.k = args.k;
+  p.v = args.v;
+  p.dtype = args.dtype;
+  p.token_stride = args.token_stride ? args.token_stride : static_cast<int64_t>(n_kv_heads) * head_dim;
+  p.n_tokens = args.n_tokens;
+  p.n_kv_heads = n_kv_heads;
+}
+
+template <int N>
+void store_n(const StoreTarget* targets, const StoreArgs& args, const float* key_mean, const float* key_scale,
+             cudaStream_t stream) {
+  StoreParams<N> p{};
+  for (int i = 0; i < N; ++i) p.dest[i] = {make_layout(*targets[i].codec, targets[i].kv), targets[i].codec->tables(),
+                                           targets[i].slot_mapping};
+  fill_common(p, args, targets[0].kv.n_kv_heads, targets[0].codec->head_dim());
+  p.key_mean = key_mean;
+  p.key_scale = key_scale;
+  launch_store(p, targets[0].codec->head_dim(), stream);
+}
+
+}  // namespace
 }  // namespace detail
 
 void store(const CacheCodec& codec, const PagedKv& kv, const StoreArgs& args, cudaStream_t stream) {
@@ -256,23 +317,31 @@ void store(const CacheCodec& codec, const PagedKv& kv, const StoreArgs& args, cu
   if (args.n_tokens < 0) throw_arg("n_tokens must be >= 0");
   if (args.n_tokens == 0) return;
   if (!args.k || !args.v || !args.slot_mapping) throw_arg("store: null input");
-  StoreParams p{};
-  p.L = make_layout(codec, kv);
-  p.tab = codec.tables();
-  p.k = args.k;
-  p.v = args.v;
-  p.dtype = args.dtype;
-  p.token_stride = args.token_stride ? args.token_stride : static_cast<int64_t>(kv.n_kv_heads) * codec.head_dim();
-  p.slot_mapping = args.slot_mapping;
-  p.n_tokens = args.n_tokens;
-  const int64_t items = static_cast<int64_t>(args.n_tokens) * kv.n_kv_heads;
-  const dim3 grid(static_cast<unsigned>((items + kStoreWarps - 1) / kStoreWarps));
-  switch (codec.head_dim()) {
-    case 64: store_kernel<64><<<grid, kStoreWarps * 32, 0, stream>>>(p); break;
-    case 128: store_kernel<128><<<grid, kStoreWarps * 32, 0, stream>>>(p); break;
-    default: store_kernel<256><<<grid, kStoreWarps * 32, 0, stream>>>(p); break;
+  StoreParams<1> p{};
+  p.dest[0] = {make_layout(codec, kv), codec.tables(), args.slot_mapping};
+  fill_common(p, args, kv.n_kv_heads, codec.head_dim());
+  launch_store(p, codec.head_dim(), stream);
+}
+
+void store_many(const StoreTarget* targets, int n_targets, const StoreArgs& args, const float* key_mean,
+                const float* key_scale, cudaStream_t stream) {
+  using namespace detail;
+  if (n_targets < 1 || n_targets > kMaxStoreTargets)
+    throw_arg("store_many: 1 to " + std::to_string(kMaxStoreTargets) + " targets");
+  if (args.n_tokens < 0) throw_arg("n_tokens must be >= 0");
+  if (!args.k || !args.v) throw_arg("store_many: null input");
+  if (!key_mean != !key_scale) throw_arg("store_many: key_mean and key_scale go together");
+  for (int i = 0; i < n_targets; ++i) {
+    if (!targets[i].codec || !targets[i].slot_mapping) throw_arg("store_many: a target without codec or slot mapping");
+    if (targets[i].codec->head_dim() != targets[0].codec->head_dim() || targets[i].kv.n_kv_heads != targets[0].kv.n_kv_heads)
+      throw_arg("store_many: targets of different head_dim or kv heads");
   }
-  TQKV_CUDA_CHECK(cudaGetLastError());
+  if (args.n_tokens == 0) return;
+  switch (n_targets) {
+    case 1: store_n<1>(targets, args, key_mean, key_scale, stream); break;
+    case 2: store_n<2>(targets, args, key_mean, key_scale, stream); break;
+    default: store_n<3>(targets, args, key_mean, key_scale, stream); break;
+  }
 }
 
 }  // namespace tqkv::cuda

@@ -43,6 +43,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   sinks_ = spec.sinks;
   window_ = spec.window_at(shape.capacity);
   if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
+  if (const char* e = std::getenv("TQKV_FUSED_STORE")) fused_store_ = std::string(e) != "0";
   if (copies()) {
     for (int l = 0; l < m.n_layers; ++l)
       if (m.window(l) > 0) not_yet("attention sinks or a recent window with sliding-window layers");
@@ -419,10 +420,13 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   }
   const int D = m.head_dim, hq = m.n_heads, hkv = m.n_kv_heads;
   const size_t q_row = static_cast<size_t>(hq) * D;
-  if (centring_.active()) {
-    const size_t off = static_cast<size_t>(layer) * hkv * D;
-    cuda::centre_keys(k, q, mean_ + off, scale_ + off, n, hkv, hq / hkv, D, centring_.scales(), stream_);
-  }
+  const size_t centring_off = static_cast<size_t>(layer) * hkv * D;
+  // The one-launch store centres the keys itself, unless the queries need the channel scales too
+  // or a hook must see the centred keys.
+  const bool centre_in_store = fused_store_ && centring_.active() && !centring_.scales() && !key_hook();
+  if (centring_.active() && !centre_in_store)
+    cuda::centre_keys(k, q, mean_ + centring_off, scale_ + centring_off, n, hkv, hq / hkv, D, centring_.scales(),
+                      stream_);
   if (key_hook()) key_hook()(layer, n, k, q);
   Layer& L = layers_[layer];
   cuda::StoreArgs sa;
@@ -431,15 +435,25 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   sa.dtype = cuda::DType::F32;
   sa.slot_mapping = step_slots_;
   sa.n_tokens = n;
-  cuda::store(L.codec, L.kv, sa, stream_);
   const bool covered = L.window_codec.has_value();  // the layer keeps copies (same centred keys)
-  if (covered && window_ > 0) {
-    sa.slot_mapping = win_slots_;
-    cuda::store(*L.window_codec, L.window_kv, sa, stream_);
-  }
-  if (covered && sinks_ > 0) {
-    sa.slot_mapping = sink_slots_;
-    cuda::store(*L.sink_codec, L.sink_kv, sa, stream_);
+  if (fused_store_) {  // the compressed pages and the copies in one launch
+    cuda::StoreTarget targets[cuda::kMaxStoreTargets];
+    int n_targets = 0;
+    targets[n_targets++] = {&L.codec, L.kv, step_slots_};
+    if (covered && window_ > 0) targets[n_targets++] = {&*L.window_codec, L.window_kv, win_slots_};
+    if (covered && sinks_ > 0) targets[n_targets++] = {&*L.sink_codec, L.sink_kv, sink_slots_};
+    cuda::store_many(targets, n_targets, sa, centre_in_store ? mean_ + centring_off : nullptr,
+                     centre_in_store ? scale_ + centring_off : nullptr, stream_);
+  } else {
+    cuda::store(L.codec, L.kv, sa, stream_);
+    if (covered && window_ > 0) {
+      sa.slot_mapping = win_slots_;
+      cuda::store(*L.window_codec, L.window_kv, sa, stream_);
+    }
+    if (covered && sinks_ > 0) {
+      sa.slot_mapping = sink_slots_;
+      cuda::store(*L.sink_codec, L.sink_kv, sa, stream_);
+    }
   }
 
   const int window = m.window(layer);

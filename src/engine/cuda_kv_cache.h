@@ -170,6 +170,9 @@ class CudaKvCache final : public KvCache {
   // Layers with copies: one fused launch per layer (TQKV_FUSED_DECODE=0: the three launches and
   // two merges instead, for comparison), plans by (middle format, window format, rows).
   bool fused_ = true;
+  // A layer's stores (compressed pages, window ring, sinks) and its key centring in one launch
+  // (cuda::store_many); TQKV_FUSED_STORE=0 keeps one launch each, for before/after measurements.
+  bool fused_store_ = true;
   // Above this many decode rows (prefill chunks whose queries run as decode rows) the three
   // launches stay: the fused launch gives the sinks' and window's parts a fixed share of CTAs,
   // and 1K-row prefill steps measured 5-20% slower with it on the H200. Decode steps of every

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -288,6 +289,93 @@ TEST(CudaStore, Bf16InputsMatchCpuReference) {
     if (HasFatalFailure()) return;
     EXPECT_LE(diff * 100, total) << name << ": " << diff << " of " << total << " slots differ";
   }
+}
+
+// store_many: one launch into three page pools (a layer's compressed pages, its window ring and
+// its sinks, each with its own format and slot mapping) writes the bytes three store() calls write,
+// and with key_mean/key_scale the bytes store() writes from keys centred as centre_keys centres
+// them; bytes outside the stored slots keep their poison.
+TEST(CudaStore, ManyTargetsWriteWhatSeparateStoresWrite) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int H = 2, bs = 16, num_blocks = 6, n_tokens = 37;
+  for (int d : {64, 128, 256})
+    for (bool centred : {false, true}) {
+      SCOPED_TRACE("d=" + std::to_string(d) + (centred ? " centred" : ""));
+      const std::vector<Format> formats = {find_format("turboquant_4bit_nc"), find_format("f16"), find_format("tq-k3v2")};
+      std::vector<float> k(static_cast<size_t>(n_tokens) * H * d), v(k.size()), mean(static_cast<size_t>(H) * d),
+          scale(mean.size());
+      fill_vectors(rng, k, d);
+      fill_vectors(rng, v, d);
+      std::uniform_real_distribution<float> ud(0.5f, 2.0f), um(-1.0f, 1.0f);
+      for (size_t i = 0; i < mean.size(); ++i) {
+        mean[i] = um(rng);
+        scale[i] = ud(rng);
+      }
+      std::vector<float> kc = k;  // what centre_keys leaves: (k - mean) / scale per channel
+      for (size_t i = 0; i < kc.size(); ++i) kc[i] = (k[i] - mean[i % mean.size()]) / scale[i % mean.size()];
+      DevBuf<float> dk(k.size()), dkc(k.size()), dv(v.size()), dmean(mean.size()), dscale(scale.size());
+      ASSERT_TRUE(dk.p && dkc.p && dv.p && dmean.p && dscale.p);
+      CK(cudaMemcpy(dk.p, k.data(), dk.bytes(), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dkc.p, kc.data(), dkc.bytes(), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dv.p, v.data(), dv.bytes(), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dmean.p, mean.data(), dmean.bytes(), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dscale.p, scale.data(), dscale.bytes(), cudaMemcpyHostToDevice));
+      std::vector<std::unique_ptr<tqkv::cuda::CacheCodec>> codecs;
+      std::vector<std::unique_ptr<DevBuf<uint8_t>>> one, sep;
+      std::vector<std::unique_ptr<DevBuf<int64_t>>> slots;
+      std::vector<std::vector<uint8_t>> poison;
+      tqkv::cuda::StoreTarget targets[3];
+      for (int i = 0; i < 3; ++i) {
+        codecs.push_back(std::make_unique<tqkv::cuda::CacheCodec>(formats[i], d));
+        const size_t bytes = static_cast<size_t>(num_blocks) * bs * H * formats[i].slot_bytes(d);
+        std::vector<uint8_t> pz(bytes);
+        for (auto& b : pz) b = static_cast<uint8_t>(rng());
+        poison.push_back(pz);
+        one.push_back(std::make_unique<DevBuf<uint8_t>>(bytes));
+        sep.push_back(std::make_unique<DevBuf<uint8_t>>(bytes));
+        CK(cudaMemcpy(one.back()->p, pz.data(), bytes, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(sep.back()->p, pz.data(), bytes, cudaMemcpyHostToDevice));
+        std::vector<int64_t> sl(static_cast<size_t>(num_blocks) * bs);
+        std::iota(sl.begin(), sl.end(), 0);
+        std::shuffle(sl.begin(), sl.end(), rng);
+        sl.resize(n_tokens);
+        for (auto& x : sl)
+          if (rng() % 4 == 0) x = -1;  // the copies skip most tokens
+        slots.push_back(std::make_unique<DevBuf<int64_t>>(sl.size()));
+        CK(cudaMemcpy(slots.back()->p, sl.data(), slots.back()->bytes(), cudaMemcpyHostToDevice));
+        targets[i] = {codecs.back().get(), {one.back()->p, num_blocks, bs, H, PageLayout::Page}, slots.back()->p};
+      }
+      tqkv::cuda::StoreArgs args;
+      args.k = dk.p;
+      args.v = dv.p;
+      args.dtype = DType::F32;
+      args.n_tokens = n_tokens;
+      tqkv::cuda::store_many(targets, 3, args, centred ? dmean.p : nullptr, centred ? dscale.p : nullptr);
+      args.k = centred ? dkc.p : dk.p;
+      for (int i = 0; i < 3; ++i) {
+        args.slot_mapping = targets[i].slot_mapping;
+        tqkv::cuda::store(*codecs[i], {sep[i]->p, num_blocks, bs, H, PageLayout::Page}, args);
+      }
+      CK(cudaDeviceSynchronize());
+      for (int i = 0; i < 3; ++i) {
+        std::vector<uint8_t> a(one[i]->n), b(sep[i]->n);
+        CK(cudaMemcpy(a.data(), one[i]->p, a.size(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(b.data(), sep[i]->p, b.size(), cudaMemcpyDeviceToHost));
+        EXPECT_TRUE(a == b) << formats[i].name() << ": one launch and a separate store differ";
+        EXPECT_FALSE(a == poison[i]) << formats[i].name() << ": nothing was stored";
+      }
+      EXPECT_THROW(tqkv::cuda::store_many(targets, 0, args), Error);
+      EXPECT_THROW(tqkv::cuda::store_many(targets, 4, args), Error);
+      EXPECT_THROW(tqkv::cuda::store_many(targets, 3, args, dmean.p, nullptr), Error);
+      tqkv::cuda::StoreTarget other = targets[1];
+      tqkv::cuda::CacheCodec wrong_dim(formats[1], d == 64 ? 128 : 64);
+      other.codec = &wrong_dim;
+      const tqkv::cuda::StoreTarget mixed[2] = {targets[0], other};
+      EXPECT_THROW(tqkv::cuda::store_many(mixed, 2, args), Error);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

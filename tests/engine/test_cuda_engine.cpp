@@ -12,13 +12,16 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "engine/cache_spec.h"
 #include "engine/cuda_device.h"
 #include "engine/cuda_kv_cache.h"
 #include "engine/generate.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
+#include "engine/recipe.h"
 #include "engine/tokenizer.h"
 #include "tqkv/error.h"
 
@@ -557,16 +560,65 @@ TEST(CudaCacheLayer, RecordedDecodeStepsMatchOpByOp) {
   }
 }
 
-// TQKV_FUSED_DECODE=0 for the caches made in its scope: copies attend in three launches and two merges.
-struct FusedDecodeOff {
-  FusedDecodeOff() { setenv("TQKV_FUSED_DECODE", "0", 1); }
-  ~FusedDecodeOff() { unsetenv("TQKV_FUSED_DECODE"); }
+// An environment switch set for the caches made in its scope (read by CudaKvCache's constructor).
+struct EnvOff {
+  explicit EnvOff(const char* name) : name_(name) { setenv(name, "0", 1); }
+  ~EnvOff() { unsetenv(name_); }
+  const char* name_;
 };
 
+// Two caches of one spec on the same random inputs, layer by layer: a prefill of two sequences
+// (every query its own key ranges), then 8 decode steps of both. Returns the largest |a - b| over
+// all outputs and the largest |b|.
+std::pair<double, double> attend_side_by_side(CudaDevice& dev, const ModelConfig& m, KvCache& a, KvCache& b) {
+  const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim, rows = 70;
+  uint64_t x = 4242;
+  auto rnd = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(x >> 11) % 2000001 - 1000000) / 1e6f;
+  };
+  std::vector<float> hq(static_cast<size_t>(rows) * qd), hk(static_cast<size_t>(rows) * kd), hv(hk.size());
+  const int64_t s0 = a.add_sequence(), s1 = a.add_sequence();
+  EXPECT_EQ(b.add_sequence(), s0);
+  EXPECT_EQ(b.add_sequence(), s1);
+  std::vector<int32_t> ids(rows, 1);
+  double worst = 0, scale = 0;
+  auto run = [&](const Batch& batch, int n) {
+    for (int l = 0; l < m.n_layers; ++l) {
+      for (float& e : hq) e = rnd();
+      for (float& e : hk) e = 2.0f * rnd() + 0.3f;
+      for (float& e : hv) e = rnd();
+      std::vector<float> oa(static_cast<size_t>(n) * qd), ob(oa.size());
+      for (KvCache* cache : {&a, &b}) {
+        // Centring may rewrite q and k in place: each cache gets fresh copies of the inputs.
+        DeviceBuffer q = dev.load_vector(hq.data(), static_cast<size_t>(n) * qd),
+                     k = dev.load_vector(hk.data(), static_cast<size_t>(n) * kd),
+                     v = dev.load_vector(hv.data(), static_cast<size_t>(n) * kd), o = dev.alloc(oa.size());
+        cache->attend(l, batch, q.data(), k.data(), v.data(), o.data());
+        dev.to_host(o.data(), oa.size(), cache == &a ? oa.data() : ob.data());
+      }
+      for (size_t i = 0; i < oa.size(); ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(oa[i]) - ob[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(ob[i])));
+      }
+    }
+  };
+  Batch prefill;
+  prefill.add(s0, ids.data(), 40, 0, true);
+  prefill.add(s1, ids.data(), 23, 0, true);
+  run(prefill, 63);
+  for (int s = 0; s < 8; ++s) {
+    Batch step;
+    step.add(s0, ids.data(), 1, 40 + s, true);
+    step.add(s1, ids.data(), 1, 23 + s, true);
+    run(step, 2);
+  }
+  return {worst, scale};
+}
+
 // The fused decode of the copies (sinks, compressed middle, window in one launch) against the
-// three launches and two merges, on the same inputs, layer by layer: a prefill (every query its
-// own key ranges), then decode steps of two sequences; the recipes' layers on SmolLM2's shape,
-// f16 and wq6 windows, sinks alone, a window alone.
+// three launches and two merges (TQKV_FUSED_DECODE=0), on the same inputs: the recipes' layers on
+// SmolLM2's shape, f16 and wq6 windows, sinks alone, a window alone.
 TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   auto dev = std::make_shared<CudaDevice>();
@@ -589,64 +641,65 @@ TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
-    const ModelConfig& m = c.m;
-    const CacheSpec spec = resolve_cache_spec(c.spec, m);
+    const CacheSpec spec = resolve_cache_spec(c.spec, c.m);
     auto fused = dev->make_cache(spec, CacheShape{c.capacity, 2});
     std::unique_ptr<KvCache> three;
     {
-      FusedDecodeOff off;
+      EnvOff off("TQKV_FUSED_DECODE");
       three = dev->make_cache(spec, CacheShape{c.capacity, 2});
     }
     const auto* fc = dynamic_cast<const CudaKvCache*>(fused.get());
     const auto* tc = dynamic_cast<const CudaKvCache*>(three.get());
     ASSERT_TRUE(fc && tc);
-    EXPECT_EQ(fc->fused_layers(), m.n_layers);
+    EXPECT_EQ(fc->fused_layers(), c.m.n_layers);
     EXPECT_EQ(tc->fused_layers(), 0);
-    const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim, rows = 70;
-    uint64_t x = 4242;
-    auto rnd = [&] {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      return static_cast<float>(static_cast<int64_t>(x >> 11) % 2000001 - 1000000) / 1e6f;
-    };
-    std::vector<float> hq(static_cast<size_t>(rows) * qd), hk(static_cast<size_t>(rows) * kd), hv(hk.size());
-    const int64_t a = fused->add_sequence(), b = fused->add_sequence();
-    ASSERT_EQ(three->add_sequence(), a);
-    ASSERT_EQ(three->add_sequence(), b);
-    std::vector<int32_t> ids(rows, 1);
-    double worst = 0, scale = 0;
-    auto run = [&](const Batch& batch, int n) {
-      for (int l = 0; l < m.n_layers; ++l) {
-        for (float& e : hq) e = rnd();
-        for (float& e : hk) e = 2.0f * rnd() + 0.3f;
-        for (float& e : hv) e = rnd();
-        std::vector<float> of(static_cast<size_t>(n) * qd), ot(of.size());
-        for (KvCache* cache : {fused.get(), three.get()}) {
-          // Centring rewrites q and k in place: each cache gets fresh copies of the inputs.
-          DeviceBuffer q = dev->load_vector(hq.data(), static_cast<size_t>(n) * qd),
-                       k = dev->load_vector(hk.data(), static_cast<size_t>(n) * kd),
-                       v = dev->load_vector(hv.data(), static_cast<size_t>(n) * kd), o = dev->alloc(of.size());
-          cache->attend(l, batch, q.data(), k.data(), v.data(), o.data());
-          dev->to_host(o.data(), of.size(), cache == fused.get() ? of.data() : ot.data());
-        }
-        for (size_t i = 0; i < of.size(); ++i) {
-          worst = std::max(worst, std::fabs(static_cast<double>(of[i]) - ot[i]));
-          scale = std::max(scale, std::fabs(static_cast<double>(ot[i])));
-        }
-      }
-    };
-    Batch prefill;
-    prefill.add(a, ids.data(), 40, 0, true);
-    prefill.add(b, ids.data(), 23, 0, true);
-    run(prefill, 63);
-    for (int s = 0; s < 8; ++s) {
-      Batch step;
-      step.add(a, ids.data(), 1, 40 + s, true);
-      step.add(b, ids.data(), 1, 23 + s, true);
-      run(step, 2);
-    }
+    const auto [worst, scale] = attend_side_by_side(*dev, c.m, *fused, *three);
     std::printf("[ fused ] %-24.24s fused vs three launches: max |diff| %.3g (outputs up to %.3g)\n", c.spec.c_str(),
                 worst, scale);
     EXPECT_LT(worst, 5e-3);
+    EXPECT_GT(scale, 0.0);
+  }
+}
+
+// A layer's stores and key centring in one launch (cuda::store_many) write the bytes the separate
+// launches write (TQKV_FUSED_STORE=0: centre_keys, then one store per page pool), so attention over
+// them is bit-identical: with and without copies, centred (+c, centred in the store) and
+// centred and scaled (+s, the queries' scales keep their own launch).
+TEST(CudaCacheLayer, OneStoreLaunchMatchesSeparateStores) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  const ModelConfig m = cache_test_model(3, 6, 2);
+  SpecSources src;
+  auto stats = std::make_shared<KeyStats>();
+  stats->tokens = 1;
+  stats->n_layers = m.n_layers;
+  stats->n_kv_heads = m.n_kv_heads;
+  stats->head_dim = m.head_dim;
+  uint64_t x = 99;
+  auto rnd = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>((x >> 11) % 1000001) / 1e6f;
+  };
+  for (size_t i = 0; i < stats->size(); ++i) {
+    stats->key_mean.push_back(rnd() - 0.2f);
+    stats->key_sq.push_back(stats->key_mean.back() * stats->key_mean.back() + 0.5f + rnd());
+    stats->query_sq.push_back(0.5f + rnd());
+  }
+  src.key_stats = stats;
+  for (const std::string name : {"turboquant_4bit_nc", "k4v3+c", "k5v3+s", "k4v3+c+sink1+wq6+w7+skip0",
+                                 "k3v2+c+sink2+w9+skip0", "k5v4+s+sink1+w5+skip0", "tq-k4v2+sink1+skip0"}) {
+    SCOPED_TRACE(name);
+    const CacheSpec spec = resolve_cache_spec(name, m, src);
+    auto one = dev->make_cache(spec, CacheShape{128, 2});
+    std::unique_ptr<KvCache> separate;
+    {
+      EnvOff off("TQKV_FUSED_STORE");
+      separate = dev->make_cache(spec, CacheShape{128, 2});
+    }
+    const auto [worst, scale] = attend_side_by_side(*dev, m, *one, *separate);
+    std::printf("[ store ] %-28s one launch vs separate stores: max |diff| %.3g (outputs up to %.3g)\n", name.c_str(),
+                worst, scale);
+    EXPECT_EQ(worst, 0.0);
     EXPECT_GT(scale, 0.0);
   }
 }
@@ -674,7 +727,7 @@ TEST_F(CudaSmol, FusedDecodeGivesTheSameQualityAlongTheSameTokens) {
     std::vector<int32_t> ids = prompt;
     std::vector<float> three;
     {
-      FusedDecodeOff off;
+      EnvOff off("TQKV_FUSED_DECODE");
       const std::vector<int32_t> answer = greedy(*gpu_, prompt, spec, 64);
       ASSERT_EQ(answer.size(), 64u);
       ids.insert(ids.end(), answer.begin(), answer.end());
