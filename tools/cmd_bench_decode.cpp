@@ -14,7 +14,10 @@
 // also gives the cache bytes one sequence holds at that depth and how many such sequences fit
 // in --budget-gib of cache memory (CacheSpec::bytes, the accounting every command reports).
 // On the GPU, --cuda-graphs both (the default) times the decode steps replayed from CUDA graphs
-// and then as many steps op by op (n + 1 positions deeper); on or off times one of them.
+// and then as many steps op by op (n + 1 positions deeper); on or off times one of them. The
+// "attention %" column is the share of the decode steps' time spent in the cache's attend
+// (store and attention; the rest is products, norms, RoPE, sampling's logits copy and, op by
+// op, launch overhead), of the steps run op by op: a replayed graph is not split.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -55,6 +58,9 @@ struct Row {
   double seq_bytes = 0, fit = 0;  // tokens of the step that reached `depth`
   double prefill_tps = 0, decode_tps = 0, decode_cpu_tps = 0;
   double decode_tps_op_by_op = 0;  // with --cuda-graphs both: the same steps without graphs
+  // Share of the decode steps' time spent in attention (Device::attention_begin/end), of the steps
+  // run op by op (on CUDA a replayed graph is not split): -1 where none were.
+  double attention_share = -1;
 };
 
 }  // namespace
@@ -128,17 +134,26 @@ void register_bench_decode(CLI::App& bench) {
           // two steps warm up and record its CUDA graph).
           decode_step(len++);
           decode_step(len++);
+          const bool split = !device.step_graphs();  // steps run op by op: attention timed
+          device.set_attention_timing(split);
           const auto t0 = clock::now();
           const double c0 = cpu_seconds();
           for (int i = 0; i < o.n; ++i) decode_step(len++);
-          r.decode_tps = static_cast<double>(o.n) * B / std::chrono::duration<double>(clock::now() - t0).count();
+          const double wall = std::chrono::duration<double>(clock::now() - t0).count();
+          r.decode_tps = static_cast<double>(o.n) * B / wall;
           r.decode_cpu_tps = static_cast<double>(o.n) * B / (cpu_seconds() - c0);
+          if (split) r.attention_share = device.attention_seconds() / wall;
+          device.set_attention_timing(false);
           if (both) {  // the next steps op by op (n + 1 positions deeper)
             device.set_step_graphs(false);
             decode_step(len++);
+            device.set_attention_timing(true);
             const auto t1 = clock::now();
             for (int i = 0; i < o.n; ++i) decode_step(len++);
-            r.decode_tps_op_by_op = static_cast<double>(o.n) * B / std::chrono::duration<double>(clock::now() - t1).count();
+            const double wall1 = std::chrono::duration<double>(clock::now() - t1).count();
+            r.decode_tps_op_by_op = static_cast<double>(o.n) * B / wall1;
+            r.attention_share = device.attention_seconds() / wall1;
+            device.set_attention_timing(false);
             device.set_step_graphs(true);
           }
           r.seq_bytes = static_cast<double>(cache->spec().bytes(depth, std::max(depth, 1)).total());
@@ -164,7 +179,9 @@ void register_bench_decode(CLI::App& bench) {
                              {"prefill_tokens", r.prefill_tokens},
                              {"prefill_tokens_per_s", r.prefill_tps},
                              {"decode_tokens_per_s", r.decode_tps},
-                             {"decode_tokens_per_cpu_s", r.decode_cpu_tps}});
+                             {"decode_tokens_per_cpu_s", r.decode_cpu_tps},
+                             {"attention_share", r.attention_share < 0 ? nlohmann::json(nullptr)
+                                                                       : nlohmann::json(r.attention_share)}});
       if (both)
         for (size_t i = 0; i < rows.size(); ++i)
           j["rows"][i]["decode_tokens_per_s_without_graphs"] = rows[i].decode_tps_op_by_op;
@@ -176,8 +193,9 @@ void register_bench_decode(CLI::App& bench) {
                 model.weight_bytes() / 1048576.0, rss);
     const char* graphs = !device.step_graphs() ? "" : both ? ", CUDA graphs" : ", CUDA graphs on";
     std::printf("| format | batch | depth | decode tokens/s (tg%d%s) | %sper CPU-second | prefill tokens/s (tokens) | "
-                "cache MiB/seq | seqs in %.0f GiB |\n", o.n, graphs, both ? "without graphs | " : "", o.budget_gib);
-    std::printf("|---|---|---|---|---|---|---|---|%s\n", both ? "---|" : "");
+                "cache MiB/seq | seqs in %.0f GiB | attention %%%s |\n", o.n, graphs, both ? "without graphs | " : "",
+                o.budget_gib, both ? " (without graphs)" : "");
+    std::printf("|---|---|---|---|---|---|---|---|---|%s\n", both ? "---|" : "");
     for (const Row& r : rows) {
       std::printf("| %s | %d | %d | %.2f | ", r.format.c_str(), r.batch, r.depth, r.decode_tps);
       if (both) std::printf("%.2f | ", r.decode_tps_op_by_op);
@@ -186,7 +204,11 @@ void register_bench_decode(CLI::App& bench) {
         std::printf("%.1f (%d) | ", r.prefill_tps, r.prefill_tokens);
       else
         std::printf("- | ");
-      std::printf("%.2f | %.0f |\n", r.seq_bytes / 1048576.0, r.fit);
+      std::printf("%.2f | %.0f | ", r.seq_bytes / 1048576.0, r.fit);
+      if (r.attention_share >= 0)
+        std::printf("%.0f |\n", 100.0 * r.attention_share);
+      else
+        std::printf("- |\n");
     }
   });
 }

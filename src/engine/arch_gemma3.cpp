@@ -83,7 +83,9 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
     dev.rmsnorm(k.data(), L.k_norm.data(), n * c.n_kv_heads, hd, c.rms_eps, k.data());
     dev.rope(q.data(), n, c.n_heads, hd, batch.positions.data(), rope);
     dev.rope(k.data(), n, c.n_kv_heads, hd, batch.positions.data(), rope);
+    dev.attention_begin();
     cache.attend(l, batch, q.data(), k.data(), v.data(), att.data());
+    dev.attention_end();
     P.matmul(att.data(), *L.wo, xn.data());
     dev.rmsnorm(xn.data(), L.post_attn_norm.data(), n, d, c.rms_eps, xn.data());
     dev.add(x.data(), xn.data(), N * d);

@@ -56,7 +56,9 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
     P.matmul(xn.data(), *L.wv, v.data(), L.bv.data());
     dev.rope(q.data(), n, c.n_heads, hd, batch.positions.data(), c.rope);
     dev.rope(k.data(), n, c.n_kv_heads, hd, batch.positions.data(), c.rope);
+    dev.attention_begin();
     cache.attend(l, batch, q.data(), k.data(), v.data(), att.data());
+    dev.attention_end();
     P.matmul(att.data(), *L.wo, xn.data());
     dev.add(x.data(), xn.data(), N * d);
 

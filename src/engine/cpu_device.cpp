@@ -204,4 +204,17 @@ std::unique_ptr<KvCache> CpuDevice::make_cache(const CacheSpec& spec, const Cach
   return std::make_unique<CpuKvCache>(spec, shape);
 }
 
+void CpuDevice::set_attention_timing(bool on) {
+  timing_ = on;
+  attention_s_ = 0;
+}
+
+void CpuDevice::attention_begin() {
+  if (timing_) attention_t0_ = std::chrono::steady_clock::now();
+}
+
+void CpuDevice::attention_end() {
+  if (timing_) attention_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - attention_t0_).count();
+}
+
 }  // namespace tqkv::engine

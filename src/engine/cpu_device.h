@@ -12,6 +12,7 @@
 // (F32, F16, BF16, Q5_1) are expanded to float32 at load. Until 2026-12 every matrix was held
 // as float32 as well (4 bytes per weight more: 7.7 GB for Qwen2.5-Coder-1.5B).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -59,6 +60,15 @@ class CpuDevice final : public Device {
   void add(float* x, const float* y, size_t n) override;
   void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) override;
   std::unique_ptr<KvCache> make_cache(const CacheSpec& spec, const CacheShape& shape) override;
+  void set_attention_timing(bool on) override;
+  double attention_seconds() override { return attention_s_; }
+  void attention_begin() override;
+  void attention_end() override;
+
+ private:
+  bool timing_ = false;
+  double attention_s_ = 0;
+  std::chrono::steady_clock::time_point attention_t0_;
 };
 
 }  // namespace tqkv::engine

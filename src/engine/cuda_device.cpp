@@ -129,6 +129,15 @@ struct CudaDevice::Impl {
   void* ints = nullptr;  // uploaded host metadata (token ids, positions, rows)
   size_t ints_bytes = 0;
   bool graphs = true;
+  // Attention timing (Device::set_attention_timing): event pairs recorded around each attend of
+  // steps run op by op, reused from one measurement to the next; `timed` pairs are in use.
+  bool timing = false;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> attention_events;
+  size_t timed = 0;
+  bool capturing() const {
+    cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream, &s) == cudaSuccess && s != cudaStreamCaptureStatusNone;
+  }
 
   // A decode step being warmed up or recorded by run_step (in_step).
   struct Step {
@@ -192,6 +201,10 @@ CudaDevice::~CudaDevice() {
   cudaFree(impl_->xb);
   for (uint16_t* p : impl_->old_xb) cudaFree(p);
   cudaFree(impl_->ints);
+  for (auto& [a, b] : impl_->attention_events) {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
   if (impl_->blas) cublasDestroy(impl_->blas);
   cudaFree(impl_->blas_workspace);
 }
@@ -285,6 +298,45 @@ std::unique_ptr<KvCache> CudaDevice::make_cache(const CacheSpec& spec, const Cac
 
 void CudaDevice::set_step_graphs(bool on) { impl_->graphs = on; }
 bool CudaDevice::step_graphs() const { return impl_->graphs; }
+
+void CudaDevice::set_attention_timing(bool on) {
+  impl_->timing = on;
+  impl_->timed = 0;
+}
+
+void CudaDevice::attention_begin() {
+  Impl& I = *impl_;
+  if (!I.timing || I.capturing()) return;
+  if (I.timed == I.attention_events.size()) {
+    cudaEvent_t a = nullptr, b = nullptr;
+    ck(cudaEventCreate(&a), "creating a timing event");
+    if (cudaEventCreate(&b) != cudaSuccess) {
+      cudaEventDestroy(a);
+      ck(cudaErrorMemoryAllocation, "creating a timing event");
+    }
+    I.attention_events.emplace_back(a, b);
+  }
+  ck(cudaEventRecord(I.attention_events[I.timed].first, I.stream), "recording a timing event");
+}
+
+void CudaDevice::attention_end() {
+  Impl& I = *impl_;
+  if (!I.timing || I.capturing() || I.timed == I.attention_events.size()) return;
+  ck(cudaEventRecord(I.attention_events[I.timed].second, I.stream), "recording a timing event");
+  ++I.timed;
+}
+
+double CudaDevice::attention_seconds() {
+  Impl& I = *impl_;
+  ck(cudaStreamSynchronize(I.stream), "waiting for the stream");
+  double s = 0;
+  for (size_t i = 0; i < I.timed; ++i) {
+    float ms = 0;
+    ck(cudaEventElapsedTime(&ms, I.attention_events[i].first, I.attention_events[i].second), "reading a timing event");
+    s += ms / 1e3;
+  }
+  return s;
+}
 
 // A decode step through its bucket's graph (cuda_graphs.h): warmed up op by op at the bucket's
 // first step, recorded at its second, replayed from then on.

@@ -61,6 +61,10 @@ class CudaDevice final : public Device {
   void run_step(const Batch& batch, KvCache& cache, const void* model, float* logits, const StepFn& step) override;
   void set_step_graphs(bool on) override;
   bool step_graphs() const override;
+  void set_attention_timing(bool on) override;
+  double attention_seconds() override;
+  void attention_begin() override;
+  void attention_end() override;
 
   cudaStream_t stream() const;
 

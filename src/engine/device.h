@@ -137,6 +137,17 @@ class Device {
   // device without them ignores the setting and answers false).
   virtual void set_step_graphs(bool on) { (void)on; }
   virtual bool step_graphs() const { return false; }
+
+  // The benchmark's split of a step's time into attention and the rest: the architectures
+  // bracket each layer's cache.attend with attention_begin()/attention_end(), and while timing
+  // is on the device sums the time between them. attention_seconds() waits for the device and
+  // returns the sum since timing was turned on. The CPU times by the clock; CUDA by events on its
+  // stream, in steps run op by op only (a step replayed from a graph is not split). Off by
+  // default, and then free.
+  virtual void set_attention_timing(bool on) { (void)on; }
+  virtual double attention_seconds() { return 0; }
+  virtual void attention_begin() {}
+  virtual void attention_end() {}
 };
 
 // "cpu" (the default), "cuda", or "auto" (the GPU where one is built and present, else the
