@@ -24,6 +24,10 @@
 // are forked onto two side streams, parallel branches beside the compressed one. Copies need a decode kernel for
 // the layer's format (cuda::CacheCodec::decode_supported) and no sliding-window layers.
 //
+// Prefill chunks of a cache without copies take one of two paths, chosen per chunk
+// (prefill_rows(); TQKV_PREFILL_PATH=auto|tiled|rows): dequantize + the tiled kernel, above, or
+// every query as a row of the split-KV decode kernel over the pages, as with copies.
+//
 // CUDA graphs (cuda_graphs.h): a decode step padded to a bucket prepares into that bucket's
 // fixed buffers (prepare_bucket) and keeps its recorded graphs (step_graph), so that a replay
 // reads the step's slot mappings, tables and lengths where the recording read them.
@@ -67,6 +71,12 @@ class CudaKvCache final : public KvCache {
   void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
 
   int free_blocks() const { return static_cast<int>(free_.size()); }
+  // Whether a run of `count` queries whose sequence then holds n_kv positions attends as decode
+  // rows (else: dequantize + tiled kernel). Always with copies or for one token; else by the
+  // environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for auto, the measured crossover
+  // (kPrefillRowsFrom; TQKV_PREFILL_ROWS_FROM overrides it). Layers without a decode kernel or
+  // with a sliding window take the tiled path whatever this says.
+  bool prefill_rows(int count, int64_t n_kv) const;
   // Layers whose copies attend in one fused launch (tests).
   int fused_layers() const {
     int n = 0;
@@ -115,8 +125,8 @@ class CudaKvCache final : public KvCache {
   // What a step's layers share: uploaded slot mapping, block tables, decode rows.
   struct Step {
     std::vector<Batch::Run> runs;
-    std::vector<int> decode_runs;   // indices into runs (single tokens)
-    int n_rows = 0;                  // decode rows: the single-token runs, or every token with copies
+    std::vector<uint8_t> as_rows;   // per run: its queries are decode rows (prefill_rows)
+    int n_rows = 0;                  // decode rows: the tokens of the runs as_rows
     bool decode_contiguous = false;  // the decode rows are the whole batch, in order
   };
 
@@ -170,6 +180,10 @@ class CudaKvCache final : public KvCache {
   // Layers with copies: one fused launch per layer (TQKV_FUSED_DECODE=0: the three launches and
   // two merges instead, for comparison), plans by (middle format, window format, rows).
   bool fused_ = true;
+  // Prefill chunks without copies (prefill_rows): auto, or forced to either path.
+  enum class PrefillPath { Auto, Tiled, Rows };
+  PrefillPath prefill_path_ = PrefillPath::Auto;
+  int64_t rows_from_ = 0;  // auto: chunks whose sequence then holds >= this many positions go as rows
   // Above this many decode rows (prefill chunks whose queries run as decode rows) the three
   // launches stay: the fused launch gives the sinks' and window's parts a fixed share of CTAs,
   // and 1K-row prefill steps measured 5-20% slower with it on the H200. Decode steps of every

@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/cuda_device.h"
@@ -563,6 +565,44 @@ struct FusedDecodeOff {
   ~FusedDecodeOff() { unsetenv("TQKV_FUSED_DECODE"); }
 };
 
+// Two caches of one model shape attend the same random inputs, layer by layer: the largest
+// difference of their outputs (worst) and the largest output of the second (scale).
+struct TwinCaches {
+  CudaDevice& dev;
+  const ModelConfig& m;
+  KvCache& first;
+  KvCache& second;
+  uint64_t x = 4242;
+  double worst = 0, scale = 0;
+
+  float rnd() {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(x >> 11) % 2000001 - 1000000) / 1e6f;
+  }
+  // Every layer of `batch` in both caches.
+  void run(const Batch& batch) {
+    const int n = batch.size(), qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim;
+    std::vector<float> hq(static_cast<size_t>(n) * qd), hk(static_cast<size_t>(n) * kd), hv(hk.size());
+    for (int l = 0; l < m.n_layers; ++l) {
+      for (float& e : hq) e = rnd();
+      for (float& e : hk) e = 2.0f * rnd() + 0.3f;
+      for (float& e : hv) e = rnd();
+      std::vector<float> o1(hq.size()), o2(hq.size());
+      for (KvCache* cache : {&first, &second}) {
+        // Centring rewrites q and k in place: each cache gets fresh copies of the inputs.
+        DeviceBuffer q = dev.load_vector(hq.data(), hq.size()), k = dev.load_vector(hk.data(), hk.size()),
+                     v = dev.load_vector(hv.data(), hv.size()), o = dev.alloc(hq.size());
+        cache->attend(l, batch, q.data(), k.data(), v.data(), o.data());
+        dev.to_host(o.data(), o1.size(), cache == &first ? o1.data() : o2.data());
+      }
+      for (size_t i = 0; i < o1.size(); ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(o1[i]) - o2[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(o2[i])));
+      }
+    }
+  }
+};
+
 // The fused decode of the copies (sinks, compressed middle, window in one launch) against the
 // three launches and two merges, on the same inputs, layer by layer: a prefill (every query its
 // own key ranges), then decode steps of two sequences; the recipes' layers on SmolLM2's shape,
@@ -602,53 +642,41 @@ TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
     ASSERT_TRUE(fc && tc);
     EXPECT_EQ(fc->fused_layers(), m.n_layers);
     EXPECT_EQ(tc->fused_layers(), 0);
-    const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim, rows = 70;
-    uint64_t x = 4242;
-    auto rnd = [&] {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      return static_cast<float>(static_cast<int64_t>(x >> 11) % 2000001 - 1000000) / 1e6f;
-    };
-    std::vector<float> hq(static_cast<size_t>(rows) * qd), hk(static_cast<size_t>(rows) * kd), hv(hk.size());
     const int64_t a = fused->add_sequence(), b = fused->add_sequence();
     ASSERT_EQ(three->add_sequence(), a);
     ASSERT_EQ(three->add_sequence(), b);
-    std::vector<int32_t> ids(rows, 1);
-    double worst = 0, scale = 0;
-    auto run = [&](const Batch& batch, int n) {
-      for (int l = 0; l < m.n_layers; ++l) {
-        for (float& e : hq) e = rnd();
-        for (float& e : hk) e = 2.0f * rnd() + 0.3f;
-        for (float& e : hv) e = rnd();
-        std::vector<float> of(static_cast<size_t>(n) * qd), ot(of.size());
-        for (KvCache* cache : {fused.get(), three.get()}) {
-          // Centring rewrites q and k in place: each cache gets fresh copies of the inputs.
-          DeviceBuffer q = dev->load_vector(hq.data(), static_cast<size_t>(n) * qd),
-                       k = dev->load_vector(hk.data(), static_cast<size_t>(n) * kd),
-                       v = dev->load_vector(hv.data(), static_cast<size_t>(n) * kd), o = dev->alloc(of.size());
-          cache->attend(l, batch, q.data(), k.data(), v.data(), o.data());
-          dev->to_host(o.data(), of.size(), cache == fused.get() ? of.data() : ot.data());
-        }
-        for (size_t i = 0; i < of.size(); ++i) {
-          worst = std::max(worst, std::fabs(static_cast<double>(of[i]) - ot[i]));
-          scale = std::max(scale, std::fabs(static_cast<double>(ot[i])));
-        }
-      }
-    };
+    std::vector<int32_t> ids(70, 1);
+    TwinCaches twin{*dev, m, *fused, *three};
     Batch prefill;
     prefill.add(a, ids.data(), 40, 0, true);
     prefill.add(b, ids.data(), 23, 0, true);
-    run(prefill, 63);
+    twin.run(prefill);
     for (int s = 0; s < 8; ++s) {
       Batch step;
       step.add(a, ids.data(), 1, 40 + s, true);
       step.add(b, ids.data(), 1, 23 + s, true);
-      run(step, 2);
+      twin.run(step);
     }
     std::printf("[ fused ] %-24.24s fused vs three launches: max |diff| %.3g (outputs up to %.3g)\n", c.spec.c_str(),
-                worst, scale);
-    EXPECT_LT(worst, 5e-3);
-    EXPECT_GT(scale, 0.0);
+                twin.worst, twin.scale);
+    EXPECT_LT(twin.worst, 5e-3);
+    EXPECT_GT(twin.scale, 0.0);
   }
+}
+
+// The cross-device rule for two paths along the same teacher-forced tokens (logits of every
+// position): `path` no worse than `ref` against the f32 cache, the two no further apart than
+// their distance from it allows, top-1 agreement >= 0.9. Returns path's and ref's KL to f32.
+std::pair<double, double> expect_same_quality(const std::string& what, const std::vector<float>& f32,
+                                              const std::vector<float>& ref, const std::vector<float>& path, int V) {
+  const double kl_ref = compare(f32, ref, V).mean_kl, kl_path = compare(f32, path, V).mean_kl;
+  const Agreement a = compare(ref, path, V);
+  std::printf("[ paths ] %-40s: mean KL %.3g, top-1 %.3f, max |dlogit| %.3g; KL vs f32: %.3g / %.3g\n", what.c_str(),
+              a.mean_kl, a.top1, a.max_abs, kl_path, kl_ref);
+  EXPECT_LE(kl_path, 1.5 * kl_ref + 0.01) << what << ": worse against the f32 cache";
+  EXPECT_LE(a.mean_kl, 2.0 * (kl_ref + kl_path) + 0.01) << what;
+  EXPECT_GE(a.top1, 0.9) << what;
+  return {kl_path, kl_ref};
 }
 
 // 64 greedy tokens of the recipes with copies: the fused decode gives the three launches' tokens.
@@ -681,14 +709,94 @@ TEST_F(CudaSmol, FusedDecodeGivesTheSameQualityAlongTheSameTokens) {
       three = run(*gpu_, ids, spec, 64);
     }
     const std::vector<float> fused = run(*gpu_, ids, spec, 64), f32 = run(*gpu_, ids, "f32", 64);
-    const double kl_three = compare(f32, three, V).mean_kl, kl_fused = compare(f32, fused, V).mean_kl;
-    const Agreement a = compare(three, fused, V);
-    std::printf("[ fused ] %-10s vs three launches: mean KL %.3g, top-1 %.3f, max |dlogit| %.3g; "
-                "KL vs f32: fused %.3g, three launches %.3g\n",
-                spec.c_str(), a.mean_kl, a.top1, a.max_abs, kl_fused, kl_three);
-    EXPECT_LE(kl_fused, 1.5 * kl_three + 0.01) << "the fused decode is worse than the three launches";
-    EXPECT_LE(a.mean_kl, 2.0 * (kl_three + kl_fused) + 0.01);
-    EXPECT_GE(a.top1, 0.9);
+    expect_same_quality(spec + " fused vs three launches", f32, three, fused, V);
+  }
+}
+
+// NAME=VALUE in the environment for the caches made in its scope (TQKV_PREFILL_PATH).
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  const char* name_;
+};
+
+// A cache made with TQKV_PREFILL_PATH=path.
+std::unique_ptr<KvCache> cache_with_path(const std::function<std::unique_ptr<KvCache>()>& make, const char* path) {
+  ScopedEnv env("TQKV_PREFILL_PATH", path);
+  return make();
+}
+
+// Prefill chunks of a cache without copies as decode rows against dequantize + the tiled kernel,
+// on the same inputs, layer by layer: two sequences prefilled in chunks (the later ones over
+// their history), then decode steps. Uncompressed formats dequantize to float32, so the two
+// differ only in summation order; compressed ones to bf16 (the tiled path's workspace), held to
+// the cross-device tolerance of SameInputsSameCodesAsCpu. With copies both are the rows path.
+TEST(CudaCacheLayer, PrefillPathsMatch) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  const ModelConfig m = cache_test_model(2, 6, 2);
+  for (const std::string name : {"f16", "turboquant_4bit_nc", "tq-k3v2", "k6v4", "k5v3+sink1+w5"}) {
+    SCOPED_TRACE(name);
+    const CacheSpec spec = resolve_cache_spec(name + "+skip0", m);
+    auto make = [&] { return dev->make_cache(spec, CacheShape{256, 2}); };
+    auto rows = cache_with_path(make, "rows"), tiled = cache_with_path(make, "tiled");
+    {
+      ScopedEnv env("TQKV_PREFILL_PATH", "sideways");
+      EXPECT_THROW(make(), Error);
+    }
+    const auto* rc = dynamic_cast<const CudaKvCache*>(rows.get());
+    const auto* tc = dynamic_cast<const CudaKvCache*>(tiled.get());
+    ASSERT_TRUE(rc && tc);
+    const bool copies = name.find("sink") != std::string::npos;
+    EXPECT_TRUE(rc->prefill_rows(40, 80));
+    EXPECT_EQ(tc->prefill_rows(40, 80), copies);
+    EXPECT_TRUE(tc->prefill_rows(1, 80));
+    const int64_t a = rows->add_sequence(), b = rows->add_sequence();
+    ASSERT_EQ(tiled->add_sequence(), a);
+    ASSERT_EQ(tiled->add_sequence(), b);
+    std::vector<int32_t> ids(80, 1);
+    TwinCaches twin{*dev, m, *rows, *tiled, 777};
+    int la = 0, lb = 0;
+    for (const auto& [na, nb] : {std::pair{40, 23}, std::pair{17, 1}, std::pair{1, 30}, std::pair{1, 1}}) {
+      Batch step;  // a varlen batch: chunks and single tokens of both sequences
+      step.add(a, ids.data(), na, la, true);
+      step.add(b, ids.data(), nb, lb, true);
+      la += na;
+      lb += nb;
+      twin.run(step);
+    }
+    std::printf("[ prefill ] %-20s rows vs tiled: max |diff| %.3g (outputs up to %.3g)\n", name.c_str(), twin.worst,
+                twin.scale);
+    EXPECT_LT(twin.worst, name == "f16" || copies ? 1e-4 : 2e-2);
+    EXPECT_GT(twin.scale, 0.0);
+  }
+}
+
+// The same on the real model, along the same teacher-forced tokens: a chat prompt and a
+// 64-token greedy answer prefilled in chunks of 24 (each later chunk over its history), every
+// position's logits, with the chunks as decode rows and with the tiled path. Held to the
+// cross-device rule (FusedDecodeGivesTheSameQualityAlongTheSameTokens): neither path worse
+// against the f32 cache, and the two no further apart than their distance from it allows.
+TEST_F(CudaSmol, PrefillPathsGiveTheSameQualityAlongTheSameTokens) {
+  std::vector<int32_t> ids = chat("Name three animals that live in the sea, with one fact each.");
+  const std::vector<int32_t> answer = greedy(*gpu_, ids, "f16", 64);
+  ids.insert(ids.end(), answer.begin(), answer.end());
+  const int V = gpu_->config().n_vocab, n = static_cast<int>(ids.size()), chunk = 24;
+  auto logits = [&](const std::string& spec, const char* path) {
+    ScopedEnv env("TQKV_PREFILL_PATH", path);
+    auto cache = gpu_->make_cache(spec, 256);
+    const int64_t seq = cache->add_sequence();
+    std::vector<float> out(static_cast<size_t>(n) * V);
+    for (int t = 0; t < n; t += chunk)
+      gpu_->forward(seq, &ids[t], std::min(chunk, n - t), *cache, out.data() + static_cast<size_t>(t) * V, true);
+    return out;
+  };
+  const std::vector<float> f32 = logits("f32", "auto");
+  for (const std::string spec : {"f16", "turboquant_4bit_nc", "tq-k4v4"}) {
+    SCOPED_TRACE(spec);
+    const std::vector<float> rows = logits(spec, "rows"), tiled = logits(spec, "tiled");
+    const auto [kl_rows, kl_tiled] = expect_same_quality(spec + " prefill rows vs tiled", f32, tiled, rows, V);
+    EXPECT_LE(kl_tiled, 1.5 * kl_rows + 0.01) << "the tiled path is worse than the rows one";
   }
 }
 
