@@ -26,9 +26,19 @@ void ck(cudaError_t e, const char* what) {
 constexpr int kCopyStepTokens = 512;
 
 // Prefill chunks of a cache without copies, TQKV_PREFILL_PATH=auto: a chunk attends as decode
-// rows once its sequence holds this many positions (the chunk included), by dequantizing that
-// history and the tiled kernel below it (provisional: to be set from the H200 measurement).
-constexpr int64_t kPrefillRowsFrom = 1024;
+// rows once its sequence holds this many positions (the chunk included), below it by
+// dequantizing that history and the tiled kernel. Measured on the H200 (SmolLM2-135M: d = 64,
+// 9 query : 3 kv heads; `tqkv bench decode --prefill-chunk 512|0`, 2026-12-01), whole-model
+// prefill tokens/s, rows / tiled, warm process:
+//   chunks of 512:      history (0, 512]: f16 92.7K / 73.6K, turboquant_4bit_nc 98.4K / 70.0K;
+//                       (512, 1K]: 101K / 46.7K and 103K / 44.4K; (4K, 8K]: 38.1K / 10.3K and
+//                       41.7K / 9.6K (the tiled path dequantizes the whole history per chunk);
+//   one chunk per step: 1,024 rows over 1K: f16 116K / 77.4K, turboquant_4bit_nc 95.7K / 77.3K;
+//                       7,168 rows over 8K: 52.1K / 23.8K and 58.4K / 23.4K.
+// The rows path won at every history length, chunk size and format measured, so auto takes it
+// from 0; the tiled path stays for layers without a decode kernel or with a sliding window, and
+// TQKV_PREFILL_ROWS_FROM moves the crossover for another model or GPU.
+constexpr int64_t kPrefillRowsFrom = 0;
 
 uint8_t* alloc_pool(const Format& f, int head_dim, int n_kv_heads, int blocks) {
   const size_t bytes = static_cast<size_t>(blocks) * page_geometry(f, head_dim, CudaKvCache::kBlockSize, n_kv_heads,

@@ -666,16 +666,17 @@ TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
 
 // The cross-device rule for two paths along the same teacher-forced tokens (logits of every
 // position): `path` no worse than `ref` against the f32 cache, the two no further apart than
-// their distance from it allows, top-1 agreement >= 0.9. Returns path's and ref's KL to f32.
+// their distance from it allows, top-1 agreement >= min_top1. Returns path's and ref's KL to f32.
 std::pair<double, double> expect_same_quality(const std::string& what, const std::vector<float>& f32,
-                                              const std::vector<float>& ref, const std::vector<float>& path, int V) {
+                                              const std::vector<float>& ref, const std::vector<float>& path, int V,
+                                              double min_top1 = 0.9) {
   const double kl_ref = compare(f32, ref, V).mean_kl, kl_path = compare(f32, path, V).mean_kl;
   const Agreement a = compare(ref, path, V);
   std::printf("[ paths ] %-40s: mean KL %.3g, top-1 %.3f, max |dlogit| %.3g; KL vs f32: %.3g / %.3g\n", what.c_str(),
               a.mean_kl, a.top1, a.max_abs, kl_path, kl_ref);
   EXPECT_LE(kl_path, 1.5 * kl_ref + 0.01) << what << ": worse against the f32 cache";
   EXPECT_LE(a.mean_kl, 2.0 * (kl_ref + kl_path) + 0.01) << what;
-  EXPECT_GE(a.top1, 0.9) << what;
+  EXPECT_GE(a.top1, min_top1) << what;
   return {kl_path, kl_ref};
 }
 
@@ -729,8 +730,9 @@ std::unique_ptr<KvCache> cache_with_path(const std::function<std::unique_ptr<KvC
 // Prefill chunks of a cache without copies as decode rows against dequantize + the tiled kernel,
 // on the same inputs, layer by layer: two sequences prefilled in chunks (the later ones over
 // their history), then decode steps. Uncompressed formats dequantize to float32, so the two
-// differ only in summation order; compressed ones to bf16 (the tiled path's workspace), held to
-// the cross-device tolerance of SameInputsSameCodesAsCpu. With copies both are the rows path.
+// differ by the kernels' arithmetic alone (H200: 2.6e-4 for f16 on outputs up to 1); compressed
+// ones to bf16 (the tiled path's workspace; 2.5e-3 to 3.8e-3), held to the cross-device
+// tolerance of SameInputsSameCodesAsCpu. With copies both are the rows path (0 apart).
 TEST(CudaCacheLayer, PrefillPathsMatch) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   auto dev = std::make_shared<CudaDevice>();
@@ -767,7 +769,11 @@ TEST(CudaCacheLayer, PrefillPathsMatch) {
     }
     std::printf("[ prefill ] %-20s rows vs tiled: max |diff| %.3g (outputs up to %.3g)\n", name.c_str(), twin.worst,
                 twin.scale);
-    EXPECT_LT(twin.worst, name == "f16" || copies ? 1e-4 : 2e-2);
+    if (copies) {
+      EXPECT_EQ(twin.worst, 0.0) << "the same path twice";
+    } else {
+      EXPECT_LT(twin.worst, name == "f16" ? 1e-3 : 2e-2);
+    }
     EXPECT_GT(twin.scale, 0.0);
   }
 }
@@ -775,8 +781,13 @@ TEST(CudaCacheLayer, PrefillPathsMatch) {
 // The same on the real model, along the same teacher-forced tokens: a chat prompt and a
 // 64-token greedy answer prefilled in chunks of 24 (each later chunk over its history), every
 // position's logits, with the chunks as decode rows and with the tiled path. Held to the
-// cross-device rule (FusedDecodeGivesTheSameQualityAlongTheSameTokens): neither path worse
-// against the f32 cache, and the two no further apart than their distance from it allows.
+// cross-device rule of LogitsMatchCpu: f16 to KL <= 1e-3 and top-1 >= 0.9; compressed caches
+// to neither path worse against the f32 cache and the two no further apart than their distance
+// from it allows. Their top-1 is not held: the tiled path's bf16 workspace moves a layer's
+// outputs by ~1e-3, later layers' inputs cross code thresholds, and the flips compound as
+// between the two devices (H200, 2026-12-01: rows vs tiled KL 0.0725 / 0.0463, top-1 0.861 /
+// 0.833 for turboquant_4bit_nc / tq-k4v4, while each path's KL to f32 was 0.085 / 0.064 and
+// within 10% of the other's; f16 KL 0.0002, top-1 0.991).
 TEST_F(CudaSmol, PrefillPathsGiveTheSameQualityAlongTheSameTokens) {
   std::vector<int32_t> ids = chat("Name three animals that live in the sea, with one fact each.");
   const std::vector<int32_t> answer = greedy(*gpu_, ids, "f16", 64);
@@ -795,8 +806,13 @@ TEST_F(CudaSmol, PrefillPathsGiveTheSameQualityAlongTheSameTokens) {
   for (const std::string spec : {"f16", "turboquant_4bit_nc", "tq-k4v4"}) {
     SCOPED_TRACE(spec);
     const std::vector<float> rows = logits(spec, "rows"), tiled = logits(spec, "tiled");
-    const auto [kl_rows, kl_tiled] = expect_same_quality(spec + " prefill rows vs tiled", f32, tiled, rows, V);
+    const bool plain = spec == "f16";
+    const auto [kl_rows, kl_tiled] =
+        expect_same_quality(spec + " prefill rows vs tiled", f32, tiled, rows, V, plain ? 0.9 : 0.0);
     EXPECT_LE(kl_tiled, 1.5 * kl_rows + 0.01) << "the tiled path is worse than the rows one";
+    if (plain) {
+      EXPECT_LE(compare(tiled, rows, V).mean_kl, 1e-3);
+    }
   }
 }
 
