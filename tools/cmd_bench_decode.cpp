@@ -13,6 +13,8 @@
 // every decode step is one batch of B tokens, one per sequence (tokens/s counts all B); each row
 // also gives the cache bytes one sequence holds at that depth and how many such sequences fit
 // in --budget-gib of cache memory (CacheSpec::bytes, the accounting every command reports).
+// --prefill-chunk C prefills in forwards of at most C tokens (a server's chunked prefill; 0, the
+// default: one forward per depth step, split only where the cache takes fewer tokens at once).
 // On the GPU, --cuda-graphs both (the default) times the decode steps replayed from CUDA graphs
 // and then as many steps op by op (n + 1 positions deeper); on or off times one of them. The
 // "attention %" column is the share of the decode steps' time spent in the cache's attend
@@ -40,7 +42,7 @@ namespace {
 struct DecodeBenchOptions {
   std::string model, device = "cpu", formats = "f16,tq-k4v4", depths = "0,1024,4096", batches = "1", simd,
       graphs = "both";
-  int threads = 0, n = 64;
+  int threads = 0, n = 64, prefill_chunk = 0;
   double budget_gib = 40;
   bool json = false;
 };
@@ -75,6 +77,9 @@ void register_bench_decode(CLI::App& bench) {
   cmd->add_option("--batch", o.batches, "comma-separated decode batch sizes (sequences per step)")->capture_default_str();
   cmd->add_option("--budget-gib", o.budget_gib, "cache memory for the 'sequences that fit' column")->capture_default_str();
   cmd->add_option("-n,--n-decode", o.n, "tokens decoded at each depth")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--prefill-chunk", o.prefill_chunk, "tokens per prefill forward (0: the whole step at once)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--simd", o.simd, "force a kernel level: scalar, avx2, avx512");
   cmd->add_flag("--json", o.json, "print JSON");
   cmd->callback([] {
@@ -124,7 +129,10 @@ void register_bench_decode(CLI::App& bench) {
           if (depth > len) {  // the decoded tokens of the previous depth count towards this one
             r.prefill_tokens = depth - len;
             const auto t0 = clock::now();
-            for (const int64_t s : seqs) model.forward(s, &tokens[len], depth - len, *cache, logits.data(), false);
+            const int chunk = o.prefill_chunk > 0 ? o.prefill_chunk : depth - len;
+            for (const int64_t s : seqs)
+              for (int t = len; t < depth; t += chunk)
+                model.forward(s, &tokens[t], std::min(chunk, depth - t), *cache, logits.data(), false);
             r.prefill_tps = static_cast<double>(r.prefill_tokens) * B /
                             std::chrono::duration<double>(clock::now() - t0).count();
             len = depth;
@@ -169,6 +177,7 @@ void register_bench_decode(CLI::App& bench) {
                           {"weights_mib", model.weight_bytes() / 1048576.0},
                           {"rss_mib", rss},
                           {"n_decode", o.n},
+                          {"prefill_chunk", o.prefill_chunk},
                           {"rows", nlohmann::json::array()}};
       for (const Row& r : rows)
         j["rows"].push_back({{"format", r.format},

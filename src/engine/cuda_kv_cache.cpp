@@ -25,6 +25,21 @@ void ck(cudaError_t e, const char* what) {
 // Rows of the largest step the copies' ring takes at once (the CPU's RecentWindow max_batch).
 constexpr int kCopyStepTokens = 512;
 
+// Prefill chunks of a cache without copies, TQKV_PREFILL_PATH=auto: a chunk attends as decode
+// rows once its sequence holds this many positions (the chunk included), below it by
+// dequantizing that history and the tiled kernel. Measured on the H200 (SmolLM2-135M: d = 64,
+// 9 query : 3 kv heads; `tqkv bench decode --prefill-chunk 512|0`, 2026-12-01), whole-model
+// prefill tokens/s, rows / tiled, warm process:
+//   chunks of 512:      history (0, 512]: f16 92.7K / 73.6K, turboquant_4bit_nc 98.4K / 70.0K;
+//                       (512, 1K]: 101K / 46.7K and 103K / 44.4K; (4K, 8K]: 38.1K / 10.3K and
+//                       41.7K / 9.6K (the tiled path dequantizes the whole history per chunk);
+//   one chunk per step: 1,024 rows over 1K: f16 116K / 77.4K, turboquant_4bit_nc 95.7K / 77.3K;
+//                       7,168 rows over 8K: 52.1K / 23.8K and 58.4K / 23.4K.
+// The rows path won at every history length, chunk size and format measured, so auto takes it
+// from 0; the tiled path stays for layers without a decode kernel or with a sliding window, and
+// TQKV_PREFILL_ROWS_FROM moves the crossover for another model or GPU.
+constexpr int64_t kPrefillRowsFrom = 0;
+
 uint8_t* alloc_pool(const Format& f, int head_dim, int n_kv_heads, int blocks) {
   const size_t bytes = static_cast<size_t>(blocks) * page_geometry(f, head_dim, CudaKvCache::kBlockSize, n_kv_heads,
                                                                     cuda::PageLayout::Page).page_bytes();
@@ -44,6 +59,23 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   window_ = spec.window_at(shape.capacity);
   if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_FUSED_STORE")) fused_store_ = std::string(e) != "0";
+  if (const char* e = std::getenv("TQKV_PREFILL_PATH")) {
+    const std::string path = e;
+    if (path == "tiled")
+      prefill_path_ = PrefillPath::Tiled;
+    else if (path == "rows")
+      prefill_path_ = PrefillPath::Rows;
+    else if (path != "auto" && !path.empty())
+      throw Error(ErrorCode::InvalidArgument, "TQKV_PREFILL_PATH=" + path + ": give auto, tiled or rows");
+  }
+  rows_from_ = kPrefillRowsFrom;
+  if (const char* e = std::getenv("TQKV_PREFILL_ROWS_FROM")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(e, &end, 10);
+    if (end == e || *end != '\0' || v < 0)
+      throw Error(ErrorCode::InvalidArgument, std::string("TQKV_PREFILL_ROWS_FROM=") + e + ": give a count of positions >= 0");
+    rows_from_ = v;
+  }
   if (copies()) {
     for (int l = 0; l < m.n_layers; ++l)
       if (m.window(l) > 0) not_yet("attention sinks or a recent window with sliding-window layers");
@@ -168,6 +200,16 @@ const CudaKvCache::Sequence& CudaKvCache::at(int64_t seq) const {
 
 int64_t CudaKvCache::seq_len(int64_t seq) const { return at(seq).len; }
 
+bool CudaKvCache::prefill_rows(int count, int64_t n_kv) const {
+  if (copies() || count == 1) return true;  // copies: each query has its own window (no tiled path)
+  switch (prefill_path_) {
+    case PrefillPath::Tiled: return false;
+    case PrefillPath::Rows: return true;
+    case PrefillPath::Auto: break;
+  }
+  return n_kv >= rows_from_;
+}
+
 int CudaKvCache::max_step_tokens() const { return copies() ? kCopyStepTokens : INT_MAX; }
 
 void CudaKvCache::check(const Batch& batch) const {
@@ -221,7 +263,8 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   // Slots of the new tokens: the main pool's, then (copies) the window ring's and the sinks'.
   const int n_slot_sets = copies() ? 3 : 1;
   std::vector<int64_t> slots(static_cast<size_t>(n) * n_slot_sets, -1);
-  // Decode rows: the single-token runs; with copies every token (each query a row of its own).
+  // Decode rows: the tokens of the runs prefill_rows() picks (single tokens, with copies every
+  // token, else prefill chunks by their length of history), each query a row of its own.
   std::vector<int> row_run;
   std::vector<int32_t> row_tok, row_len;
   const size_t n_runs = step_.runs.size();
@@ -230,6 +273,8 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   for (size_t j = 0; j < n_runs; ++j) {
     const Batch::Run& r = step_.runs[j];
     const Sequence* s = r.seq == kPadSeq ? nullptr : &seqs_.at(r.seq);
+    const bool as_rows = prefill_rows(r.count, r.pos0 + r.count);
+    step_.as_rows.push_back(as_rows);
     for (int i = 0; i < r.count; ++i) {
       const int64_t pos = r.pos0 + i;
       if (s) {
@@ -238,13 +283,12 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
         if (R > 0) slots[n + r.begin + i] = (slot * R + (pos / kBlockSize) % R) * kBlockSize + pos % kBlockSize;
         if (pos < sinks_) slots[2 * n + r.begin + i] = (slot * SB + pos / kBlockSize) * kBlockSize + pos % kBlockSize;
       }
-      if (copies() || r.count == 1) {
+      if (as_rows) {
         row_run.push_back(static_cast<int>(j));
         row_tok.push_back(r.begin + i);
         row_len.push_back(static_cast<int32_t>(pos + 1));
       }
     }
-    if (r.count == 1) step_.decode_runs.push_back(static_cast<int>(j));
   }
   const size_t n_dec = row_run.size();
   step_.n_rows = static_cast<int>(n_dec);
@@ -532,7 +576,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   const size_t elem = L.f32_workspace ? sizeof(float) : 2;
   for (size_t j = 0; j < step_.runs.size(); ++j) {
     const Batch::Run& r = step_.runs[j];
-    if (rows && (copies() || r.count == 1)) continue;  // attended as decode rows
+    if (rows && step_.as_rows[j]) continue;  // attended as decode rows
     const int n_kv = static_cast<int>(r.pos0 + r.count);
     const size_t bytes = static_cast<size_t>(n_kv) * hkv * D * elem;
     cuda::DequantArgs dq;

@@ -3,12 +3,12 @@
 // sequence a block table on the host, mirrored to the device for each step.
 //
 // attend(): centring/scales (KeyCentring's numbers, uploaded once), the fused store of the
-// batch's K/V through a slot mapping, then attention: the single-token runs of a step (decode)
-// in one split-KV launch (cuda::run_decode; plans and workspaces kept per batch size), every
-// other run (prefill chunks) by dequantizing its sequence's positions [0, pos0 + count) to a
-// workspace (bf16; float32 for uncompressed formats) and the tiled causal prefill kernel. Layers
-// with a sliding window, and formats the decode kernel lacks (f32), take the prefill path for
-// decode tokens too.
+// batch's K/V through a slot mapping, then attention: the queries of the runs that attend as
+// decode rows (single tokens, and prefill chunks by prefill_rows(), below) in one split-KV
+// launch (cuda::run_decode; plans and workspaces kept per row count), every other run by
+// dequantizing its sequence's positions [0, pos0 + count) to a workspace (bf16; float32 for
+// uncompressed formats) and the tiled causal prefill kernel. Layers with a sliding window, and
+// formats the decode kernel lacks (f32), take the tiled path for every run, decode tokens too.
 //
 // Attention sinks and the recent window (sink<S>, w<N>, fill<B>, wq<B>; docs/FORMAT.md), as the
 // CPU's RecentWindow: every compressed layer keeps, next to its pool, a pool of f16 copies of
@@ -23,6 +23,12 @@
 // TQKV_FUSED_DECODE=0); in a recorded step (CUDA graphs) the three launches' window and sinks
 // are forked onto two side streams, parallel branches beside the compressed one. Copies need a decode kernel for
 // the layer's format (cuda::CacheCodec::decode_supported) and no sliding-window layers.
+//
+// Prefill chunks of a cache without copies take one of two paths, chosen per chunk
+// (prefill_rows(); TQKV_PREFILL_PATH=auto|tiled|rows): every query as a row of the split-KV
+// decode kernel over the pages, as with copies, or dequantize + the tiled kernel, above. Auto
+// takes the rows wherever the layer has a decode kernel: on the H200 they were 1.2-4.4x faster
+// at every history length and chunk size measured (the numbers: kPrefillRowsFrom).
 //
 // CUDA graphs (cuda_graphs.h): a decode step padded to a bucket prepares into that bucket's
 // fixed buffers (prepare_bucket) and keeps its recorded graphs (step_graph), so that a replay
@@ -67,6 +73,12 @@ class CudaKvCache final : public KvCache {
   void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
 
   int free_blocks() const { return static_cast<int>(free_.size()); }
+  // Whether a run of `count` queries whose sequence then holds n_kv positions attends as decode
+  // rows (else: dequantize + tiled kernel). Always with copies or for one token; else by the
+  // environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for auto, the measured crossover
+  // (kPrefillRowsFrom; TQKV_PREFILL_ROWS_FROM overrides it). Layers without a decode kernel or
+  // with a sliding window take the tiled path whatever this says.
+  bool prefill_rows(int count, int64_t n_kv) const;
   // Layers whose copies attend in one fused launch (tests).
   int fused_layers() const {
     int n = 0;
@@ -115,8 +127,8 @@ class CudaKvCache final : public KvCache {
   // What a step's layers share: uploaded slot mapping, block tables, decode rows.
   struct Step {
     std::vector<Batch::Run> runs;
-    std::vector<int> decode_runs;   // indices into runs (single tokens)
-    int n_rows = 0;                  // decode rows: the single-token runs, or every token with copies
+    std::vector<uint8_t> as_rows;   // per run: its queries are decode rows (prefill_rows)
+    int n_rows = 0;                  // decode rows: the tokens of the runs as_rows
     bool decode_contiguous = false;  // the decode rows are the whole batch, in order
   };
 
@@ -173,6 +185,10 @@ class CudaKvCache final : public KvCache {
   // A layer's stores (compressed pages, window ring, sinks) and its key centring in one launch
   // (cuda::store_many); TQKV_FUSED_STORE=0 keeps one launch each, for before/after measurements.
   bool fused_store_ = true;
+  // Prefill chunks without copies (prefill_rows): auto, or forced to either path.
+  enum class PrefillPath { Auto, Tiled, Rows };
+  PrefillPath prefill_path_ = PrefillPath::Auto;
+  int64_t rows_from_ = 0;  // auto: chunks whose sequence then holds >= this many positions go as rows
   // Above this many decode rows (prefill chunks whose queries run as decode rows) the three
   // launches stay: the fused launch gives the sinks' and window's parts a fixed share of CTAs,
   // and 1K-row prefill steps measured 5-20% slower with it on the H200. Decode steps of every
