@@ -297,8 +297,12 @@ struct Traits {
   static constexpr int PV = (VCB & -VCB) >= 16 ? 16 : (VCB & -VCB);  // cp.async piece of a value row
   static constexpr int VROW = value_row_bytes(VCB, PV, VCH);      // padded: few bank conflicts
   static constexpr int VPL = 16 * VROW;
-  // issue_page16 applies: 16-byte value pieces, whole rows of them in every 32 pieces.
-  static constexpr bool PAGE16 = PV == 16 && 32 % (VCB / 16 > 0 ? VCB / 16 : 1) == 0;
+  // issue_page16 applies: 16-byte value pieces. Where every 32 pieces hold whole rows, a lane's
+  // pieces lie at compile-time distances from its first one; otherwise (3-bit values: rows of 3
+  // pieces) the lane keeps the stage offset of each of its NVK pieces.
+  static constexpr bool PAGE16 = PV == 16;
+  static constexpr int VPR = PV == 16 && VCB >= 16 ? VCB / 16 : 1;  // 16-byte pieces per value row
+  static constexpr int NVK = 32 % VPR == 0 ? 1 : (16 * VPR + 31) / 32;
   static constexpr int KM_OFF = 0, VS_OFF = KMB ? 32 : 0, VZ_OFF = VS_OFF + 32;
   static constexpr int M_PLANES = (KMB ? 1 : 0) + ((is_uniform(VK) || is_vmse(VK)) ? 1 : 0) + (is_uniform(VK) ? 1 : 0);
   static constexpr int STAGE = KPL + VPL + 96;
@@ -424,21 +428,26 @@ __device__ __forceinline__ void issue_tile(uint32_t st, const uint8_t* sec, int 
 
 // The same copy where a page holds exactly one tile (block size 16) and value rows split into
 // 16-byte pieces: then every piece of lane l lies at a compile-time offset from `src` (the page
-// section + 16 l) and from `dst_k` (the stage + 16 l) or `dst_v` (the stage + its padded value
-// offset), so a tile costs one address computation and the copies.
+// section + 16 l) and from `dst_k` (the stage + 16 l) or, for values, from the stage + dst_v[0]
+// (its first piece's padded offset; rows of 3 pieces: + dst_v[k] for its k-th piece), so a tile
+// costs one address computation and the copies.
 template <int D, int KK, int VK>
-__device__ __forceinline__ void issue_page16(const uint8_t* src, uint32_t dst_k, uint32_t dst_v, int lane) {
+__device__ __forceinline__ void issue_page16(const uint8_t* src, uint32_t st, const uint32_t (&dst_v)[Traits<D, KK, VK>::NVK],
+                                             int lane) {
   using T = Traits<D, KK, VK>;
-  static_assert(T::PAGE16, "16-byte value pieces, whole rows per 32");
+  static_assert(T::PAGE16, "16-byte value pieces");
+  const uint32_t dst_k = st + 16u * lane;
   constexpr int NK = T::KPL / 16;
 #pragma unroll
   for (int i0 = 0; i0 < NK; i0 += 32)
     if (i0 + 32 <= NK || i0 + lane < NK) cp_async<16>(dst_k + 16 * i0, src + 16 * i0);
-  constexpr int PR = T::VCB / 16;
+  constexpr int PR = T::VPR;
   constexpr int NV = 16 * PR;
 #pragma unroll
-  for (int i0 = 0; i0 < NV; i0 += 32)
-    if (i0 + 32 <= NV || i0 + lane < NV) cp_async<16>(dst_v + (i0 / PR) * T::VROW, src + T::KPL + 16 * i0);
+  for (int i0 = 0; i0 < NV; i0 += 32) {
+    const uint32_t d = T::NVK == 1 ? st + dst_v[0] + (i0 / PR) * T::VROW : st + dst_v[T::NVK == 1 ? 0 : i0 / 32];
+    if (i0 + 32 <= NV || i0 + lane < NV) cp_async<16>(d, src + T::KPL + 16 * i0);
+  }
   if (lane < 2 * T::M_PLANES) cp_async<16>(dst_k + T::KPL + T::VPL, src + 16 * (T::KCB + T::VCB));
 }
 
@@ -727,13 +736,19 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   // Block size 16 with 16-byte value pieces (the common case): the lean copy of issue_page16.
   [[maybe_unused]] const bool page16 = T::PAGE16 && bs == 16;
   [[maybe_unused]] const uint32_t sec_lane = static_cast<uint32_t>(sec_off) + 16u * lane;
-  [[maybe_unused]] const uint32_t dst_v_lane = io.v_dst;
+  // This lane's value pieces' offsets in a stage (issue_page16).
+  [[maybe_unused]] uint32_t dst_v_lane[T::NVK];
+#pragma unroll
+  for (int k = 0; k < T::NVK; ++k) {
+    const int i = lane + 32 * k;
+    dst_v_lane[k] = T::NVK == 1 ? io.v_dst : T::KPL + (i / T::VPR) * T::VROW + (i % T::VPR) * 16;
+  }
   auto issue = [&](int page, int tile, int stage) {
     const uint32_t st = ring_s + stage * T::STAGE;
     if constexpr (T::PAGE16) {
       if (page16) {
         const uint8_t* src = p.pages + static_cast<uint64_t>(static_cast<uint32_t>(page)) * static_cast<uint32_t>(p.page_bytes) + sec_lane;
-        issue_page16<D, KK, VK>(src, st + 16u * lane, st + dst_v_lane, lane);
+        issue_page16<D, KK, VK>(src, st, dst_v_lane, lane);
         return;
       }
     }
