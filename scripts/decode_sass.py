@@ -32,6 +32,9 @@ FORMATS = [
     ("tq-k3v2", "kmse(3)", "vmse(2)", 2),
     ("tq-k4v3", "kmse(4)", "vmse(3)", 2),
     ("tq-k4v4", "kmse(4)", "vmse(4)", 2),
+    ("k5v3", "kmse(5)", "vmse(3)", 2),
+    ("k6v3", "kmse(6)", "vmse(3)", 2),
+    ("k6v6", "kmse(6)", "vmse(6)", 2),
 ]
 
 CLASSES = [
