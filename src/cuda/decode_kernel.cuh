@@ -17,7 +17,8 @@
 // is what lets every thread read contiguous code bytes. Per-token scales (MSE norms, uniform
 // scale) are folded into the scores / into P; the uniform zero point adds sum_t p_t z_t.
 // Code -> value lookups use a shared-memory table replicated per lane (entry e of lane l at
-// word e*32 + l), so a warp's 32 random lookups never conflict on a bank.
+// word e*32 + l), so a warp's 32 random lookups never conflict on a bank; uniform 2-4-bit value
+// codes need none (they are ORed into fp16 mantissas, value_frag).
 // The merge is part of the same launch: the warps of a CTA combine their partial outputs by
 // log-sum-exp in shared memory; where a (sequence, kv head) has several CTAs, they either form a
 // thread-block cluster and merge through distributed shared memory (small grids: batch 1), or
