@@ -17,7 +17,8 @@
 // is what lets every thread read contiguous code bytes. Per-token scales (MSE norms, uniform
 // scale) are folded into the scores / into P; the uniform zero point adds sum_t p_t z_t.
 // Code -> value lookups use a shared-memory table replicated per lane (entry e of lane l at
-// word e*32 + l), so a warp's 32 random lookups never conflict on a bank.
+// word e*32 + l), so a warp's 32 random lookups never conflict on a bank; uniform 2-4-bit value
+// codes need none (they are ORed into fp16 mantissas, value_frag).
 // The merge is part of the same launch: the warps of a CTA combine their partial outputs by
 // log-sum-exp in shared memory; where a (sequence, kv head) has several CTAs, they either form a
 // thread-block cluster and merge through distributed shared memory (small grids: batch 1), or
@@ -50,6 +51,8 @@ constexpr int vuni(int bits) { return kind(VC_UNI, bits); }
 constexpr int V_U4 = vuni(4);  // the nibble fast path (value_frag)
 __host__ __device__ constexpr bool is_kmse(int kk) { return kclass(kk) == KC_MSE; }
 __host__ __device__ constexpr bool is_uniform(int vk) { return vclass(vk) == VC_UNI; }
+// Uniform codes of 2-4 bits go straight into fp16 mantissas (value_frag), no table.
+__host__ __device__ constexpr bool is_direct(int vk) { return is_uniform(vk) && vbits_of(vk) >= 2 && vbits_of(vk) <= 4; }
 __host__ __device__ constexpr bool is_vmse(int vk) { return vclass(vk) == VC_MSE; }
 // Code -> fp16 lookups: codes of at most 4 bits are looked up in pairs (one table entry holds
 // the half2 of two neighbouring codes: 2^(2b) entries), wider codes one at a time (2^b entries).
@@ -57,7 +60,7 @@ __host__ __device__ constexpr bool pair_lut(int bits) { return bits <= 4; }
 __host__ __device__ constexpr int lut_entries(int bits) { return pair_lut(bits) ? 1 << (2 * bits) : 1 << bits; }
 __host__ __device__ constexpr int klut_entries(int kk) { return is_kmse(kk) ? lut_entries(kbits_of(kk)) : 0; }
 __host__ __device__ constexpr int vlut_entries(int vk) {
-  return vk == V_U4 ? 0 : (is_vmse(vk) || is_uniform(vk)) ? lut_entries(vbits_of(vk)) : 0;
+  return is_direct(vk) ? 0 : (is_vmse(vk) || is_uniform(vk)) ? lut_entries(vbits_of(vk)) : 0;
 }
 
 // What the decode kernel needs of CodecTables (1 KiB of kernel parameters, not 4).
@@ -198,9 +201,76 @@ __device__ __forceinline__ void load_chunk(uint32_t (&w)[(BYTES + 3) / 4], const
   }
 }
 
+// Reads BYTES bytes at base + off from shared memory (base 4-byte aligned). A chunk that is not
+// word-aligned and takes more than one narrow load (3-bit codes: 6 bytes at d = 128, 3 at d = 64)
+// is read as the aligned words that cover it, funnel-shifted into place: two LDS.32 and two SHF
+// for 6 bytes instead of three LDS.U16 and their shifts and ORs (the shift comes from `off`
+// alone, so it stays the same from tile to tile). The bits above BYTES then hold the
+// neighbouring codes; every reader masks its fields.
+template <int BYTES>
+__device__ __forceinline__ void load_chunk_smem(uint32_t (&w)[(BYTES + 3) / 4], const uint8_t* base, int off) {
+  constexpr int A = (BYTES & -BYTES) >= 4 ? 4 : (BYTES & -BYTES);
+  if constexpr (A < 4 && BYTES > A) {
+    constexpr int NW = (BYTES + 3) / 4, NX = (BYTES + (4 - A) + 3) / 4;
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(base + (off & ~3));
+    const uint32_t sh = static_cast<uint32_t>(off & 3) * 8u;
+    uint32_t x[NX + 1];
+#pragma unroll
+    for (int i = 0; i < NX; ++i) x[i] = q[i];
+    x[NX] = 0u;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) w[i] = __funnelshift_r(x[i], x[i + 1], sh);
+  } else {
+    load_chunk<BYTES, false>(w, base + off);
+  }
+}
+
 __device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t two) {
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
   return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+}
+
+// Shared-memory wavefronts a warp needs to read its value chunks of one tile from a stage whose
+// value rows are `row` bytes apart (read_stage: thread (g, c) reads VCH bytes at column g * VCH
+// of rows 2c, 2c+1, 2c+8, 2c+9), counting only chunks that are not word multiples (the words
+// covering each chunk, one load per word index); 0 for the others.
+__host__ __device__ constexpr int value_read_wavefronts(int row, int vch) {
+  if (vch % 4 == 0) return 0;
+  const int a = (vch & -vch) < 4 ? (vch & -vch) : 4, nx = (vch + (4 - a) + 3) / 4;  // as load_chunk
+  int total = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int r0 = (i & 1) + (i >> 1) * 8;
+    for (int k = 0; k < nx; ++k) {
+      int words[32] = {};
+      for (int l = 0; l < 32; ++l) words[l] = ((2 * (l & 3) + r0) * row + (l >> 2) * vch) / 4 + k;
+      int worst = 0;
+      for (int j = 0; j < 32; ++j) {  // distinct words on word j's bank (the same word is one broadcast)
+        int n = 0;
+        for (int l = 0; l < 32; ++l) {
+          bool first = words[l] % 32 == words[j] % 32;
+          for (int e = 0; e < l && first; ++e) first = words[e] != words[l];
+          n += first ? 1 : 0;
+        }
+        worst = n > worst ? n : worst;
+      }
+      total += worst;
+    }
+  }
+  return total;
+}
+
+// The padded value-row stride of a stage: VCB + 16 (16-byte pieces) or + 8, as before, unless a
+// wider padding (in steps of the copy piece PV, up to 8 more) reads the chunks in fewer
+// wavefronts (3-bit values: rows of 48 + 16 bytes put rows 2c of the four c on one bank, a
+// 4-way conflict; 80 bytes halve it; at d = 64, 24 + 24 bytes remove it).
+__host__ __device__ constexpr int value_row_bytes(int vcb, int pv, int vch) {
+  const int base = vcb + (vcb % 16 == 0 ? 16 : 8);
+  int best = base, best_wf = value_read_wavefronts(base, vch);
+  for (int row = base + pv; row <= base + 8 * pv; row += pv) {
+    const int wf = value_read_wavefronts(row, vch);
+    if (wf < best_wf) best = row, best_wf = wf;
+  }
+  return best;
 }
 
 // W: warps per CTA (0: the format's own choice; the fused decode gives every part the middle's).
@@ -226,10 +296,14 @@ struct Traits {
   static constexpr int MIN_BLOCKS = (ASYNC && D <= 128) ? 2 : 1;
   static constexpr int KPL = 16 * KCB;                              // key plane of a tile
   static constexpr int PV = (VCB & -VCB) >= 16 ? 16 : (VCB & -VCB);  // cp.async piece of a value row
-  static constexpr int VROW = VCB + (VCB % 16 == 0 ? 16 : 8);       // padded: conflict-free reads
+  static constexpr int VROW = value_row_bytes(VCB, PV, VCH);      // padded: few bank conflicts
   static constexpr int VPL = 16 * VROW;
-  // issue_page16 applies: 16-byte value pieces, whole rows of them in every 32 pieces.
-  static constexpr bool PAGE16 = PV == 16 && 32 % (VCB / 16 > 0 ? VCB / 16 : 1) == 0;
+  // issue_page16 applies: 16-byte value pieces. Where every 32 pieces hold whole rows, a lane's
+  // pieces lie at compile-time distances from its first one; otherwise (3-bit values: rows of 3
+  // pieces) the lane keeps the stage offset of each of its NVK pieces.
+  static constexpr bool PAGE16 = PV == 16;
+  static constexpr int VPR = PV == 16 && VCB >= 16 ? VCB / 16 : 1;  // 16-byte pieces per value row
+  static constexpr int NVK = 32 % VPR == 0 ? 1 : (16 * VPR + 31) / 32;
   static constexpr int KM_OFF = 0, VS_OFF = KMB ? 32 : 0, VZ_OFF = VS_OFF + 32;
   static constexpr int M_PLANES = (KMB ? 1 : 0) + ((is_uniform(VK) || is_vmse(VK)) ? 1 : 0) + (is_uniform(VK) ? 1 : 0);
   static constexpr int STAGE = KPL + VPL + 96;
@@ -355,21 +429,26 @@ __device__ __forceinline__ void issue_tile(uint32_t st, const uint8_t* sec, int 
 
 // The same copy where a page holds exactly one tile (block size 16) and value rows split into
 // 16-byte pieces: then every piece of lane l lies at a compile-time offset from `src` (the page
-// section + 16 l) and from `dst_k` (the stage + 16 l) or `dst_v` (the stage + its padded value
-// offset), so a tile costs one address computation and the copies.
+// section + 16 l) and from `dst_k` (the stage + 16 l) or, for values, from the stage + dst_v[0]
+// (its first piece's padded offset; rows of 3 pieces: + dst_v[k] for its k-th piece), so a tile
+// costs one address computation and the copies.
 template <int D, int KK, int VK>
-__device__ __forceinline__ void issue_page16(const uint8_t* src, uint32_t dst_k, uint32_t dst_v, int lane) {
+__device__ __forceinline__ void issue_page16(const uint8_t* src, uint32_t st, const uint32_t (&dst_v)[Traits<D, KK, VK>::NVK],
+                                             int lane) {
   using T = Traits<D, KK, VK>;
-  static_assert(T::PAGE16, "16-byte value pieces, whole rows per 32");
+  static_assert(T::PAGE16, "16-byte value pieces");
+  const uint32_t dst_k = st + 16u * lane;
   constexpr int NK = T::KPL / 16;
 #pragma unroll
   for (int i0 = 0; i0 < NK; i0 += 32)
     if (i0 + 32 <= NK || i0 + lane < NK) cp_async<16>(dst_k + 16 * i0, src + 16 * i0);
-  constexpr int PR = T::VCB / 16;
+  constexpr int PR = T::VPR;
   constexpr int NV = 16 * PR;
 #pragma unroll
-  for (int i0 = 0; i0 < NV; i0 += 32)
-    if (i0 + 32 <= NV || i0 + lane < NV) cp_async<16>(dst_v + (i0 / PR) * T::VROW, src + T::KPL + 16 * i0);
+  for (int i0 = 0; i0 < NV; i0 += 32) {
+    const uint32_t d = T::NVK == 1 ? st + dst_v[0] + (i0 / PR) * T::VROW : st + dst_v[T::NVK == 1 ? 0 : i0 / 32];
+    if (i0 + 32 <= NV || i0 + lane < NV) cp_async<16>(d, src + T::KPL + 16 * i0);
+  }
   if (lane < 2 * T::M_PLANES) cp_async<16>(dst_k + T::KPL + T::VPL, src + 16 * (T::KCB + T::VCB));
 }
 
@@ -377,11 +456,11 @@ __device__ __forceinline__ void issue_page16(const uint8_t* src, uint32_t dst_k,
 template <int D, int KK, int VK>
 __device__ __forceinline__ void read_stage(Raw<D, KK, VK>& r, const uint8_t* st, int g, int c) {
   using T = Traits<D, KK, VK>;
-  load_chunk<T::KCH, false>(r.k[0], st + g * T::KCB + c * T::KCH);
-  load_chunk<T::KCH, false>(r.k[1], st + (8 + g) * T::KCB + c * T::KCH);
+  load_chunk_smem<T::KCH>(r.k[0], st, g * T::KCB + c * T::KCH);
+  load_chunk_smem<T::KCH>(r.k[1], st, (8 + g) * T::KCB + c * T::KCH);
   const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) load_chunk<T::VCH, false>(r.v[i], st + T::KPL + toks[i] * T::VROW + g * T::VCH);
+  for (int i = 0; i < 4; ++i) load_chunk_smem<T::VCH>(r.v[i], st, T::KPL + toks[i] * T::VROW + g * T::VCH);
   const unsigned short* m = reinterpret_cast<const unsigned short*>(st + T::KPL + T::VPL);
   if constexpr (T::KMB) {
     r.kn[0] = m[T::KM_OFF / 2 + g];
@@ -449,6 +528,26 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
     const uint32_t x = __byte_perm(w0[m >> 2], w1[m >> 2], b | ((4 + b) << 8));
     a_lo = (x & 0x000f000fu) | 0x64006400u;
     a_hi = (x & 0x00f000f0u) | 0x64006400u;
+  } else if constexpr (is_direct(VK)) {
+    // The same for 2- and 3-bit codes: the two bytes holding the 2B-bit field of dims 2m, 2m+1
+    // of token 0 go to bytes 0-1 and token 1's to bytes 2-3 (one PRMT), one shift puts both
+    // fields at bits 0 and 16 (offsets are compile-time after unrolling), then 1024 + c (dim 2m)
+    // and 1024 + 2^B c (dim 2m+1): four ALU instructions per fragment pair instead of four table
+    // lookups (shift, LOP3, LDS each) and two PRMT. A field that straddles two words (3 bits:
+    // one m in eight) takes two funnel shifts and the PRMT instead.
+    constexpr int B = vbits_of(VK), M = (1 << B) - 1;
+    const int off = 2 * B * m, i = off >> 5, sh = off & 31, by = sh >> 3;
+    uint32_t x;
+    if (sh + 2 * B <= 32) {
+      const int b1 = by < 3 ? by + 1 : by;
+      x = __byte_perm(w0[i], w1[i], by | b1 << 4 | (4 + by) << 8 | (4 + b1) << 12) >> (sh & 7);
+    } else {
+      const uint32_t lo = __funnelshift_r(w0[i], w0[i + 1], sh);
+      const uint32_t hi = __funnelshift_r(w1[i], w1[i + 1], sh - 16);
+      x = __byte_perm(lo, hi, 0x7610);
+    }
+    a_lo = (x & static_cast<uint32_t>(M | M << 16)) | 0x64006400u;
+    a_hi = (x & static_cast<uint32_t>(M << B | M << (16 + B))) | 0x64006400u;
   } else {
     const uint32_t p0 = value_pair<D, KK, VK>(w0, m, vlut, lane4), p1 = value_pair<D, KK, VK>(w1, m, vlut, lane4);
     a_lo = __byte_perm(p0, p1, 0x5410);
@@ -638,13 +737,19 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   // Block size 16 with 16-byte value pieces (the common case): the lean copy of issue_page16.
   [[maybe_unused]] const bool page16 = T::PAGE16 && bs == 16;
   [[maybe_unused]] const uint32_t sec_lane = static_cast<uint32_t>(sec_off) + 16u * lane;
-  [[maybe_unused]] const uint32_t dst_v_lane = io.v_dst;
+  // This lane's value pieces' offsets in a stage (issue_page16).
+  [[maybe_unused]] uint32_t dst_v_lane[T::NVK];
+#pragma unroll
+  for (int k = 0; k < T::NVK; ++k) {
+    const int i = lane + 32 * k;
+    dst_v_lane[k] = T::NVK == 1 ? io.v_dst : T::KPL + (i / T::VPR) * T::VROW + (i % T::VPR) * 16;
+  }
   auto issue = [&](int page, int tile, int stage) {
     const uint32_t st = ring_s + stage * T::STAGE;
     if constexpr (T::PAGE16) {
       if (page16) {
         const uint8_t* src = p.pages + static_cast<uint64_t>(static_cast<uint32_t>(page)) * static_cast<uint32_t>(p.page_bytes) + sec_lane;
-        issue_page16<D, KK, VK>(src, st + 16u * lane, st + dst_v_lane, lane);
+        issue_page16<D, KK, VK>(src, st, dst_v_lane, lane);
         return;
       }
     }
@@ -705,7 +810,7 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   for (int m = 0; m < KSTEPS; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.0f;
   // Running max / sum / zero-point sum of query heads 2c and 2c+1 (partial over this lane's tokens).
   float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.0f, l_run1 = 0.0f, z_run0 = 0.0f, z_run1 = 0.0f;
-  [[maybe_unused]] float s1_run0 = 0.0f, s1_run1 = 0.0f;  // V_U4: running sum of P (see value_frag)
+  [[maybe_unused]] float s1_run0 = 0.0f, s1_run1 = 0.0f;  // is_direct: running sum of P (see value_frag)
 
   // Two tiles per iteration for the ring-fed formats: fewer loop and ring-bookkeeping instructions
   // (no spills at 128 registers); the 16-bit formats hold a whole tile in registers.
@@ -787,7 +892,7 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
     // P^T as the B fragment of O^T += V^T P^T: transpose the two 8x8 blocks (tokens 0-7, 8-15)
     // of packed (token, head) pairs so that each thread holds (head g, tokens 2c, 2c+1).
     const uint32_t pw0 = pack2<VBF>(w[0], w[1]), pw1 = pack2<VBF>(w[2], w[3]);
-    if constexpr (VK == V_U4) {  // sum of P exactly as the MMA sees it (fp16-rounded)
+    if constexpr (is_direct(VK)) {  // sum of P exactly as the MMA sees it (fp16-rounded)
       const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&pw0));
       const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&pw1));
       s1_run0 = s1_run0 * al0 + (f0.x + f1.x);
@@ -830,18 +935,19 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
     l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, sh);
     z_run0 += __shfl_xor_sync(0xffffffffu, z_run0, sh);
     z_run1 += __shfl_xor_sync(0xffffffffu, z_run1, sh);
-    if constexpr (VK == V_U4) {
+    if constexpr (is_direct(VK)) {
       s1_run0 += __shfl_xor_sync(0xffffffffu, s1_run0, sh);
       s1_run1 += __shfl_xor_sync(0xffffffffu, s1_run1, sh);
     }
   }
-  if constexpr (VK == V_U4) {
+  if constexpr (is_direct(VK)) {
+    constexpr float inv = 1.0f / static_cast<float>(1 << vbits_of(VK));  // the upper code's factor
 #pragma unroll
     for (int m = 0; m < KSTEPS; ++m) {
       o[m][0] -= 1024.0f * s1_run0;
       o[m][1] -= 1024.0f * s1_run1;
-      o[m][2] = (o[m][2] - 1024.0f * s1_run0) * 0.0625f;
-      o[m][3] = (o[m][3] - 1024.0f * s1_run1) * 0.0625f;
+      o[m][2] = (o[m][2] - 1024.0f * s1_run0) * inv;
+      o[m][3] = (o[m][3] - 1024.0f * s1_run1) * inv;
     }
   }
   // Each warp's partial into the epilogue's shared memory.
