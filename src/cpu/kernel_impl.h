@@ -43,7 +43,8 @@
 // The integers are the same in every build, and so are the float scores.
 //
 // Int8 values. For 2-4-bit Mse or Uniform values (f.int8_values) and a build with the path
-// (kI8Values: i8v_block(B) channels per block, i8v_table, values_i8_tile, i8v_channel, store_u8),
+// (kI8Values: i8v_block(B) channels per block, i8v_table, i8v_channel, store_u8, and either
+// values_i8_tile (scalar) or levels_i8v, dot_u8v, set1_u32 (SIMD: Kernel::values_i8_tile)),
 // each tile's weights w[r][j] (exp(score - m) times the value's scale) are rounded per row to
 // u8[j] = round(w[j] * (kI8WeightMax / max_j w[j])) (store_u8: nearest-even, clamped), and
 //   acc[r][c] = acc[r][c] * alpha[r] + (float)(sum_j u8[j] * value_i8[code j c]) * scale[r],
@@ -103,6 +104,15 @@ constexpr bool has_i8_values() {
     return I::kI8Values;
   else
     return false;
+}
+
+// Rows per pass of the int8 value sums (the traits' kI8vRows, else 4).
+template <class I>
+constexpr int i8v_rows() {
+  if constexpr (requires { I::kI8vRows; })
+    return I::kI8vRows;
+  else
+    return 4;
 }
 
 // Query rows rounded to int8 in a build's int8 channel order, with their score factors.
@@ -287,17 +297,59 @@ struct Kernel {
     }
   }
 
+  // The SIMD builds' int8 value sums of one tile for NR rows, blocks of 4 vectors (4W channels,
+  // i8v_block): levels_i8v<B>(p[4], i, table, t[4]) gives four keys' levels with a 32-bit lane
+  // per channel and a byte per key, dot_u8v(acc, w, t) adds the four u8 weights (one dword,
+  // set1_u32) times them per lane.
+  template <int NR, int B, class IT>
+  static void values_i8_tile(float* acc, int d, const uint8_t* base, size_t stride, int nt, const uint8_t* w8,
+                             const float* alpha, const float* scale, IT table) {
+    if constexpr (has_i8_values<I>() && W > 1) {
+      using IV = typename I::IV;
+      for (int i = 0; i < d; i += 4 * W) {
+        IV a[NR][4];
+        for (int r = 0; r < NR; ++r)
+          for (int q = 0; q < 4; ++q) a[r][q] = I::izero();
+        for (int j = 0; j < nt; j += 4) {
+          const int n = nt - j < 4 ? nt - j : 4;  // keys past nt: weight 0, codes of key nt - 1
+          const uint8_t* p[4];
+          for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
+          IV t[4];
+          I::template levels_i8v<B>(p, i, table, t);
+          for (int r = 0; r < NR; ++r) {
+            uint32_t w4;
+            std::memcpy(&w4, w8 + r * kTile + j, 4);
+            const IV wb = I::set1_u32(w4);
+            for (int q = 0; q < 4; ++q) a[r][q] = I::dot_u8v(a[r][q], wb, t[q]);
+          }
+        }
+        for (int r = 0; r < NR; ++r) {
+          const V sc = I::set1(scale[r]), al = I::set1(alpha[r]);
+          for (int q = 0; q < 4; ++q) {
+            float* x = acc + static_cast<size_t>(r) * d + i + W * q;
+            I::store(x, I::fmadd(I::i2f(a[r][q]), sc, I::mul(I::load(x), al)));
+          }
+        }
+      }
+    }
+  }
+
   static void values_i8_rows(const KernelFormat& f, int R, float* acc, const uint8_t* base, size_t stride, int nt,
                              const uint8_t* w8, const float* alpha, const float* scale) {
     if constexpr (has_i8_values<I>()) {
       const int d = f.dim;
-      for (int r0 = 0; r0 < R; r0 += 4) {
-        with_rows<4>(kf_min(4, R - r0), [&](auto nr) {
+      constexpr int kRows = i8v_rows<I>();
+      for (int r0 = 0; r0 < R; r0 += kRows) {
+        with_rows<kRows>(kf_min(kRows, R - r0), [&](auto nr) {
           constexpr int N = decltype(nr)::value;
           const auto go = [&](auto b) {
             constexpr int B = decltype(b)::value;
-            I::template values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, base, stride, nt, w8 + r0 * kTile,
-                                             alpha + r0, scale + r0, I::i8v_table(f.value_i8));
+            if constexpr (W == 1)
+              I::template values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, base, stride, nt,
+                                               w8 + r0 * kTile, alpha + r0, scale + r0, I::i8v_table(f.value_i8));
+            else
+              values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, base, stride, nt, w8 + r0 * kTile,
+                                   alpha + r0, scale + r0, I::i8v_table(f.value_i8));
           };
           switch (f.value_bits) {
             case 2: return go(std::integral_constant<int, 2>{});
