@@ -693,13 +693,8 @@ struct Kernel {
           prefetch_slot(f, *next, t - run.n);
       };
       if (i8) {
+        // Integer scores; to the query's domain with the norm below: ((s - corr) * scale) * norm.
         scores_i8_rows(f, R, i8->q, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, prefetch);
-        // Integer scores to the query's domain (the norm follows below with the other formats').
-        for (int r = 0; r < R; ++r) {
-          const V c = I::set1(i8->corr[r]), sc = I::set1(i8->scale[r]);
-          float* s = p + r * kTile;
-          for (int j = 0; j < kTile; j += W) I::store(s + j, I::mul(I::sub(I::load(s + j), c), sc));
-        }
       } else {
         with_key_decoder(f, [&](const auto& dec) {
           scores_rows(R, rb.q, d, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, dec,
@@ -721,16 +716,23 @@ struct Kernel {
         const float t = I::reduce(total);
         bad_scales = !(t - t == 0.0f) || I::reduce_max(neg) > 0.0f;
       }
-      const V kf_first = I::load(kfac);
+      // Uniform values only: the zero points' sum (Mse and float values have none).
+      const bool zero_points = f.value == ValueCodec::Uniform;
       for (int r = 0; r < R; ++r) {
         float* s = p + r * kTile;
         float mt = kNegInf;
+        // Int8 scores: s * norm below stands for ((s - corr) * scale) * norm.
+        const float corr = i8 ? i8->corr[r] : 0.0f, sc = i8 ? i8->scale[r] : 1.0f;
+        const auto key_score = [&](V x, int j) {
+          if (i8) x = I::mul(I::sub(x, I::set1(corr)), I::set1(sc));
+          return I::mul(x, I::load(kfac + j));
+        };
         if (live[r] != 0.0f) {
           if (nt == kTile && rb.begin[r] <= first && rb.end[r] >= last) {  // whole tile visible
-            V mx = I::mul(I::load(s), kf_first);
+            V mx = key_score(I::load(s), 0);
             I::store(s, mx);
             for (int j = W; j < kTile; j += W) {
-              const V x = I::mul(I::load(s + j), I::load(kfac + j));
+              const V x = key_score(I::load(s + j), j);
               I::store(s + j, x);
               mx = I::max(mx, x);
             }
@@ -738,7 +740,8 @@ struct Kernel {
           } else {
             for (int j = 0; j < kTile; ++j) {
               const int64_t pos = first + j;
-              s[j] = (j >= nt || pos < rb.begin[r] || pos > rb.end[r]) ? kNegInf : s[j] * kfac[j];
+              const float x = i8 ? (s[j] - corr) * sc : s[j];
+              s[j] = (j >= nt || pos < rb.begin[r] || pos > rb.end[r]) ? kNegInf : x * kfac[j];
               mt = s[j] > mt ? s[j] : mt;
             }
           }
@@ -760,13 +763,13 @@ struct Kernel {
         for (int j = 0; j < kTile; j += W) {
           const V e = I::exp(I::sub(I::load(s + j), mv));
           sum = I::add(sum, e);
-          z = I::fmadd(e, I::load(vzero + j), z);
+          if (zero_points) z = I::fmadd(e, I::load(vzero + j), z);
           const V x = I::mul(e, I::load(vfac + j));
           I::store(s + j, x);
           if (cv > 0) mx = I::max(mx, x);
         }
         st.l[r] = st.l[r] * alpha[r] + I::reduce(sum);
-        st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);
+        if (zero_points) st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);
         if (cv > 0) quantize_weights(f, s, I::reduce_max(mx), bad_scales, w8 + r * kTile, wscale + r);
       }
       if (cv > 0) {
