@@ -151,7 +151,11 @@ struct IsaAvx2 {
     return _cvtsh_ss(h);
   }
   static V halfs(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+  // Inline asm, not _mm_prefetch: GCC 12 found the kernel's prefetch helpers const (their only
+  // effect a __builtin_prefetch) and deleted every call, so that no kernel issued a prefetch.
+  // prefetch: into L2 (prefetcht1); prefetch_l1: into L1 (prefetcht0).
+  static void prefetch(const uint8_t* p) { __asm__ volatile("prefetcht1 %0" : : "m"(*p)); }
+  static void prefetch_l1(const uint8_t* p) { __asm__ volatile("prefetcht0 %0" : : "m"(*p)); }
 
   // Cephes-style expf: 2^n * p(r), |relative error| ~ 2e-7; 0 below -87.
   static V exp(V x) {
