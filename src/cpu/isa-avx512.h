@@ -222,35 +222,8 @@ struct IsaAvx512 {
     const __m512i i = _mm512_max_epi32(_mm512_cvtps_epi32(x), _mm512_setzero_si512());
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(i));
   }
-  template <int NR, int B>
-  static void values_i8_tile(float* acc, int d, const uint8_t* base, size_t stride, int nt, const uint8_t* w8,
-                             const float* alpha, const float* scale, IT table) {
-    for (int i = 0; i < d; i += 64) {
-      __m512i a[NR][4];
-      for (int r = 0; r < NR; ++r)
-        for (int q = 0; q < 4; ++q) a[r][q] = _mm512_setzero_si512();
-      for (int j = 0; j < nt; j += 4) {
-        const int n = nt - j < 4 ? nt - j : 4;  // keys past nt: weight 0, codes of key nt - 1
-        const uint8_t* p[4];
-        for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
-        __m512i t[4];
-        levels_i8v<B>(p, i, table, t);
-        for (int r = 0; r < NR; ++r) {
-          uint32_t w4;
-          std::memcpy(&w4, w8 + r * kTile + j, 4);
-          const __m512i wb = _mm512_set1_epi32(static_cast<int>(w4));
-          for (int q = 0; q < 4; ++q) a[r][q] = _mm512_dpbusd_epi32(a[r][q], wb, t[q]);
-        }
-      }
-      for (int r = 0; r < NR; ++r) {
-        const V sc = _mm512_set1_ps(scale[r]), al = _mm512_set1_ps(alpha[r]);
-        for (int q = 0; q < 4; ++q) {
-          float* x = acc + static_cast<size_t>(r) * d + i + 16 * q;
-          _mm512_storeu_ps(x, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][q]), sc, _mm512_mul_ps(_mm512_loadu_ps(x), al)));
-        }
-      }
-    }
-  }
+  static IV dot_u8v(IV acc, IV wb, IV t) { return _mm512_dpbusd_epi32(acc, wb, t); }
+  static IV set1_u32(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
 #else
   static constexpr bool kHasI8 = false;
   static constexpr int i8_block(int) { return 0; }
@@ -284,7 +257,11 @@ struct IsaAvx512 {
     return _cvtsh_ss(h);
   }
   static V halfs(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+  // Inline asm, not _mm_prefetch: GCC 12 found the kernel's prefetch helpers const (their only
+  // effect a __builtin_prefetch) and deleted every call, so that no kernel issued a prefetch.
+  // prefetch: into L2 (prefetcht1); prefetch_l1: into L1 (prefetcht0).
+  static void prefetch(const uint8_t* p) { __asm__ volatile("prefetcht1 %0" : : "m"(*p)); }
+  static void prefetch_l1(const uint8_t* p) { __asm__ volatile("prefetcht0 %0" : : "m"(*p)); }
 
   // Cephes-style expf: 2^n * p(r), |relative error| ~ 2e-7; 0 below -87.
   static V exp(V x) {

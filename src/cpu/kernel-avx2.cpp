@@ -17,14 +17,15 @@ struct IsaAvx2 {
   // 3-bit codes keep the per-vector decode: 8 vectors of a split block and 8 row accumulators
   // would not fit in 16 registers.
   static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : 1; }
-  // Int8 key scores (kernel_impl.h) of 2- and 4-bit codes, 32 channels per vector: bytes of
-  // codes (4 bits: the 16 bytes and their high nibbles; 2 bits: the 8 bytes shifted by 0, 2, 4,
-  // 6 in the four qwords), masked to 4 bits, looked up by vpshufb in the 16-entry table that
-  // both 128-bit lanes hold; products by vpmaddubsw (pairs within int16: kernel.h) + vpmaddwd.
+  // Int8 key scores (kernel_impl.h) of 2-4-bit codes, 32 channels per vector: bytes of codes
+  // (4 bits: the 16 bytes and their high nibbles; 2 bits: the 8 bytes shifted by 0, 2, 4, 6 in
+  // the four qwords, both masked to 4 bits; 3 bits: one code per byte, channel order), looked
+  // up by vpshufb in the 16-entry table that both 128-bit lanes hold; products by vpmaddubsw
+  // (pairs within int16: kernel.h) + vpmaddwd.
   static constexpr bool kHasI8 = true;
   using IV = __m256i;
   using IT = __m256i;
-  static constexpr int i8_block(int b) { return b == 2 || b == 4 ? 32 : 0; }
+  static constexpr int i8_block(int b) { return b >= 2 && b <= 4 ? 32 : 0; }
   static IT i8_table(const uint8_t* t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)); }
   static IV izero() { return _mm256_setzero_si256(); }
   static V i2f(IV a) { return _mm256_cvtepi32_ps(a); }
@@ -38,14 +39,87 @@ struct IsaAvx2 {
     if constexpr (B == 4) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i / 2));
       x = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
-    } else {
-      static_assert(B == 2, "AVX2 int8 scores take 2- and 4-bit codes");
+    } else if constexpr (B == 2) {
       long long a;
       std::memcpy(&a, p + i / 4, 8);
       x = _mm256_srlv_epi64(_mm256_set1_epi64x(a), _mm256_set_epi64x(6, 4, 2, 0));
+    } else {
+      static_assert(B == 3, "AVX2 int8 levels take 2-4-bit codes");
+      // 12 bytes; word w of lane h takes the two bytes holding the code of channel 16h + w
+      // (first vector) or 16h + 8 + w (second), code at bit s = 3c mod 8 <= 7: a multiply by
+      // 2^(13 - s) moves it to bits 13-15, a shift to 0-2, and a saturating pack to bytes.
+      alignas(32) static constexpr auto t = [] {
+        struct {
+          uint8_t ctl[2][32];
+          uint16_t mul[2][16];
+        } x{};
+        for (int v = 0; v < 2; ++v)
+          for (int h = 0; h < 2; ++h)
+            for (int w = 0; w < 8; ++w) {
+              const int c = 16 * h + 8 * v + w;
+              x.ctl[v][16 * h + 2 * w] = static_cast<uint8_t>(3 * c / 8);
+              x.ctl[v][16 * h + 2 * w + 1] = static_cast<uint8_t>(3 * c / 8 + 1);
+              x.mul[v][8 * h + w] = static_cast<uint16_t>(1u << (13 - 3 * c % 8));
+            }
+        return x;
+      }();
+      uint32_t hi;
+      std::memcpy(&hi, p + i * 3 / 8 + 8, 4);
+      const __m128i raw =
+          _mm_insert_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i * 3 / 8)), static_cast<int>(hi), 2);
+      const __m256i b = _mm256_broadcastsi128_si256(raw);
+      const auto half = [&](int v) {
+        const __m256i w = _mm256_shuffle_epi8(b, _mm256_load_si256(reinterpret_cast<const __m256i*>(t.ctl[v])));
+        return _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_load_si256(reinterpret_cast<const __m256i*>(t.mul[v]))),
+                                 13);
+      };
+      x = _mm256_packus_epi16(half(0), half(1));
     }
-    return _mm256_shuffle_epi8(table, _mm256_and_si256(x, _mm256_set1_epi8(0x0f)));
+    if constexpr (B != 3) x = _mm256_and_si256(x, _mm256_set1_epi8(0x0f));
+    return _mm256_shuffle_epi8(table, x);
   }
+
+  // Int8 value sums (kernel_impl.h, "Int8 values"), 32 channels per block: the same layout as
+  // the AVX-512 build (a 32-bit lane holds one channel of four consecutive keys), summed by
+  // vpmaddubsw (u8 weight x s8 level, pairs within int16: kernel.h) + vpmaddwd against ones.
+  // Each key's 32 levels come from levels_u8 on the signed table (two 16-channel halves in the
+  // 128-bit lanes), then four keys are interleaved by 8 unpacks:
+  // vector q, lane h, dword e holds byte x = 4q + e of lane h (i8v_channel).
+  // Rows per pass: 2 x 4 accumulators, 4 level vectors, the broadcast weights and the ones
+  // fit in the 16 registers.
+  static constexpr bool kI8Values = true;
+  static constexpr int kI8vRows = 2;
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= 4 ? 32 : 0; }
+  static IT i8v_table(const int8_t* t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)); }
+  static int i8v_channel(int bits, int t) {
+    const int x = 4 * (t / 8) + t % 4, h = (t % 8) / 4;
+    if (bits == 4) return 2 * x + h;                // lane 0: low nibbles, lane 1: high nibbles
+    if (bits == 2) return 4 * (x % 8) + 2 * h + x / 8;  // qword m of the 8 bytes shifted by 2m
+    return 16 * h + x;                              // 3 bits: channel order
+  }
+  template <int B>
+  static void levels_i8v(const uint8_t* const* p, int i, IT table, __m256i* t) {
+    const __m256i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
+    const __m256i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
+    const __m256i lo01 = _mm256_unpacklo_epi8(l0, l1), hi01 = _mm256_unpackhi_epi8(l0, l1);
+    const __m256i lo23 = _mm256_unpacklo_epi8(l2, l3), hi23 = _mm256_unpackhi_epi8(l2, l3);
+    t[0] = _mm256_unpacklo_epi16(lo01, lo23);
+    t[1] = _mm256_unpackhi_epi16(lo01, lo23);
+    t[2] = _mm256_unpacklo_epi16(hi01, hi23);
+    t[3] = _mm256_unpackhi_epi16(hi01, hi23);
+  }
+  // 8 weights to bytes: nearest-even, clamped to 0 .. 255 (as the AVX-512 build's vpmovusdb
+  // after a max with 0: NaN converts to INT_MIN and becomes 0 in both).
+  static void store_u8(uint8_t* p, V x) {
+    const __m256i i = _mm256_cvtps_epi32(x);
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
+  }
+  // acc + the sums of the four u8 weights of wb (a dword) times the four s8 levels of t.
+  static IV dot_u8v(IV acc, IV wb, IV t) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wb, t), _mm256_set1_epi16(1)));
+  }
+  static IV set1_u32(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
@@ -77,7 +151,11 @@ struct IsaAvx2 {
     return _cvtsh_ss(h);
   }
   static V halfs(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+  // Inline asm, not _mm_prefetch: GCC 12 found the kernel's prefetch helpers const (their only
+  // effect a __builtin_prefetch) and deleted every call, so that no kernel issued a prefetch.
+  // prefetch: into L2 (prefetcht1); prefetch_l1: into L1 (prefetcht0).
+  static void prefetch(const uint8_t* p) { __asm__ volatile("prefetcht1 %0" : : "m"(*p)); }
+  static void prefetch_l1(const uint8_t* p) { __asm__ volatile("prefetcht0 %0" : : "m"(*p)); }
 
   // Cephes-style expf: 2^n * p(r), |relative error| ~ 2e-7; 0 below -87.
   static V exp(V x) {

@@ -68,6 +68,7 @@ struct IsaScalar {
     out[3] = d;
   }
   static void prefetch(const uint8_t*) {}
+  static void prefetch_l1(const uint8_t*) {}
   static float half(const uint8_t* p) { return kf_half(p); }
   static V halfs(const uint8_t* p) { return kf_half(p); }
   static V exp(V x) { return std::exp(x); }

@@ -16,7 +16,8 @@
 // Traits interface (W floats per vector V):
 //   zero(), set1(x), load(const float*), store(float*, V), add, mul, sub, fmadd(a, b, c) = a*b + c,
 //   reduce(V) -> float, reduce4(a, b, c, d, float* out4), exp(V) (0 below about -87),
-//   exp_scalar(x), prefetch(p), half(p) (one fp16 -> float), halfs(p) (W dense fp16),
+//   exp_scalar(x), prefetch(p) / prefetch_l1(p) (into L2 / L1), half(p) (one fp16 -> float),
+//   halfs(p) (W dense fp16),
 //   f32(p, i) / f16(p, i) / bf16(p, i) / fp8(p, i): elements i .. i+W-1 of a row of that type
 //     (fp8 returns value / kFp8Factor),
 //   codes<B>(p, i): codes i .. i+W-1 of a packed B-bit row as floats,
@@ -43,7 +44,8 @@
 // The integers are the same in every build, and so are the float scores.
 //
 // Int8 values. For 2-4-bit Mse or Uniform values (f.int8_values) and a build with the path
-// (kI8Values: i8v_block(B) channels per block, i8v_table, values_i8_tile, i8v_channel, store_u8),
+// (kI8Values: i8v_block(B) channels per block, i8v_table, i8v_channel, store_u8, and either
+// values_i8_tile (scalar) or levels_i8v, dot_u8v, set1_u32 (SIMD: Kernel::values_i8_tile)),
 // each tile's weights w[r][j] (exp(score - m) times the value's scale) are rounded per row to
 // u8[j] = round(w[j] * (kI8WeightMax / max_j w[j])) (store_u8: nearest-even, clamped), and
 //   acc[r][c] = acc[r][c] * alpha[r] + (float)(sum_j u8[j] * value_i8[code j c]) * scale[r],
@@ -103,6 +105,15 @@ constexpr bool has_i8_values() {
     return I::kI8Values;
   else
     return false;
+}
+
+// Rows per pass of the int8 value sums (the traits' kI8vRows, else 4).
+template <class I>
+constexpr int i8v_rows() {
+  if constexpr (requires { I::kI8vRows; })
+    return I::kI8vRows;
+  else
+    return 4;
 }
 
 // Query rows rounded to int8 in a build's int8 channel order, with their score factors.
@@ -261,9 +272,11 @@ struct Kernel {
   // holds channel i8v_channel(bits, t).
   static void permute_i8v(float* x, int d, int C, int bits, float* tmp, bool back) {
     if constexpr (has_i8_values<I>()) {
+      int chan[64];
+      for (int t = 0; t < C; ++t) chan[t] = I::i8v_channel(bits, t);
       for (int b = 0; b < d; b += C)
         for (int t = 0; t < C; ++t) {
-          const int c = b + I::i8v_channel(bits, t), at = b + t;
+          const int c = b + chan[t], at = b + t;
           if (back)
             tmp[c] = x[at];
           else
@@ -287,17 +300,59 @@ struct Kernel {
     }
   }
 
+  // The SIMD builds' int8 value sums of one tile for NR rows, blocks of 4 vectors (4W channels,
+  // i8v_block): levels_i8v<B>(p[4], i, table, t[4]) gives four keys' levels with a 32-bit lane
+  // per channel and a byte per key, dot_u8v(acc, w, t) adds the four u8 weights (one dword,
+  // set1_u32) times them per lane.
+  template <int NR, int B, class IT>
+  static void values_i8_tile(float* acc, int d, const uint8_t* base, size_t stride, int nt, const uint8_t* w8,
+                             const float* alpha, const float* scale, IT table) {
+    if constexpr (has_i8_values<I>() && W > 1) {
+      using IV = typename I::IV;
+      for (int i = 0; i < d; i += 4 * W) {
+        IV a[NR][4];
+        for (int r = 0; r < NR; ++r)
+          for (int q = 0; q < 4; ++q) a[r][q] = I::izero();
+        for (int j = 0; j < nt; j += 4) {
+          const int n = nt - j < 4 ? nt - j : 4;  // keys past nt: weight 0, codes of key nt - 1
+          const uint8_t* p[4];
+          for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
+          IV t[4];
+          I::template levels_i8v<B>(p, i, table, t);
+          for (int r = 0; r < NR; ++r) {
+            uint32_t w4;
+            std::memcpy(&w4, w8 + r * kTile + j, 4);
+            const IV wb = I::set1_u32(w4);
+            for (int q = 0; q < 4; ++q) a[r][q] = I::dot_u8v(a[r][q], wb, t[q]);
+          }
+        }
+        for (int r = 0; r < NR; ++r) {
+          const V sc = I::set1(scale[r]), al = I::set1(alpha[r]);
+          for (int q = 0; q < 4; ++q) {
+            float* x = acc + static_cast<size_t>(r) * d + i + W * q;
+            I::store(x, I::fmadd(I::i2f(a[r][q]), sc, I::mul(I::load(x), al)));
+          }
+        }
+      }
+    }
+  }
+
   static void values_i8_rows(const KernelFormat& f, int R, float* acc, const uint8_t* base, size_t stride, int nt,
                              const uint8_t* w8, const float* alpha, const float* scale) {
     if constexpr (has_i8_values<I>()) {
       const int d = f.dim;
-      for (int r0 = 0; r0 < R; r0 += 4) {
-        with_rows<4>(kf_min(4, R - r0), [&](auto nr) {
+      constexpr int kRows = i8v_rows<I>();
+      for (int r0 = 0; r0 < R; r0 += kRows) {
+        with_rows<kRows>(kf_min(kRows, R - r0), [&](auto nr) {
           constexpr int N = decltype(nr)::value;
           const auto go = [&](auto b) {
             constexpr int B = decltype(b)::value;
-            I::template values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, base, stride, nt, w8 + r0 * kTile,
-                                             alpha + r0, scale + r0, I::i8v_table(f.value_i8));
+            if constexpr (W == 1)
+              I::template values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, base, stride, nt,
+                                               w8 + r0 * kTile, alpha + r0, scale + r0, I::i8v_table(f.value_i8));
+            else
+              values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, base, stride, nt, w8 + r0 * kTile,
+                                   alpha + r0, scale + r0, I::i8v_table(f.value_i8));
           };
           switch (f.value_bits) {
             case 2: return go(std::integral_constant<int, 2>{});
@@ -329,6 +384,10 @@ struct Kernel {
   // Rounds the rows to int8 (the same integers in every build).
   static void quantize_rows(const KernelFormat& f, const RowBlock& rb, int C, int8_t* q8, float* scale, float* corr) {
     const int d = f.dim;
+    // The channel of each position of a block, once per call (two integer divisions each: at
+    // d 128 and 4 rows they were most of the call's fixed cost).
+    int chan[64];
+    for (int t = 0; t < C; ++t) chan[t] = i8_channel(f.key_bits, C, t);
     for (int r = 0; r < rb.rows; ++r) {
       const float* q = rb.q + static_cast<size_t>(r) * d;
       float amax = 0.0f;
@@ -346,7 +405,7 @@ struct Kernel {
         for (int t = 0; t < C; ++t) {
           int v = 0;
           if (step > 0.0f) {
-            const float x = __builtin_rintf(q[b + i8_channel(f.key_bits, C, t)] / step);
+            const float x = __builtin_rintf(q[b + chan[t]] / step);
             v = static_cast<int>(x > kI8QueryMax ? kI8QueryMax : x < -kI8QueryMax ? -kI8QueryMax : x);
           }
           o[b + t] = static_cast<int8_t>(v);
@@ -559,13 +618,20 @@ struct Kernel {
     }
   }
 
-  // Prefetches key and value rows of one slot into L2.
+  // Prefetches key and value rows of one slot: into L1 when they take <= 128 bytes (the
+  // compressed formats: measured a third faster at 32K x batch 16 than into L2), else into L2
+  // (f16 and the like: 4-8 lines a slot into L1 slowed f16 down by ~40 %).
   static void prefetch_slot(const KernelFormat& f, const SlotRun& run, int t) {
     if constexpr (W == 1) return;
-    const auto lines = [](const uint8_t* p, size_t n) {
+    const bool l1 = f.key_code_bytes + f.value_code_bytes <= 128;
+    const auto lines = [l1](const uint8_t* p, size_t n) {
       const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
-      for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end; a += 64)
-        I::prefetch(reinterpret_cast<const uint8_t*>(a));
+      for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end; a += 64) {
+        if (l1)
+          I::prefetch_l1(reinterpret_cast<const uint8_t*>(a));
+        else
+          I::prefetch(reinterpret_cast<const uint8_t*>(a));
+      }
     };
     lines(run.kc + static_cast<size_t>(t) * run.kc_stride, f.key_code_bytes);
     lines(run.vc + static_cast<size_t>(t) * run.vc_stride, f.value_code_bytes);
@@ -641,13 +707,8 @@ struct Kernel {
           prefetch_slot(f, *next, t - run.n);
       };
       if (i8) {
+        // Integer scores; to the query's domain with the norm below: ((s - corr) * scale) * norm.
         scores_i8_rows(f, R, i8->q, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, prefetch);
-        // Integer scores to the query's domain (the norm follows below with the other formats').
-        for (int r = 0; r < R; ++r) {
-          const V c = I::set1(i8->corr[r]), sc = I::set1(i8->scale[r]);
-          float* s = p + r * kTile;
-          for (int j = 0; j < kTile; j += W) I::store(s + j, I::mul(I::sub(I::load(s + j), c), sc));
-        }
       } else {
         with_key_decoder(f, [&](const auto& dec) {
           scores_rows(R, rb.q, d, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, dec,
@@ -669,16 +730,23 @@ struct Kernel {
         const float t = I::reduce(total);
         bad_scales = !(t - t == 0.0f) || I::reduce_max(neg) > 0.0f;
       }
-      const V kf_first = I::load(kfac);
+      // Uniform values only: the zero points' sum (Mse and float values have none).
+      const bool zero_points = f.value == ValueCodec::Uniform;
       for (int r = 0; r < R; ++r) {
         float* s = p + r * kTile;
         float mt = kNegInf;
+        // Int8 scores: s * norm below stands for ((s - corr) * scale) * norm.
+        const float corr = i8 ? i8->corr[r] : 0.0f, sc = i8 ? i8->scale[r] : 1.0f;
+        const auto key_score = [&](V x, int j) {
+          if (i8) x = I::mul(I::sub(x, I::set1(corr)), I::set1(sc));
+          return I::mul(x, I::load(kfac + j));
+        };
         if (live[r] != 0.0f) {
           if (nt == kTile && rb.begin[r] <= first && rb.end[r] >= last) {  // whole tile visible
-            V mx = I::mul(I::load(s), kf_first);
+            V mx = key_score(I::load(s), 0);
             I::store(s, mx);
             for (int j = W; j < kTile; j += W) {
-              const V x = I::mul(I::load(s + j), I::load(kfac + j));
+              const V x = key_score(I::load(s + j), j);
               I::store(s + j, x);
               mx = I::max(mx, x);
             }
@@ -686,7 +754,8 @@ struct Kernel {
           } else {
             for (int j = 0; j < kTile; ++j) {
               const int64_t pos = first + j;
-              s[j] = (j >= nt || pos < rb.begin[r] || pos > rb.end[r]) ? kNegInf : s[j] * kfac[j];
+              const float x = i8 ? (s[j] - corr) * sc : s[j];
+              s[j] = (j >= nt || pos < rb.begin[r] || pos > rb.end[r]) ? kNegInf : x * kfac[j];
               mt = s[j] > mt ? s[j] : mt;
             }
           }
@@ -708,13 +777,13 @@ struct Kernel {
         for (int j = 0; j < kTile; j += W) {
           const V e = I::exp(I::sub(I::load(s + j), mv));
           sum = I::add(sum, e);
-          z = I::fmadd(e, I::load(vzero + j), z);
+          if (zero_points) z = I::fmadd(e, I::load(vzero + j), z);
           const V x = I::mul(e, I::load(vfac + j));
           I::store(s + j, x);
           if (cv > 0) mx = I::max(mx, x);
         }
         st.l[r] = st.l[r] * alpha[r] + I::reduce(sum);
-        st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);
+        if (zero_points) st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);
         if (cv > 0) quantize_weights(f, s, I::reduce_max(mx), bad_scales, w8 + r * kTile, wscale + r);
       }
       if (cv > 0) {

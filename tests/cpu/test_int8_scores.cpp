@@ -36,11 +36,11 @@ namespace {
 using testing_util::gaussian;
 using testing_util::rel_error;
 
-// Whether the kernel at `level` scores these keys in int8 (kernel-*.cpp: i8_block).
-bool level_has_int8(SimdLevel level, int key_bits, int d) {
+// Whether the kernel at `level` scores 2-4-bit keys in int8 (kernel-*.cpp: i8_block).
+bool level_has_int8(SimdLevel level, int d) {
   switch (level) {
     case SimdLevel::Scalar: return true;
-    case SimdLevel::Avx2: return key_bits != 3 && d % 32 == 0;
+    case SimdLevel::Avx2: return d % 32 == 0;
     case SimdLevel::Avx512: return testing_util::avx512_has_int8() && d % 64 == 0;
   }
   return false;
@@ -133,7 +133,7 @@ void check(const Setup& c) {
                                          << row;
       err_max = std::max(err_max, err);
     }
-    if (level_has_int8(level, f.key_bits, d)) {
+    if (level_has_int8(level, d)) {
       EXPECT_GT(err_max, 1e-6) << "int8 scores not in use: " << c.format << " level " << simd_level_name(level);
       // The same integers at every level: equal to the scalar kernel's int8 scores.
       if (level == SimdLevel::Scalar)
@@ -194,7 +194,7 @@ void check_contract(const char* name, int d, int G, int T) {
   testing_util::LevelGuard guard;
   testing_util::ScoresGuard int8(KeyScores::Int8Keys);  // fp32 value sums: the key contract alone
   for (SimdLevel level : testing_util::supported_levels()) {
-    if (!level_has_int8(level, f.key_bits, d)) continue;
+    if (!level_has_int8(level, d)) continue;
     set_simd_level(level);
     std::vector<float> out(q.size(), NAN);
     attention(cache, 0, q.data(), 1, T - 1, p, out.data());
