@@ -72,7 +72,7 @@ std::vector<std::string> scan_specs(const engine::ModelConfig& cfg, const ScanOp
   std::vector<std::string> out;
   for (int l : engine::compressed_layers(cfg, opt.all_layers)) {
     const std::string only =
-        std::string(opt.all_layers ? "+c+skip0+only" : "+c+only").append(std::to_string(l)).append(opt.suffix);
+        std::string(opt.balance ? "+s" : "+c").append(opt.all_layers ? "+skip0+only" : "+only").append(std::to_string(l)).append(opt.suffix);
     out.push_back(std::string("k").append(std::to_string(opt.key_bits)).append("v8").append(only));
     out.push_back(std::string("k8v").append(std::to_string(opt.value_bits)).append(only));
   }
