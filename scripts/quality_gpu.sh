@@ -5,15 +5,14 @@
 # `tqkv passkey --device cuda` on both, all at once on the one GPU (each process is small).
 # Each eval writes its JSON after every chunk, so a run stopped at its limit still leaves the
 # chunks it finished. A spec the CUDA cache does not take yet makes its eval fail: the eval is
-# then rerun with that model's formats one by one, each against its own f32 reference.
+# then rerun with that model's formats one by one, each against its own f32 reference (not
+# after a stop at LIMIT).
 #
 #   scripts/quality_gpu.sh TQKV MODEL_DIR TEXT_DIR OUT_DIR
 #     TEXT_DIR holds kjv-genesis-exodus.txt, kjv-exodus.txt and code.txt (scripts/quality_models.sh's texts)
 #
-# With CALIBRATE=1 it first refits Gemma's recipes on the GPU (tqkv calibrate --balance on
-# Exodus, never the scored Genesis): tq-4.375 / tq-3.375 / tq-2.5 with the boundary layers f16,
-# and tq-4.09-all / tq-3.09-all over every layer (--boundary-in-budget), into the recipe file
-# the evals read (copied to OUT_DIR). GEMMA_EXTRA: more formats for Gemma's evals.
+# GEMMA_EXTRA: more formats for Gemma's evals. (Recipes are fitted on the CPU: `tqkv calibrate`'s
+# key statistics read host memory, so it refuses --device cuda.)
 #
 # Environment: TOKENS (20480), FORMATS, PK_FORMATS, PK_CTX (1024), PK_DEPTHS (0.1,0.5,0.9),
 # PK_TRIALS (2), LIMIT (seconds per process, 420). Output: OUT_DIR/<tag>_eval_<ctx>.json,
@@ -35,20 +34,13 @@ Q=$MD/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
 mkdir -p "$OUT"
 GFORMATS=$FORMATS${GEMMA_EXTRA:+,$GEMMA_EXTRA}
 
-if [ "${CALIBRATE:-0}" = 1 ]; then
-  cal() { "$TQKV" calibrate -m "$G" -f "$TD/kjv-exodus.txt" --device cuda --ctx 512 --tokens 4096 --scan-tokens 2048 \
-    --balance "$@" >> "$OUT/gemma_calibrate.log" 2>&1 || echo "== calibrate $* failed" >> "$OUT/gemma_calibrate.log"; }
-  cal --budget tq-4.375,tq-3.375,tq-2.5
-  cal --boundary-in-budget --budget 4.09375 --name tq-4.09-all
-  cal --boundary-in-budget --budget 3.09375 --name tq-3.09-all
-  cp recipes/gemma-3-270m.json "$OUT/" 2>/dev/null
-  GFORMATS=$GFORMATS,tq-4.09-all,tq-3.09-all
-fi
 
 ev() {  # tag model text ctx formats
   local tag=$1 model=$2 text=$3 ctx=$4 formats=$5 json="$OUT/$1_eval_$4.json" log="$OUT/$1_eval_$4.log"
   timeout "$LIMIT" "$TQKV" eval -m "$model" -f "$text" --ctx "$ctx" --tokens "$TOKENS" --device cuda \
-    --formats "$formats" --json "$json" > "$log" 2>&1 && return
+    --formats "$formats" --json "$json" > "$log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 124 ] && return  # done, or stopped at LIMIT with the chunks it finished
   echo "== all formats at once failed; one by one" >> "$log"
   for f in ${formats//,/ }; do
     timeout "$LIMIT" "$TQKV" eval -m "$model" -f "$text" --ctx "$ctx" --tokens "$TOKENS" --device cuda \
@@ -65,6 +57,6 @@ for ctx in 512 4096; do
   ev qwen2.5-coder-0.5b "$Q" "$TD/kjv-genesis-exodus.txt" "$ctx" "$FORMATS" &
   ev qwen2.5-coder-0.5b-code "$Q" "$TD/code.txt" "$ctx" "$FORMATS" &
 done
-pk gemma-3-270m "$G" "$PK_FORMATS$([ "${CALIBRATE:-0}" = 1 ] && echo ,tq-4.09-all)" &
+pk gemma-3-270m "$G" "$PK_FORMATS" &
 pk qwen2.5-coder-0.5b "$Q" "$PK_FORMATS" &
 wait

@@ -11,6 +11,10 @@ engine::KeyStats calibrate_keys(const engine::Model& model, const std::vector<in
                                 const CalibrateOptions& opt, const std::function<void(int, int)>& progress) {
   const engine::ModelConfig& c = model.config();
   if (opt.ctx < 2 || opt.batch < 1) throw Error(ErrorCode::InvalidArgument, "calibrate: bad ctx or batch");
+  // The key hook hands over the device's own memory (kv_cache.h): these sums read host memory.
+  if (model.device().name() != "cpu")
+    throw Error(ErrorCode::InvalidArgument, "calibrate: the key statistics run on the CPU only (--device cpu), not on " +
+                                                model.device().name());
   const int64_t avail = static_cast<int64_t>(tokens.size()) / opt.ctx;
   const int n_chunks = static_cast<int>(std::min<int64_t>(avail, std::max(1, opt.max_tokens / opt.ctx)));
   if (n_chunks == 0)
