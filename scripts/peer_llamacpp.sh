@@ -45,7 +45,8 @@ run() {
   local log="${LOGDIR:-$PEER}/llamacpp_${ctx}"
   nice -n 10 "$bin" -m "$MODEL" -f "$TEXT" -c "$ctx" -b "$ctx" --chunks "$chunks" -t "$THREADS" \
      $fa -ctk f16 -ctv f16 --kl-divergence-base "$base" > "${log}_base.log" 2>&1
-  for t in f16 q8_0 q4_0; do
+  # the f16 row is the base run itself (KL 0 against itself): no second f16 pass
+  for t in q8_0 q4_0; do
     nice -n 10 "$bin" -m "$MODEL" -c "$ctx" -b "$ctx" --chunks "$chunks" -t "$THREADS" \
       $fa -ctk "$t" -ctv "$t" --kl-divergence-base "$base" --kl-divergence > "${log}_${t}.log" 2>&1
   done
@@ -55,10 +56,16 @@ ctx, chunks, out, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.arg
 bits = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}
 rows = []
 for t, b in bits.items():
-    s = open(f"{log}_{t}.log").read()
+    s = open(f"{log}_{'base' if t == 'f16' else t}.log").read()
     def grab(pat):
         m = re.search(pat, s, re.M)
         return float(m.group(1)) if m else None
+    if t == "f16":  # the base run: its own perplexity, KL 0 and top-1 1 by definition
+        ppl = grab(r"Final estimate: PPL = ([0-9.]+)")
+        rows.append({"format": "llama.cpp f16", "engine": "llama.cpp", "ctx": ctx, "chunks": chunks,
+                     "bits_per_element": b, "ppl": ppl, "ppl_base": ppl,
+                     "kl_mean": 0.0, "kl_stderr": 0.0, "top1": 1.0, "kl_reference": "llama.cpp f16 cache"})
+        continue
     rows.append({
         "format": f"llama.cpp {t}", "engine": "llama.cpp", "ctx": ctx, "chunks": chunks,
         "bits_per_element": b,

@@ -28,13 +28,28 @@ def load_json(path):
         return None
 
 
+def eval_files(d, ctx):
+    """eval_<ctx>.json, then eval_<ctx>_<part>.json in name order (runs over other tokens or
+    devices: a GPU run over 20K tokens beside a CPU run of the formats the GPU does not take)."""
+    extra = sorted(f for f in os.listdir(d) if f.startswith(f"eval_{ctx}_") and f.endswith(".json"))
+    return [f for f in [f"eval_{ctx}.json"] + extra if os.path.exists(os.path.join(d, f))]
+
+
 def eval_rows(d, ctx):
-    doc = load_json(os.path.join(d, f"eval_{ctx}.json"))
+    """Every row of every eval file of ctx, each with its run ("run": file name) and the
+    perplexity of that run's f16 row (or f32's, where the run has no f16) as "ppl_ref": rows of
+    different runs score different tokens, so each is compared within its own run."""
     rows = []
-    for run in (doc or {}).get("runs", []):
-        for r in run.get("rows", []):
-            r = dict(r, engine="tqkv", ctx=run["ctx"], chunks=run["chunks"])
-            rows.append(r)
+    for name in eval_files(d, ctx):
+        doc = load_json(os.path.join(d, name))
+        for run in (doc or {}).get("runs", []):
+            by = {r["format"]: r for r in run.get("rows", [])}
+            ref = by.get("f16") or by.get("f32")
+            for r in run.get("rows", []):
+                r = dict(r, engine="tqkv", ctx=run["ctx"], chunks=run["chunks"], run=name,
+                         device=doc.get("device", "cpu"), ppl_ref=ref["ppl"] if ref else None,
+                         ppl_ref_format=ref["format"] if ref else None)
+                rows.append(r)
     return rows
 
 
@@ -63,18 +78,22 @@ def ctx_table(ctx, ours, llama):
     out = []
     if not ours and not llama:
         return out
-    f16 = next((r["ppl"] for r in ours if r["format"] == "f16"), None)
     head = ours[0] if ours else llama[0]
     scored = f", {head['scored_tokens']} scored" if "scored_tokens" in head else ""
-    out.append(f"\nctx {ctx}: {head['chunks']} chunk{'s' if head['chunks'] > 1 else ''} of {ctx} tokens ({head['chunks'] * ctx} tokens of text{scored})\n")
-    out.append("| format | bits/elem (compressed layers) | bits/elem, all layers | cache B/token | PPL | ΔPPL vs f16 | KL | top-1 |")
-    out.append("|---|---|---|---|---|---|---|---|")
+    out.append(f"\nctx {ctx}: {head['chunks']} chunk{'s' if head['chunks'] > 1 else ''} of {ctx} tokens ({head['chunks'] * ctx} tokens of text{scored})"
+               + (" — rows of other runs say their own scored tokens" if len({r["run"] for r in ours}) > 1 else "") + "\n")
+    out.append("| format | bits/elem (compressed layers) | bits/elem, all layers | cache B/token | PPL | ΔPPL vs f16 | KL | top-1 | scored tokens (run) |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
     for r in ours:
         if r["format"] == "f32":
             continue
-        d = f"{100 * (r['ppl'] / f16 - 1):+.2f}%" if f16 else ""
+        ref = r.get("ppl_ref")
+        d = f"{100 * (r['ppl'] / ref - 1):+.2f}%" if ref else ""
+        if ref and r.get("ppl_ref_format") == "f32":
+            d += " (vs f32)"
         out.append(f"| `{r['format']}` | {r['bits_per_element']:.4g} | {r['bits_all_layers']:.4g} | "
-                   f"{r['bytes_per_token']:.0f} | {r['ppl']:.4f} | {d} | {fmt_kl(r)} | {r['top1']:.4f} |")
+                   f"{r['bytes_per_token']:.0f} | {r['ppl']:.4f} | {d} | {fmt_kl(r)} | {r['top1']:.4f} | "
+                   f"{r.get('scored_tokens', '')} ({r['run']}, {r['device']}) |")
     for r in llama:
         base = r.get("ppl_base")
         d = f"{100 * (r['ppl'] / base - 1):+.2f}% (vs its f16)" if base else ""
@@ -82,7 +101,8 @@ def ctx_table(ctx, ours, llama):
         t1 = f"{r['top1']:.4f}" if r.get("top1") is not None else ""
         kl = fmt_kl(r)
         out.append(f"| {r['format']} | {r['bits_per_element']:.4g} | {r['bits_per_element']:.4g} | {bpt} | "
-                   f"{r['ppl']:.4f} | {d} | {kl + ' (vs its f16)' if kl else ''} | {t1} |")
+                   f"{r['ppl']:.4f} | {d} | {kl + ' (vs its f16)' if kl else ''} | {t1} | "
+                   f"{r.get('chunks', 0)} chunk{'s' if r.get('chunks', 0) > 1 else ''} (llama.cpp, cpu) |")
     return out
 
 
@@ -112,10 +132,17 @@ def goals(rows, pk):
                 and t["bits_all_layers"] <= preset["bits_all_layers"] + 1e-9)
 
     for ctx in sorted({r["ctx"] for r in rows}):
-        by = {r["format"]: r for r in rows if r["ctx"] == ctx}
-        nc4, nc3, f16 = by.get("turboquant_4bit_nc"), by.get("turboquant_3bit_nc"), by.get("f16")
-        q4 = by.get("llama.cpp q4_0")
+        at = [r for r in rows if r["ctx"] == ctx]
+        by = {}
+        for r in at:
+            by.setdefault(r["format"], r)
         t4, t3 = by.get("tq-4.375"), by.get("tq-3.375")
+
+        def peer(fmt, t):  # the comparator from t's own run where that run has it (same tokens)
+            same = [r for r in at if r["format"] == fmt and t is not None and r.get("run") == t.get("run")]
+            return same[0] if same else by.get(fmt)
+        nc4, nc3 = peer("turboquant_4bit_nc", t4), peer("turboquant_3bit_nc", t3)
+        q4 = by.get("llama.cpp q4_0")
         if nc4 and t4:
             ok_bits = within(t4, nc4)
             ok_half = t4["kl_mean"] <= 0.5 * nc4["kl_mean"]
@@ -128,13 +155,13 @@ def goals(rows, pk):
                 "kl_llama_q4_0": q4.get("kl_mean") if q4 else None,
                 "met": bool(ok_bits and ok_half and ok_q4) if q4 is not None else None,
                 "half_met": bool(ok_bits and ok_half)})
-        if nc3 and t3 and f16:
-            d = t3["ppl"] / f16["ppl"] - 1
+        if nc3 and t3 and t3.get("ppl_ref") and nc3.get("ppl_ref"):
+            d = t3["ppl"] / t3["ppl_ref"] - 1
             res.append({
                 "ctx": ctx, "goal": "within turboquant_3bit_nc's bits: PPL within +2% of f16",
                 "format": "tq-3.375", "bits": t3["bits_per_element"], "budget": nc3["bits_per_element"],
                 "bits_all": t3["bits_all_layers"], "budget_all": nc3["bits_all_layers"],
-                "dppl": d, "dppl_turboquant_3bit_nc": nc3["ppl"] / f16["ppl"] - 1,
+                "dppl": d, "dppl_turboquant_3bit_nc": nc3["ppl"] / nc3["ppl_ref"] - 1,
                 "met": bool(within(t3, nc3) and d <= 0.02)})
     if pk:
         cells = pk["cells"]

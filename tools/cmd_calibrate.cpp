@@ -50,7 +50,7 @@ void register_calibrate(CLI::App& app) {
     std::string model, text, out, name;
     std::vector<std::string> budgets;
     int ctx = 256, tokens = 4096, scan_tokens = 256, threads = 0;
-    bool boundary_in_budget = false;
+    bool boundary_in_budget = false, balance = false;
   };
   static Opts o;
   add_model_options(cmd, o.model, o.threads, o.device);
@@ -75,6 +75,9 @@ void register_calibrate(CLI::App& app) {
   cmd->add_flag("--boundary-in-budget", o.boundary_in_budget,
                "compress the boundary layers too (first and last 2, f16 otherwise): the scan covers every layer "
                "and the budget counts the whole cache (+skip0 in the spec)");
+  cmd->add_flag("--balance", o.balance,
+               "+s instead of +c in the scan and the recipes: centred keys and key/query channel scales balanced "
+               "(for models whose keys carry a few large channels, e.g. after QK-norm)");
   cmd->callback([] {
     using namespace tqkv::engine;
     using namespace tqkv::eval;
@@ -106,18 +109,19 @@ void register_calibrate(CLI::App& app) {
       so.bos = c.bos;
       so.suffix = recipe_uses_copies(cfg) ? "+sink1+w8" : "";
       so.all_layers = o.boundary_in_budget;
+      so.balance = o.balance;
       const std::vector<LayerSensitivity> scan =
           scan_layers(model, tokens, so, [](int64_t done, int64_t total) { bar("scan", done, total); });
       const int chunks = std::max(1, std::min(o.scan_tokens / so.ctx, static_cast<int>(tokens.size() / so.ctx)));
-      const std::string only = so.all_layers ? "+c+skip0+only<l>" : "+c+only<l>";
+      const std::string only = std::string(so.balance ? "+s" : "+c") + (so.all_layers ? "+skip0+only<l>" : "+only<l>");
       std::ostringstream fitted;
-      fitted << "tqkv calibrate" << (so.all_layers ? " --boundary-in-budget" : "") << " on " << tname
+      fitted << "tqkv calibrate" << (so.all_layers ? " --boundary-in-budget" : "") << (so.balance ? " --balance" : "") << " on " << tname
              << ": per-layer scan k" << so.key_bits << "v8" << only << so.suffix << ", k8v" << so.value_bits << only
              << so.suffix << " (" << chunks << " chunk" << (chunks > 1 ? "s" : "") << " of " << so.ctx << ")";
       std::printf("layer  KL keys at %d bits  KL values at %d bits\n", so.key_bits, so.value_bits);
       for (const LayerSensitivity& s : scan) std::printf("%5d  %18.5f  %20.5f\n", s.layer, s.key_kl, s.value_kl);
       for (const BudgetRequest& b : budgets) {
-        const FitResult r = allocate_bits(cfg, scan, so.key_bits, so.value_bits, b.bits, true);
+        const FitResult r = allocate_bits(cfg, scan, so.key_bits, so.value_bits, b.bits, true, so.balance);
         model.resolve(r.spec);  // resolvable, with the statistics
         std::ostringstream note;
         note << "Greedy allocation under " << number_text(b.bits) << " bits per element at head_dim " << cfg.head_dim

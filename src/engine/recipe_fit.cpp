@@ -65,7 +65,7 @@ double mean_slot_bits(const LayerWidths& w, int d) {
 
 // Checks that 2/2 bits fit and fills the result's spec and bits; one line in *why otherwise.
 std::optional<FitResult> finish(const ModelConfig& cfg, double budget, bool centre, LayerWidths widths,
-                                double predicted, std::string* why) {
+                                double predicted, std::string* why, bool balance = false) {
   const std::string suffix = copies_suffix(cfg, budget);
   const bool copies = !suffix.empty();
   const bool all_layers = covers_all_layers(cfg, widths);
@@ -86,7 +86,7 @@ std::optional<FitResult> finish(const ModelConfig& cfg, double budget, bool cent
     }
     return std::nullopt;
   }
-  r.spec = widths_spec(widths, centre, suffix, all_layers);
+  r.spec = widths_spec(widths, centre, suffix, all_layers, balance);
   r.predicted_kl = predicted;
   r.widths = std::move(widths);
   return r;
@@ -191,7 +191,8 @@ double kv_slot_bits(int key_bits, int value_bits, int head_dim) {
   return resolve_cache_spec(spec, one).layers[0].bits_per_element(head_dim);
 }
 
-std::string widths_spec(const LayerWidths& widths, bool centre, const std::string& suffix, bool all_layers) {
+std::string widths_spec(const LayerWidths& widths, bool centre, const std::string& suffix, bool all_layers,
+                        bool balance) {
   std::map<std::pair<int, int>, std::vector<int>> groups;
   for (const auto& [l, kv] : widths) groups[kv].push_back(l);
   if (groups.empty()) return "f16";
@@ -200,7 +201,7 @@ std::string widths_spec(const LayerWidths& widths, bool centre, const std::strin
     if (it->second.size() > base->second.size()) base = it;
   std::string spec = "k";
   spec.append(std::to_string(base->first.first)).append("v").append(std::to_string(base->first.second));
-  if (centre) spec += "+c";
+  if (centre) spec += balance ? "+s" : "+c";
   if (all_layers) spec += "+skip0";
   for (const auto& [kv, ls] : groups) {
     if (kv == base->first) continue;
@@ -212,7 +213,7 @@ std::string widths_spec(const LayerWidths& widths, bool centre, const std::strin
 }
 
 FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivity>& scan, int scan_key_bits,
-                        int scan_value_bits, double budget, bool centre) {
+                        int scan_value_bits, double budget, bool centre, bool balance) {
   if (scan.empty()) throw Error(ErrorCode::InvalidArgument, "allocate_bits: the scan has no layers");
   const int d = cfg.head_dim;
   // Lloyd-Max distortion per width, solved only for the widths the greedy reaches (the wide
@@ -253,7 +254,7 @@ FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivi
   double kl = 0;
   for (size_t i = 0; i < w.size(); ++i) kl += term(i, 0, w[i].second.first) + term(i, 1, w[i].second.second);
   std::string why;
-  std::optional<FitResult> r = finish(cfg, budget, centre, std::move(w), kl, &why);
+  std::optional<FitResult> r = finish(cfg, budget, centre, std::move(w), kl, &why, balance);
   if (!r) throw Error(ErrorCode::InvalidArgument, why);
   return *r;
 }

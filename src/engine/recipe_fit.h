@@ -63,9 +63,10 @@ constexpr double kCopyReserve = 0.125;
 double kv_slot_bits(int key_bits, int value_bits, int head_dim);
 
 // The cache spec of per-layer widths: the most common width as the base, then "+c" when
-// centre, "+skip0" when all_layers (no layer left f16 by the boundary rule), the others as
+// centre ("+s" with balance: centred keys and balanced key/query channel scales), "+skip0" when all_layers (no layer left f16 by the boundary rule), the others as
 // L<i>.<j>=k<K>v<V> overrides, then `suffix` ("+sink1+wq6+fill4.375").
-std::string widths_spec(const LayerWidths& widths, bool centre, const std::string& suffix, bool all_layers = false);
+std::string widths_spec(const LayerWidths& widths, bool centre, const std::string& suffix, bool all_layers = false,
+                        bool balance = false);
 
 // Per-layer sensitivity from a scan: the KL that layer l's keys cause at scan_key_bits (values
 // near-exact) and that its values cause at scan_value_bits (keys near-exact).
@@ -88,9 +89,10 @@ struct FitResult {
 // stay f16 outside it — or every layer (compressed_layers(cfg, true)), when the spec compresses
 // all of them (+skip0) and the budget is that of the whole cache. Throws Error(InvalidArgument)
 // with one line when the budget cannot hold 2/2 bits everywhere, or when the scan names a
-// boundary layer without naming every layer, or a layer twice or out of range.
+// boundary layer without naming every layer, or a layer twice or out of range. With balance
+// (and centre) the spec says +s instead of +c (the scan should have used +s too).
 FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivity>& scan, int scan_key_bits,
-                        int scan_value_bits, double budget, bool centre);
+                        int scan_value_bits, double budget, bool centre, bool balance = false);
 
 // The rule for a model without a scan: every compressed layer at 2/2 bits, then sweeps of one
 // more bit — keys before values, the layers nearest the f16 boundary first — while the slots

@@ -226,6 +226,9 @@ TEST(Calibrate, ScanSpecsCompressOneLayerEach) {
         EXPECT_EQ(s.layers[static_cast<size_t>(l)].compressed(), l == layers[i / 2]) << specs[i] << " layer " << l;
     }
   }
+  o.all_layers = false;
+  o.balance = true;  // the scan of a --balance recipe: +s in place of +c
+  EXPECT_EQ(scan_specs(c, o)[0], "k4v8+s+only2+sink1+w8");
 }
 
 class SmolEval : public testing_util::SmolModelTest {

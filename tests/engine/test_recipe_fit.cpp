@@ -161,6 +161,7 @@ TEST(RecipeFit, BudgetRequests) {
 TEST(RecipeFit, WidthsSpecRoundTrips) {
   const LayerWidths w = {{2, {4, 3}}, {3, {4, 3}}, {4, {5, 4}}, {5, {4, 3}}, {6, {2, 2}}, {7, {5, 4}}};
   EXPECT_EQ(widths_spec(w, true, "+sink1"), "k4v3+c+L6=k2v2+L4.7=k5v4+sink1");
+  EXPECT_EQ(widths_spec(w, true, "", false, true), "k4v3+s+L6=k2v2+L4.7=k5v4");
   const ModelConfig c = config(10, 64);
   const CacheSpec s = resolve_cache_spec(widths_spec(w, false, ""), c);
   for (const auto& [l, kv] : w) {

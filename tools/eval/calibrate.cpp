@@ -11,6 +11,10 @@ engine::KeyStats calibrate_keys(const engine::Model& model, const std::vector<in
                                 const CalibrateOptions& opt, const std::function<void(int, int)>& progress) {
   const engine::ModelConfig& c = model.config();
   if (opt.ctx < 2 || opt.batch < 1) throw Error(ErrorCode::InvalidArgument, "calibrate: bad ctx or batch");
+  // The key hook hands over the device's own memory (kv_cache.h): these sums read host memory.
+  if (model.device().name() != "cpu")
+    throw Error(ErrorCode::InvalidArgument, "calibrate: the key statistics run on the CPU only (--device cpu), not on " +
+                                                model.device().name());
   const int64_t avail = static_cast<int64_t>(tokens.size()) / opt.ctx;
   const int n_chunks = static_cast<int>(std::min<int64_t>(avail, std::max(1, opt.max_tokens / opt.ctx)));
   if (n_chunks == 0)
@@ -72,7 +76,7 @@ std::vector<std::string> scan_specs(const engine::ModelConfig& cfg, const ScanOp
   std::vector<std::string> out;
   for (int l : engine::compressed_layers(cfg, opt.all_layers)) {
     const std::string only =
-        std::string(opt.all_layers ? "+c+skip0+only" : "+c+only").append(std::to_string(l)).append(opt.suffix);
+        std::string(opt.balance ? "+s" : "+c").append(opt.all_layers ? "+skip0+only" : "+only").append(std::to_string(l)).append(opt.suffix);
     out.push_back(std::string("k").append(std::to_string(opt.key_bits)).append("v8").append(only));
     out.push_back(std::string("k8v").append(std::to_string(opt.value_bits)).append(only));
   }

@@ -35,7 +35,7 @@ engine::KeyStats calibrate_keys(const engine::Model& model, const std::vector<in
 // +skip0 before only<l> when all_layers, so that a boundary layer is compressed too) — with
 // `suffix` appended to every spec (the copies the recipe will keep: "+sink1+w8", or "" on a
 // model with sliding-window layers). Centred keys need the model's key statistics in its spec
-// sources.
+// sources. With balance every spec says +s instead of +c.
 struct ScanOptions {
   int ctx = 256;
   int max_tokens = 256;  // floor(max_tokens / ctx) chunks (at least one)
@@ -43,6 +43,7 @@ struct ScanOptions {
   std::string suffix;
   int32_t bos = -1;
   bool all_layers = false;  // scan the boundary layers too (a budget over every layer)
+  bool balance = false;     // +s (centred keys, balanced key/query channel scales) instead of +c
 };
 std::vector<engine::LayerSensitivity> scan_layers(const engine::Model& model, const std::vector<int32_t>& tokens,
                                                   const ScanOptions& opt,
