@@ -130,11 +130,11 @@ void q4_k(const QdotArgs& a) {
       k.c[2 * g] = _mm256_and_si256(q, m4);
       k.c[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
     }
+    uint8_t sm[16];
+    q4_k_scales_mins(b + 4, sm);
     for (int j = 0; j < 8; ++j) {
-      int s, m;
-      q4_k_scale_min(b + 4, j, s, m);
-      k.dw[j] = _mm256_set1_ps(d * static_cast<float>(s));
-      k.mw[j] = dmin * static_cast<float>(m);
+      k.dw[j] = _mm256_set1_ps(d * static_cast<float>(sm[j]));
+      k.mw[j] = dmin * static_cast<float>(sm[8 + j]);
     }
   });
 }

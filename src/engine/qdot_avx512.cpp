@@ -178,17 +178,21 @@ inline void over_rows256(const QdotArgs& a, Quad quad) {
 template <int N>
 void q4_k(const QdotArgs& a) {
   over_rows256<N, 144, -1, -1>(a, [](const uint8_t* b, Pair* p) {
-    const float d = f16(b), dmin = f16(b + 2);
+    alignas(16) uint8_t sm[16];
+    q4_k_scales_mins(b + 4, sm);
+    // d * scale_j (lanes 0-7) and dmin * min_j (lanes 8-15).
+    const __m512 ds = _mm512_mul_ps(pair_ps(f16(b), f16(b + 2)),
+                                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sm)))));
+    alignas(64) float mins[16];
+    _mm512_store_ps(mins, ds);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i two = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     for (int g = 0; g < 4; ++g) {
       const __m256i q = load32(b + 16 + 32 * g);
       p[g].c = _mm512_and_si512(pair_i(q, _mm256_srli_epi16(q, 4)), m4);
-      int s0, m0, s1, m1;
-      q4_k_scale_min(b + 4, 2 * g, s0, m0);
-      q4_k_scale_min(b + 4, 2 * g + 1, s1, m1);
-      p[g].dw = pair_ps(d * static_cast<float>(s0), d * static_cast<float>(s1));
-      p[g].mw[0] = dmin * static_cast<float>(m0);
-      p[g].mw[1] = dmin * static_cast<float>(m1);
+      p[g].dw = _mm512_permutexvar_ps(_mm512_add_epi32(two, _mm512_set1_epi32(2 * g)), ds);
+      p[g].mw[0] = mins[8 + 2 * g];
+      p[g].mw[1] = mins[9 + 2 * g];
     }
   });
 }

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -73,6 +74,16 @@ inline void q4_k_scale_min(const uint8_t* sc, int j, int& s, int& m) {
     s = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
     m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
   }
+}
+
+// All 8 of Q4_K's 6-bit scales (out[0..7]) and mins (out[8..15]) at once, as q4_k_scale_min
+// gives them, by whole-word masks and shifts over the 12 packed bytes.
+inline void q4_k_scales_mins(const uint8_t* sc, uint8_t out[16]) {
+  uint32_t u[3];
+  std::memcpy(u, sc, 12);
+  const uint32_t w[4] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4),
+                         u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
+  std::memcpy(out, w, 16);
 }
 
 // Q6_K (210-byte blocks of 256): ql[128] low nibbles, qh[64] high 2-bit pairs, 16 int8 scales
