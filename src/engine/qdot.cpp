@@ -19,10 +19,14 @@ void quantize_rows(const float* x, int n, int cols, QdotBuffers& out) {
   constexpr float kRound = 12582912.0f;
   for (size_t b = 0; b < static_cast<size_t>(n) * nb; ++b) {
     const float* xb = x + 32 * b;
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    float amax = 0, z = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float a = std::fabs(xb[j]);
+      amax = a > amax ? a : amax;
+      z += xb[j] * 0.0f;  // NaN if the block holds inf or NaN
+    }
     // A block with inf or NaN gets NaN for its scale (codes 0), so the products are NaN too.
-    const float d = std::isfinite(amax) ? amax / 127.0f : std::nanf("");
+    const float d = z == 0 && std::isfinite(amax) ? amax / 127.0f : std::nanf("");
     const float id = d > 0 ? 1.0f / d : 0.0f;
     int8_t* q = out.xq.data() + 32 * b;
     int sum = 0;
