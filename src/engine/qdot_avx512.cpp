@@ -21,6 +21,15 @@ inline __m512 pair_ps(float lo, float hi) {
   return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
 }
 
+// The fp16 fields at pa and pb as floats, pa's in lanes 0-7 and pb's in 8-15 (one conversion).
+inline __m512 pair_f16(const uint8_t* pa, const uint8_t* pb) {
+  uint16_t ha, hb;
+  std::memcpy(&ha, pa, 2);
+  std::memcpy(&hb, pb, 2);
+  const __m128 two = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(ha | (static_cast<uint32_t>(hb) << 16))));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_castps128_ps512(two));
+}
+
 // The codes of two Q4_0/Q4_1/Q5_0 blocks (qs of each): per block its low nibbles, then its
 // high ones.
 inline __m512i nibbles2(const uint8_t* qa, const uint8_t* qb) {
@@ -113,7 +122,7 @@ void q4_0(const QdotArgs& a) {
     const uint8_t* c1 = b1 ? b1 : b0;
     Pair p;
     p.c = nibbles2(b0 + 2, c1 + 2);
-    p.dw = pair_ps(f16(b0), f16(c1));
+    p.dw = pair_f16(b0, c1);
     return p;
   });
 }
@@ -124,7 +133,7 @@ void q4_1(const QdotArgs& a) {
     const uint8_t* c1 = b1 ? b1 : b0;
     Pair p;
     p.c = nibbles2(b0 + 4, c1 + 4);
-    p.dw = pair_ps(f16(b0), f16(c1));
+    p.dw = pair_f16(b0, c1);
     p.mw[0] = f16(b0 + 2);
     p.mw[1] = f16(c1 + 2);
     return p;
@@ -142,7 +151,7 @@ void q5_0(const QdotArgs& a) {
     Pair p;
     const __m512i c = nibbles2(b0 + 6, c1 + 6);
     p.c = _mm512_mask_add_epi8(c, static_cast<__mmask64>(h0) | (static_cast<__mmask64>(h1) << 32), c, _mm512_set1_epi8(16));
-    p.dw = pair_ps(f16(b0), f16(c1));
+    p.dw = pair_f16(b0, c1);
     return p;
   });
 }
@@ -153,7 +162,7 @@ void q8_0(const QdotArgs& a) {
     const uint8_t* c1 = b1 ? b1 : b0;
     Pair p;
     p.c = pair_i(load32(b0 + 2), load32(c1 + 2));
-    p.dw = pair_ps(f16(b0), f16(c1));
+    p.dw = pair_f16(b0, c1);
     return p;
   });
 }
