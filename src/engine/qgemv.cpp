@@ -170,6 +170,12 @@ QgemvKernels qgemv_scalar() {
           TQKV_QGEMM_ENTRY(q8_0), TQKV_QGEMM_ENTRY(q4_k), TQKV_QGEMM_ENTRY(q6_k)};
 }
 
+bool qdot_avx512_supported() {
+  static const bool ok = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return ok;
+}
+
 }  // namespace detail
 
 namespace {
@@ -243,10 +249,11 @@ void run_int8(const detail::QdotKernels& k, uint32_t type, const uint8_t* w, int
   });
 }
 
+// The VNNI table is built only where the CPU runs it (its file is compiled for AVX-512).
 const detail::QdotKernels& qdot_kernels_for(SimdLevel level) {
   static const detail::QdotKernels scalar = detail::qdot_scalar();
   static const detail::QdotKernels avx2 = detail::qdot_avx2();
-  static const detail::QdotKernels avx512 = detail::qdot_avx512();
+  static const detail::QdotKernels avx512 = detail::qdot_avx512_supported() ? detail::qdot_avx512() : avx2;
   if (level >= SimdLevel::Avx512 && detail::qdot_avx512_supported()) return avx512;
   return level >= SimdLevel::Avx2 ? avx2 : scalar;
 }
