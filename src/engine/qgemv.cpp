@@ -1,6 +1,9 @@
 #include "qgemv.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 #include <cstring>
 #include <vector>
 
@@ -167,6 +170,12 @@ QgemvKernels qgemv_scalar() {
           TQKV_QGEMM_ENTRY(q8_0), TQKV_QGEMM_ENTRY(q4_k), TQKV_QGEMM_ENTRY(q6_k)};
 }
 
+bool qdot_avx512_supported() {
+  static const bool ok = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return ok;
+}
+
 }  // namespace detail
 
 namespace {
@@ -185,23 +194,37 @@ const detail::QgemvKernels& kernels_for(SimdLevel level) {
 // on, so that past kQgemmRows rows the tile is read from the cache, not from memory, again.
 constexpr int kQgemmTileRows = 16;
 
-void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
-         int n, float* y, size_t ldy) {
+// The kernel of `type` in a kernel table (QgemvKernels or QdotKernels); checks cols.
+template <class Table>
+auto kernel_of(const Table& k, uint32_t type, int cols) {
   if (cols % 32 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: cols must be a multiple of 32");
-  if (n < 0 || r0 < 0 || r1 < r0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count or range");
-  detail::QgemmFn fn = nullptr;
   switch (static_cast<TensorType>(type)) {
-    case TensorType::Q4_0: fn = k.q4_0; break;
-    case TensorType::Q4_1: fn = k.q4_1; break;
-    case TensorType::Q5_0: fn = k.q5_0; break;
-    case TensorType::Q8_0: fn = k.q8_0; break;
+    case TensorType::Q4_0: return k.q4_0;
+    case TensorType::Q4_1: return k.q4_1;
+    case TensorType::Q5_0: return k.q5_0;
+    case TensorType::Q8_0: return k.q8_0;
     case TensorType::Q4_K:
     case TensorType::Q6_K:
       if (cols % 256 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: K-quants need cols a multiple of 256");
-      fn = type == static_cast<uint32_t>(TensorType::Q4_K) ? k.q4_k : k.q6_k;
-      break;
+      return type == static_cast<uint32_t>(TensorType::Q4_K) ? k.q4_k : k.q6_k;
     default: throw Error(ErrorCode::InvalidArgument, "qgemv: unsupported type " + tensor_type_name(type));
   }
+}
+
+// Runs call(t0, t1, g, rows) over row tiles of W and groups of up to kQgemmRows activation
+// rows: one tile and one group at a time (a row's arithmetic depends on neither).
+template <class Call>
+void over_tiles(int r0, int r1, int n, Call call) {
+  const int tile = n <= detail::kQgemmRows ? std::max(1, r1 - r0) : kQgemmTileRows;
+  for (int t0 = r0; t0 < r1; t0 += tile) {
+    const int t1 = std::min(r1, t0 + tile);
+    for (int g = 0; g < n; g += detail::kQgemmRows) call(t0, t1, g, std::min(detail::kQgemmRows, n - g));
+  }
+}
+
+void run_f32(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
+             int n, float* y, size_t ldy) {
+  const detail::QgemmFn fn = kernel_of(k, type, cols);
   const int nb = cols / 32;
   thread_local std::vector<float> xsum;
   xsum.resize(static_cast<size_t>(n) * nb);
@@ -210,15 +233,48 @@ void run(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int col
     for (int j = 0; j < 32; ++j) s += x[32 * i + j];
     xsum[i] = s;
   }
-  // One tile and one group of rows at a time: a row's arithmetic does not depend on either.
-  const int tile = n <= detail::kQgemmRows ? std::max(1, r1 - r0) : kQgemmTileRows;
-  for (int t0 = r0; t0 < r1; t0 += tile) {
-    const int t1 = std::min(r1, t0 + tile);
-    for (int g = 0; g < n; g += detail::kQgemmRows) {
-      const detail::QgemmArgs a{w, cols, t0, t1, x + static_cast<size_t>(g) * cols, xsum.data() + static_cast<size_t>(g) * nb,
-                                std::min(detail::kQgemmRows, n - g), y + g * ldy + (t0 - r0), ldy};
-      fn(a);
-    }
+  over_tiles(r0, r1, n, [&](int t0, int t1, int g, int m) {
+    fn({w, cols, t0, t1, x + static_cast<size_t>(g) * cols, xsum.data() + static_cast<size_t>(g) * nb, m,
+        y + g * ldy + (t0 - r0), ldy});
+  });
+}
+
+void run_int8(const detail::QdotKernels& k, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
+              int n, float* y, size_t ldy) {
+  const detail::QdotFn fn = kernel_of(k, type, cols);
+  thread_local detail::QdotBuffers q;
+  detail::quantize_rows(x, n, cols, q);
+  over_tiles(r0, r1, n, [&](int t0, int t1, int g, int m) {
+    fn({w, cols, t0, t1, q.rows(g, cols), m, y + g * ldy + (t0 - r0), ldy});
+  });
+}
+
+// The VNNI table is built only where the CPU runs it (its file is compiled for AVX-512).
+const detail::QdotKernels& qdot_kernels_for(SimdLevel level) {
+  static const detail::QdotKernels scalar = detail::qdot_scalar();
+  static const detail::QdotKernels avx2 = detail::qdot_avx2();
+  static const detail::QdotKernels avx512 = detail::qdot_avx512_supported() ? detail::qdot_avx512() : avx2;
+  if (level >= SimdLevel::Avx512 && detail::qdot_avx512_supported()) return avx512;
+  return level >= SimdLevel::Avx2 ? avx2 : scalar;
+}
+
+QdotMode mode_from_env() {
+  const char* e = std::getenv("TQKV_QDOT");
+  return e && *e ? parse_qdot_mode(e) : QdotMode::Int8;
+}
+
+std::atomic<int>& mode_slot() {
+  static std::atomic<int> m{static_cast<int>(mode_from_env())};
+  return m;
+}
+
+void run(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, int n, float* y, size_t ldy) {
+  if (n < 0 || r0 < 0 || r1 < r0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count or range");
+  const SimdLevel level = active_simd_level();
+  if (qdot_mode() == QdotMode::Int8) {
+    run_int8(qdot_kernels_for(level), type, w, cols, r0, r1, x, n, y, ldy);
+  } else {
+    run_f32(kernels_for(level), type, w, cols, r0, r1, x, n, y, ldy);
   }
 }
 
@@ -236,11 +292,30 @@ const char* qgemv_isa() {
 }
 
 void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y) {
-  run(kernels_for(active_simd_level()), type, w, cols, r0, r1, x, 1, y, 0);
+  run(type, w, cols, r0, r1, x, 1, y, 0);
 }
 
 void qgemm(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, int n, float* y, size_t ldy) {
-  run(kernels_for(active_simd_level()), type, w, cols, r0, r1, x, n, y, ldy);
+  run(type, w, cols, r0, r1, x, n, y, ldy);
+}
+
+QdotMode parse_qdot_mode(std::string_view name) {
+  if (name == "f32") return QdotMode::F32;
+  if (name == "int8") return QdotMode::Int8;
+  throw Error(ErrorCode::InvalidArgument, "TQKV_QDOT: expected f32 or int8, got '" + std::string(name) + "'");
+}
+
+const char* qdot_mode_name(QdotMode mode) { return mode == QdotMode::F32 ? "f32" : "int8"; }
+
+QdotMode qdot_mode() { return static_cast<QdotMode>(mode_slot().load(std::memory_order_relaxed)); }
+
+void set_qdot_mode(QdotMode mode) { mode_slot().store(static_cast<int>(mode), std::memory_order_relaxed); }
+
+const char* qdot_isa() {
+  if (qdot_mode() == QdotMode::F32) return qgemv_isa();
+  const SimdLevel l = active_simd_level();
+  if (l >= SimdLevel::Avx512 && detail::qdot_avx512_supported()) return "avx512vnni";
+  return l >= SimdLevel::Avx2 ? "avx2" : "scalar";
 }
 
 }  // namespace tqkv::engine

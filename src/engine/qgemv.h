@@ -7,9 +7,16 @@
 //   Q4_1: sum_j (d q_j + m) x_j = d * sum_j q_j x_j + m * sum_j x_j,
 // with the per-block sums of x computed once per vector.
 //
-// x stays float32 (no int8 activation quantization as in llama.cpp), so a product equals the
-// batched path's SGEMM on dequantized weights to float rounding, which keeps token-by-token
-// decode and batched prefill in agreement (tests/engine/test_model.cpp).
+// Two paths for x (QdotMode, TQKV_QDOT=f32|int8 or set_qdot_mode; int8 by default):
+// - f32: x stays float32, so a product equals the batched path's SGEMM on dequantized weights
+//   to float rounding (token-by-token decode and batched prefill agree to 1e-4,
+//   tests/engine/test_model.cpp).
+// - int8: each row of x is quantized once per product to int8 per 32-element block with a
+//   float scale (as llama.cpp's Q8_0), and the weight codes meet it in integer dot products
+//   (AVX-512 VNNI vpdpbusd, AVX2 vpmaddubsw + vpmaddwd); the contract every ISA meets bit for
+//   bit is in qgemv_kernels.h. A product differs from the float one by the activation
+//   rounding: |error| <= sum_b (max_b |x| / 254) sum_{c in b} |w_c| per row, plus float
+//   rounding.
 //
 // Kernels, one set for qgemv and qgemm (1-8 activation rows per call): a scalar reference
 // (always compiled, the oracle), AVX2+FMA+F16C (qgemv_avx2.cpp) and AVX-512 F+BW+VL+DQ
@@ -18,6 +25,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace tqkv::engine {
 
@@ -34,7 +42,16 @@ void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const floa
 // changes no product. n = 0 writes nothing.
 void qgemm(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, int n, float* y, size_t ldy);
 
-// The implementation qgemv uses now: "avx512", "avx2" or "scalar".
+// The f32 path's implementation for the active SIMD level: "avx512", "avx2" or "scalar".
 const char* qgemv_isa();
+
+enum class QdotMode { F32, Int8 };
+QdotMode parse_qdot_mode(std::string_view name);  // "f32" | "int8"; else tqkv::Error
+const char* qdot_mode_name(QdotMode mode);
+// The mode qgemv / qgemm use now: TQKV_QDOT if set (read once), else Int8, unless overridden.
+QdotMode qdot_mode();
+void set_qdot_mode(QdotMode mode);  // for the whole process
+// The kernels qgemv uses now: qgemv_isa() under f32; "avx512vnni", "avx2" or "scalar" under int8.
+const char* qdot_isa();
 
 }  // namespace tqkv::engine

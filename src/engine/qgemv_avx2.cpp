@@ -9,16 +9,10 @@
 #include <cstring>
 
 #include "qgemv_kernels.h"
-#include "qgemv_q6k_codes.h"
+#include "qgemv_simd.h"
 
 namespace tqkv::engine::detail {
 namespace {
-
-inline float f16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -12,18 +12,11 @@
 #include <cstring>
 
 #include "qgemv_kernels.h"
-#include "qgemv_q6k_codes.h"
+#include "qgemv_simd.h"
 
 namespace tqkv::engine::detail {
 namespace {
 
-inline float f16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
-inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 inline __m512 u8x16(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)); }
 inline __m512 i8x16(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
 

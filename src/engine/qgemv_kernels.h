@@ -2,8 +2,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace tqkv::engine::detail {
 
@@ -74,11 +76,77 @@ inline void q4_k_scale_min(const uint8_t* sc, int j, int& s, int& m) {
   }
 }
 
+// All 8 of Q4_K's 6-bit scales (out[0..7]) and mins (out[8..15]) at once, as q4_k_scale_min
+// gives them, by whole-word masks and shifts over the 12 packed bytes.
+inline void q4_k_scales_mins(const uint8_t* sc, uint8_t out[16]) {
+  uint32_t u[3];
+  std::memcpy(u, sc, 12);
+  const uint32_t w[4] = {u[0] & 0x3f3f3f3fu, (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4),
+                         u[1] & 0x3f3f3f3fu, ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)};
+  std::memcpy(out, w, 16);
+}
+
 // Q6_K (210-byte blocks of 256): ql[128] low nibbles, qh[64] high 2-bit pairs, 16 int8 scales
 // (one per 16 elements), fp16 d. Each 128-element half reads ql[0..63] and qh[0..31]: element
 // l + 32k (l < 32, k < 4) has low nibble (k & 1 ? ql[l + 32] : ql[l]) >> (k < 2 ? 0 : 4) and
 // high bits (qh[l] >> 2k) & 3, value d * scale * (q - 32).
 inline constexpr int kQ6kBytes = 210;
+
+// The int8 path (qgemv.h, QdotMode::Int8). Each activation row is quantized once per product
+// (quantize_rows): per 32-element block b, scale xd[b] = max|x| / 127 and codes
+// xq = round(x / xd[b]) in [-127, 127]. Weight block codes q (unsigned, Q8_0 signed) meet xq
+// in integer dot products; the contract every ISA meets bit for bit (the scalar twin is its
+// definition):
+//   lane l (0-7) of 32-element block b: L = sum_{e<4} (q[4l+e] - o) xq[4l+e], exact int32,
+//     o = 8 (Q4_0), 16 (Q5_0), 32 (Q6_K), else 0;
+//   float accumulator lane 8 (b & 1) + l of 16: acc = fma(float(L), dw * xd[b], acc), in block
+//     order, dw the block's float scale (Q4_K: d * s_j, Q6_K: d * sc of the lane's 16);
+//   mins (Q4_1: m, Q4_K: dmin * m_j) in one float: off = fma(mw, xs[b], off), block order,
+//     xs[b] = xd[b] * float(sum of the block's xq);
+//   y = tree(acc) + off (Q4_1), tree(acc) - off (Q4_K), tree(acc) otherwise, tree summing
+//     lanes l + 8, then l + 4, then l + 2, then lane 0 + lane 1.
+struct QdotRows {
+  const int8_t* xq;   // [n, cols]
+  const int32_t* x4n; // [n, cols / 4]: -(sum of xq over each 4 elements), for the offsets o
+  const float* xd8;   // [n, cols / 4]: xd[b] repeated over its block's 8 lanes
+  const float* xs;    // [n, cols / 32]
+};
+
+// The quantized rows of one product, and quantize_rows (qdot.cpp) which fills them.
+struct QdotBuffers {
+  std::vector<int8_t> xq;
+  std::vector<int32_t> x4n;
+  std::vector<float> xd8, xs;
+  QdotRows rows(int t, int cols) const {
+    const size_t c = static_cast<size_t>(t) * cols;
+    return {xq.data() + c, x4n.data() + c / 4, xd8.data() + c / 4, xs.data() + c / 32};
+  }
+};
+void quantize_rows(const float* x, int n, int cols, QdotBuffers& out);
+
+struct QdotArgs {
+  const uint8_t* w;
+  int cols, r0, r1;
+  QdotRows x;
+  int n;  // 1 .. kQgemmRows
+  float* y;
+  size_t ldy;
+};
+
+using QdotFn = void (*)(const QdotArgs& a);
+
+struct QdotKernels {
+  QdotFn q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
+};
+
+#define TQKV_QDOT_ENTRY(K) \
+  [](const QdotArgs& a) { with_row_count(a.n, [&](auto n) { K<decltype(n)::value>(a); }); }
+
+QdotKernels qdot_scalar();
+QdotKernels qdot_avx2();
+// AVX-512 F+BW+VL+DQ with VNNI (vpdpbusd); qdot_avx512_supported() says whether this CPU has it.
+QdotKernels qdot_avx512();
+bool qdot_avx512_supported();
 
 QgemvKernels qgemv_scalar();
 QgemvKernels qgemv_avx2();

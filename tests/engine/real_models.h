@@ -12,10 +12,21 @@
 
 #include "engine/gguf.h"
 #include "engine/model.h"
+#include "engine/qgemv.h"
 #include "engine/tokenizer.h"
 #include "tqkv/format.h"
 
 namespace tqkv::engine::testing_util {
+
+// The qgemv path for one scope (tests comparing against float references run under f32: the
+// int8 path's own agreement is checked separately).
+struct QdotModeScope {
+  QdotMode saved = qdot_mode();
+  explicit QdotModeScope(QdotMode m) { set_qdot_mode(m); }
+  ~QdotModeScope() { set_qdot_mode(saved); }
+  QdotModeScope(const QdotModeScope&) = delete;
+  QdotModeScope& operator=(const QdotModeScope&) = delete;
+};
 
 inline const std::string kSmolModel = std::string(TQKV_REPO_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 inline const std::string kQwen05Model = std::string(TQKV_REPO_DIR) + "/models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";

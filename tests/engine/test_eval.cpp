@@ -251,6 +251,8 @@ std::shared_ptr<const KeyStats> calibrated(const Model& m, const Tokenizer& tok)
 // q.(k - mu) and (q*s).((k - mu)/s) shift every score of a query by the same amount: with an
 // f32 cache the logits must not move beyond float rounding, in prefill and in decode.
 TEST_F(SmolEval, CentringAndScalingLeaveF32LogitsUnchanged) {
+  // Float references are matched under the f32 path (the int8 path: Smol.Int8DecodeAgrees...).
+  testing_util::QdotModeScope f32(QdotMode::F32);
   const std::vector<int32_t> ids =
       tok_->encode("In the beginning God created the heaven and the earth. And the earth was without form", false);
   const int n = static_cast<int>(ids.size()), V = model_->config().n_vocab;

@@ -148,6 +148,8 @@ TEST_F(Gemma3, LogitsMatchNumpyReference) {
 // after it, against the reference's exact windowed attention. The local layers' ring holds
 // 767 positions, so it has wrapped.
 TEST_F(Gemma3, SlidingWindowMatchesNumpyReference) {
+  // Float references are matched under the f32 path (the int8 path: Smol.Int8DecodeAgrees...).
+  testing_util::QdotModeScope f32(QdotMode::F32);
   if (!have_python_reference()) GTEST_SKIP() << "python3 with numpy + gguf not available";
   if (!std::filesystem::exists(kLongText)) GTEST_SKIP() << "no real text at " << kLongText;
   std::vector<int32_t> ids = prompt(read_text(kLongText));

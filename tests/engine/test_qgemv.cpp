@@ -6,6 +6,7 @@
 // partial sum, relative to sum |w_c x_c| (1e-5 covers 768 terms with room).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -14,6 +15,7 @@
 #include "engine/dequant.h"
 #include "engine/gguf.h"
 #include "engine/qgemv.h"
+#include "tqkv/error.h"
 #include "tqkv/half.h"
 #include "tqkv/simd.h"
 
@@ -38,16 +40,28 @@ std::vector<uint8_t> random_blocks(TensorType type, int rows, int cols, std::mt1
   return b;
 }
 
+// Restores the SIMD level and the qgemv mode a test changes.
+struct Restore {
+  SimdLevel level = active_simd_level();
+  QdotMode mode = qdot_mode();
+  ~Restore() {
+    set_simd_level(level);
+    set_qdot_mode(mode);
+  }
+};
+
+constexpr TensorType kTypes[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0,
+                                 TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K};
+
+// The f32 path (TQKV_QDOT=f32).
 TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
   std::mt19937 rng(3);
   const int rows = 70, cols = 768;  // a multiple of Q4_K's 256
   std::vector<float> x(cols);
   std::normal_distribution<float> nd;
   for (auto& v : x) v = nd(rng);
-  struct Restore {
-    SimdLevel level = active_simd_level();
-    ~Restore() { set_simd_level(level); }
-  } restore;
+  Restore restore;
+  set_qdot_mode(QdotMode::F32);
   for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q4_K,
                           TensorType::Q6_K}) {
     const uint32_t t = static_cast<uint32_t>(type);
@@ -77,6 +91,82 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
   EXPECT_THROW(qgemv(static_cast<uint32_t>(TensorType::Q6_K), nullptr, 32, 0, 0, x.data(), nullptr), std::exception);
 }
 
+// The int8 path (TQKV_QDOT=int8): every ISA equals the scalar twin (the contract of
+// qgemv_kernels.h: integer lane sums, then the same float operations in the same order) bit
+// for bit, for qgemv and qgemm, with an odd number of 32-element blocks per row (AVX-512's half
+// vector), an all-zero block, signed zeros and an outlier; and each product is within the
+// activation rounding of the float one: |y - W x| <= sum_b (max_b |x| / 254) sum_{c in b} |w_c|,
+// plus float rounding (1e-5 of sum |w_c x_c|, as the f32 path).
+TEST(Qgemv, Int8PathEqualsScalarTwinAndStaysWithinRoundingBound) {
+  std::mt19937 rng(11);
+  Restore restore;
+  set_qdot_mode(QdotMode::Int8);
+  std::normal_distribution<float> nd;
+  for (TensorType type : kTypes) {
+    const uint32_t ty = static_cast<uint32_t>(type);
+    const bool k_quant = type == TensorType::Q4_K || type == TensorType::Q6_K;
+    for (int cols : k_quant ? std::vector<int>{256, 768} : std::vector<int>{32 * 13, 768}) {
+      const int rows = 37, r0 = 5, n = 3;
+      const std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);
+      std::vector<float> wf(static_cast<size_t>(rows) * cols);
+      dequantize(ty, w.data(), wf.data(), static_cast<int64_t>(wf.size()));
+      std::vector<float> x(static_cast<size_t>(n) * cols);
+      for (auto& v : x) v = nd(rng);
+      for (int c = 0; c < 32; ++c) x[32 + c] = c % 2 ? -0.0f : 0.0f;  // an all-zero block
+      x[70] = 40.0f;                                                  // an outlier
+      set_simd_level(SimdLevel::Scalar);
+      std::vector<float> twin(static_cast<size_t>(n) * (rows - r0));
+      qgemm(ty, w.data(), cols, r0, rows, x.data(), n, twin.data(), rows - r0);
+      for (int t = 0; t < n; ++t) {
+        const float* xt = x.data() + static_cast<size_t>(t) * cols;
+        for (int r = r0; r < rows; ++r) {
+          double ref = 0, mag = 0, bound = 0;
+          for (int b = 0; b < cols / 32; ++b) {
+            double amax = 0, wsum = 0;
+            for (int c = 32 * b; c < 32 * b + 32; ++c) {
+              const double wc = wf[static_cast<size_t>(r) * cols + c];
+              ref += wc * xt[c];
+              mag += std::fabs(wc * xt[c]);
+              amax = std::max(amax, std::fabs(static_cast<double>(xt[c])));
+              wsum += std::fabs(wc);
+            }
+            bound += amax / 254 * wsum;
+          }
+          ASSERT_NEAR(twin[static_cast<size_t>(t) * (rows - r0) + (r - r0)], ref, bound + 1e-5 * mag + 1e-7)
+              << tensor_type_name(ty) << " cols " << cols << " row " << t << ", " << r;
+        }
+      }
+      for (SimdLevel level : {SimdLevel::Avx2, SimdLevel::Avx512}) {
+        if (!simd_level_supported(level)) continue;
+        set_simd_level(level);
+        SCOPED_TRACE(tensor_type_name(ty) + " " + qdot_isa() + " cols " + std::to_string(cols));
+        std::vector<float> y(twin.size());
+        qgemm(ty, w.data(), cols, r0, rows, x.data(), n, y.data(), rows - r0);
+        ASSERT_EQ(std::memcmp(y.data(), twin.data(), y.size() * sizeof(float)), 0);
+        qgemv(ty, w.data(), cols, r0, rows, x.data(), y.data());
+        ASSERT_EQ(std::memcmp(y.data(), twin.data(), (rows - r0) * sizeof(float)), 0);
+      }
+    }
+  }
+  EXPECT_EQ(parse_qdot_mode("f32"), QdotMode::F32);
+  EXPECT_EQ(parse_qdot_mode("int8"), QdotMode::Int8);
+  EXPECT_THROW(parse_qdot_mode("int4"), Error);
+}
+
+// An activation block holding inf or NaN makes the int8 products NaN (not a silent finite
+// value), as the float path does.
+TEST(Qgemv, Int8PathPropagatesNonFinite) {
+  Restore restore;
+  set_qdot_mode(QdotMode::Int8);
+  std::mt19937 rng(2);
+  const std::vector<uint8_t> w = random_blocks(TensorType::Q4_0, 2, 64, rng);
+  std::vector<float> x(64, 0.5f);
+  x[40] = INFINITY;
+  std::vector<float> y(2);
+  qgemv(static_cast<uint32_t>(TensorType::Q4_0), w.data(), 64, 0, 2, x.data(), y.data());
+  EXPECT_TRUE(std::isnan(y[0]) && std::isnan(y[1]));
+}
+
 // qgemm decodes each block once for up to 8 activation rows; every row must equal qgemv of
 // that row alone bit for bit (the batch-invariance the server's greedy answers rely on), at
 // every ISA and type, for row counts below, at and past a group of 8, over a row slice, with
@@ -84,30 +174,30 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
 TEST(Qgemm, EqualsQgemvRowByRowBitForBit) {
   std::mt19937 rng(9);
   const int rows = 45, cols = 512, r0 = 3, r1 = 40, ldy = 41;
-  struct Restore {
-    SimdLevel level = active_simd_level();
-    ~Restore() { set_simd_level(level); }
-  } restore;
+  Restore restore;
   std::normal_distribution<float> nd;
   std::vector<float> x(17 * static_cast<size_t>(cols));
   for (auto& v : x) v = nd(rng);
   for (int c = 0; c < 64; ++c) x[c] = c % 3 == 0 ? -0.0f : 0.0f;  // signed zeros in row 0
-  for (TensorType type : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q4_K,
-                          TensorType::Q6_K}) {
+  for (TensorType type : kTypes) {
     const uint32_t ty = static_cast<uint32_t>(type);
     const std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);
-    for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
-      if (!simd_level_supported(level)) continue;
-      set_simd_level(level);
-      for (int n : {1, 2, 3, 5, 7, 8, 9, 13, 17}) {
-        SCOPED_TRACE(tensor_type_name(ty) + " " + std::string(simd_level_name(level)) + " n " + std::to_string(n));
-        std::vector<float> y(static_cast<size_t>(n) * ldy, 12345.0f);
-        qgemm(ty, w.data(), cols, r0, r1, x.data(), n, y.data(), ldy);
-        for (int t = 0; t < n; ++t) {
-          std::vector<float> one(r1 - r0);
-          qgemv(ty, w.data(), cols, r0, r1, x.data() + static_cast<size_t>(t) * cols, one.data());
-          ASSERT_EQ(std::memcmp(one.data(), &y[static_cast<size_t>(t) * ldy], one.size() * sizeof(float)), 0) << "row " << t;
-          for (int k = r1 - r0; k < ldy; ++k) ASSERT_EQ(y[static_cast<size_t>(t) * ldy + k], 12345.0f) << "row " << t;
+    for (QdotMode mode : {QdotMode::F32, QdotMode::Int8}) {
+      set_qdot_mode(mode);
+      for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
+        if (!simd_level_supported(level)) continue;
+        set_simd_level(level);
+        for (int n : {1, 2, 3, 5, 7, 8, 9, 13, 17}) {
+          SCOPED_TRACE(tensor_type_name(ty) + " " + qdot_isa() + " " + qdot_mode_name(qdot_mode()) + " n " +
+                       std::to_string(n));
+          std::vector<float> y(static_cast<size_t>(n) * ldy, 12345.0f);
+          qgemm(ty, w.data(), cols, r0, r1, x.data(), n, y.data(), ldy);
+          for (int t = 0; t < n; ++t) {
+            std::vector<float> one(r1 - r0);
+            qgemv(ty, w.data(), cols, r0, r1, x.data() + static_cast<size_t>(t) * cols, one.data());
+            ASSERT_EQ(std::memcmp(one.data(), &y[static_cast<size_t>(t) * ldy], one.size() * sizeof(float)), 0) << "row " << t;
+            for (int k = r1 - r0; k < ldy; ++k) ASSERT_EQ(y[static_cast<size_t>(t) * ldy + k], 12345.0f) << "row " << t;
+          }
         }
       }
     }
@@ -121,8 +211,11 @@ TEST(Qgemm, EqualsQgemvRowByRowBitForBit) {
 
 // The CPU device holds a qgemv type's blocks only: one token goes through qgemv, a batch
 // through SGEMM on dequantized row tiles (here 2+ tiles per thread's part), embedding rows
-// are dequantized on demand. All against the float32 product of the dequantized matrix.
+// are dequantized on demand. All against the float32 product of the dequantized matrix, so
+// under the f32 path (the int8 path's bound is checked above).
 TEST(CpuDevice, BlocksOnlyMatrixMatchesDequantizedProduct) {
+  Restore restore;
+  set_qdot_mode(QdotMode::F32);
   std::mt19937 rng(5);
   const int cols = kTileFloats / (2 * kTileMinRows), rows = 4 * 2 * kTileMinRows + 7;  // tiles of 2 * kTileMinRows rows
   for (TensorType type : {TensorType::Q6_K, TensorType::Q5_0}) {

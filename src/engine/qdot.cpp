@@ -1,0 +1,192 @@
+// The int8 path's activation quantization (shared by every ISA, so all of them see the same
+// codes) and its scalar twin: the definition of the integer and float contract of
+// qgemv_kernels.h that the AVX2 and AVX-512 VNNI kernels meet bit for bit.
+#include <cmath>
+#include <cstring>
+
+#include "qgemv_kernels.h"
+#include "tqkv/half.h"
+
+namespace tqkv::engine::detail {
+
+void quantize_rows(const float* x, int n, int cols, QdotBuffers& out) {
+  const size_t nb = static_cast<size_t>(cols) / 32, total = static_cast<size_t>(n) * cols;
+  out.xq.resize(total);
+  out.x4n.resize(total / 4);
+  out.xd8.resize(total / 4);
+  out.xs.resize(static_cast<size_t>(n) * nb);
+  // Round to nearest even without a libm call: adding 1.5 * 2^23 leaves no fraction bits.
+  constexpr float kRound = 12582912.0f;
+  for (size_t b = 0; b < static_cast<size_t>(n) * nb; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0, z = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float a = std::fabs(xb[j]);
+      amax = a > amax ? a : amax;
+      z += xb[j] * 0.0f;  // NaN if the block holds inf or NaN
+    }
+    // A block with inf or NaN gets NaN for its scale (codes 0), so the products are NaN too.
+    const float d = z == 0 && std::isfinite(amax) ? amax / 127.0f : std::nanf("");
+    const float id = d > 0 ? 1.0f / d : 0.0f;
+    int8_t* q = out.xq.data() + 32 * b;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float v = xb[j] * id;
+      int c = static_cast<int>((v + kRound) - kRound);
+      c = c > 127 ? 127 : c < -127 ? -127 : c;
+      q[j] = static_cast<int8_t>(c);
+      sum += c;
+    }
+    for (int l = 0; l < 8; ++l) {
+      out.x4n[8 * b + l] = -(q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+      out.xd8[8 * b + l] = d;
+    }
+    out.xs[b] = d * static_cast<float>(sum);
+  }
+}
+
+namespace {
+
+float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return half_to_float(h);
+}
+
+// One 32-element block of a weight row as the contract reads it: codes minus their offset o,
+// the float scale of each lane and the block's min weight (0 where the type has none).
+struct Block32 {
+  int c[32];
+  float dw[8];
+  float mw = 0;
+};
+
+// The tree of the contract over 16 lanes.
+float tree(const float* acc) {
+  float s8[8], s4[4];
+  for (int l = 0; l < 8; ++l) s8[l] = acc[l] + acc[l + 8];
+  for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// For each weight row, its blocks of kElems elements (kBytes bytes), each block(b, j, out)
+// giving its 32-element block j; kMin: +1 (y = tree + off), -1 (tree - off) or 0 (no mins).
+template <int N, int kElems, int kBytes, int kMin, class Block>
+void over_rows(const QdotArgs& a, Block block) {
+  const int nw = a.cols / kElems, cols4 = a.cols / 4, nb = a.cols / 32;
+  for (int r = a.r0; r < a.r1; ++r) {
+    const uint8_t* row = a.w + static_cast<size_t>(r) * nw * kBytes;
+    float acc[N][16] = {};
+    float off[N] = {};
+    for (int i = 0; i < nw; ++i)
+      for (int j = 0; j < kElems / 32; ++j) {
+        Block32 k;
+        block(row + static_cast<size_t>(i) * kBytes, j, k);
+        const int b = i * (kElems / 32) + j;
+        for (int t = 0; t < N; ++t) {
+          const int8_t* xq = a.x.xq + static_cast<size_t>(t) * a.cols + 32 * b;
+          const float xd = a.x.xd8[static_cast<size_t>(t) * cols4 + 8 * b];
+          for (int l = 0; l < 8; ++l) {
+            int32_t s = 0;
+            for (int e = 4 * l; e < 4 * l + 4; ++e) s += k.c[e] * xq[e];
+            float& lane = acc[t][8 * (b & 1) + l];
+            lane = std::fma(static_cast<float>(s), k.dw[l] * xd, lane);
+          }
+          if (kMin != 0) off[t] = std::fma(k.mw, a.x.xs[static_cast<size_t>(t) * nb + b], off[t]);
+        }
+      }
+    for (int t = 0; t < N; ++t) {
+      const float s = tree(acc[t]);
+      a.y[t * a.ldy + (r - a.r0)] = kMin > 0 ? s + off[t] : kMin < 0 ? s - off[t] : s;
+    }
+  }
+}
+
+void set_dw(Block32& k, float d) {
+  for (float& v : k.dw) v = d;
+}
+
+// Q4_0/Q4_1/Q5_0 blocks: elements 0-15 are the low nibbles, 16-31 the high ones.
+void nibbles(const uint8_t* qs, int o, int* c) {
+  for (int j = 0; j < 16; ++j) {
+    c[j] = (qs[j] & 0x0f) - o;
+    c[j + 16] = (qs[j] >> 4) - o;
+  }
+}
+
+template <int N>
+void q4_0(const QdotArgs& a) {
+  over_rows<N, 32, 18, 0>(a, [](const uint8_t* b, int, Block32& k) {
+    nibbles(b + 2, 8, k.c);
+    set_dw(k, f16(b));
+  });
+}
+
+template <int N>
+void q4_1(const QdotArgs& a) {
+  over_rows<N, 32, 20, 1>(a, [](const uint8_t* b, int, Block32& k) {
+    nibbles(b + 4, 0, k.c);
+    set_dw(k, f16(b));
+    k.mw = f16(b + 2);
+  });
+}
+
+template <int N>
+void q5_0(const QdotArgs& a) {
+  over_rows<N, 32, 22, 0>(a, [](const uint8_t* b, int, Block32& k) {
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    nibbles(b + 6, 0, k.c);
+    for (int j = 0; j < 32; ++j) k.c[j] += static_cast<int>(((qh >> j) & 1) << 4) - 16;
+    set_dw(k, f16(b));
+  });
+}
+
+template <int N>
+void q8_0(const QdotArgs& a) {
+  over_rows<N, 32, 34, 0>(a, [](const uint8_t* b, int, Block32& k) {
+    for (int j = 0; j < 32; ++j) k.c[j] = static_cast<int8_t>(b[2 + j]);
+    set_dw(k, f16(b));
+  });
+}
+
+// Q4_K: 32-element block j is sub-block j: low nibbles of qs[32 (j / 2) ..] for even j, high
+// nibbles for odd j.
+template <int N>
+void q4_k(const QdotArgs& a) {
+  over_rows<N, 256, 144, -1>(a, [](const uint8_t* b, int j, Block32& k) {
+    int s, m;
+    q4_k_scale_min(b + 4, j, s, m);
+    const uint8_t* qs = b + 16 + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l) k.c[l] = (j & 1) ? qs[l] >> 4 : qs[l] & 0x0f;
+    set_dw(k, f16(b) * static_cast<float>(s));
+    k.mw = f16(b + 2) * static_cast<float>(m);
+  });
+}
+
+// Q6_K: 32-element block j = 4h + k is elements 32k + l of half h (qgemv_kernels.h); lanes
+// 0-3 take scale sc[8h + 2k], lanes 4-7 sc[8h + 2k + 1].
+template <int N>
+void q6_k(const QdotArgs& a) {
+  over_rows<N, 256, kQ6kBytes, 0>(a, [](const uint8_t* b, int j, Block32& k) {
+    const int h = j / 4, kk = j % 4;
+    const uint8_t* ql = b + 64 * h;
+    const uint8_t* qh = b + 128 + 32 * h;
+    for (int l = 0; l < 32; ++l) {
+      const int lo = (ql[l + 32 * (kk & 1)] >> (kk < 2 ? 0 : 4)) & 0x0f;
+      k.c[l] = (lo | (((qh[l] >> (2 * kk)) & 3) << 4)) - 32;
+    }
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = f16(b + 208);
+    for (int l = 0; l < 8; ++l) k.dw[l] = d * static_cast<float>(sc[8 * h + 2 * kk + l / 4]);
+  });
+}
+
+}  // namespace
+
+QdotKernels qdot_scalar() {
+  return {TQKV_QDOT_ENTRY(q4_0), TQKV_QDOT_ENTRY(q4_1), TQKV_QDOT_ENTRY(q5_0),
+          TQKV_QDOT_ENTRY(q8_0), TQKV_QDOT_ENTRY(q4_k), TQKV_QDOT_ENTRY(q6_k)};
+}
+
+}  // namespace tqkv::engine::detail

@@ -1,0 +1,162 @@
+// The int8 path's kernels for AVX2+FMA+F16C (this file alone is compiled with those flags):
+// the contract of qgemv_kernels.h with one 32-element block per 256-bit vector. vpmaddubsw
+// multiplies the unsigned weight codes by the int8 activations and adds pairs (at most
+// 2 * 63 * 127 or, for Q8_0's sign trick, 2 * 128 * 127: no saturation), vpmaddwd adds pairs
+// again, which gives the contract's 8 lanes of 4 elements exactly; the offsets o come from the
+// precomputed -sum(xq) of each lane times o (a shift). Even blocks accumulate in one vector,
+// odd ones in another: together the contract's 16 lanes.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "qgemv_kernels.h"
+#include "qgemv_simd.h"
+
+namespace tqkv::engine::detail {
+namespace {
+
+
+// The 32 codes of a Q4_0/Q4_1/Q5_0 block: low nibbles (elements 0-15), then high ones.
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i m4 = _mm_set1_epi8(0x0f), q = load16(qs);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+}
+
+// Up to 8 32-element blocks of one weight block: codes, lane scales, min weights.
+template <int J>
+struct Blocks {
+  __m256i c[J];
+  __m256 dw[J];
+  float mw[J];
+};
+
+// The contract's tree over the 16 lanes even (0-7) and odd (8-15).
+inline float tree(__m256 even, __m256 odd) { return tree8(_mm256_add_ps(even, odd)); }
+
+// For each weight row, its blocks of kElems elements (kBytes bytes) decoded by block(b, k)
+// into kElems / 32 blocks of 32, each multiplied by the N activation rows. kShift: log2 of
+// the offset o, or -1 for none; kMin as in qdot.cpp's twin; kSigned: Q8_0's signed codes.
+template <int N, int kElems, int kBytes, int kShift, int kMin, bool kSigned, class Block>
+inline void over_rows(const QdotArgs& a, Block block) {
+  constexpr int J = kElems / 32;
+  const int nw = a.cols / kElems, cols4 = a.cols / 4, nb = a.cols / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = a.r0; r < a.r1; ++r) {
+    const uint8_t* row = a.w + static_cast<size_t>(r) * nw * kBytes;
+    __m256 acc[2][N];
+    float off[N];
+#pragma GCC unroll 8
+    for (int t = 0; t < N; ++t) {
+      acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+      off[t] = 0;
+    }
+    for (int i = 0; i < nw; ++i) {
+      Blocks<J> k;
+      block(row + static_cast<size_t>(i) * kBytes, k);
+#pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) {
+        const int b = i * J + j;
+        const __m256i u = kSigned ? _mm256_sign_epi8(k.c[j], k.c[j]) : k.c[j];
+#pragma GCC unroll 8
+        for (int t = 0; t < N; ++t) {
+          __m256i xq = load32(a.x.xq + static_cast<size_t>(t) * a.cols + 32 * b);
+          if (kSigned) xq = _mm256_sign_epi8(xq, k.c[j]);
+          __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
+          const size_t at = static_cast<size_t>(t) * cols4 + 8 * b;
+          if (kShift >= 0) s = _mm256_add_epi32(s, _mm256_slli_epi32(load32(a.x.x4n + at), kShift < 0 ? 0 : kShift));
+          const __m256 scale = _mm256_mul_ps(k.dw[j], _mm256_loadu_ps(a.x.xd8 + at));
+          __m256& lane = acc[b & 1][t];
+          lane = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, lane);
+          if (kMin != 0) off[t] = std::fma(k.mw[j], a.x.xs[static_cast<size_t>(t) * nb + b], off[t]);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < N; ++t) {
+      const float s = tree(acc[0][t], acc[1][t]);
+      a.y[t * a.ldy + (r - a.r0)] = kMin > 0 ? s + off[t] : kMin < 0 ? s - off[t] : s;
+    }
+  }
+}
+
+template <int N>
+void q4_0(const QdotArgs& a) {
+  over_rows<N, 32, 18, 3, 0, false>(a, [](const uint8_t* b, Blocks<1>& k) {
+    k.c[0] = nibbles(b + 2);
+    k.dw[0] = _mm256_set1_ps(f16(b));
+  });
+}
+
+template <int N>
+void q4_1(const QdotArgs& a) {
+  over_rows<N, 32, 20, -1, 1, false>(a, [](const uint8_t* b, Blocks<1>& k) {
+    k.c[0] = nibbles(b + 4);
+    k.dw[0] = _mm256_set1_ps(f16(b));
+    k.mw[0] = f16(b + 2);
+  });
+}
+
+// Q5_0: byte j of the 32 gets bit j of qh (byte j / 8 of it, spread by a shuffle).
+template <int N>
+void q5_0(const QdotArgs& a) {
+  over_rows<N, 32, 22, 4, 0, false>(a, [](const uint8_t* b, Blocks<1>& k) {
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), spread);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    k.c[0] = _mm256_or_si256(nibbles(b + 6), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    k.dw[0] = _mm256_set1_ps(f16(b));
+  });
+}
+
+template <int N>
+void q8_0(const QdotArgs& a) {
+  over_rows<N, 32, 34, -1, 0, true>(a, [](const uint8_t* b, Blocks<1>& k) {
+    k.c[0] = load32(b + 2);
+    k.dw[0] = _mm256_set1_ps(f16(b));
+  });
+}
+
+template <int N>
+void q4_k(const QdotArgs& a) {
+  over_rows<N, 256, 144, -1, -1, false>(a, [](const uint8_t* b, Blocks<8>& k) {
+    const float d = f16(b), dmin = f16(b + 2);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int g = 0; g < 4; ++g) {
+      const __m256i q = load32(b + 16 + 32 * g);
+      k.c[2 * g] = _mm256_and_si256(q, m4);
+      k.c[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    }
+    uint8_t sm[16];
+    q4_k_scales_mins(b + 4, sm);
+    for (int j = 0; j < 8; ++j) {
+      k.dw[j] = _mm256_set1_ps(d * static_cast<float>(sm[j]));
+      k.mw[j] = dmin * static_cast<float>(sm[8 + j]);
+    }
+  });
+}
+
+template <int N>
+void q6_k(const QdotArgs& a) {
+  over_rows<N, 256, kQ6kBytes, 5, 0, false>(a, [](const uint8_t* b, Blocks<8>& k) {
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = f16(b + 208);
+    for (int h = 0; h < 2; ++h) q6_k_codes_u(b + 64 * h, b + 128 + 32 * h, k.c + 4 * h);
+    for (int j = 0; j < 8; ++j) {
+      const int s = 8 * (j / 4) + 2 * (j % 4);
+      k.dw[j] = _mm256_set_m128(_mm_set1_ps(d * static_cast<float>(sc[s + 1])), _mm_set1_ps(d * static_cast<float>(sc[s])));
+    }
+  });
+}
+
+}  // namespace
+
+QdotKernels qdot_avx2() {
+  return {TQKV_QDOT_ENTRY(q4_0), TQKV_QDOT_ENTRY(q4_1), TQKV_QDOT_ENTRY(q5_0),
+          TQKV_QDOT_ENTRY(q8_0), TQKV_QDOT_ENTRY(q4_k), TQKV_QDOT_ENTRY(q6_k)};
+}
+
+}  // namespace tqkv::engine::detail

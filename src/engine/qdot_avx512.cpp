@@ -1,0 +1,233 @@
+// The int8 path's kernels for AVX-512 F+BW+VL+DQ with VNNI (this file alone is compiled with
+// those flags; qgemv.cpp calls it only where qdot_avx512_supported()): the contract of
+// qgemv_kernels.h with two 32-element blocks per 512-bit vector, even block in lanes 0-7, odd
+// in 8-15, which is the contract's 16 lanes as they are. One vpdpbusd per 64 weights and row
+// gives the lanes' 4-element sums, starting from the precomputed -sum(xq) of each lane times
+// the offset o; Q8_0's signed codes take the sign trick (|w| times xq negated where w < 0).
+// A row of an odd number of blocks ends in a half vector (lanes 0-7, masked).
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "qgemv_kernels.h"
+#include "qgemv_simd.h"
+
+namespace tqkv::engine::detail {
+namespace {
+
+inline __m512i pair_i(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+inline __m512 pair_ps(float lo, float hi) {
+  return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
+
+// The fp16 fields at pa and pb as floats, pa's in lanes 0-7 and pb's in 8-15 (one conversion).
+inline __m512 pair_f16(const uint8_t* pa, const uint8_t* pb) {
+  uint16_t ha, hb;
+  std::memcpy(&ha, pa, 2);
+  std::memcpy(&hb, pb, 2);
+  const __m128 two = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(ha | (static_cast<uint32_t>(hb) << 16))));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_castps128_ps512(two));
+}
+
+// The codes of two Q4_0/Q4_1/Q5_0 blocks (qs of each): per block its low nibbles, then its
+// high ones.
+inline __m512i nibbles2(const uint8_t* qa, const uint8_t* qb) {
+  const __m512i q = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+                                             _mm512_castsi256_si512(_mm256_set_m128i(load16(qb), load16(qa))));
+  return _mm512_and_si512(_mm512_srlv_epi64(q, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0f));
+}
+
+// Two blocks of a weight row (or one, lanes 0-7): codes, lane scales, their min weights.
+struct Pair {
+  __m512i c;
+  __m512 dw;
+  float mw[2];
+};
+
+// The contract's tree over 16 lanes.
+inline float tree(__m512 acc) { return tree8(_mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1))); }
+
+template <int N>
+struct RowState {
+  __m512 acc[N];
+  float off[N];
+  RowState() {
+#pragma GCC unroll 8
+    for (int t = 0; t < N; ++t) {
+      acc[t] = _mm512_setzero_ps();
+      off[t] = 0;
+    }
+  }
+};
+
+// Adds blocks b (even) and b + 1 (kHalf: b alone) of weight pair p to the N rows' state.
+// kShift: log2 of the offset o, or -1; kMin: whether p has min weights; kSigned: Q8_0.
+template <int N, int kShift, bool kMin, bool kSigned, bool kHalf>
+inline void apply(const QdotArgs& a, const Pair& p, int b, RowState<N>& s) {
+  const int cols4 = a.cols / 4, nb = a.cols / 32;
+  const __mmask16 lanes = kHalf ? 0x00ff : 0xffff;
+  const __mmask64 neg = kSigned ? _mm512_movepi8_mask(p.c) : 0;
+  const __m512i u = kSigned ? _mm512_abs_epi8(p.c) : p.c;
+#pragma GCC unroll 8
+  for (int t = 0; t < N; ++t) {
+    const int8_t* xqp = a.x.xq + static_cast<size_t>(t) * a.cols + 32 * b;
+    const size_t at = static_cast<size_t>(t) * cols4 + 8 * b;
+    __m512i xq = kHalf ? _mm512_zextsi256_si512(load32(xqp)) : _mm512_loadu_si512(xqp);
+    if (kSigned) xq = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
+    __m512i start = _mm512_setzero_si512();
+    if (kShift >= 0) start = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(lanes, a.x.x4n + at), kShift < 0 ? 0 : kShift);
+    const __m512i sum = _mm512_dpbusd_epi32(start, u, xq);
+    const __m512 scale = _mm512_mul_ps(p.dw, _mm512_maskz_loadu_ps(lanes, a.x.xd8 + at));
+    s.acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, s.acc[t], lanes);
+    if (kMin) {
+      const float* xs = a.x.xs + static_cast<size_t>(t) * nb + b;
+      s.off[t] = std::fma(p.mw[0], xs[0], s.off[t]);
+      if (!kHalf) s.off[t] = std::fma(p.mw[1], xs[1], s.off[t]);
+    }
+  }
+}
+
+// y of the N rows from their state; kMin as in qdot.cpp's twin.
+template <int N, int kMin>
+inline void store(const QdotArgs& a, int r, const RowState<N>& s) {
+#pragma GCC unroll 8
+  for (int t = 0; t < N; ++t) {
+    const float v = tree(s.acc[t]);
+    a.y[t * a.ldy + (r - a.r0)] = kMin > 0 ? v + s.off[t] : kMin < 0 ? v - s.off[t] : v;
+  }
+}
+
+// Types of 32-element blocks (kBytes each): pair(b0, b1) decodes two blocks (b1 = nullptr:
+// b0 alone, its codes in the low half).
+template <int N, int kBytes, int kShift, int kMin, bool kSigned, class PairOf>
+inline void over_rows32(const QdotArgs& a, PairOf pair) {
+  const int nb = a.cols / 32;
+  for (int r = a.r0; r < a.r1; ++r) {
+    const uint8_t* row = a.w + static_cast<size_t>(r) * nb * kBytes;
+    RowState<N> s;
+    int b = 0;
+    for (; b + 1 < nb; b += 2) {
+      const uint8_t* p0 = row + static_cast<size_t>(b) * kBytes;
+      apply<N, kShift, kMin != 0, kSigned, false>(a, pair(p0, p0 + kBytes), b, s);
+    }
+    if (b < nb) apply<N, kShift, kMin != 0, kSigned, true>(a, pair(row + static_cast<size_t>(b) * kBytes, nullptr), b, s);
+    store<N, kMin>(a, r, s);
+  }
+}
+
+template <int N>
+void q4_0(const QdotArgs& a) {
+  over_rows32<N, 18, 3, 0, false>(a, [](const uint8_t* b0, const uint8_t* b1) {
+    const uint8_t* c1 = b1 ? b1 : b0;
+    Pair p;
+    p.c = nibbles2(b0 + 2, c1 + 2);
+    p.dw = pair_f16(b0, c1);
+    return p;
+  });
+}
+
+template <int N>
+void q4_1(const QdotArgs& a) {
+  over_rows32<N, 20, -1, 1, false>(a, [](const uint8_t* b0, const uint8_t* b1) {
+    const uint8_t* c1 = b1 ? b1 : b0;
+    Pair p;
+    p.c = nibbles2(b0 + 4, c1 + 4);
+    p.dw = pair_f16(b0, c1);
+    p.mw[0] = f16(b0 + 2);
+    p.mw[1] = f16(c1 + 2);
+    return p;
+  });
+}
+
+// Q5_0: the two blocks' qh words are the 64-bit mask of the codes that get 16 added.
+template <int N>
+void q5_0(const QdotArgs& a) {
+  over_rows32<N, 22, 4, 0, false>(a, [](const uint8_t* b0, const uint8_t* b1) {
+    const uint8_t* c1 = b1 ? b1 : b0;
+    uint32_t h0, h1;
+    std::memcpy(&h0, b0 + 2, 4);
+    std::memcpy(&h1, c1 + 2, 4);
+    Pair p;
+    const __m512i c = nibbles2(b0 + 6, c1 + 6);
+    p.c = _mm512_mask_add_epi8(c, static_cast<__mmask64>(h0) | (static_cast<__mmask64>(h1) << 32), c, _mm512_set1_epi8(16));
+    p.dw = pair_f16(b0, c1);
+    return p;
+  });
+}
+
+template <int N>
+void q8_0(const QdotArgs& a) {
+  over_rows32<N, 34, -1, 0, true>(a, [](const uint8_t* b0, const uint8_t* b1) {
+    const uint8_t* c1 = b1 ? b1 : b0;
+    Pair p;
+    p.c = pair_i(load32(b0 + 2), load32(c1 + 2));
+    p.dw = pair_f16(b0, c1);
+    return p;
+  });
+}
+
+// K-quants: a 256-element block is 4 pairs of 32-element blocks.
+template <int N, int kBytes, int kShift, int kMin, class Quad>
+inline void over_rows256(const QdotArgs& a, Quad quad) {
+  const int nw = a.cols / 256;
+  for (int r = a.r0; r < a.r1; ++r) {
+    const uint8_t* row = a.w + static_cast<size_t>(r) * nw * kBytes;
+    RowState<N> s;
+    for (int i = 0; i < nw; ++i) {
+      Pair p[4];
+      quad(row + static_cast<size_t>(i) * kBytes, p);
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) apply<N, kShift, kMin != 0, false, false>(a, p[g], 8 * i + 2 * g, s);
+    }
+    store<N, kMin>(a, r, s);
+  }
+}
+
+template <int N>
+void q4_k(const QdotArgs& a) {
+  over_rows256<N, 144, -1, -1>(a, [](const uint8_t* b, Pair* p) {
+    alignas(16) uint8_t sm[16];
+    q4_k_scales_mins(b + 4, sm);
+    // d * scale_j (lanes 0-7) and dmin * min_j (lanes 8-15).
+    const __m512 ds = _mm512_mul_ps(pair_ps(f16(b), f16(b + 2)),
+                                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sm)))));
+    alignas(64) float mins[16];
+    _mm512_store_ps(mins, ds);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i two = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (int g = 0; g < 4; ++g) {
+      const __m256i q = load32(b + 16 + 32 * g);
+      p[g].c = _mm512_and_si512(pair_i(q, _mm256_srli_epi16(q, 4)), m4);
+      p[g].dw = _mm512_permutexvar_ps(_mm512_add_epi32(two, _mm512_set1_epi32(2 * g)), ds);
+      p[g].mw[0] = mins[8 + 2 * g];
+      p[g].mw[1] = mins[9 + 2 * g];
+    }
+  });
+}
+
+// Q6_K: pair g holds 32-element blocks 2g, 2g + 1, whose lanes take the 16-element scales
+// sc[4g .. 4g + 3], four lanes each.
+template <int N>
+void q6_k(const QdotArgs& a) {
+  over_rows256<N, kQ6kBytes, 5, 0>(a, [](const uint8_t* b, Pair* p) {
+    const __m512 dsc = _mm512_mul_ps(_mm512_set1_ps(f16(b + 208)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 192))));
+    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int h = 0; h < 2; ++h) {
+      __m256i q[4];
+      q6_k_codes_u(b + 64 * h, b + 128 + 32 * h, q);
+      p[2 * h].c = pair_i(q[0], q[1]);
+      p[2 * h + 1].c = pair_i(q[2], q[3]);
+    }
+    for (int g = 0; g < 4; ++g) p[g].dw = _mm512_permutexvar_ps(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * g)), dsc);
+  });
+}
+
+}  // namespace
+
+QdotKernels qdot_avx512() {
+  return {TQKV_QDOT_ENTRY(q4_0), TQKV_QDOT_ENTRY(q4_1), TQKV_QDOT_ENTRY(q5_0),
+          TQKV_QDOT_ENTRY(q8_0), TQKV_QDOT_ENTRY(q4_k), TQKV_QDOT_ENTRY(q6_k)};
+}
+
+}  // namespace tqkv::engine::detail

@@ -1,0 +1,52 @@
+// Helpers shared by the AVX2 and AVX-512 qgemv / qdot files: fp16 fields, unaligned loads,
+// Q6_K code unpacking, the last steps of a horizontal sum. Included only by files compiled
+// with AVX2+F16C or more; the unnamed namespace gives each file its own copy, compiled for
+// its own ISA (an inline function with external linkage could be merged across them).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace tqkv::engine::detail {
+namespace {
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// The int8 path's tree (qgemv_kernels.h) from its 8-lane step on: s8[l] = lanes l + (l + 8),
+// then l + 4, then l + 2, then lane 0 + lane 1.
+inline float tree8(__m256 s8) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// 4 x 32 Q6_K codes of one 128-element half (qgemv_kernels.h), unsigned (0-63).
+inline void q6_k_codes_u(const uint8_t* ql, const uint8_t* qh, __m256i q[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x30);
+  const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+  const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+  // 16-bit shifts move bits across bytes, but the masks keep only each byte's own.
+  q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m3));
+  q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m3));
+  q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m3));
+  q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m3));
+}
+
+// The same codes as int8 q - 32.
+inline void q6_k_codes(const uint8_t* ql, const uint8_t* qh, __m256i q[4]) {
+  const __m256i off = _mm256_set1_epi8(32);
+  q6_k_codes_u(ql, qh, q);
+  for (int k = 0; k < 4; ++k) q[k] = _mm256_sub_epi8(q[k], off);
+}
+
+}  // namespace
+}  // namespace tqkv::engine::detail
