@@ -43,6 +43,8 @@ bench() {  # label, then the server command
   wait_health
   echo "# $label: $* ; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
   python3 "$ROOT/scripts/bench_serve.py" --url "http://127.0.0.1:$PORT" --label "$label" --json "$OUT" "${BENCH_ARGS[@]}" || true
+  # Preemptions over the whole run (tqkv's /metrics; llama-server has none of that name).
+  curl -sf "http://127.0.0.1:$PORT/metrics" 2>/dev/null | grep -E '^tqkv_preemptions_total' | sed "s/^/# $label: /" >&2 || true
   kill "$pid"
   wait "$pid" 2>/dev/null || true
   PORT=$((PORT + 1))

@@ -1,6 +1,7 @@
 #include "cuda_kv_cache.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <optional>
@@ -40,6 +41,18 @@ constexpr int kCopyStepTokens = 512;
 // TQKV_PREFILL_ROWS_FROM moves the crossover for another model or GPU.
 constexpr int64_t kPrefillRowsFrom = 0;
 
+// A count from the environment variable `name` (fallback when unset), 0 to `max`.
+long long env_count(const char* name, const char* what, long long fallback, long long max) {
+  const char* e = std::getenv(name);
+  if (!e) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(e, &end, 10);
+  if (end == e || *end != '\0' || errno == ERANGE || v < 0 || v > max)
+    throw Error(ErrorCode::InvalidArgument, std::string(name) + "=" + e + ": give a count of " + what + " >= 0");
+  return v;
+}
+
 uint8_t* alloc_pool(const Format& f, int head_dim, int n_kv_heads, int blocks) {
   const size_t bytes = static_cast<size_t>(blocks) * page_geometry(f, head_dim, CudaKvCache::kBlockSize, n_kv_heads,
                                                                     cuda::PageLayout::Page).page_bytes();
@@ -68,14 +81,8 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
     else if (path != "auto" && !path.empty())
       throw Error(ErrorCode::InvalidArgument, "TQKV_PREFILL_PATH=" + path + ": give auto, tiled or rows");
   }
-  rows_from_ = kPrefillRowsFrom;
-  if (const char* e = std::getenv("TQKV_PREFILL_ROWS_FROM")) {
-    char* end = nullptr;
-    const long long v = std::strtoll(e, &end, 10);
-    if (end == e || *end != '\0' || v < 0)
-      throw Error(ErrorCode::InvalidArgument, std::string("TQKV_PREFILL_ROWS_FROM=") + e + ": give a count of positions >= 0");
-    rows_from_ = v;
-  }
+  fused_max_rows_ = static_cast<int>(env_count("TQKV_FUSED_MAX_ROWS", "rows", kFusedMaxRows, INT_MAX));
+  rows_from_ = env_count("TQKV_PREFILL_ROWS_FROM", "positions", kPrefillRowsFrom, LLONG_MAX);
   if (copies()) {
     for (int l = 0; l < m.n_layers; ++l)
       if (m.window(l) > 0) not_yet("attention sinks or a recent window with sliding-window layers");
@@ -520,7 +527,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     if (!covered) {
       decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), ap, q_in, o, nullptr,
              stream_);
-    } else if (L.fused && n_dec <= kFusedMaxRows) {
+    } else if (L.fused && n_dec <= fused_max_rows_) {
       fused_decode(L, ap, q_in, o);
     } else {
       // Parts: the compressed [S, p - N] into o, the window's (p - N, p] and the sinks' [0, S)

@@ -671,6 +671,57 @@ TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
   }
 }
 
+// Prefill chunks with copies as one fused launch (TQKV_FUSED_MAX_ROWS above the step's rows)
+// against the three launches and two merges, on the same inputs: steps of 812 rows (two prompts
+// of 512 and 300), then 513 (a second chunk of 512 over its history and a decode), then decodes,
+// SmolLM2's shape (9 query : 3 kv heads), f16 and wq6 windows. A bad TQKV_FUSED_MAX_ROWS is an
+// error at construction.
+TEST(CudaCacheLayer, FusedPrefillOfManyRowsMatchesThreeLaunches) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  const ModelConfig m = cache_test_model(2, 9, 3);
+  for (const std::string name : {"k6v5+sink1+wq6+w100+skip0", "k5v4+sink1+w40+skip0"}) {
+    SCOPED_TRACE(name);
+    const CacheSpec spec = resolve_cache_spec(name, m);
+    std::unique_ptr<KvCache> fused, three;
+    {
+      ScopedEnv many("TQKV_FUSED_MAX_ROWS", "100000");
+      fused = dev->make_cache(spec, CacheShape{2048, 2});
+    }
+    {
+      ScopedEnv off("TQKV_FUSED_DECODE", "0");
+      three = dev->make_cache(spec, CacheShape{2048, 2});
+    }
+    for (const char* bad : {"-1", "lots", "99999999999999999999"}) {
+      ScopedEnv env("TQKV_FUSED_MAX_ROWS", bad);
+      EXPECT_THROW(dev->make_cache(spec, CacheShape{2048, 2}), Error) << bad;
+    }
+    TwinCaches twin{*dev, m, *fused, *three};
+    const int64_t a = fused->add_sequence(), b = fused->add_sequence();
+    ASSERT_EQ(three->add_sequence(), a);
+    ASSERT_EQ(three->add_sequence(), b);
+    std::vector<int32_t> ids(1024, 1);
+    Batch first;
+    first.add(a, ids.data(), 512, 0, true);
+    first.add(b, ids.data(), 300, 0, true);
+    twin.run(first);
+    Batch second;
+    second.add(a, ids.data(), 512, 512, true);
+    second.add(b, ids.data(), 1, 300, true);
+    twin.run(second);
+    for (int s = 0; s < 4; ++s) {
+      Batch step;
+      step.add(a, ids.data(), 1, 1024 + s, true);
+      step.add(b, ids.data(), 1, 301 + s, true);
+      twin.run(step);
+    }
+    std::printf("[ fused ] %-28s 812/513-row prefill, fused vs three launches: max |diff| %.3g (outputs up to %.3g)\n",
+                name.c_str(), twin.worst, twin.scale);
+    EXPECT_LT(twin.worst, 5e-3);
+    EXPECT_GT(twin.scale, 0.0);
+  }
+}
+
 // A layer's stores and key centring in one launch (cuda::store_many) write the bytes the separate
 // launches write (TQKV_FUSED_STORE=0: centre_keys, then one store per page pool), so attention over
 // them is bit-identical: with and without copies, centred (+c, centred in the store) and
