@@ -343,8 +343,14 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
   // The copies' parts (a few hundred positions at most) take no more CTAs per (row, kv head) than
   // the compressed middle: with many rows (prefill chunks as decode rows) plan_decode gives the
   // middle one CTA each, and a fixed share of up to 8 for the window left most CTAs nearly idle.
-  for (int i : {kFusedWindow, kFusedSinks})
-    if (parts[i].codec) plan.ctas[i] = std::min(plan.ctas[i], plan.ctas[kFusedMain]);
+  // Only above 256 rows (the largest decode bucket) until the H200 has measured it for decode
+  // steps too, so today's decode plans are unchanged.
+  if (batch > 256)
+    for (int i : {kFusedWindow, kFusedSinks})
+      if (parts[i].codec) {
+        others -= plan.ctas[i] - std::min(plan.ctas[i], plan.ctas[kFusedMain]);
+        plan.ctas[i] = std::min(plan.ctas[i], plan.ctas[kFusedMain]);
+      }
   const Workspace w = workspace_layout(static_cast<int64_t>(batch) * parts[kFusedMain].kv.n_kv_heads,
                                        plan.ctas[0] + others, n_q_heads / parts[kFusedMain].kv.n_kv_heads,
                                        main.head_dim(), true);
