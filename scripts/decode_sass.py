@@ -2,7 +2,7 @@
 """Static instruction counts of the decode kernel's tile loop, from its SASS (the limit model
 of docs/RESULTS.md, "Decode: a model of the limit").
 
-    scripts/decode_sass.py [--nvcc nvcc] [--dims 64,128] [--keep DIR]
+    scripts/decode_sass.py [--nvcc nvcc] [--dims 64,128] [--formats a,b] [--keep DIR]
 
 Compiles the decode kernel of the benchmark's formats (decode_kernel.cuh, sm_90) into one cubin,
 disassembles it (cuobjdump -sass) and, per kernel, finds the tile loop (the backward branch
@@ -49,12 +49,12 @@ CLASSES = [
 ]
 
 
-def compile_cubin(nvcc, dims, tmp):
+def compile_cubin(nvcc, dims, tmp, formats):
     src = os.path.join(tmp, "decode_sass.cu")
     with open(src, "w") as f:
         f.write('#include "decode_kernel.cuh"\nnamespace tqkv::cuda::detail {\n')
         for d in dims:
-            for _, kk, vk, _ in FORMATS:
+            for _, kk, vk, _ in formats:
                 f.write(f"template Kernel make_kernel<{d}, {kk}, {vk}>();\n")
         f.write("}\n")
     cubin = os.path.join(tmp, "decode.cubin")
@@ -125,12 +125,17 @@ def main():
     ap.add_argument("--nvcc", default="nvcc")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--keep", default="")
+    ap.add_argument("--formats", default="", help="comma-separated subset of FORMATS' names")
     ap.add_argument("--cuobjdump", default="cuobjdump")
     args = ap.parse_args()
     dims = [int(x) for x in args.dims.split(",")]
     tmp = args.keep or tempfile.mkdtemp()
     os.makedirs(tmp, exist_ok=True)
-    cubin = compile_cubin(args.nvcc, dims, tmp)
+    wanted = set(args.formats.split(",")) if args.formats else None
+    if wanted and wanted - {f[0] for f in FORMATS}:
+        sys.exit(f"unknown formats: {sorted(wanted - {f[0] for f in FORMATS})}")
+    formats = [f for f in FORMATS if wanted is None or f[0] in wanted]
+    cubin = compile_cubin(args.nvcc, dims, tmp, formats)
     sass = subprocess.run([args.cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True).stdout
     by_args = {}
     for name, body in kernels(sass):
@@ -141,7 +146,7 @@ def main():
     print("| d | format | instr/tile | per element | " + " | ".join(heads) + " |")
     print("|---|---|---|---|" + "---|" * len(heads))
     for d in dims:
-        for fname, kk, vk, per_iter in FORMATS:
+        for fname, kk, vk, per_iter in formats:
             body = by_args.get((d, kind_value(kk), kind_value(vk)))
             if body is None:
                 print(f"| {d} | {fname} | not found |", file=sys.stderr)
