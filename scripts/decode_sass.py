@@ -2,7 +2,7 @@
 """Static instruction counts of the decode kernel's tile loop, from its SASS (the limit model
 of docs/RESULTS.md, "Decode: a model of the limit").
 
-    scripts/decode_sass.py [--nvcc nvcc] [--dims 64,128] [--keep DIR]
+    scripts/decode_sass.py [--nvcc nvcc] [--dims 64,128] [--formats a,b] [--keep DIR]
 
 Compiles the decode kernel of the benchmark's formats (decode_kernel.cuh, sm_90) into one cubin,
 disassembles it (cuobjdump -sass) and, per kernel, finds the tile loop (the backward branch
@@ -10,6 +10,9 @@ whose body holds the most HMMA, the conditional branch back), then prints per ti
 the ring-fed formats, one for bf16) the instructions a warp issues by class, and per cached
 element (16 tokens x head_dim x {key, value}). Static counts: the rarely taken paths inside the
 loop (a partial tile's masking, the rescale when a running max moves) are counted as if taken.
+The "common path" column is the loop body as a full tile of a long sequence runs it (hot_path:
+the block-16 copy, no masking, no rescale). cuobjdump: the CUDA toolkit's, or PyPI's
+nvidia-cuda-cuobjdump (nvidia/cu13/bin/cuobjdump).
 """
 import argparse
 import os
@@ -49,12 +52,12 @@ CLASSES = [
 ]
 
 
-def compile_cubin(nvcc, dims, tmp):
+def compile_cubin(nvcc, dims, tmp, formats):
     src = os.path.join(tmp, "decode_sass.cu")
     with open(src, "w") as f:
         f.write('#include "decode_kernel.cuh"\nnamespace tqkv::cuda::detail {\n')
         for d in dims:
-            for _, kk, vk, _ in FORMATS:
+            for _, kk, vk, _ in formats:
                 f.write(f"template Kernel make_kernel<{d}, {kk}, {vk}>();\n")
         f.write("}\n")
     cubin = os.path.join(tmp, "decode.cubin")
@@ -98,11 +101,51 @@ def tile_loop(body):
         tgt = int(m.group(1), 16)
         if tgt >= addr:
             continue
-        loop = [x for a, x in body if tgt <= a <= addr]
-        n_mma = sum(opcode(x).startswith("HMMA") for x in loop)
+        loop = [(a, x) for a, x in body if tgt <= a <= addr]
+        n_mma = sum(opcode(x).startswith("HMMA") for _, x in loop)
         if best is None or n_mma > best[0]:
             best = (n_mma, loop)
     return best[1] if best else []
+
+
+def hot_path(loop):
+    """The instructions of one trip through the loop body on the common path: the path from the
+    loop's head to its closing branch that issues the most global loads (LDGSTS / LDG: the next
+    tile's copy is issued) and, among those, has the fewest instructions (so the block-16 copy,
+    not the general one; no partial-tile masking; no rescale of O when no running max moved).
+    Branches that leave the loop's address range (divergence stubs) count as not taken."""
+    n = len(loop)
+    index = {a: i for i, (a, _) in enumerate(loop)}
+
+    def successors(i):
+        if i == n - 1:
+            return [n]  # the closing branch
+        ins = loop[i][1]
+        op = opcode(ins)
+        if op != "BRA":
+            return [i + 1]  # BRA.DIV and the rest fall through
+        m = re.search(r"0x([0-9a-f]+)", ins.split("BRA", 1)[1])
+        tgt = index.get(int(m.group(1), 16)) if m else None
+        taken = [tgt] if tgt is not None and tgt > i else []
+        if ins.startswith("@!PT"):
+            return [i + 1]
+        if ins.startswith("@") and not ins.startswith("@PT "):
+            return [i + 1] + taken
+        return taken
+
+    best = [None] * (n + 1)  # (global loads, -instructions) of the best path from i to the end
+    best[n] = (0, 0)
+    for i in range(n - 1, -1, -1):
+        cands = [best[j] for j in successors(i) if best[j] is not None]
+        if cands:
+            op = opcode(loop[i][1])
+            b = max(cands)
+            best[i] = (b[0] + (1 if op.startswith("LDG") else 0), b[1] - 1)
+    path, i = [], 0
+    while 0 <= i < n and best[i] is not None:
+        path.append(loop[i][1])
+        i = max((j for j in successors(i) if best[j] is not None), key=lambda j: best[j], default=-1)
+    return path
 
 
 def demangle_args(name):
@@ -125,12 +168,17 @@ def main():
     ap.add_argument("--nvcc", default="nvcc")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--keep", default="")
+    ap.add_argument("--formats", default="", help="comma-separated subset of FORMATS' names")
     ap.add_argument("--cuobjdump", default="cuobjdump")
     args = ap.parse_args()
     dims = [int(x) for x in args.dims.split(",")]
     tmp = args.keep or tempfile.mkdtemp()
     os.makedirs(tmp, exist_ok=True)
-    cubin = compile_cubin(args.nvcc, dims, tmp)
+    wanted = set(args.formats.split(",")) if args.formats else None
+    if wanted and wanted - {f[0] for f in FORMATS}:
+        sys.exit(f"unknown formats: {sorted(wanted - {f[0] for f in FORMATS})}")
+    formats = [f for f in FORMATS if wanted is None or f[0] in wanted]
+    cubin = compile_cubin(args.nvcc, dims, tmp, formats)
     sass = subprocess.run([args.cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True).stdout
     by_args = {}
     for name, body in kernels(sass):
@@ -138,15 +186,17 @@ def main():
         if a:
             by_args[a] = body
     heads = [c for c, _ in CLASSES] + ["other"]
-    print("| d | format | instr/tile | per element | " + " | ".join(heads) + " |")
-    print("|---|---|---|---|" + "---|" * len(heads))
+    print("| d | format | instr/tile | common path | per element | " + " | ".join(heads) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(heads))
     for d in dims:
-        for fname, kk, vk, per_iter in FORMATS:
+        for fname, kk, vk, per_iter in formats:
             body = by_args.get((d, kind_value(kk), kind_value(vk)))
             if body is None:
                 print(f"| {d} | {fname} | not found |", file=sys.stderr)
                 continue
             loop = tile_loop(body)
+            hot = len(hot_path(loop)) / per_iter
+            loop = [x for _, x in loop]
             counts = dict.fromkeys(heads, 0)
             for ins in loop:
                 op = opcode(ins)
@@ -158,7 +208,7 @@ def main():
                     counts["other"] += 1
             n = len(loop) / per_iter
             cells = " | ".join(f"{counts[h] / per_iter:.0f}" for h in heads)
-            print(f"| {d} | {fname} | {n:.0f} | {n / (16 * d * 2):.3f} | {cells} |")
+            print(f"| {d} | {fname} | {n:.0f} | {hot:.0f} | {n / (16 * d * 2):.3f} | {cells} |")
 
 
 if __name__ == "__main__":

@@ -518,7 +518,7 @@ __device__ __forceinline__ uint32_t value_pair(const uint32_t (&w)[Traits<D, KK,
 template <int D, int KK, int VK>
 __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK>::VW],
                                            const uint32_t (&w1)[Traits<D, KK, VK>::VW], int m, const char* vlut,
-                                           uint32_t lane4, uint32_t& a_lo, uint32_t& a_hi) {
+                                           uint32_t lane4, uint32_t h1024, uint32_t& a_lo, uint32_t& a_hi) {
   if constexpr (VK == V_U4) {
     // Byte m of each token's chunk holds the codes of dims 2m (low nibble) and 2m+1. Put the two
     // tokens' bytes at bytes 0 and 2, then OR in fp16 1024 so each nibble becomes an exact half:
@@ -526,8 +526,8 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
     // the factor 16 once at the end (with the running sum of P), not per element.
     const int b = m & 3;
     const uint32_t x = __byte_perm(w0[m >> 2], w1[m >> 2], b | ((4 + b) << 8));
-    a_lo = (x & 0x000f000fu) | 0x64006400u;
-    a_hi = (x & 0x00f000f0u) | 0x64006400u;
+    a_lo = (x & 0x000f000fu) | h1024;
+    a_hi = (x & 0x00f000f0u) | h1024;
   } else if constexpr (is_direct(VK)) {
     // The same for 2- and 3-bit codes: the two bytes holding the 2B-bit field of dims 2m, 2m+1
     // of token 0 go to bytes 0-1 and token 1's to bytes 2-3 (one PRMT), one shift puts both
@@ -546,8 +546,8 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
       const uint32_t hi = __funnelshift_r(w1[i], w1[i + 1], sh - 16);
       x = __byte_perm(lo, hi, 0x7610);
     }
-    a_lo = (x & static_cast<uint32_t>(M | M << 16)) | 0x64006400u;
-    a_hi = (x & static_cast<uint32_t>(M << B | M << (16 + B))) | 0x64006400u;
+    a_lo = (x & static_cast<uint32_t>(M | M << 16)) | h1024;
+    a_hi = (x & static_cast<uint32_t>(M << B | M << (16 + B))) | h1024;
   } else {
     const uint32_t p0 = value_pair<D, KK, VK>(w0, m, vlut, lane4), p1 = value_pair<D, KK, VK>(w1, m, vlut, lane4);
     a_lo = __byte_perm(p0, p1, 0x5410);
@@ -804,6 +804,11 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   const char* klut = reinterpret_cast<const char*>(klut_all);
   const char* vlut = reinterpret_cast<const char*>(vlut_all);
   const uint32_t lane4 = static_cast<uint32_t>(lane) * 4u;
+  // fp16x2 1024 (0x64006400) for value_frag, in a register the compiler cannot fold: LOP3 takes
+  // one immediate, so (x & mask) | 0x64006400 with both as immediates is two LOP3; with the
+  // constant in a register it is one (16 LOP3 less per tile at d = 64, 32 at d = 128).
+  // p.group is in [1, kMaxGroup], so its bit 31 is 0.
+  const uint32_t h1024 = 0x64006400u | (static_cast<uint32_t>(p.group) & 0x80000000u);
 
   float o[KSTEPS][4];
 #pragma unroll
@@ -914,8 +919,8 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
 #pragma unroll
     for (int m = 0; m < KSTEPS; ++m) {
       uint32_t a0, a1, a2, a3;
-      value_frag<D, KK, VK>(cur.v[0], cur.v[1], m, vlut, lane4, a0, a1);
-      value_frag<D, KK, VK>(cur.v[2], cur.v[3], m, vlut, lane4, a2, a3);
+      value_frag<D, KK, VK>(cur.v[0], cur.v[1], m, vlut, lane4, h1024, a0, a1);
+      value_frag<D, KK, VK>(cur.v[2], cur.v[3], m, vlut, lane4, h1024, a2, a3);
       mma<VBF>(o[m], a0, a1, a2, a3, pb0, pb1);
     }
     if constexpr (!T::ASYNC) {
