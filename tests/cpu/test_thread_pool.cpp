@@ -1,9 +1,12 @@
 // The one fork-join pool (src/cpu/thread_pool.h): every part exactly once, the thread count
 // honoured, the first exception rethrown, nested and concurrent calls run serially instead of
-// deadlocking. Run under TSan in CI (.ci/run).
+// deadlocking, both with workers that block at once and with workers that poll for the next
+// job first (pool_spin_us). Run under TSan in CI (.ci/run).
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -20,7 +23,18 @@ struct ThreadsGuard {
   ~ThreadsGuard() { set_num_threads(0); }
 };
 
-TEST(ThreadPool, EveryPartRunsExactlyOnce) {
+// Every test runs with the purely blocking pool (0) and with polling workers: a short spin
+// that mostly times out between tests' jobs, and a long one that catches every next job.
+class ThreadPool : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { set_pool_spin_us(GetParam()); }
+  void TearDown() override { set_pool_spin_us(-1); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Spin, ThreadPool, ::testing::Values(0, 5, 2000),
+                         [](const ::testing::TestParamInfo<int>& info) { return "us" + std::to_string(info.param); });
+
+TEST_P(ThreadPool, EveryPartRunsExactlyOnce) {
   ThreadsGuard guard;
   for (int threads : {1, 2, 3, 4, 8}) {
     set_num_threads(threads);
@@ -33,7 +47,7 @@ TEST(ThreadPool, EveryPartRunsExactlyOnce) {
   }
 }
 
-TEST(ThreadPool, CallerTakesPartZero) {
+TEST_P(ThreadPool, CallerTakesPartZero) {
   ThreadsGuard guard;
   set_num_threads(4);
   const std::thread::id caller = std::this_thread::get_id();
@@ -48,7 +62,7 @@ TEST(ThreadPool, CallerTakesPartZero) {
 
 // Worker ids stay below the thread count and no two parts run at once with the same id;
 // with a barrier-like wait, all requested threads take part.
-TEST(ThreadPool, ThreadCountHonoured) {
+TEST_P(ThreadPool, ThreadCountHonoured) {
   ThreadsGuard guard;
   for (int threads : {1, 2, 3, 4}) {
     set_num_threads(threads);
@@ -88,7 +102,7 @@ TEST(ThreadPool, ThreadCountHonoured) {
   EXPECT_EQ(arrived.load(), 3);
 }
 
-TEST(ThreadPool, FirstExceptionRethrown) {
+TEST_P(ThreadPool, FirstExceptionRethrown) {
   ThreadsGuard guard;
   for (int threads : {1, 4}) {
     set_num_threads(threads);
@@ -114,7 +128,7 @@ TEST(ThreadPool, FirstExceptionRethrown) {
   }
 }
 
-TEST(ThreadPool, NestedCallRunsSerially) {
+TEST_P(ThreadPool, NestedCallRunsSerially) {
   ThreadsGuard guard;
   set_num_threads(4);
   std::vector<std::atomic<int>> runs(8 * 8);
@@ -129,7 +143,7 @@ TEST(ThreadPool, NestedCallRunsSerially) {
   for (auto& r : runs) EXPECT_EQ(r.load(), 1);
 }
 
-TEST(ThreadPool, ConcurrentCallersComplete) {
+TEST_P(ThreadPool, ConcurrentCallersComplete) {
   ThreadsGuard guard;
   set_num_threads(3);
   constexpr int kCallers = 4, kReps = 50, kParts = 17;
@@ -143,7 +157,7 @@ TEST(ThreadPool, ConcurrentCallersComplete) {
   for (int c = 0; c < kCallers; ++c) EXPECT_EQ(totals[c].load(), kReps * kParts * (kParts + 1) / 2);
 }
 
-TEST(ThreadPool, DefaultFromEnvironmentOrHardware) {
+TEST(ThreadPoolThreads, DefaultFromEnvironmentOrHardware) {
   ThreadsGuard guard;
   set_num_threads(0);
   EXPECT_GE(num_threads(), 1);
@@ -151,6 +165,47 @@ TEST(ThreadPool, DefaultFromEnvironmentOrHardware) {
   EXPECT_GE(num_threads(), 1);
   set_num_threads(2);
   EXPECT_EQ(num_threads(), 2);
+}
+
+// Many back-to-back small jobs, as a decode step's products: none lost, none run twice, with
+// workers picking jobs up while polling and while asleep.
+TEST_P(ThreadPool, BackToBackJobs) {
+  ThreadsGuard guard;
+  set_num_threads(2);
+  std::vector<std::atomic<int>> runs(4);
+  constexpr int kJobs = 5000;
+  for (int j = 0; j < kJobs; ++j) {
+    parallel_for(4, [&](int p) { runs[p].fetch_add(1, std::memory_order_relaxed); });
+    if (j % 1000 == 999) std::this_thread::sleep_for(std::chrono::milliseconds(3));  // let workers sleep
+  }
+  for (auto& r : runs) EXPECT_EQ(r.load(), kJobs);
+}
+
+// A throwing part among back-to-back jobs leaves nothing pending for the next job.
+TEST_P(ThreadPool, ExceptionThenNextJob) {
+  ThreadsGuard guard;
+  set_num_threads(2);
+  for (int j = 0; j < 200; ++j) {
+    EXPECT_THROW(parallel_for(2, [&](int p) {
+                   if (p == j % 2) throw std::runtime_error("x");
+                 }),
+                 std::runtime_error);
+    std::atomic<int> sum{0};
+    parallel_for(6, [&](int p) { sum.fetch_add(p + 1); });
+    EXPECT_EQ(sum.load(), 21);
+  }
+}
+
+TEST(ThreadPoolSpin, SetAndRestoreDefault) {
+  set_pool_spin_us(7);
+  EXPECT_EQ(pool_spin_us(), 7);
+  set_pool_spin_us(0);
+  EXPECT_EQ(pool_spin_us(), 0);
+  set_pool_spin_us(-1);  // the default: TQKV_POOL_SPIN_US, else kDefaultPoolSpinUs
+  EXPECT_GE(pool_spin_us(), 0);
+  if (!std::getenv("TQKV_POOL_SPIN_US")) {
+    EXPECT_EQ(pool_spin_us(), kDefaultPoolSpinUs);
+  }
 }
 
 }  // namespace
