@@ -424,7 +424,7 @@ struct Kernel {
       constexpr int C = I::i8_block(B);
       const typename I::IT tab = I::i8_table(table);
       for (int j = 0; j < nt; ++j) {
-        pf(j);
+        pf(j, 1);
         const uint8_t* p = base + static_cast<size_t>(j) * stride;
         typename I::IV a[NR];
         for (int r = 0; r < NR; ++r) a[r] = I::izero();
@@ -444,7 +444,7 @@ struct Kernel {
   template <class Pf>
   static void scores_i8_rows(const KernelFormat& f, int R, const int8_t* q, const uint8_t* base, size_t stride,
                              int nt, float* s, const Pf& prefetch) {
-    const auto none = [](int) {};
+    const auto none = [](int, int) {};
     const int d = f.dim;
     for (int r0 = 0; r0 < R; r0 += 8) {
       const int8_t* qr = q + static_cast<size_t>(r0) * d;
@@ -494,7 +494,7 @@ struct Kernel {
   static void scores(const float* q, int d, const uint8_t* base, size_t stride, int nt, float* s, const Dec& dec,
                      const Pf& pf) {
     for (int j = 0; j < nt; ++j) {
-      pf(j);
+      pf(j, 1);
       const uint8_t* p = base + static_cast<size_t>(j) * stride;
       constexpr int K = Dec::kVecs;
       V a[NR];
@@ -547,7 +547,7 @@ struct Kernel {
   template <class Dec, class Pf>
   static void scores_rows(int R, const float* q, int d, const uint8_t* base, size_t stride, int nt, float* s,
                           const Dec& dec, const Pf& prefetch) {
-    const auto none = [](int) {};
+    const auto none = [](int, int) {};
     for (int r0 = 0; r0 < R; r0 += 8) {
       const float* qr = q + static_cast<size_t>(r0) * d;
       float* sr = s + r0 * kTile;
@@ -618,23 +618,99 @@ struct Kernel {
     }
   }
 
-  // Prefetches key and value rows of one slot: into L1 when they take <= 128 bytes (the
-  // compressed formats: measured a third faster at 32K x batch 16 than into L2), else into L2
-  // (f16 and the like: 4-8 lines a slot into L1 slowed f16 down by ~40 %).
-  static void prefetch_slot(const KernelFormat& f, const SlotRun& run, int t) {
-    if constexpr (W == 1) return;
-    const bool l1 = f.key_code_bytes + f.value_code_bytes <= 128;
-    const auto lines = [l1](const uint8_t* p, size_t n) {
-      const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
-      for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end; a += 64) {
-        if (l1)
-          I::prefetch_l1(reinterpret_cast<const uint8_t*>(a));
-        else
-          I::prefetch(reinterpret_cast<const uint8_t*>(a));
+  // The slots a tile ahead of the one being scored, prefetched as its keys are scored: pf(j, n)
+  // asks for the slots of keys j .. j + n - 1 of the tile, a tile on (in the next run at the
+  // end of this one). Spread out, the prefetches stay within the core's outstanding-miss
+  // budget; issued as a burst of a whole tile (256 lines for f16), most of them were dropped.
+  // Into L1 when a slot's rows take <= 128 bytes (the compressed formats: measured a third
+  // faster at 32K x batch 16 than into L2), else into L2 (f16 and the like: 4-8 lines a slot
+  // into L1 slowed f16 down by ~40 %). Each field's lines run from the first slot's first byte
+  // to the last slot's last, less the line the slot before ends in (asked for by the previous
+  // call): where a field's rows are dense (the page layout), slots that share a line cost one
+  // prefetch, not one each. The plan is built once per tile; the scorers' hot loops keep only
+  // a pointer to it (captured run state cost the f16 scorer registers).
+  struct Ahead {
+    struct Seg {
+      uintptr_t k, v;  // key j's rows start at k + j * ks, v + j * vs
+      size_t ks, vs;
+      int lo, hi;      // the keys j of the tile that map into this run
+    } seg[2];
+    size_t kb, vb;     // bytes of one slot's key / value rows
+    bool l1;
+
+    void set(const KernelFormat& f, const SlotRun& run, const SlotRun* next, int j0) {
+      kb = f.key_code_bytes;
+      vb = f.value_code_bytes;
+      l1 = kb + vb <= 128;
+      // Key j of the tile is slot j + shift of run r; keys [lo, hi) are in it.
+      const auto fill = [](Seg& s, const SlotRun& r, int shift, int lo, int hi) {
+        s.ks = r.kc_stride;
+        s.vs = r.vc_stride;
+        const auto at = [shift](const uint8_t* p, size_t stride) {
+          const int64_t bytes = static_cast<int64_t>(shift) * static_cast<int64_t>(stride);
+          return reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
+        };
+        s.k = at(r.kc, s.ks);
+        s.v = at(r.vc, s.vs);
+        s.lo = lo;
+        s.hi = hi;
+      };
+      const int off = j0 + kTile;  // this run's slot of key 0
+      const int split = run.n > off ? kf_min(run.n - off, kTile) : 0;
+      fill(seg[0], run, off, 0, split);
+      if (next && split < kTile)
+        fill(seg[1], *next, -split, split, kf_min(kTile, split + next->n));
+      else
+        seg[1] = Seg{0, 0, 0, 0, kTile, kTile};
+    }
+    [[gnu::always_inline]] void line(uintptr_t a) const {
+      if (l1)
+        I::prefetch_l1(reinterpret_cast<const uint8_t*>(a));
+      else
+        I::prefetch(reinterpret_cast<const uint8_t*>(a));
+    }
+    [[gnu::always_inline]] void rows(uintptr_t p, size_t stride, size_t bytes, int a, int b, bool after) const {
+      const uintptr_t first = p + static_cast<uintptr_t>(a) * stride;
+      const uintptr_t end = p + static_cast<uintptr_t>(b - 1) * stride + bytes;
+      uintptr_t at = first & ~uintptr_t{63};
+      if (after) {
+        const uintptr_t past_prev = ((first - stride + bytes - 1) | uintptr_t{63}) + 1;
+        at = at > past_prev ? at : past_prev;
       }
+      for (; at < end; at += 64) line(at);
+    }
+    void operator()(int j, int n) const {
+      if constexpr (W == 1) return;
+      if (n == 1) {  // the per-key scorers: every line of the key's rows, as cheaply as possible
+        const Seg& s = j < seg[0].hi ? seg[0] : seg[1];
+        if (j < s.lo || j >= s.hi) return;
+        rows(s.k, s.ks, kb, j, j + 1, false);
+        rows(s.v, s.vs, vb, j, j + 1, false);
+        return;
+      }
+      for (const Seg& s : seg) {
+        const int a = j > s.lo ? j : s.lo, b = j + n < s.hi ? j + n : s.hi;
+        if (a >= b) continue;
+        rows(s.k, s.ks, kb, a, b, a > s.lo);
+        rows(s.v, s.vs, vb, a, b, a > s.lo);
+      }
+    }
+  };
+
+  // The fp16 metadata (norms, scales, zero points) of slots [a, b) of a run, into L1: a tile's
+  // worth is a few lines per field, asked for once per tile.
+  static void prefetch_meta(const SlotRun& run, int a, int b) {
+    if constexpr (W == 1) return;
+    const auto span = [&](const uint8_t* p, size_t stride) {
+      if (!p || stride > 64) return;  // the slot layout: the code rows' prefetches cover them
+      const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(b - 1) * stride + 2;
+      for (uintptr_t line = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(a) * stride) & ~uintptr_t{63};
+           line < end; line += 64)
+        I::prefetch_l1(reinterpret_cast<const uint8_t*>(line));
     };
-    lines(run.kc + static_cast<size_t>(t) * run.kc_stride, f.key_code_bytes);
-    lines(run.vc + static_cast<size_t>(t) * run.vc_stride, f.value_code_bytes);
+    span(run.km, run.km_stride);
+    span(run.vm0, run.vm0_stride);
+    span(run.vm1, run.vm1_stride);
   }
 
   static void run(const KernelFormat& f, const SlotRun* runs, int n_runs, const RowBlock& rb, const RowState& st,
@@ -696,16 +772,15 @@ struct Kernel {
         any = any || live[r] != 0.0f;
       }
       if (!any) continue;
-      // One slot a tile ahead is prefetched per key scored (into the next run at the end of
-      // this one): spread out, the prefetches stay within the core's outstanding-miss budget;
-      // issued as a burst of a whole tile (256 lines for f16), most of them were dropped.
-      const auto prefetch = [&](int j) {
-        const int t = j0 + j + kTile;
-        if (t < run.n)
-          prefetch_slot(f, run, t);
-        else if (next && t - run.n < next->n)
-          prefetch_slot(f, *next, t - run.n);
-      };
+      Ahead plan;
+      plan.set(f, run, next, j0);
+      const Ahead* pl = &plan;
+      const auto prefetch = [pl](int j, int n) { (*pl)(j, n); };
+      if (j0 + kTile < run.n) prefetch_meta(run, j0 + kTile, kf_min(run.n, j0 + 2 * kTile));
+      if (next && j0 + 2 * kTile > run.n) {
+        const int a = j0 + kTile > run.n ? j0 + kTile - run.n : 0, b = kf_min(next->n, j0 + 2 * kTile - run.n);
+        if (a < b) prefetch_meta(*next, a, b);
+      }
       if (i8) {
         // Integer scores; to the query's domain with the norm below: ((s - corr) * scale) * norm.
         scores_i8_rows(f, R, i8->q, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, prefetch);
