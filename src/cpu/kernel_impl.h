@@ -286,8 +286,11 @@ struct Kernel {
     }
   }
 
-  // Rounds row r's tile weights w[kTile] to u8 and sets its scale (see "Int8 values").
-  static void quantize_weights(const KernelFormat& f, const float* w, float mx, bool bad, uint8_t* o, float* scale) {
+  // Rounds row r's tile weights w[kTile] (in memory, or in kTile / W registers) to u8 and sets
+  // its scale (see "Int8 values").
+  template <class Load>
+  [[gnu::always_inline]] static void quantize_weights_from(const KernelFormat& f, const Load& w, float mx, bool bad,
+                                                           uint8_t* o, float* scale) {
     if constexpr (has_i8_values<I>()) {
       if (bad || !(mx > 0.0f)) {
         std::memset(o, 0, kTile);
@@ -295,9 +298,12 @@ struct Kernel {
         return;
       }
       const V inv = I::set1(static_cast<float>(kI8WeightMax) / mx);
-      for (int j = 0; j < kTile; j += W) I::store_u8(o + j, I::mul(I::load(w + j), inv));
+      for (int v = 0; v < kTile / W; ++v) I::store_u8(o + v * W, I::mul(w(v), inv));
       *scale = mx / static_cast<float>(kI8WeightMax) * f.value_i8_step;
     }
+  }
+  static void quantize_weights(const KernelFormat& f, const float* w, float mx, bool bad, uint8_t* o, float* scale) {
+    quantize_weights_from(f, [w](int v) { return I::load(w + v * W); }, mx, bad, o, scale);
   }
 
   // The SIMD builds' int8 value sums of one tile for NR rows, blocks of 4 vectors (4W channels,
@@ -590,7 +596,7 @@ struct Kernel {
     for (int j = 0; j < nt; ++j) fac[j] = c;
   }
 
-  // value j = zero[j] + fac[j] * decoder output.
+  // value j = zero[j] + fac[j] * decoder output (zero: Uniform values only; the others have none).
   static void value_factors(const KernelFormat& f, const SlotRun& run, int j0, int nt, float* fac, float* zero) {
     switch (f.value) {
       case ValueCodec::Uniform: {
@@ -605,14 +611,10 @@ struct Kernel {
       }
       case ValueCodec::Mse:
         load_halfs(run.vm0 + static_cast<size_t>(j0) * run.vm0_stride, run.vm0_stride, nt, fac);
-        for (int j = 0; j < nt; ++j) zero[j] = 0.0f;
         return;
       default: {
         const float c = f.value == ValueCodec::Fp8 ? I::kFp8Factor : 1.0f;
-        for (int j = 0; j < nt; ++j) {
-          fac[j] = c;
-          zero[j] = 0.0f;
-        }
+        for (int j = 0; j < nt; ++j) fac[j] = c;
         return;
       }
     }
@@ -792,7 +794,11 @@ struct Kernel {
       }
       key_factors(f, run, j0, nt, kfac);
       value_factors(f, run, j0, nt, vfac, vzero);
-      for (int j = nt; j < kTile; ++j) vfac[j] = vzero[j] = 0.0f;  // weights there are 0 already
+      // Uniform values only: the zero points' sum (Mse and float values have none).
+      const bool zero_points = f.value == ValueCodec::Uniform;
+      for (int j = nt; j < kTile; ++j) vfac[j] = 0.0f;  // weights there are 0 already
+      if (zero_points)
+        for (int j = nt; j < kTile; ++j) vzero[j] = 0.0f;
       // Int8 values: a non-finite or negative value scale in the tile makes every row NaN.
       bool bad_scales = false;
       if (cv > 0) {
@@ -805,8 +811,6 @@ struct Kernel {
         const float t = I::reduce(total);
         bad_scales = !(t - t == 0.0f) || I::reduce_max(neg) > 0.0f;
       }
-      // Uniform values only: the zero points' sum (Mse and float values have none).
-      const bool zero_points = f.value == ValueCodec::Uniform;
       for (int r = 0; r < R; ++r) {
         float* s = p + r * kTile;
         float mt = kNegInf;
@@ -816,8 +820,38 @@ struct Kernel {
           if (i8) x = I::mul(I::sub(x, I::set1(corr)), I::set1(sc));
           return I::mul(x, I::load(kfac + j));
         };
+        const bool whole = live[r] != 0.0f && nt == kTile && rb.begin[r] <= first && rb.end[r] >= last;
+        if (whole && cv > 0) {
+          // The common case of int8 value sums, the tile's scores held in registers from the
+          // scaling to the u8 weights (the same operations as the general path below).
+          constexpr int NV = kTile / W;
+          V x[NV];
+          V mx = I::set1(kNegInf);
+          for (int v = 0; v < NV; ++v) {
+            x[v] = key_score(I::load(s + v * W), v * W);
+            mx = I::max(mx, x[v]);
+          }
+          const float m_old = st.m[r], top = I::reduce_max(mx);
+          const float m_new = m_old > top ? m_old : top;
+          alpha[r] = m_old == kNegInf ? 0.0f : (m_old == m_new ? 1.0f : I::exp_scalar(m_old - m_new));
+          st.m[r] = m_new;
+          const V mv = I::set1(m_new);
+          V sum = I::zero(), z = I::zero(), wmx = I::zero();
+          for (int v = 0; v < NV; ++v) {
+            const V e = I::exp(I::sub(x[v], mv));
+            sum = I::add(sum, e);
+            if (zero_points) z = I::fmadd(e, I::load(vzero + v * W), z);
+            x[v] = I::mul(e, I::load(vfac + v * W));
+            wmx = I::max(wmx, x[v]);
+          }
+          st.l[r] = st.l[r] * alpha[r] + I::reduce(sum);
+          if (zero_points) st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);
+          quantize_weights_from(f, [&x](int v) { return x[v]; }, I::reduce_max(wmx), bad_scales, w8 + r * kTile,
+                                wscale + r);
+          continue;
+        }
         if (live[r] != 0.0f) {
-          if (nt == kTile && rb.begin[r] <= first && rb.end[r] >= last) {  // whole tile visible
+          if (whole) {
             V mx = key_score(I::load(s), 0);
             I::store(s, mx);
             for (int j = W; j < kTile; j += W) {
