@@ -725,6 +725,10 @@ struct Kernel {
     }
     void operator()(int j, int n) const {
       if constexpr (W == 1) return;
+      if (n > 1 && kb >= 64 && vb >= 64) {  // whole lines a key: one key at a time
+        for (int k = 0; k < n; ++k) (*this)(j + k, 1);
+        return;
+      }
       if (n == 1) {  // the per-key scorers: every line of the key's rows, as cheaply as possible
         for (int g = 0; g < ns; ++g) {
           const Seg& s = seg[g];
