@@ -118,40 +118,63 @@ struct IsaAvx512 {
           std::memcpy(qb + (static_cast<size_t>(r) * (d / 16) + m) * 64 + lane * 16,
                       q8 + static_cast<size_t>(r) * d + m * 16, 16);
   }
+  // A group of four keys' scores (p[4]: their code rows) against NR rows -> s[r * kTile + k],
+  // k < n (n = 4 but in a run's last group). A whole group stores its four lanes unmasked
+  // (masked stores are slow on Zen 4); the last group masked, as it may end a tile's row.
+  template <int NR, int B>
+  [[gnu::always_inline]] static void scores_i8_group(const int8_t* qb, int d, const uint8_t* const* p, float* s,
+                                                     IT table, int n) {
+    const int nc = d / 16;
+    __m512i acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
+    for (int i = 0; i < d; i += 64) {
+      __m512i z[4];
+      levels_i8k<B>(p, i, table, z);
+      for (int r = 0; r < NR; ++r) {
+        const int8_t* qr = qb + (static_cast<size_t>(r) * nc + i / 16) * 64;
+        for (int m = 0; m < 4; ++m) acc[r] = _mm512_dpbusd_epi32(acc[r], z[m], _mm512_loadu_si512(qr + 64 * m));
+      }
+    }
+    // Rows by fours: lane k of x = the 4 rows' sums for key k, transposed to row-major.
+    for (int r0 = 0; r0 < NR; r0 += 4) {
+      const auto row = [&](int r) { return r0 + r < NR ? acc[r0 + r] : _mm512_setzero_si512(); };
+      const __m512i a = row(0), b = row(1), c = row(2), e = row(3);
+      const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+      const __m512i ce = _mm512_add_epi32(_mm512_unpacklo_epi32(c, e), _mm512_unpackhi_epi32(c, e));
+      const __m512i x = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, ce), _mm512_unpackhi_epi64(ab, ce));
+      const V y = _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0),
+                                        _mm512_cvtepi32_ps(x));
+      if (n == 4) {
+        _mm_storeu_ps(s + (r0 + 0) * kTile, _mm512_castps512_ps128(y));
+        if (r0 + 1 < NR) _mm_storeu_ps(s + (r0 + 1) * kTile, _mm512_extractf32x4_ps(y, 1));
+        if (r0 + 2 < NR) _mm_storeu_ps(s + (r0 + 2) * kTile, _mm512_extractf32x4_ps(y, 2));
+        if (r0 + 3 < NR) _mm_storeu_ps(s + (r0 + 3) * kTile, _mm512_extractf32x4_ps(y, 3));
+      } else {
+        const __mmask8 keep = static_cast<__mmask8>((1u << n) - 1u);
+        _mm_mask_storeu_ps(s + (r0 + 0) * kTile, keep, _mm512_castps512_ps128(y));
+        if (r0 + 1 < NR) _mm_mask_storeu_ps(s + (r0 + 1) * kTile, keep, _mm512_extractf32x4_ps(y, 1));
+        if (r0 + 2 < NR) _mm_mask_storeu_ps(s + (r0 + 2) * kTile, keep, _mm512_extractf32x4_ps(y, 2));
+        if (r0 + 3 < NR) _mm_mask_storeu_ps(s + (r0 + 3) * kTile, keep, _mm512_extractf32x4_ps(y, 3));
+      }
+    }
+  }
   template <int NR, int B, class Pf>
   static void scores_i8_tile(const int8_t* qb, int d, const uint8_t* base, size_t stride, int nt, float* s,
                              IT table, const Pf& pf) {
-    const int nc = d / 16;
-    for (int j = 0; j < nt; j += 4) {
-      const int n = nt - j < 4 ? nt - j : 4;
+    int j = 0;
+    for (; j + 4 <= nt; j += 4) {
+      pf(j, 4);
+      const uint8_t* const p[4] = {base + static_cast<size_t>(j) * stride, base + static_cast<size_t>(j + 1) * stride,
+                                   base + static_cast<size_t>(j + 2) * stride,
+                                   base + static_cast<size_t>(j + 3) * stride};
+      scores_i8_group<NR, B>(qb, d, p, s + j, table, 4);
+    }
+    if (j < nt) {  // 1-3 keys left: the last one's codes fill the group
+      const int n = nt - j;
+      pf(j, n);
       const uint8_t* p[4];
       for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
-      for (int k = 0; k < n; ++k) pf(j + k);
-      __m512i acc[NR];
-      for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
-      for (int i = 0; i < d; i += 64) {
-        __m512i z[4];
-        levels_i8k<B>(p, i, table, z);
-        for (int r = 0; r < NR; ++r) {
-          const int8_t* qr = qb + (static_cast<size_t>(r) * nc + i / 16) * 64;
-          for (int m = 0; m < 4; ++m) acc[r] = _mm512_dpbusd_epi32(acc[r], z[m], _mm512_loadu_si512(qr + 64 * m));
-        }
-      }
-      // Rows by fours: lane k of x = the 4 rows' sums for key k, transposed to row-major.
-      const __mmask8 keep = static_cast<__mmask8>((1u << n) - 1u);
-      for (int r0 = 0; r0 < NR; r0 += 4) {
-        const auto row = [&](int r) { return r0 + r < NR ? acc[r0 + r] : _mm512_setzero_si512(); };
-        const __m512i a = row(0), b = row(1), c = row(2), e = row(3);
-        const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-        const __m512i ce = _mm512_add_epi32(_mm512_unpacklo_epi32(c, e), _mm512_unpackhi_epi32(c, e));
-        const __m512i x = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, ce), _mm512_unpackhi_epi64(ab, ce));
-        const V y = _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0),
-                                          _mm512_cvtepi32_ps(x));
-        _mm_mask_storeu_ps(s + (r0 + 0) * kTile + j, keep, _mm512_castps512_ps128(y));
-        if (r0 + 1 < NR) _mm_mask_storeu_ps(s + (r0 + 1) * kTile + j, keep, _mm512_extractf32x4_ps(y, 1));
-        if (r0 + 2 < NR) _mm_mask_storeu_ps(s + (r0 + 2) * kTile + j, keep, _mm512_extractf32x4_ps(y, 2));
-        if (r0 + 3 < NR) _mm_mask_storeu_ps(s + (r0 + 3) * kTile + j, keep, _mm512_extractf32x4_ps(y, 3));
-      }
+      scores_i8_group<NR, B>(qb, d, p, s + j, table, n);
     }
   }
 

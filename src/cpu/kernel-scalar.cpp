@@ -39,13 +39,15 @@ struct IsaScalar {
     *p = static_cast<uint8_t>(y > static_cast<float>(kI8WeightMax) ? kI8WeightMax : y > 0.0f ? y : 0.0f);
   }
   template <int NR, int B>
-  static void values_i8_tile(float* acc, int d, const uint8_t* base, size_t stride, int nt, const uint8_t* w8,
-                             const float* alpha, const float* scale, const int8_t* table) {
+  static void values_i8_tile(float* acc, int d, const ValueRun* vr, int nv, const uint8_t* w8, const float* alpha,
+                             const float* scale, const int8_t* table) {
     for (int r = 0; r < NR; ++r)
       for (int c = 0; c < d; ++c) {
         int32_t sum = 0;
-        for (int j = 0; j < nt; ++j)
-          sum += w8[r * kTile + j] * table[unpack_one(base + static_cast<size_t>(j) * stride, c, B)];
+        for (int g = 0; g < nv; ++g)
+          for (int j = 0; j < vr[g].n; ++j)
+            sum += w8[r * kTile + vr[g].off + j] *
+                   table[unpack_one(vr[g].base + static_cast<size_t>(j) * vr[g].stride, c, B)];
         float& a = acc[static_cast<size_t>(r) * d + c];
         a = std::fma(static_cast<float>(sum), scale[r], a * alpha[r]);
       }

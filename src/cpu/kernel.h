@@ -80,6 +80,14 @@ struct SlotRun {
   const uint8_t* vm1; size_t vm1_stride;  // value meta 1 (fp16 zero) or null
 };
 
+// The value rows of a tile's keys [off, off + n): key off + j at base + j * stride (a tile
+// spans up to a few runs).
+struct ValueRun {
+  const uint8_t* base;
+  size_t stride;
+  int n, off;
+};
+
 // Query rows: q[r] is already in the key domain (rotated for Mse keys) and multiplied by the
 // softmax scale. Row r sees keys at positions [begin[r], end[r]] (inclusive).
 struct RowBlock {

@@ -128,6 +128,15 @@ struct Kernel {
   using V = typename I::V;
   static constexpr int W = I::W;
   static constexpr float kNegInf = -__builtin_inff();
+  // Runs per tile at most: a tile takes whole runs (pages) while they fit, so that pages of
+  // 16-64 slots still fill tiles of kTile keys and the per-tile softmax bookkeeping is paid per
+  // kTile keys, not per page.
+  static constexpr int kMaxSegs = 8;
+  // Keys [j, j + n) of run, at key off of the tile.
+  struct TileSeg {
+    const SlotRun* run;
+    int j, n, off;
+  };
 
   // Calls fn(decoder) with the decoder of the key codec: V decoder(const uint8_t* row, int i).
   template <class Fn>
@@ -286,8 +295,11 @@ struct Kernel {
     }
   }
 
-  // Rounds row r's tile weights w[kTile] to u8 and sets its scale (see "Int8 values").
-  static void quantize_weights(const KernelFormat& f, const float* w, float mx, bool bad, uint8_t* o, float* scale) {
+  // Rounds row r's tile weights w[kTile] (in memory, or in kTile / W registers) to u8 and sets
+  // its scale (see "Int8 values").
+  template <class Load>
+  [[gnu::always_inline]] static void quantize_weights_from(const KernelFormat& f, const Load& w, float mx, bool bad,
+                                                           uint8_t* o, float* scale) {
     if constexpr (has_i8_values<I>()) {
       if (bad || !(mx > 0.0f)) {
         std::memset(o, 0, kTile);
@@ -295,9 +307,12 @@ struct Kernel {
         return;
       }
       const V inv = I::set1(static_cast<float>(kI8WeightMax) / mx);
-      for (int j = 0; j < kTile; j += W) I::store_u8(o + j, I::mul(I::load(w + j), inv));
+      for (int v = 0; v < kTile / W; ++v) I::store_u8(o + v * W, I::mul(w(v), inv));
       *scale = mx / static_cast<float>(kI8WeightMax) * f.value_i8_step;
     }
+  }
+  static void quantize_weights(const KernelFormat& f, const float* w, float mx, bool bad, uint8_t* o, float* scale) {
+    quantize_weights_from(f, [w](int v) { return I::load(w + v * W); }, mx, bad, o, scale);
   }
 
   // The SIMD builds' int8 value sums of one tile for NR rows, blocks of 4 vectors (4W channels,
@@ -305,25 +320,33 @@ struct Kernel {
   // per channel and a byte per key, dot_u8v(acc, w, t) adds the four u8 weights (one dword,
   // set1_u32) times them per lane.
   template <int NR, int B, class IT>
-  static void values_i8_tile(float* acc, int d, const uint8_t* base, size_t stride, int nt, const uint8_t* w8,
-                             const float* alpha, const float* scale, IT table) {
+  static void values_i8_tile(float* acc, int d, const ValueRun* vr, int nv, const uint8_t* w8, const float* alpha,
+                             const float* scale, IT table) {
     if constexpr (has_i8_values<I>() && W > 1) {
       using IV = typename I::IV;
       for (int i = 0; i < d; i += 4 * W) {
         IV a[NR][4];
         for (int r = 0; r < NR; ++r)
           for (int q = 0; q < 4; ++q) a[r][q] = I::izero();
-        for (int j = 0; j < nt; j += 4) {
-          const int n = nt - j < 4 ? nt - j : 4;  // keys past nt: weight 0, codes of key nt - 1
-          const uint8_t* p[4];
-          for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
-          IV t[4];
-          I::template levels_i8v<B>(p, i, table, t);
-          for (int r = 0; r < NR; ++r) {
-            uint32_t w4;
-            std::memcpy(&w4, w8 + r * kTile + j, 4);
-            const IV wb = I::set1_u32(w4);
-            for (int q = 0; q < 4; ++q) a[r][q] = I::dot_u8v(a[r][q], wb, t[q]);
+        for (int g = 0; g < nv; ++g) {
+          const uint8_t* base = vr[g].base;
+          const size_t stride = vr[g].stride;
+          const int nt = vr[g].n;
+          const uint8_t* wg = w8 + vr[g].off;
+          for (int j = 0; j < nt; j += 4) {
+            // Keys past nt (the next run's in a tile of several): weight 0, codes of key nt - 1.
+            const int n = nt - j < 4 ? nt - j : 4;
+            const uint32_t wmask = n == 4 ? ~0u : (1u << (8 * n)) - 1u;
+            const uint8_t* p[4];
+            for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
+            IV t[4];
+            I::template levels_i8v<B>(p, i, table, t);
+            for (int r = 0; r < NR; ++r) {
+              uint32_t w4;
+              std::memcpy(&w4, wg + r * kTile + j, 4);
+              const IV wb = I::set1_u32(w4 & wmask);
+              for (int q = 0; q < 4; ++q) a[r][q] = I::dot_u8v(a[r][q], wb, t[q]);
+            }
           }
         }
         for (int r = 0; r < NR; ++r) {
@@ -337,8 +360,8 @@ struct Kernel {
     }
   }
 
-  static void values_i8_rows(const KernelFormat& f, int R, float* acc, const uint8_t* base, size_t stride, int nt,
-                             const uint8_t* w8, const float* alpha, const float* scale) {
+  static void values_i8_rows(const KernelFormat& f, int R, float* acc, const ValueRun* vr, int nv, const uint8_t* w8,
+                             const float* alpha, const float* scale) {
     if constexpr (has_i8_values<I>()) {
       const int d = f.dim;
       constexpr int kRows = i8v_rows<I>();
@@ -348,11 +371,11 @@ struct Kernel {
           const auto go = [&](auto b) {
             constexpr int B = decltype(b)::value;
             if constexpr (W == 1)
-              I::template values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, base, stride, nt,
-                                               w8 + r0 * kTile, alpha + r0, scale + r0, I::i8v_table(f.value_i8));
+              I::template values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, vr, nv, w8 + r0 * kTile,
+                                               alpha + r0, scale + r0, I::i8v_table(f.value_i8));
             else
-              values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, base, stride, nt, w8 + r0 * kTile,
-                                   alpha + r0, scale + r0, I::i8v_table(f.value_i8));
+              values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, vr, nv, w8 + r0 * kTile, alpha + r0,
+                                   scale + r0, I::i8v_table(f.value_i8));
           };
           switch (f.value_bits) {
             case 2: return go(std::integral_constant<int, 2>{});
@@ -424,7 +447,7 @@ struct Kernel {
       constexpr int C = I::i8_block(B);
       const typename I::IT tab = I::i8_table(table);
       for (int j = 0; j < nt; ++j) {
-        pf(j);
+        pf(j, 1);
         const uint8_t* p = base + static_cast<size_t>(j) * stride;
         typename I::IV a[NR];
         for (int r = 0; r < NR; ++r) a[r] = I::izero();
@@ -444,7 +467,7 @@ struct Kernel {
   template <class Pf>
   static void scores_i8_rows(const KernelFormat& f, int R, const int8_t* q, const uint8_t* base, size_t stride,
                              int nt, float* s, const Pf& prefetch) {
-    const auto none = [](int) {};
+    const auto none = [](int, int) {};
     const int d = f.dim;
     for (int r0 = 0; r0 < R; r0 += 8) {
       const int8_t* qr = q + static_cast<size_t>(r0) * d;
@@ -494,7 +517,7 @@ struct Kernel {
   static void scores(const float* q, int d, const uint8_t* base, size_t stride, int nt, float* s, const Dec& dec,
                      const Pf& pf) {
     for (int j = 0; j < nt; ++j) {
-      pf(j);
+      pf(j, 1);
       const uint8_t* p = base + static_cast<size_t>(j) * stride;
       constexpr int K = Dec::kVecs;
       V a[NR];
@@ -547,7 +570,7 @@ struct Kernel {
   template <class Dec, class Pf>
   static void scores_rows(int R, const float* q, int d, const uint8_t* base, size_t stride, int nt, float* s,
                           const Dec& dec, const Pf& prefetch) {
-    const auto none = [](int) {};
+    const auto none = [](int, int) {};
     for (int r0 = 0; r0 < R; r0 += 8) {
       const float* qr = q + static_cast<size_t>(r0) * d;
       float* sr = s + r0 * kTile;
@@ -590,7 +613,7 @@ struct Kernel {
     for (int j = 0; j < nt; ++j) fac[j] = c;
   }
 
-  // value j = zero[j] + fac[j] * decoder output.
+  // value j = zero[j] + fac[j] * decoder output (zero: Uniform values only; the others have none).
   static void value_factors(const KernelFormat& f, const SlotRun& run, int j0, int nt, float* fac, float* zero) {
     switch (f.value) {
       case ValueCodec::Uniform: {
@@ -605,42 +628,136 @@ struct Kernel {
       }
       case ValueCodec::Mse:
         load_halfs(run.vm0 + static_cast<size_t>(j0) * run.vm0_stride, run.vm0_stride, nt, fac);
-        for (int j = 0; j < nt; ++j) zero[j] = 0.0f;
         return;
       default: {
         const float c = f.value == ValueCodec::Fp8 ? I::kFp8Factor : 1.0f;
-        for (int j = 0; j < nt; ++j) {
-          fac[j] = c;
-          zero[j] = 0.0f;
-        }
+        for (int j = 0; j < nt; ++j) fac[j] = c;
         return;
       }
     }
   }
 
-  // Prefetches key and value rows of one slot: into L1 when they take <= 128 bytes (the
-  // compressed formats: measured a third faster at 32K x batch 16 than into L2), else into L2
-  // (f16 and the like: 4-8 lines a slot into L1 slowed f16 down by ~40 %).
-  static void prefetch_slot(const KernelFormat& f, const SlotRun& run, int t) {
+  // The fp16 metadata (norms, scales, zero points) of slots [a, b) of a run, into L1: a tile's
+  // worth is a few lines per field, asked for once per tile.
+  static void prefetch_meta(const SlotRun& run, int a, int b) {
     if constexpr (W == 1) return;
-    const bool l1 = f.key_code_bytes + f.value_code_bytes <= 128;
-    const auto lines = [l1](const uint8_t* p, size_t n) {
-      const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
-      for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end; a += 64) {
-        if (l1)
-          I::prefetch_l1(reinterpret_cast<const uint8_t*>(a));
-        else
-          I::prefetch(reinterpret_cast<const uint8_t*>(a));
-      }
+    const auto span = [&](const uint8_t* p, size_t stride) {
+      if (!p || stride > 64) return;  // the slot layout: the code rows' prefetches cover them
+      const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(b - 1) * stride + 2;
+      for (uintptr_t line = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(a) * stride) & ~uintptr_t{63};
+           line < end; line += 64)
+        I::prefetch_l1(reinterpret_cast<const uint8_t*>(line));
     };
-    lines(run.kc + static_cast<size_t>(t) * run.kc_stride, f.key_code_bytes);
-    lines(run.vc + static_cast<size_t>(t) * run.vc_stride, f.value_code_bytes);
+    span(run.km, run.km_stride);
+    span(run.vm0, run.vm0_stride);
+    span(run.vm1, run.vm1_stride);
   }
+
+  // The slots a tile ahead of the one being scored, prefetched as its keys are scored: pf(j, n)
+  // asks for the slots of keys j .. j + n - 1 of the tile, a tile on (in the next run at the
+  // end of this one). Spread out, the prefetches stay within the core's outstanding-miss
+  // budget; issued as a burst of a whole tile (256 lines for f16), most of them were dropped.
+  // Into L1 when a slot's rows take <= 128 bytes (the compressed formats: measured a third
+  // faster at 32K x batch 16 than into L2), else into L2 (f16 and the like: 4-8 lines a slot
+  // into L1 slowed f16 down by ~40 %). Each field's lines run from the first slot's first byte
+  // to the last slot's last, less the line the slot before ends in (asked for by the previous
+  // call): where a field's rows are dense (the page layout), slots that share a line cost one
+  // prefetch, not one each. The plan is built once per tile; the scorers' hot loops keep only
+  // a pointer to it (captured run state cost the f16 scorer registers).
+  struct Ahead {
+    struct Seg {
+      uintptr_t k, v;  // key j's rows start at k + j * ks, v + j * vs
+      size_t ks, vs;
+      int lo, hi;      // the keys j of the tile that map into this run
+      const SlotRun* run;
+      int shift;       // key j is slot j + shift of run
+    } seg[kMaxSegs];
+    int ns;
+    size_t kb, vb;     // bytes of one slot's key / value rows
+    bool l1;
+
+    // The kTile slots from slot j of runs[i] on (the next tile), key j of the tile mapped to
+    // the j-th of them.
+    void set(const KernelFormat& f, const SlotRun* runs, int n_runs, int i, int j) {
+      kb = f.key_code_bytes;
+      vb = f.value_code_bytes;
+      l1 = kb + vb <= 128;
+      ns = 0;
+      for (int t = 0; t < kTile && i < n_runs && ns < kMaxSegs;) {
+        const SlotRun& r = runs[i];
+        const int n = kf_min(kTile - t, r.n - j);
+        if (n > 0) {
+          Seg& g = seg[ns++];
+          g.ks = r.kc_stride;
+          g.vs = r.vc_stride;
+          g.shift = j - t;
+          const int64_t kshift = static_cast<int64_t>(g.shift) * static_cast<int64_t>(g.ks);
+          const int64_t vshift = static_cast<int64_t>(g.shift) * static_cast<int64_t>(g.vs);
+          g.k = reinterpret_cast<uintptr_t>(r.kc) + static_cast<uintptr_t>(kshift);
+          g.v = reinterpret_cast<uintptr_t>(r.vc) + static_cast<uintptr_t>(vshift);
+          g.lo = t;
+          g.hi = t + n;
+          g.run = &r;
+          t += n;
+          j += n;
+        }
+        if (j >= r.n) {
+          ++i;
+          j = 0;
+        }
+      }
+    }
+    [[gnu::always_inline]] void line(uintptr_t a) const {
+      if (l1)
+        I::prefetch_l1(reinterpret_cast<const uint8_t*>(a));
+      else
+        I::prefetch(reinterpret_cast<const uint8_t*>(a));
+    }
+    [[gnu::always_inline]] void rows(uintptr_t p, size_t stride, size_t bytes, int a, int b, bool after) const {
+      const uintptr_t first = p + static_cast<uintptr_t>(a) * stride;
+      const uintptr_t end = p + static_cast<uintptr_t>(b - 1) * stride + bytes;
+      uintptr_t at = first & ~uintptr_t{63};
+      if (after) {
+        const uintptr_t past_prev = ((first - stride + bytes - 1) | uintptr_t{63}) + 1;
+        at = at > past_prev ? at : past_prev;
+      }
+      for (; at < end; at += 64) line(at);
+    }
+    void operator()(int j, int n) const {
+      if constexpr (W == 1) return;
+      if (n > 1 && kb >= 64 && vb >= 64) {  // whole lines a key: one key at a time
+        for (int k = 0; k < n; ++k) (*this)(j + k, 1);
+        return;
+      }
+      if (n == 1) {  // the per-key scorers: every line of the key's rows, as cheaply as possible
+        for (int g = 0; g < ns; ++g) {
+          const Seg& s = seg[g];
+          if (j >= s.hi) continue;
+          if (j < s.lo) return;
+          rows(s.k, s.ks, kb, j, j + 1, false);
+          rows(s.v, s.vs, vb, j, j + 1, false);
+          return;
+        }
+        return;
+      }
+      for (int g = 0; g < ns; ++g) {
+        const Seg& s = seg[g];
+        const int a = j > s.lo ? j : s.lo, b = j + n < s.hi ? j + n : s.hi;
+        if (a >= b) continue;
+        rows(s.k, s.ks, kb, a, b, a > s.lo);
+        rows(s.v, s.vs, vb, a, b, a > s.lo);
+      }
+    }
+    // The fp16 metadata of the whole next tile, once.
+    void meta() const {
+      for (int g = 0; g < ns; ++g) prefetch_meta(*seg[g].run, seg[g].lo + seg[g].shift, seg[g].hi + seg[g].shift);
+    }
+  };
 
   static void run(const KernelFormat& f, const SlotRun* runs, int n_runs, const RowBlock& rb, const RowState& st,
                   float* scratch) {
     const int d = f.dim, R = rb.rows, ks = key_split(f), vs = value_split(f), c8 = i8_block(f);
-    // After run_one's part of the scratch: the permuted query rows [R, d], then [d] floats,
+    // After run_tile's part of the scratch: the permuted query rows [R, d], then [d] floats,
     // then the int8 rows' scales [R] and offsets [R] and the int8 rows [R, d].
     float* qs = scratch + 3 * kTile + static_cast<size_t>(R) * (kTile + 2);
     float* tmp = qs + static_cast<size_t>(R) * d;
@@ -667,16 +784,43 @@ struct Kernel {
       for (int r = 0; r < R; ++r) permute_i8v(st.acc + static_cast<size_t>(r) * d, d, cv, f.value_bits, tmp, false);
     else if (vs > 1)
       for (int r = 0; r < R; ++r) permute(st.acc + static_cast<size_t>(r) * d, d, vs, tmp, false);
-    for (int i = 0; i < n_runs; ++i)
-      run_one(f, runs[i], i + 1 < n_runs ? &runs[i + 1] : nullptr, rows, c8 > 0 ? &i8 : nullptr, st, scratch);
+    // Tiles: whole runs while they fit in kTile keys and follow each other without a gap (a
+    // longer run is cut into kTile-key pieces).
+    TileSeg seg[kMaxSegs];
+    for (int i = 0, j = 0; i < n_runs;) {
+      int ns = 0, nt = 0;
+      while (i < n_runs && ns < kMaxSegs) {
+        const SlotRun& r = runs[i];
+        const int left = r.n - j;
+        if (left <= 0) {
+          ++i;
+          j = 0;
+          continue;
+        }
+        if (ns > 0 && (left > kTile - nt || r.pos0 + j != seg[ns - 1].run->pos0 + seg[ns - 1].j + seg[ns - 1].n)) break;
+        const int n = kf_min(left, kTile - nt);
+        seg[ns++] = {&r, j, n, nt};
+        nt += n;
+        j += n;
+        if (j == r.n) {
+          ++i;
+          j = 0;
+        }
+        if (nt == kTile) break;
+      }
+      if (ns > 0) run_tile(f, seg, ns, nt, runs, n_runs, i, j, rows, c8 > 0 ? &i8 : nullptr, st, scratch);
+    }
     if (cv > 1)
       for (int r = 0; r < R; ++r) permute_i8v(st.acc + static_cast<size_t>(r) * d, d, cv, f.value_bits, tmp, true);
     else if (vs > 1)
       for (int r = 0; r < R; ++r) permute(st.acc + static_cast<size_t>(r) * d, d, vs, tmp, true);
   }
 
-  static void run_one(const KernelFormat& f, const SlotRun& run, const SlotRun* next, const RowBlock& rb,
-                      const I8Rows* i8, const RowState& st, float* scratch) {
+  // One tile of nt keys (ns segments of consecutive runs); runs[i] slot j is where the next
+  // tile starts (prefetched as this one is scored).
+  static void run_tile(const KernelFormat& f, const TileSeg* seg, int ns, int nt, const SlotRun* runs, int n_runs,
+                       int i_next, int j_next, const RowBlock& rb, const I8Rows* i8, const RowState& st,
+                       float* scratch) {
     const int d = f.dim, R = rb.rows;
     float* kfac = scratch;
     float* vfac = kfac + kTile;
@@ -687,37 +831,40 @@ struct Kernel {
     const int cv = i8v_block(f);
     float* wscale = i8v_scales(scratch, R, d);                         // [R] int8 value scales
     uint8_t* w8 = reinterpret_cast<uint8_t*>(wscale + R);              // [R, kTile] int8 weights
-    for (int j0 = 0; j0 < run.n; j0 += kTile) {
-      const int nt = kf_min(kTile, run.n - j0);
-      const int64_t first = run.pos0 + j0, last = first + nt - 1;
+    {
+      const int64_t first = seg[0].run->pos0 + seg[0].j, last = first + nt - 1;
       bool any = false;
       for (int r = 0; r < R; ++r) {
         live[r] = rb.begin[r] <= last && rb.end[r] >= first ? 1.0f : 0.0f;
         any = any || live[r] != 0.0f;
       }
-      if (!any) continue;
-      // One slot a tile ahead is prefetched per key scored (into the next run at the end of
-      // this one): spread out, the prefetches stay within the core's outstanding-miss budget;
-      // issued as a burst of a whole tile (256 lines for f16), most of them were dropped.
-      const auto prefetch = [&](int j) {
-        const int t = j0 + j + kTile;
-        if (t < run.n)
-          prefetch_slot(f, run, t);
-        else if (next && t - run.n < next->n)
-          prefetch_slot(f, *next, t - run.n);
-      };
-      if (i8) {
-        // Integer scores; to the query's domain with the norm below: ((s - corr) * scale) * norm.
-        scores_i8_rows(f, R, i8->q, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, prefetch);
-      } else {
-        with_key_decoder(f, [&](const auto& dec) {
-          scores_rows(R, rb.q, d, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, nt, p, dec,
-                      prefetch);
-        });
+      if (!any) return;
+      Ahead plan;
+      plan.set(f, runs, n_runs, i_next, j_next);
+      plan.meta();
+      const Ahead* pl = &plan;
+      for (int g = 0; g < ns; ++g) {
+        const SlotRun& run = *seg[g].run;
+        const int j0 = seg[g].j, n = seg[g].n, off = seg[g].off;
+        const auto prefetch = [pl, off](int j, int m) { (*pl)(off + j, m); };
+        if (i8) {
+          // Integer scores; to the query's domain with the norm below: ((s - corr) * scale) * norm.
+          scores_i8_rows(f, R, i8->q, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, n, p + off,
+                         prefetch);
+        } else {
+          with_key_decoder(f, [&](const auto& dec) {
+            scores_rows(R, rb.q, d, run.kc + static_cast<size_t>(j0) * run.kc_stride, run.kc_stride, n, p + off, dec,
+                        prefetch);
+          });
+        }
+        key_factors(f, run, j0, n, kfac + off);
+        value_factors(f, run, j0, n, vfac + off, vzero + off);
       }
-      key_factors(f, run, j0, nt, kfac);
-      value_factors(f, run, j0, nt, vfac, vzero);
-      for (int j = nt; j < kTile; ++j) vfac[j] = vzero[j] = 0.0f;  // weights there are 0 already
+      // Uniform values only: the zero points' sum (Mse and float values have none).
+      const bool zero_points = f.value == ValueCodec::Uniform;
+      for (int j = nt; j < kTile; ++j) vfac[j] = 0.0f;  // weights there are 0 already
+      if (zero_points)
+        for (int j = nt; j < kTile; ++j) vzero[j] = 0.0f;
       // Int8 values: a non-finite or negative value scale in the tile makes every row NaN.
       bool bad_scales = false;
       if (cv > 0) {
@@ -730,8 +877,6 @@ struct Kernel {
         const float t = I::reduce(total);
         bad_scales = !(t - t == 0.0f) || I::reduce_max(neg) > 0.0f;
       }
-      // Uniform values only: the zero points' sum (Mse and float values have none).
-      const bool zero_points = f.value == ValueCodec::Uniform;
       for (int r = 0; r < R; ++r) {
         float* s = p + r * kTile;
         float mt = kNegInf;
@@ -741,8 +886,38 @@ struct Kernel {
           if (i8) x = I::mul(I::sub(x, I::set1(corr)), I::set1(sc));
           return I::mul(x, I::load(kfac + j));
         };
+        const bool whole = live[r] != 0.0f && nt == kTile && rb.begin[r] <= first && rb.end[r] >= last;
+        if (whole && cv > 0) {
+          // The common case of int8 value sums, the tile's scores held in registers from the
+          // scaling to the u8 weights (the same operations as the general path below).
+          constexpr int NV = kTile / W;
+          V x[NV];
+          V mx = I::set1(kNegInf);
+          for (int v = 0; v < NV; ++v) {
+            x[v] = key_score(I::load(s + v * W), v * W);
+            mx = I::max(mx, x[v]);
+          }
+          const float m_old = st.m[r], top = I::reduce_max(mx);
+          const float m_new = m_old > top ? m_old : top;
+          alpha[r] = m_old == kNegInf ? 0.0f : (m_old == m_new ? 1.0f : I::exp_scalar(m_old - m_new));
+          st.m[r] = m_new;
+          const V mv = I::set1(m_new);
+          V sum = I::zero(), z = I::zero(), wmx = I::zero();
+          for (int v = 0; v < NV; ++v) {
+            const V e = I::exp(I::sub(x[v], mv));
+            sum = I::add(sum, e);
+            if (zero_points) z = I::fmadd(e, I::load(vzero + v * W), z);
+            x[v] = I::mul(e, I::load(vfac + v * W));
+            wmx = I::max(wmx, x[v]);
+          }
+          st.l[r] = st.l[r] * alpha[r] + I::reduce(sum);
+          if (zero_points) st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);
+          quantize_weights_from(f, [&x](int v) { return x[v]; }, I::reduce_max(wmx), bad_scales, w8 + r * kTile,
+                                wscale + r);
+          continue;
+        }
         if (live[r] != 0.0f) {
-          if (nt == kTile && rb.begin[r] <= first && rb.end[r] >= last) {  // whole tile visible
+          if (whole) {
             V mx = key_score(I::load(s), 0);
             I::store(s, mx);
             for (int j = W; j < kTile; j += W) {
@@ -786,15 +961,21 @@ struct Kernel {
         if (zero_points) st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);
         if (cv > 0) quantize_weights(f, s, I::reduce_max(mx), bad_scales, w8 + r * kTile, wscale + r);
       }
-      if (cv > 0) {
-        values_i8_rows(f, R, st.acc, run.vc + static_cast<size_t>(j0) * run.vc_stride, run.vc_stride, nt, w8, alpha,
-                       wscale);
-        continue;
+      ValueRun vr[kMaxSegs];
+      for (int g = 0; g < ns; ++g) {
+        const SlotRun& run = *seg[g].run;
+        vr[g] = {run.vc + static_cast<size_t>(seg[g].j) * run.vc_stride, run.vc_stride, seg[g].n, seg[g].off};
       }
-      with_value_decoder(f, [&](const auto& dec) {
-        accumulate_rows(R, st.acc, d, run.vc + static_cast<size_t>(j0) * run.vc_stride, run.vc_stride, nt, p,
-                        alpha, dec);
-      });
+      // Int8 sums: the integers of the whole tile, then one rescale of the accumulators.
+      if (cv > 0) return values_i8_rows(f, R, st.acc, vr, ns, w8, alpha, wscale);
+      // fp32 sums run by run: the accumulators are rescaled by alpha with the first one.
+      for (int g = 0; g < ns; ++g) {
+        if (g == 1)
+          for (int r = 0; r < R; ++r) alpha[r] = 1.0f;
+        with_value_decoder(f, [&](const auto& dec) {
+          accumulate_rows(R, st.acc, d, vr[g].base, vr[g].stride, vr[g].n, p + vr[g].off, alpha, dec);
+        });
+      }
     }
   }
 };

@@ -147,6 +147,45 @@ TEST(PagedCache, LayoutsMatchFormatMdByteForByte) {
 }
 
 
+// Int8 scores and values over pages: a tile takes whole pages while they fit (kernel_impl.h
+// run()), so its runs end at any key, not only at multiples of the 4-key groups of the SIMD
+// scorers and value sums. Every level equals the scalar kernel: with zero queries (every
+// weight the value's scale: the same integers everywhere, up to float rounding) and with random
+// ones (exp's last bit may round a u8 the other way between builds).
+TEST(PagedAttention, Int8TilesAcrossPagesEveryLevel) {
+  LevelGuard guard;
+  testing_util::ScoresGuard int8(KeyScores::Int8);
+  const int H = 2, Hq = 6;
+  for (int d : {64, 128})
+    for (const char* name : {"turboquant_4bit_nc", "tq-k4v2", "turboquant_3bit_nc", "tq-k2v3"})
+      for (PageLayout layout : {PageLayout::Slot, PageLayout::Page})
+        for (int bs : {16, 64}) {
+          PagedCache cache(config(name, bs, layout, 48, H, d));
+          const int64_t a = cache.add_sequence(), b = cache.add_sequence();
+          append(cache, a, 300, 10);
+          append(cache, b, 77, 20);
+          const std::vector<int64_t> seqs = {a, b};
+          for (bool zero : {true, false})
+            for (int window : {0, 33, 101}) {
+              const auto q = zero ? std::vector<float>(seqs.size() * Hq * d, 0.0f) : gaussian(seqs.size() * Hq * d, 41);
+              AttentionParams p;
+              p.n_q_heads = Hq;
+              p.window = window;
+              std::vector<float> scalar(q.size());
+              set_simd_level(SimdLevel::Scalar);
+              paged_attention(cache, 1, seqs, q.data(), p, scalar.data());
+              for (SimdLevel level : {SimdLevel::Avx2, SimdLevel::Avx512}) {
+                if (!simd_level_supported(level)) continue;
+                set_simd_level(level);
+                std::vector<float> out(q.size(), NAN);
+                paged_attention(cache, 1, seqs, q.data(), p, out.data());
+                EXPECT_LT(rel_error(out, scalar), zero ? 1e-6 : 2e-3)
+                    << name << " d " << d << " bs " << bs << " window " << window << " " << simd_level_name(level);
+              }
+            }
+        }
+}
+
 TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
   LevelGuard guard;
   testing_util::ScoresGuard exact(KeyScores::Exact);
