@@ -95,12 +95,12 @@ def allocate(layers, key, value, D, dim, budget):
     return bits, cost(), kl
 
 
-def spec_string(bits, centre):
+def spec_string(bits, centre, options="+c"):
     groups = {}
     for l, (kb, vb) in bits.items():
         groups.setdefault((kb, vb), []).append(l)
     base = max(groups, key=lambda kv: len(groups[kv]))  # most common width: the base format
-    spec = f"k{base[0]}v{base[1]}" + ("+c" if centre else "")
+    spec = f"k{base[0]}v{base[1]}" + (options if centre else "")
     for kv, ls in sorted(groups.items()):
         if kv != base:
             spec += "+L" + ".".join(str(l) for l in sorted(ls)) + f"=k{kv[0]}v{kv[1]}"
@@ -114,6 +114,9 @@ def main():
     ap.add_argument("--tqkv", default="build/release/tqkv")
     ap.add_argument("--scan-specs", metavar="L0-L1", help="print the scan's specs for layers L0..L1 and exit")
     ap.add_argument("--suffix", default="", help="options every scan spec carries (e.g. +sink1+w7)")
+    ap.add_argument("--options", default="+c", help="options after the base width in the printed spec (e.g. +s+skip0)")
+    ap.add_argument("--assume", metavar="L,L,...=KL",
+                    help="layers the scan lacks (e.g. the f16 boundary layers 0,1,28,29) with this KL for keys and values")
     args = ap.parse_args()
     if args.scan_specs:
         lo, hi = map(int, args.scan_specs.split("-"))
@@ -122,9 +125,14 @@ def main():
     if not args.scan:
         ap.error("a scan JSON is required")
     dim, layers, key, value = load_scan(args.scan, args.suffix)
+    if args.assume:
+        extra, kl = args.assume.split("=")
+        for l in map(int, extra.split(",")):
+            key[l] = value[l] = max(float(kl), 1e-6)
+        layers = sorted(set(layers) | set(map(int, extra.split(","))))
     D = distortion(args.tqkv, dim)
     bits, b, kl = allocate(layers, key, value, D, dim, args.budget)
-    print(spec_string(bits, True) + args.suffix)
+    print(spec_string(bits, True, args.options) + args.suffix)
     print(f"# {b:.4f} bits/element over {len(layers)} layers, predicted KL {kl:.4f} (additive model)", file=sys.stderr)
     for l in layers:
         print(f"#   L{l}: k{bits[l][0]}v{bits[l][1]}  (scan KL keys {key[l]:.4f}, values {value[l]:.4f})", file=sys.stderr)
