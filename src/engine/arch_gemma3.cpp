@@ -76,9 +76,7 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
     const LayerWeights& L = w.layers[l];
     const RopeParams& rope = c.rope_at(l);
     dev.rmsnorm(x.data(), L.attn_norm.data(), n, d, c.rms_eps, xn.data());
-    P.matmul(xn.data(), *L.wq, q.data());
-    P.matmul(xn.data(), *L.wk, k.data());
-    P.matmul(xn.data(), *L.wv, v.data());
+    P.qkv(xn.data(), L, q.data(), k.data(), v.data());
     dev.rmsnorm(q.data(), L.q_norm.data(), n * c.n_heads, hd, c.rms_eps, q.data());  // each head its own row
     dev.rmsnorm(k.data(), L.k_norm.data(), n * c.n_kv_heads, hd, c.rms_eps, k.data());
     dev.rope(q.data(), n, c.n_heads, hd, batch.positions.data(), rope);
@@ -91,8 +89,7 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
     dev.add(x.data(), xn.data(), N * d);
 
     dev.rmsnorm(x.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data());
-    P.matmul(xn.data(), *L.w_gate, gate.data());
-    P.matmul(xn.data(), *L.w_up, up.data());
+    P.gate_up(xn.data(), L, gate.data(), up.data());
     dev.gelu_glu(gate.data(), up.data(), N * ff);
     P.matmul(gate.data(), *L.w_down, xn.data());
     dev.rmsnorm(xn.data(), L.post_ffn_norm.data(), n, d, c.rms_eps, xn.data());

@@ -51,9 +51,7 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     dev.rmsnorm(x.data(), L.attn_norm.data(), n, d, c.rms_eps, xn.data());
-    P.matmul(xn.data(), *L.wq, q.data(), L.bq.data());
-    P.matmul(xn.data(), *L.wk, k.data(), L.bk.data());
-    P.matmul(xn.data(), *L.wv, v.data(), L.bv.data());
+    P.qkv(xn.data(), L, q.data(), k.data(), v.data());
     dev.rope(q.data(), n, c.n_heads, hd, batch.positions.data(), c.rope);
     dev.rope(k.data(), n, c.n_kv_heads, hd, batch.positions.data(), c.rope);
     dev.attention_begin();
@@ -63,8 +61,7 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
     dev.add(x.data(), xn.data(), N * d);
 
     dev.rmsnorm(x.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data());
-    P.matmul(xn.data(), *L.w_gate, gate.data());
-    P.matmul(xn.data(), *L.w_up, up.data());
+    P.gate_up(xn.data(), L, gate.data(), up.data());
     dev.swiglu(gate.data(), up.data(), N * ff);
     P.matmul(gate.data(), *L.w_down, xn.data());
     dev.add(x.data(), xn.data(), N * d);

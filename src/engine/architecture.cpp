@@ -1,6 +1,9 @@
 #include "architecture.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "dequant.h"
 #include "gguf.h"
@@ -91,6 +94,35 @@ void StepProducts::matmul(const float* x, const DeviceMatrix& w, float* y, const
   if (!per_run_) return dev_.matmul(x, batch_.size(), w, y, bias);
   dev_.matmul_runs(x, runs_.data(), static_cast<int>(runs_.size()), w, y, bias);
 }
+
+void StepProducts::matmul_group(const float* x, const GroupProduct* products, int count) const {
+  if (!per_run_ && group_products()) return dev_.matmul_group(x, batch_.size(), products, count);
+  for (int i = 0; i < count; ++i) matmul(x, *products[i].w, products[i].y, products[i].bias);
+}
+
+void StepProducts::qkv(const float* x, const LayerWeights& L, float* q, float* k, float* v) const {
+  const GroupProduct g[3] = {{L.wq.get(), q, L.bq.data()}, {L.wk.get(), k, L.bk.data()}, {L.wv.get(), v, L.bv.data()}};
+  matmul_group(x, g, 3);
+}
+
+void StepProducts::gate_up(const float* x, const LayerWeights& L, float* gate, float* up) const {
+  const GroupProduct g[2] = {{L.w_gate.get(), gate}, {L.w_up.get(), up}};
+  matmul_group(x, g, 2);
+}
+
+namespace {
+std::atomic<bool>& group_slot() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("TQKV_GROUP_PRODUCTS");
+    return !(e && std::string_view(e) == "0");
+  }()};
+  return on;
+}
+}  // namespace
+
+bool group_products() { return group_slot().load(std::memory_order_relaxed); }
+
+void set_group_products(bool on) { group_slot().store(on, std::memory_order_relaxed); }
 
 void StepProducts::matmul_logit_rows(const float* x, const DeviceMatrix& w, float* y) const {
   if (!per_run_) return dev_.matmul(x, batch_.n_logits(), w, y);

@@ -81,6 +81,14 @@ class StepProducts {
   StepProducts(Device& dev, const Batch& batch);
   // y[rows, w.rows] = x[rows, w.cols] * w^T (+ bias) for the batch's rows.
   void matmul(const float* x, const DeviceMatrix& w, float* y, const float* bias = nullptr) const;
+  // products[0 .. count) over the same x for the batch's rows, each equal bit for bit to its
+  // matmul: Device::matmul_group, unless the runs are multiplied separately (then one matmul
+  // each) or grouping is off (group_products()).
+  void matmul_group(const float* x, const GroupProduct* products, int count) const;
+  // A layer's Q, K, V (with its biases where it has them) from one input, as one group.
+  void qkv(const float* x, const LayerWeights& L, float* q, float* k, float* v) const;
+  // Its gate and up from one input, as one group.
+  void gate_up(const float* x, const LayerWeights& L, float* gate, float* up) const;
   // The same for rows that are only the batch's logit rows (in batch order).
   void matmul_logit_rows(const float* x, const DeviceMatrix& w, float* y) const;
 
@@ -91,6 +99,11 @@ class StepProducts {
   std::vector<RowRun> runs_;        // with per_run_: each run's rows
   std::vector<RowRun> logit_runs_;  // and its logit rows (among the batch's logit rows)
 };
+
+// Whether StepProducts multiplies products that share an input as one group: set_group_products,
+// else TQKV_GROUP_PRODUCTS (0 = off, read once), else on. The results are the same either way.
+bool group_products();
+void set_group_products(bool on);  // for the whole process
 
 // Shared by the architectures: final RMSNorm of the rows that want logits, the output head
 // (tok_embd when tied), copied to the host.

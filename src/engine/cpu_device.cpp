@@ -142,6 +142,47 @@ void CpuDevice::matmul_runs(const float* x, const RowRun* runs, int n_runs, cons
   });
 }
 
+// The products' rows in one job: each part takes the rows whose first weight byte falls in its
+// share of the group's bytes (every row exactly once, rows in proportion to what they cost to
+// read), so two threads meet once per group instead of once per product. A row's result does
+// not depend on which part computes it (qgemm per row slice), so it equals matmul's.
+void CpuDevice::matmul_group(const float* x, int n, const GroupProduct* products, int count) {
+  bool quantized = n >= 1 && n <= kQuantizedMaxTokens && count > 1;
+  int64_t bytes = 0, rows = 0;
+  for (int i = 0; i < count && quantized; ++i) {
+    const auto& w = static_cast<const CpuMatrix&>(*products[i].w);
+    if (w.cols() != products[0].w->cols())
+      throw Error(ErrorCode::InvalidArgument, "matmul_group: products over inputs of different widths");
+    quantized = !w.q.empty();
+    bytes += static_cast<int64_t>(w.rows()) * static_cast<int64_t>(w.row_bytes);
+    rows += w.rows();
+  }
+  if (!quantized) return Device::matmul_group(x, n, products, count);
+  thread_local QgemmInput input;
+  input.prepare(x, n, products[0].w->cols());
+  const QgemmInput& xin = input;  // the caller's, for the workers
+  const int parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cpu::pool_threads(), rows / 64)));
+  cpu::parallel_for(parts, [&](int p) {
+    const int64_t b0 = bytes * p / parts, b1 = bytes * (p + 1) / parts;
+    int64_t at = 0;  // the product's first byte in the group
+    for (int i = 0; i < count; ++i) {
+      const auto& w = static_cast<const CpuMatrix&>(*products[i].w);
+      const int out = w.rows();
+      const auto rb = static_cast<int64_t>(w.row_bytes);
+      // The first row starting at or past byte b.
+      auto first = [&](int64_t b) { return b <= at ? 0 : static_cast<int>(std::min<int64_t>(out, (b - at + rb - 1) / rb)); };
+      const int o0 = first(b0), o1 = first(b1);
+      at += out * rb;
+      if (o1 <= o0) continue;
+      float* y = products[i].y;
+      qgemm(w.qtype, w.q.data(), o0, o1, xin, y + o0, out);
+      if (const float* bias = products[i].bias)
+        for (int t = 0; t < n; ++t)
+          for (int o = o0; o < o1; ++o) y[static_cast<size_t>(t) * out + o] += bias[o];
+    }
+  });
+}
+
 void CpuDevice::rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) {
   for (int t = 0; t < n; ++t) {
     const float* xi = x + static_cast<size_t>(t) * d;

@@ -53,6 +53,9 @@ class CpuDevice final : public Device {
   // one matmul each.
   void matmul_runs(const float* x, const RowRun* runs, int n_runs, const DeviceMatrix& w, float* y,
                    const float* bias) override;
+  // 1-2 rows over blocks-only matrices: x quantized once, and all the products' output rows in
+  // one parallel job, split by weight bytes. Otherwise one matmul each.
+  void matmul_group(const float* x, int n, const GroupProduct* products, int count) override;
   void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) override;
   void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) override;
   void swiglu(float* gate, const float* up, size_t n) override;

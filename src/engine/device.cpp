@@ -23,6 +23,10 @@ void Device::matmul_runs(const float* x, const RowRun* runs, int n_runs, const D
            y + static_cast<size_t>(runs[i].begin) * w.rows(), bias);
 }
 
+void Device::matmul_group(const float* x, int n, const GroupProduct* products, int count) {
+  for (int i = 0; i < count; ++i) matmul(x, n, *products[i].w, products[i].y, products[i].bias);
+}
+
 std::shared_ptr<Device> make_device(std::string_view name) {
   if (name == "cpu") return std::make_shared<CpuDevice>();
 #ifdef TQKV_HAS_CUDA

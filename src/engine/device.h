@@ -33,6 +33,15 @@ struct RowRun {
   int begin, count;
 };
 
+// One product of a group over a shared input (Device::matmul_group):
+// y[n, w.rows] = x[n, w.cols] * w^T (+ bias[w.rows] when not null).
+class DeviceMatrix;
+struct GroupProduct {
+  const DeviceMatrix* w;
+  float* y;
+  const float* bias = nullptr;
+};
+
 struct RopeParams {
   int n_rot = 0;  // leading dims of each head that RoPE rotates (even)
   float base = 10000.0f;
@@ -105,6 +114,13 @@ class Device {
   // among runs when that changes no result (the CPU's quantized kernels for 1-2 rows).
   virtual void matmul_runs(const float* x, const RowRun* runs, int n_runs, const DeviceMatrix& w, float* y,
                            const float* bias = nullptr);
+  // products[0 .. count) over the same x [n, cols] (every w has the same cols; no y overlaps x or
+  // another y), each equal bit for bit to its matmul alone: Q, K, V from one normed row, gate
+  // and up from another. Default: one matmul each. The CPU prepares x once for its quantized
+  // kernels and splits the union of the products' output rows over its threads in one job.
+  // (The CUDA device keeps the default, converting x to bf16 once per product; its override,
+  // one conversion per group, comes with a GPU check.)
+  virtual void matmul_group(const float* x, int n, const GroupProduct* products, int count);
   // y[t] = x[t] / rms(x[t]) * w, over d features; y may be x. Per-head norms pass
   // n = tokens * heads rows of d = head_dim.
   virtual void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) = 0;

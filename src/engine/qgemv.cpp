@@ -222,33 +222,6 @@ void over_tiles(int r0, int r1, int n, Call call) {
   }
 }
 
-void run_f32(const detail::QgemvKernels& k, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
-             int n, float* y, size_t ldy) {
-  const detail::QgemmFn fn = kernel_of(k, type, cols);
-  const int nb = cols / 32;
-  thread_local std::vector<float> xsum;
-  xsum.resize(static_cast<size_t>(n) * nb);
-  for (size_t i = 0; i < xsum.size(); ++i) {
-    float s = 0;
-    for (int j = 0; j < 32; ++j) s += x[32 * i + j];
-    xsum[i] = s;
-  }
-  over_tiles(r0, r1, n, [&](int t0, int t1, int g, int m) {
-    fn({w, cols, t0, t1, x + static_cast<size_t>(g) * cols, xsum.data() + static_cast<size_t>(g) * nb, m,
-        y + g * ldy + (t0 - r0), ldy});
-  });
-}
-
-void run_int8(const detail::QdotKernels& k, uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x,
-              int n, float* y, size_t ldy) {
-  const detail::QdotFn fn = kernel_of(k, type, cols);
-  thread_local detail::QdotBuffers q;
-  detail::quantize_rows(x, n, cols, q);
-  over_tiles(r0, r1, n, [&](int t0, int t1, int g, int m) {
-    fn({w, cols, t0, t1, q.rows(g, cols), m, y + g * ldy + (t0 - r0), ldy});
-  });
-}
-
 // The VNNI table is built only where the CPU runs it (its file is compiled for AVX-512).
 const detail::QdotKernels& qdot_kernels_for(SimdLevel level) {
   static const detail::QdotKernels scalar = detail::qdot_scalar();
@@ -268,16 +241,6 @@ std::atomic<int>& mode_slot() {
   return m;
 }
 
-void run(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, int n, float* y, size_t ldy) {
-  if (n < 0 || r0 < 0 || r1 < r0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count or range");
-  const SimdLevel level = active_simd_level();
-  if (qdot_mode() == QdotMode::Int8) {
-    run_int8(qdot_kernels_for(level), type, w, cols, r0, r1, x, n, y, ldy);
-  } else {
-    run_f32(kernels_for(level), type, w, cols, r0, r1, x, n, y, ldy);
-  }
-}
-
 }  // namespace
 
 bool qgemv_supported(uint32_t type) {
@@ -291,12 +254,53 @@ const char* qgemv_isa() {
   return l >= SimdLevel::Avx512 ? "avx512" : l >= SimdLevel::Avx2 ? "avx2" : "scalar";
 }
 
-void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y) {
-  run(type, w, cols, r0, r1, x, 1, y, 0);
+void QgemmInput::prepare(const float* x, int n, int cols) {
+  if (n < 0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count");
+  if (cols % 32 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: cols must be a multiple of 32");
+  mode_ = qdot_mode();
+  x_ = x;
+  n_ = n;
+  cols_ = cols;
+  if (mode_ == QdotMode::Int8) {
+    detail::quantize_rows(x, n, cols, q_);
+    return;
+  }
+  xsum_.resize(static_cast<size_t>(n) * (cols / 32));
+  for (size_t i = 0; i < xsum_.size(); ++i) {
+    float s = 0;
+    for (int j = 0; j < 32; ++j) s += x[32 * i + j];
+    xsum_[i] = s;
+  }
+}
+
+void qgemm(uint32_t type, const uint8_t* w, int r0, int r1, const QgemmInput& x, float* y, size_t ldy) {
+  if (r0 < 0 || r1 < r0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count or range");
+  const SimdLevel level = active_simd_level();
+  const int cols = x.cols_, nb = cols / 32;
+  if (x.mode_ == QdotMode::Int8) {
+    const detail::QdotFn fn = kernel_of(qdot_kernels_for(level), type, cols);
+    over_tiles(r0, r1, x.n_, [&](int t0, int t1, int g, int m) {
+      fn({w, cols, t0, t1, x.q_.rows(g, cols), m, y + g * ldy + (t0 - r0), ldy});
+    });
+  } else {
+    const detail::QgemmFn fn = kernel_of(kernels_for(level), type, cols);
+    over_tiles(r0, r1, x.n_, [&](int t0, int t1, int g, int m) {
+      fn({w, cols, t0, t1, x.x_ + static_cast<size_t>(g) * cols, x.xsum_.data() + static_cast<size_t>(g) * nb, m,
+          y + g * ldy + (t0 - r0), ldy});
+    });
+  }
 }
 
 void qgemm(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, int n, float* y, size_t ldy) {
-  run(type, w, cols, r0, r1, x, n, y, ldy);
+  if (n < 0 || r0 < 0 || r1 < r0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count or range");
+  kernel_of(qdot_kernels_for(SimdLevel::Scalar), type, cols);  // checks type and cols before the rows are read
+  thread_local QgemmInput input;
+  input.prepare(x, n, cols);
+  qgemm(type, w, r0, r1, input, y, ldy);
+}
+
+void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, float* y) {
+  qgemm(type, w, cols, r0, r1, x, 1, y, 0);
 }
 
 QdotMode parse_qdot_mode(std::string_view name) {

@@ -11,7 +11,8 @@
 // - f32: x stays float32, so a product equals the batched path's SGEMM on dequantized weights
 //   to float rounding (token-by-token decode and batched prefill agree to 1e-4,
 //   tests/engine/test_model.cpp).
-// - int8: each row of x is quantized once per product to int8 per 32-element block with a
+// - int8: each row of x is quantized once per product (once per group of products over the same
+//   rows, QgemmInput) to int8 per 32-element block with a
 //   float scale (as llama.cpp's Q8_0), and the weight codes meet it in integer dot products
 //   (AVX-512 VNNI vpdpbusd, AVX2 vpmaddubsw + vpmaddwd); the contract every ISA meets bit for
 //   bit is in qgemv_kernels.h. A product differs from the float one by the activation
@@ -26,8 +27,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
+
+#include "qgemv_kernels.h"
 
 namespace tqkv::engine {
+
+enum class QdotMode { F32, Int8 };
 
 bool qgemv_supported(uint32_t type);
 
@@ -42,10 +48,33 @@ void qgemv(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const floa
 // changes no product. n = 0 writes nothing.
 void qgemm(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, int n, float* y, size_t ldy);
 
+// Activation rows x [n, cols] made ready once for several products over them (a group of
+// products that share an input, CpuDevice::matmul_group, or one product's row slices on several
+// threads): under the int8 path quantized, under f32 their block sums taken. qgemm over it
+// equals qgemm over x bit for bit, in the mode current at prepare(). x is not copied: it must
+// stay unchanged while products read the input. Throws tqkv::Error for n < 0 or cols not a
+// multiple of 32.
+class QgemmInput {
+ public:
+  void prepare(const float* x, int n, int cols);
+  int n() const { return n_; }
+  int cols() const { return cols_; }
+
+ private:
+  friend void qgemm(uint32_t type, const uint8_t* w, int r0, int r1, const QgemmInput& x, float* y, size_t ldy);
+  QdotMode mode_ = QdotMode::Int8;
+  const float* x_ = nullptr;
+  int n_ = 0, cols_ = 0;
+  std::vector<float> xsum_;  // f32: sums of x per 32-element block [n, cols / 32]
+  detail::QdotBuffers q_;    // int8: the quantized rows
+};
+
+// qgemm of prepared rows (cols = x.cols()); safe to call from several threads at once.
+void qgemm(uint32_t type, const uint8_t* w, int r0, int r1, const QgemmInput& x, float* y, size_t ldy);
+
 // The f32 path's implementation for the active SIMD level: "avx512", "avx2" or "scalar".
 const char* qgemv_isa();
 
-enum class QdotMode { F32, Int8 };
 QdotMode parse_qdot_mode(std::string_view name);  // "f32" | "int8"; else tqkv::Error
 const char* qdot_mode_name(QdotMode mode);
 // The mode qgemv / qgemm use now: TQKV_QDOT if set (read once), else Int8, unless overridden.

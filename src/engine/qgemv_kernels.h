@@ -93,7 +93,7 @@ inline void q4_k_scales_mins(const uint8_t* sc, uint8_t out[16]) {
 inline constexpr int kQ6kBytes = 210;
 
 // The int8 path (qgemv.h, QdotMode::Int8). Each activation row is quantized once per product
-// (quantize_rows): per 32-element block b, scale xd[b] = max|x| / 127 and codes
+// or group of products (quantize_rows, QgemmInput): per 32-element block b, scale xd[b] = max|x| / 127 and codes
 // xq = round(x / xd[b]) in [-127, 127]. Weight block codes q (unsigned, Q8_0 signed) meet xq
 // in integer dot products; the contract every ISA meets bit for bit (the scalar twin is its
 // definition):

@@ -6,17 +6,49 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "engine/architecture.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/qgemv.h"
 #include "engine/tokenizer.h"
 #include "tqkv/format.h"
+#include "tqkv/threads.h"
 
 namespace tqkv::engine::testing_util {
+
+// Products that share an input multiplied as groups (set_group_products: the CPU quantizes the
+// input once and runs a group's rows in one job) and one by one give the same logits bit for
+// bit: a prefill of ids (SGEMM, n - 3 tokens), then steps of 2 and 1 tokens (the quantized
+// kernels), with the 4-bit cache on 2 threads.
+inline void expect_grouped_products_change_nothing(const Model& model, const std::vector<int32_t>& ids) {
+  const int V = model.config().n_vocab, n = static_cast<int>(ids.size());
+  ASSERT_GE(n, 4);
+  struct Restore {
+    int threads = num_threads();
+    ~Restore() {
+      set_num_threads(threads);
+      set_group_products(true);
+    }
+  } restore;
+  set_num_threads(2);
+  std::vector<float> logits[2];
+  for (int grouped = 0; grouped < 2; ++grouped) {
+    set_group_products(grouped != 0);
+    auto cache = model.make_cache("tq-k4v4", 256);
+    const int64_t seq = cache->add_sequence();
+    logits[grouped].resize(static_cast<size_t>(n) * V);
+    float* out = logits[grouped].data();
+    model.forward(seq, ids.data(), n - 3, *cache, out, true);
+    model.forward(seq, &ids[n - 3], 2, *cache, out + static_cast<size_t>(n - 3) * V, true);
+    model.forward(seq, &ids[n - 1], 1, *cache, out + static_cast<size_t>(n - 1) * V, true);
+  }
+  EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0);
+}
 
 // The qgemv path for one scope (tests comparing against float references run under f32: the
 // int8 path's own agreement is checked separately).

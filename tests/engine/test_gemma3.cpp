@@ -76,6 +76,11 @@ TEST_F(Gemma3, Config) {
   }
 }
 
+// Grouped Q, K, V and gate, up (GeGLU) give the logits of the products one by one, bit for bit.
+TEST_F(Gemma3, GroupedProductsLeaveLogitsUnchanged) {
+  testing_util::expect_grouped_products_change_nothing(*model_, prompt("The capital of France is a city called"));
+}
+
 TEST_F(Gemma3, Tokenizer) {
   EXPECT_EQ(tok_->kind(), Tokenizer::Kind::SentencePiece);
   EXPECT_TRUE(tok_->add_bos());

@@ -345,6 +345,12 @@ TEST_F(Smol, BatchedDecodeStepEqualsAloneBitForBit) {
   }
 }
 
+// Q, K, V and gate, up multiplied as groups give the logits of the products one by one, bit
+// for bit (testing_util::expect_grouped_products_change_nothing).
+TEST_F(Smol, GroupedProductsLeaveLogitsUnchanged) {
+  testing_util::expect_grouped_products_change_nothing(*model_, chat("Name three rivers."));
+}
+
 TEST_F(Smol, ByteAccountingCountsCopies) {
   const CacheSpec plain = model_->resolve("tq-k4v4"), copies = model_->resolve("tq-k4v4+sink1+w8");
   const CacheBytes a = plain.bytes(100, 512), b = copies.bytes(100, 512);

@@ -18,6 +18,7 @@
 #include "tqkv/error.h"
 #include "tqkv/half.h"
 #include "tqkv/simd.h"
+#include "tqkv/threads.h"
 
 namespace tqkv::engine {
 namespace {
@@ -256,6 +257,102 @@ TEST(CpuDevice, BlocksOnlyMatrixMatchesDequantizedProduct) {
       for (int c = 0; c < cols; ++c)
         ASSERT_EQ(e[static_cast<size_t>(k) * cols + c], 0.5f * wf[static_cast<size_t>(tokens[k]) * cols + c]);
   }
+}
+
+}  // namespace
+}  // namespace tqkv::engine
+
+namespace tqkv::engine {
+namespace {
+
+// A matrix of random blocks of `type` (F32: random floats) loaded onto the CPU device.
+std::unique_ptr<DeviceMatrix> random_matrix(CpuDevice& dev, TensorType type, int rows, int cols, std::mt19937& rng,
+                                            std::vector<std::vector<uint8_t>>& keep) {
+  if (type == TensorType::F32) {
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    std::vector<float> f(static_cast<size_t>(rows) * cols);
+    for (auto& v : f) v = nd(rng);
+    keep.emplace_back(reinterpret_cast<const uint8_t*>(f.data()), reinterpret_cast<const uint8_t*>(f.data() + f.size()));
+  } else {
+    keep.push_back(random_blocks(type, rows, cols, rng));
+  }
+  GgufTensor t;
+  t.name = "w";
+  t.shape = {cols, rows};
+  t.type = static_cast<uint32_t>(type);
+  t.data = keep.back().data();
+  t.nbytes = keep.back().size();
+  return dev.load_matrix(t, rows, cols);
+}
+
+// A group of products over one input (Q, K, V; gate and up) equals its products one by one bit
+// for bit: every quantized type alone and mixed (as Q4_K_M files mix Q4_K and Q6_K), with and
+// without biases, odd row counts (so the byte split cuts rows at odd places), 1-3 input rows
+// (3 takes SGEMM, one product at a time), a float32 matrix in the group (one product at a
+// time), both qgemv paths, every ISA and 1-3 threads.
+TEST(CpuDevice, MatmulGroupEqualsSeparateProductsBitForBit) {
+  Restore restore;
+  struct Threads {
+    int n = num_threads();
+    ~Threads() { set_num_threads(n); }
+  } restore_threads;
+  std::mt19937 rng(21);
+  const int cols = 512;
+  CpuDevice dev;
+  std::vector<std::vector<uint8_t>> keep;
+  std::vector<std::vector<TensorType>> groups;
+  for (TensorType t : kTypes) groups.push_back({t, t, t});
+  groups.push_back({TensorType::Q4_K, TensorType::Q6_K});
+  groups.push_back({TensorType::Q4_K, TensorType::Q4_K, TensorType::Q6_K});
+  groups.push_back({TensorType::Q8_0, TensorType::F32, TensorType::Q4_1});
+  const int kRows[] = {97, 33, 161};
+  std::normal_distribution<float> nd;
+  std::vector<float> x(3 * static_cast<size_t>(cols));
+  for (auto& v : x) v = nd(rng);
+  for (const auto& types : groups) {
+    std::vector<std::unique_ptr<DeviceMatrix>> m;
+    std::vector<std::vector<float>> bias;
+    std::string name;
+    for (size_t i = 0; i < types.size(); ++i) {
+      m.push_back(random_matrix(dev, types[i], kRows[i], cols, rng, keep));
+      bias.emplace_back(i == 1 ? 0 : kRows[i]);  // the second without bias
+      for (auto& b : bias.back()) b = nd(rng);
+      name += tensor_type_name(static_cast<uint32_t>(types[i])) + " ";
+    }
+    for (QdotMode mode : {QdotMode::F32, QdotMode::Int8}) {
+      set_qdot_mode(mode);
+      for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
+        if (!simd_level_supported(level)) continue;
+        set_simd_level(level);
+        for (int th : {1, 2, 3}) {
+          set_num_threads(th);
+          for (int n : {1, 2, 3}) {
+            SCOPED_TRACE(name + qdot_isa() + " " + qdot_mode_name(mode) + " threads " + std::to_string(th) + " n " +
+                         std::to_string(n));
+            std::vector<std::vector<float>> want, got;
+            std::vector<GroupProduct> g;
+            for (size_t i = 0; i < m.size(); ++i) {
+              const float* b = bias[i].empty() ? nullptr : bias[i].data();
+              want.emplace_back(static_cast<size_t>(n) * m[i]->rows());
+              got.emplace_back(want.back().size(), 12345.0f);
+              dev.matmul(x.data(), n, *m[i], want.back().data(), b);
+              g.push_back({m[i].get(), got.back().data(), b});
+            }
+            dev.matmul_group(x.data(), n, g.data(), static_cast<int>(g.size()));
+            for (size_t i = 0; i < m.size(); ++i)
+              ASSERT_EQ(std::memcmp(want[i].data(), got[i].data(), want[i].size() * sizeof(float)), 0) << "product " << i;
+          }
+        }
+      }
+    }
+  }
+  // Products over inputs of different widths are refused.
+  std::vector<std::unique_ptr<DeviceMatrix>> m;
+  m.push_back(random_matrix(dev, TensorType::Q8_0, 32, 64, rng, keep));
+  m.push_back(random_matrix(dev, TensorType::Q8_0, 32, 96, rng, keep));
+  std::vector<float> y(64);
+  const GroupProduct g[2] = {{m[0].get(), y.data()}, {m[1].get(), y.data() + 32}};
+  EXPECT_THROW(dev.matmul_group(x.data(), 1, g, 2), Error);
 }
 
 }  // namespace

@@ -159,6 +159,12 @@ TEST_F(Qwen, LogitsMatchNumpyReference) {
   EXPECT_EQ(tok_->piece(static_cast<int32_t>(std::max_element(last, last + V) - last)), "The");
 }
 
+// Grouped Q, K, V (with Qwen's biases) and gate, up over Q4_K and Q6_K matrices: the logits
+// of the products one by one, bit for bit.
+TEST_F(Qwen, GroupedProductsLeaveLogitsUnchanged) {
+  testing_util::expect_grouped_products_change_nothing(*model_, chat("Write a haiku about rust."));
+}
+
 // A coding question answered with code, the same with the f16 cache as with f32, stopping at
 // the end of its turn.
 TEST_F(Qwen, GreedyAnswersACodingQuestion) {
