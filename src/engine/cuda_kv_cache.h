@@ -190,11 +190,11 @@ class CudaKvCache final : public KvCache {
   PrefillPath prefill_path_ = PrefillPath::Auto;
   int64_t rows_from_ = 0;  // auto: chunks whose sequence then holds >= this many positions go as rows
   // Above this many decode rows (prefill chunks whose queries run as decode rows) the three
-  // launches stay. The fused launch used to give the sinks' and window's parts a fixed share of
-  // CTAs, and 1K-row prefill steps measured 5-20% slower with it on the H200; its plan now gives
-  // them no more CTAs than the middle (plan_fused_decode). TQKV_FUSED_MAX_ROWS=N moves the limit
-  // (before/after runs from one binary). Decode steps of every CUDA-graph bucket (at most 256
-  // sequences) stay fused.
+  // launches stay: 1K-row prefill steps measured 5-20% slower fused on the H200, and still
+  // 4-24% slower with the copies' parts capped at the middle's CTAs above 256 rows
+  // (plan_fused_decode; docs/RESULTS.md, GPU serving, fourth run). TQKV_FUSED_MAX_ROWS=N moves
+  // the limit (before/after runs from one binary). Decode steps of every CUDA-graph bucket (at
+  // most 256 sequences) stay fused.
   static constexpr int kFusedMaxRows = 256;
   int fused_max_rows_ = kFusedMaxRows;
   std::map<std::tuple<std::string, std::string, int>, FusedPlan> fused_plans_;
