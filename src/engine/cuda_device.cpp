@@ -246,12 +246,8 @@ void CudaDevice::embed(const DeviceMatrix& table, const int32_t* tokens, int n, 
   cuda::embed_rows(m.bf16(), m.cols(), d_tokens, n, scale, x, impl_->stream);
 }
 
-// y[n, out] = x[n, in] * W[out, in]^T: in cuBLAS's column-major terms y^T = W^T(op T) * x^T.
-void CudaDevice::matmul(const float* x, int n, const DeviceMatrix& wm, float* y, const float* bias) {
-  if (n <= 0) return;
-  const auto& w = static_cast<const CudaMatrix&>(wm);
-  const int in = w.cols(), out = w.rows();
-  const size_t nx = static_cast<size_t>(n) * in;
+// The products' bf16 input: x[n, in] converted once into the device's input buffer.
+void CudaDevice::stage_input(const float* x, size_t nx) {
   if (nx > impl_->xb_n) {  // the old copy is kept: a recorded graph may read it
     if (impl_->xb) impl_->old_xb.push_back(impl_->xb);
     impl_->xb = nullptr;
@@ -261,11 +257,35 @@ void CudaDevice::matmul(const float* x, int n, const DeviceMatrix& wm, float* y,
     impl_->xb_n = want;
   }
   cuda::f32_to_bf16(x, impl_->xb, nx, impl_->stream);
+}
+
+// y[n, out] = staged x[n, in] * W[out, in]^T: in cuBLAS's column-major terms y^T = W^T(op T) * x^T.
+void CudaDevice::gemm_staged(int n, const DeviceMatrix& wm, float* y, const float* bias) {
+  const auto& w = static_cast<const CudaMatrix&>(wm);
+  const int in = w.cols(), out = w.rows();
   const float one = 1.0f, zero = 0.0f;
   ck_blas(cublasGemmEx(impl_->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.bf16(), CUDA_R_16BF, in, impl_->xb,
                        CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "GemmEx");
   if (bias) cuda::add_bias(y, bias, n, out, impl_->stream);
+}
+
+void CudaDevice::matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) {
+  if (n <= 0) return;
+  stage_input(x, static_cast<size_t>(n) * w.cols());
+  gemm_staged(n, w, y, bias);
+}
+
+// One conversion for the whole group (Q, K, V; gate, up): the same bf16 input, the same
+// GEMMs, so each output equals its own matmul bit for bit.
+void CudaDevice::matmul_group(const float* x, int n, const GroupProduct* products, int count) {
+  if (n <= 0 || count <= 0) return;
+  const int in = products[0].w->cols();
+  for (int i = 1; i < count; ++i)
+    if (products[i].w->cols() != in)
+      throw Error(ErrorCode::InvalidArgument, "matmul_group: products over inputs of different widths");
+  stage_input(x, static_cast<size_t>(n) * in);
+  for (int i = 0; i < count; ++i) gemm_staged(n, *products[i].w, products[i].y, products[i].bias);
 }
 
 void CudaDevice::rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) {

@@ -51,6 +51,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<DeviceMatrix> load_matrix(const GgufTensor& t, int rows, int cols) override;
   void embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) override;
   void matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) override;
+  void matmul_group(const float* x, int n, const GroupProduct* products, int count) override;
   void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) override;
   void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) override;
   void swiglu(float* gate, const float* up, size_t n) override;
@@ -69,6 +70,8 @@ class CudaDevice final : public Device {
   cudaStream_t stream() const;
 
  private:
+  void stage_input(const float* x, size_t nx);                                     // x -> bf16 input
+  void gemm_staged(int n, const DeviceMatrix& w, float* y, const float* bias);  // on the staged input
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -118,8 +118,7 @@ class Device {
   // another y), each equal bit for bit to its matmul alone: Q, K, V from one normed row, gate
   // and up from another. Default: one matmul each. The CPU prepares x once for its quantized
   // kernels and splits the union of the products' output rows over its threads in one job.
-  // (The CUDA device keeps the default, converting x to bf16 once per product; its override,
-  // one conversion per group, comes with a GPU check.)
+  // The CUDA device converts x to bf16 once for the group instead of once per product.
   virtual void matmul_group(const float* x, int n, const GroupProduct* products, int count);
   // y[t] = x[t] / rms(x[t]) * w, over d features; y may be x. Per-head norms pass
   // n = tokens * heads rows of d = head_dim.
