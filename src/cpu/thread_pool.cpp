@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tqkv/env.h"
 #include "tqkv/threads.h"
 
 namespace tqkv {
@@ -27,7 +28,7 @@ int num_threads() {
   int n = g_threads.load(std::memory_order_relaxed);
   if (n > 0) return n;
   n = static_cast<int>(std::thread::hardware_concurrency());
-  if (const char* env = std::getenv("TQKV_THREADS"); env && *env) n = std::atoi(env);
+  n = static_cast<int>(env_count("TQKV_THREADS", "threads", n, 1, 4096));
   return n > 0 ? n : 1;
 }
 
@@ -36,11 +37,10 @@ void set_num_threads(int n) { g_threads.store(n > 0 ? n : 0); }
 namespace cpu {
 namespace {
 
+// Read on the caller's thread (Pool::run asks before it starts any worker), so a malformed
+// value reaches the caller as an Error rather than a worker.
 int spin_from_env() {
-  const char* env = std::getenv("TQKV_POOL_SPIN_US");
-  if (!env || !*env) return kDefaultPoolSpinUs;
-  const int us = std::atoi(env);
-  return us > 0 ? us : 0;
+  return static_cast<int>(env_count("TQKV_POOL_SPIN_US", "microseconds", kDefaultPoolSpinUs, 0, 1'000'000));
 }
 
 std::atomic<int> g_spin_us{-1};  // -1: not read from the environment yet

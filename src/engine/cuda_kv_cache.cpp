@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tqkv/cuda_ops.h"
+#include "tqkv/env.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -41,18 +42,6 @@ constexpr int kCopyStepTokens = 512;
 // TQKV_PREFILL_ROWS_FROM moves the crossover for another model or GPU.
 constexpr int64_t kPrefillRowsFrom = 0;
 
-// A count from the environment variable `name` (fallback when unset), 0 to `max`.
-long long env_count(const char* name, const char* what, long long fallback, long long max) {
-  const char* e = std::getenv(name);
-  if (!e) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(e, &end, 10);
-  if (end == e || *end != '\0' || errno == ERANGE || v < 0 || v > max)
-    throw Error(ErrorCode::InvalidArgument, std::string(name) + "=" + e + ": give a count of " + what + " >= 0");
-  return v;
-}
-
 uint8_t* alloc_pool(const Format& f, int head_dim, int n_kv_heads, int blocks) {
   const size_t bytes = static_cast<size_t>(blocks) * page_geometry(f, head_dim, CudaKvCache::kBlockSize, n_kv_heads,
                                                                     cuda::PageLayout::Page).page_bytes();
@@ -81,8 +70,8 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
     else if (path != "auto" && !path.empty())
       throw Error(ErrorCode::InvalidArgument, "TQKV_PREFILL_PATH=" + path + ": give auto, tiled or rows");
   }
-  fused_max_rows_ = static_cast<int>(env_count("TQKV_FUSED_MAX_ROWS", "rows", kFusedMaxRows, INT_MAX));
-  rows_from_ = env_count("TQKV_PREFILL_ROWS_FROM", "positions", kPrefillRowsFrom, LLONG_MAX);
+  fused_max_rows_ = static_cast<int>(env_count("TQKV_FUSED_MAX_ROWS", "rows", kFusedMaxRows, 0, INT_MAX));
+  rows_from_ = env_count("TQKV_PREFILL_ROWS_FROM", "positions", kPrefillRowsFrom, 0, LLONG_MAX);
   if (copies()) {
     for (int l = 0; l < m.n_layers; ++l)
       if (m.window(l) > 0) not_yet("attention sinks or a recent window with sliding-window layers");
