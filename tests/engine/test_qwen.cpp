@@ -3,7 +3,7 @@
 // (scripts/fetch_models.sh qwen2.5-coder-0.5b): tokenizer against Hugging Face tokenizers,
 // logits against the NumPy reference, greedy answers, every cache format. The 1.5B model
 // (head_dim 128; scripts/fetch_models.sh qwen2.5-coder-1.5b, not fetched by CI; run with
-// TQKV_LARGE_MODELS=1): config, logits of a short prompt, a greedy answer.
+// TQKV_LARGE_MODELS=1): config, logits of a short prompt, the shipped recipes, a greedy answer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +17,8 @@
 
 #include "engine/generate.h"
 #include "engine/model.h"
+#include "engine/recipe.h"
+#include "engine/recipe_fit.h"
 #include "engine/tokenizer.h"
 #include "real_models.h"
 #include "reference.h"
@@ -221,6 +223,19 @@ TEST_F(Qwen15, LogitsMatchNumpyReference) {
   for (size_t t = 0; t < ids.size(); ++t) {
     const auto e = testing_util::max_err(got.data() + t * V, ref.data() + t * V, V);
     EXPECT_LE(e.err, 1e-3 * e.mag) << "position " << t << ": max |diff| " << e.err << ", max |logit| " << e.mag;
+  }
+}
+
+// The shipped recipe file is this model's: its key matches, and every named budget resolves to
+// the calibrated recipe (centred keys, within the budget at head_dim 128), not to the rule.
+TEST_F(Qwen15, NamedBudgetsAreCalibrated) {
+  const RecipeFile shipped = load_recipe_file(std::string(TQKV_REPO_DIR) + "/recipes/qwen2.5-coder-1.5b-instruct.json");
+  EXPECT_EQ(model_key(*file_), shipped.model) << model_key(*file_).describe() << " vs " << shipped.model.describe();
+  for (const NamedBudget& nb : named_budgets()) {
+    EXPECT_FALSE(model_->spec_sources().is_rule_based(nb.name)) << nb.name;
+    const CacheSpec s = model_->resolve(nb.name);
+    EXPECT_TRUE(s.centre_keys) << nb.name;
+    EXPECT_LE(budget_bits(s), *named_budget_bits(nb.name, 128) + 1e-9) << nb.name;
   }
 }
 

@@ -337,6 +337,65 @@ TEST_F(NamedBudgetResolution, FittedRecipesRoundTripThroughTheFile) {
   EXPECT_LE(budget_bits(s), *named_budget_bits("tq-4.375", 256) + 1e-9);
 }
 
+// The two Qwen2.5-Coder files in recipes/ (same arch, 2 kv heads each) never answer for each
+// other: each model key picks its own file, its named budgets resolve to that file's specs
+// within its own layers and budget, and a key mixing one's shape with the other's hash gets no
+// file at all (the rule then). Needs no model file: the keys are the shipped files' own.
+TEST(ShippedRecipes, EachQwenSizePicksItsOwnFile) {
+  const std::string dir = std::string(TQKV_REPO_DIR) + "/recipes";
+  const RecipeBook book({dir});
+  const RecipeFile q05 = load_recipe_file(dir + "/qwen2.5-coder-0.5b-instruct.json");
+  const RecipeFile q15 = load_recipe_file(dir + "/qwen2.5-coder-1.5b-instruct.json");
+  EXPECT_EQ(q05.model.n_layers, 24);
+  EXPECT_EQ(q05.model.head_dim, 64);
+  EXPECT_EQ(q15.model.n_layers, 28);
+  EXPECT_EQ(q15.model.head_dim, 128);
+  EXPECT_EQ(q15.model.arch, q05.model.arch);
+  EXPECT_EQ(q15.model.n_kv_heads, q05.model.n_kv_heads);
+  EXPECT_NE(q15.model.weights_hash, q05.model.weights_hash);
+  // Every shipped file is found by its own key and by no other file's.
+  for (const RecipeFile& f : book.files()) {
+    const RecipeFile* mine = book.for_model(f.model);
+    ASSERT_NE(mine, nullptr) << f.path;
+    EXPECT_TRUE(fs::equivalent(mine->path, f.path)) << f.path << " found " << mine->path;
+  }
+  ModelConfig c05 = config(24, 64), c15 = config(28, 128);
+  c05.n_heads = 14;
+  c15.n_heads = 12;
+  struct Case {
+    const RecipeFile& file;
+    const ModelConfig& cfg;
+  };
+  for (const Case& k : {Case{q05, c05}, Case{q15, c15}}) {
+    const SpecSources src = spec_sources(book, k.file.model, k.cfg);
+    ASSERT_NE(src.key_stats, nullptr) << k.file.model_name;
+    EXPECT_EQ(src.key_stats->n_layers, k.cfg.n_layers) << k.file.model_name;
+    EXPECT_EQ(src.key_stats->head_dim, k.cfg.head_dim) << k.file.model_name;
+    for (const NamedBudget& nb : named_budgets()) {
+      EXPECT_FALSE(src.is_rule_based(nb.name)) << k.file.model_name << " " << nb.name;
+      const auto own = std::find_if(k.file.recipes.begin(), k.file.recipes.end(), [&](const Recipe& r) { return r.name == nb.name; });
+      ASSERT_NE(own, k.file.recipes.end()) << k.file.model_name << " " << nb.name;
+      const auto got = std::find_if(src.recipes.begin(), src.recipes.end(), [&](const auto& p) { return p.first == nb.name; });
+      ASSERT_NE(got, src.recipes.end()) << k.file.model_name << " " << nb.name;
+      EXPECT_EQ(got->second, own->spec) << k.file.model_name << " " << nb.name;
+      const CacheSpec s = resolve_cache_spec(nb.name, k.cfg, src);
+      EXPECT_EQ(s.layers.size(), static_cast<size_t>(k.cfg.n_layers)) << k.file.model_name << " " << nb.name;
+      EXPECT_TRUE(s.centre_keys) << k.file.model_name << " " << nb.name;
+      EXPECT_LE(budget_bits(s), *named_budget_bits(nb.name, k.cfg.head_dim) + 1e-9) << k.file.model_name << " " << nb.name;
+    }
+  }
+  // One's shape with the other's weights: another model, so neither file and the rule's recipe.
+  ModelKey mixed = q15.model;
+  mixed.weights_hash = q05.model.weights_hash;
+  EXPECT_EQ(book.for_model(mixed), nullptr);
+  const SpecSources rule = spec_sources(book, mixed, c15);
+  EXPECT_EQ(rule.key_stats, nullptr);
+  EXPECT_TRUE(rule.is_rule_based("tq-4.375"));
+  mixed = q05.model;
+  mixed.weights_hash = q15.model.weights_hash;
+  EXPECT_EQ(book.for_model(mixed), nullptr);
+}
+
 // The shipped calibrated recipes are the models' own, and within their budgets.
 void expect_calibrated(const Model& m, const GgufFile& f, const std::string& recipe_file) {
   const RecipeFile shipped = load_recipe_file(std::string(TQKV_REPO_DIR) + "/recipes/" + recipe_file);
