@@ -155,7 +155,8 @@ void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& ar
 // Fused decode of a layer kept in three parts (engine::CudaKvCache's attention sinks and recent
 // window, beside the compressed middle): one launch in which each part's CTAs read its own pool
 // (codec, block tables, lengths, key-range cuts), and the last CTA of a (sequence, kv head) merges
-// every part's partial outputs by log-sum-exp, so no separate merge runs. Parts: kFusedMain,
+// every part's partial outputs by log-sum-exp (or its CTAs merge as one thread-block cluster:
+// FusedDecodeOptions::cluster), so no separate merge runs. Parts: kFusedMain,
 // kFusedWindow, kFusedSinks; a part without a codec is absent (no CTAs); the sinks are f16.
 enum FusedPart : int { kFusedMain = 0, kFusedWindow = 1, kFusedSinks = 2 };
 struct DecodePart {

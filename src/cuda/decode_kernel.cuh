@@ -1181,8 +1181,9 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
 // copies, the sinks' f16 copies; run_fused_decode): one grid whose CTAs [cta_end[i-1], cta_end[i])
 // along x run part i's splits, each part with its own pool, codec, tables, lengths and key range.
 // Every CTA rotates its partial back to the original domain (the parts rotate values
-// differently) and writes it to the workspace; the last CTA of a (sequence, kv head) merges them
-// all by log-sum-exp, so no separate merge runs.
+// differently) and writes it to the workspace, where the last CTA of a (sequence, kv head) merges
+// them all by log-sum-exp, so no separate merge runs; or, where the plan makes the CTAs of a
+// (sequence, kv head) one thread-block cluster (batch 1), they merge in distributed shared memory.
 struct FusedParams {
   DecodeParams part[3];  // their out / lse / workspace fields are unused
   int cta_end[3];
