@@ -82,6 +82,10 @@ struct StoreArgs {
   int64_t token_stride = 0;  // 0: n_kv_heads * head_dim
   const int64_t* slot_mapping = nullptr;
   int n_tokens = 0;
+  // One warp per (token, kv head) encodes its key and another its value, side by side (half the
+  // dependent chain of a warp: what a decode step of few tokens waits for); false: one warp does
+  // both, one after the other. The bytes are the same either way.
+  bool split_kv = true;
 };
 void store(const CacheCodec& codec, const PagedKv& kv, const StoreArgs& args, cudaStream_t stream = nullptr);
 
@@ -151,7 +155,8 @@ void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& ar
 // Fused decode of a layer kept in three parts (engine::CudaKvCache's attention sinks and recent
 // window, beside the compressed middle): one launch in which each part's CTAs read its own pool
 // (codec, block tables, lengths, key-range cuts), and the last CTA of a (sequence, kv head) merges
-// every part's partial outputs by log-sum-exp, so no separate merge runs. Parts: kFusedMain,
+// every part's partial outputs by log-sum-exp (or its CTAs merge as one thread-block cluster:
+// FusedDecodeOptions::cluster), so no separate merge runs. Parts: kFusedMain,
 // kFusedWindow, kFusedSinks; a part without a codec is absent (no CTAs); the sinks are f16.
 enum FusedPart : int { kFusedMain = 0, kFusedWindow = 1, kFusedSinks = 2 };
 struct DecodePart {
@@ -168,11 +173,30 @@ struct FusedDecodePlan {
   int n_q_heads = 0;
   int ctas[3] = {0, 0, 0};  // CTAs per (sequence, kv head) of each part
   size_t workspace_bytes = 0;
+  bool cluster_merge = false;  // the CTAs of a (sequence, kv head) merge as one cluster, in DSMEM
+  bool spread = false;         // each part's splits share its own key range, not max_seq_len's tiles
+};
+// The choices of plan_fused_decode; the defaults are the measured ones (docs/RESULTS.md, "Batch 1,
+// kernel by kernel"), the others stay selectable to compare (engine: TQKV_FUSED_SPREAD,
+// TQKV_FUSED_CLUSTER, TQKV_FUSED_CLUSTER_FIT).
+struct FusedDecodeOptions {
+  // Each part's splits share the tiles of its own key range (known before its first page id is
+  // read, since the parts have cuts) instead of max_seq_len's: a sequence far shorter than the
+  // cache keeps every split busy.
+  bool spread = true;
+  // Where every (sequence, kv head)'s CTAs fit one resident thread-block cluster (at most 16, the
+  // whole grid resident: batch 1), they merge in distributed shared memory, not through the
+  // workspace and a counter.
+  bool cluster = true;
+  // With spread and cluster: cap the middle's CTAs so that a (sequence, kv head) fits one cluster
+  // where the whole grid then stays resident.
+  bool cluster_fit = false;
 };
 // True where a fused kernel exists for the middle's and the window's pairs at this head dim
 // (src/cuda/decode_pairs.h); window null: no window part.
 bool fused_decode_supported(const CacheCodec& main, const CacheCodec* window);
-FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n_q_heads);
+FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n_q_heads,
+                                  const FusedDecodeOptions& options = {});
 // The workspace as init_decode_workspace's: prepared once, left prepared by every run.
 void init_fused_decode_workspace(const FusedDecodePlan& plan, int n_kv_heads, void* workspace,
                                  cudaStream_t stream = nullptr);

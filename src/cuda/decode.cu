@@ -52,24 +52,33 @@ Kernel pick(const CacheCodec& codec) {
 
 size_t align256(size_t x) { return (x + 255) & ~size_t{255}; }
 
-// How many clusters of `ctas` CTAs of this kernel the device holds at once (0 if none).
-int resident_clusters(const Kernel& k, int ctas) {
+// The launch of kernel k (Kernel or FusedKernel) on `grid` in clusters of `cluster_x` CTAs along
+// x; `attr` holds its one attribute.
+template <typename K>
+cudaLaunchConfig_t cluster_config(const K& k, dim3 grid, int cluster_x, cudaLaunchAttribute (&attr)[1]) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(k.warps * 32);
+  cfg.dynamicSmemBytes = k.smem;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// How many clusters of `ctas` CTAs of this kernel (Kernel or FusedKernel) the device holds at once (0 if none).
+template <typename K>
+int resident_clusters(const K& k, int ctas) {
   TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
   if (ctas > kMaxClusterCtas && cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(ctas, 1, 1);
-  cfg.blockDim = dim3(k.warps * 32);
-  cfg.dynamicSmemBytes = k.smem;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = ctas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = cluster_config(k, dim3(ctas, 1, 1), ctas, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, k.fn, &cfg) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -83,7 +92,8 @@ int resident_clusters(const Kernel& k, int ctas) {
 // wave packs the SMs worse than plain CTAs: 5-CTA clusters at d = 64, batch 16 ran 25% slower),
 // and, measured on the H200, 16-CTA clusters only while the grid covers at most half the SMs
 // (3 kv heads at batch 1), not at 8 kv heads (128 CTAs), even where that many are resident.
-bool use_cluster(const Kernel& k, int64_t units, int ctas) {
+template <typename K>
+bool use_cluster(const K& k, int64_t units, int ctas) {
   if (ctas < 2 || ctas > kMaxClusterCtasNonPortable) return false;
   if (ctas > kMaxClusterCtas) {
     int dev = 0, sms = 0;
@@ -94,7 +104,14 @@ bool use_cluster(const Kernel& k, int64_t units, int ctas) {
   return resident_clusters(k, ctas) >= units;
 }
 
-
+// Launches kernel k (Kernel or FusedKernel) on `grid` with clusters of `cluster_x` CTAs along x.
+template <typename K, typename P>
+void launch_clustered(const K& k, dim3 grid, int cluster_x, cudaStream_t stream, const P& params) {
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t cfg = cluster_config(k, grid, cluster_x, attr);
+  cfg.stream = stream;
+  TQKV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k.fn, params));
+}
 
 // Workspace: per-CTA partial outputs and log2-sum-exps (only when a (sequence, kv head) has more
 // than one CTA, or always: the fused decode), then one counter per (sequence, kv head).
@@ -267,19 +284,7 @@ void run_decode(const CacheCodec& codec, const PagedKv& kv, const DecodeArgs& a,
   if (plan.cluster_merge && ctas > kMaxClusterCtas)
     TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   p.cluster = plan.cluster_merge;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(ctas, kv.n_kv_heads, a.batch);
-  cfg.blockDim = dim3(k.warps * 32);
-  cfg.dynamicSmemBytes = k.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = p.cluster ? ctas : 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  TQKV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k.fn, p));
+  launch_clustered(k, dim3(ctas, kv.n_kv_heads, a.batch), p.cluster ? ctas : 1, stream, p);
 }
 
 void init_decode_workspace(const CacheCodec& codec, const PagedKv& kv, const DecodePlan& plan, void* workspace,
@@ -324,7 +329,8 @@ detail::FusedKernel fused_kernel(const DecodePart (&parts)[3]) {
 
 // The middle takes plan_decode's CTAs (it fills the device as a plain decode would); the window
 // and the sinks, short ranges, one CTA per 4 tiles a warp, at most 8.
-FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n_q_heads) {
+FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n_q_heads,
+                                  const FusedDecodeOptions& options) {
   using namespace detail;
   const FusedKernel k = fused_kernel(parts);
   const CacheCodec& main = *parts[kFusedMain].codec;
@@ -351,8 +357,17 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
         others -= plan.ctas[i] - std::min(plan.ctas[i], plan.ctas[kFusedMain]);
         plan.ctas[i] = std::min(plan.ctas[i], plan.ctas[kFusedMain]);
       }
-  const Workspace w = workspace_layout(static_cast<int64_t>(batch) * parts[kFusedMain].kv.n_kv_heads,
-                                       plan.ctas[0] + others, n_q_heads / parts[kFusedMain].kv.n_kv_heads,
+  const int64_t units = static_cast<int64_t>(batch) * parts[kFusedMain].kv.n_kv_heads;
+  plan.spread = options.spread;
+  if (options.cluster) {
+    const int room = kMaxClusterCtasNonPortable - others;
+    if (options.cluster_fit && options.spread && room >= 1 && plan.ctas[kFusedMain] > room &&
+        use_cluster(k, units, kMaxClusterCtasNonPortable))
+      plan.ctas[kFusedMain] = room;
+    plan.cluster_merge = use_cluster(k, units, plan.ctas[kFusedMain] + others);
+  }
+  // The workspace stays allocated with a cluster merge (unused), so the plan's size is the same.
+  const Workspace w = workspace_layout(units, plan.ctas[0] + others, n_q_heads / parts[kFusedMain].kv.n_kv_heads,
                                        main.head_dim(), true);
   plan.workspace_bytes = w.bytes;
   return plan;
@@ -394,6 +409,7 @@ void run_fused_decode(const DecodePart (&parts)[3], const DecodeArgs& a, const F
       // The softmax scale is the query's, whichever part's head dim rounding: the middle's.
       if (pa.params.scale == 0) pa.params.scale = 1.0f / std::sqrt(static_cast<float>(main.head_dim()));
       fp.part[i] = range_params(*part.codec, part.kv, pa, plan.ctas[i] * k.warps, part.max_seq_len);
+      fp.part[i].spread = plan.spread;
       end += plan.ctas[i];
     }
     fp.cta_end[i] = end;
@@ -411,9 +427,18 @@ void run_fused_decode(const DecodePart (&parts)[3], const DecodeArgs& a, const F
   fp.out = a.out;
   fp.out_dtype = a.out_dtype;
   fp.lse = ap.lse;
+  fp.cluster = plan.cluster_merge;
   TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-  k.fn<<<dim3(ctas, parts[kFusedMain].kv.n_kv_heads, a.batch), k.warps * 32, k.smem, stream>>>(fp);
-  TQKV_CUDA_CHECK(cudaGetLastError());
+  const dim3 grid(ctas, parts[kFusedMain].kv.n_kv_heads, a.batch);
+  if (!fp.cluster) {
+    k.fn<<<grid, k.warps * 32, k.smem, stream>>>(fp);
+    TQKV_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  if (ctas < 2 || ctas > kMaxClusterCtasNonPortable) throw_arg("fused decode: a cluster merge needs 2..16 CTAs");
+  if (ctas > kMaxClusterCtas)
+    TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  launch_clustered(k, grid, ctas, stream, fp);
 }
 
 }  // namespace tqkv::cuda

@@ -101,6 +101,10 @@ struct DecodeParams {
   // Key-range cuts (AttentionParams): keys [max(min_key_pos, len - window if window > 0),
   // len - exclude_recent); ranged = false: [0, len), and the page ids are requested before len.
   bool ranged;
+  // With cuts: the splits share the tiles of [lo, hi) evenly (it is known before any page id is
+  // read), not the plan's max_seq_len (a short sequence in a large cache then keeps every split
+  // busy instead of loading the first few with the whole range).
+  bool spread;
   int min_key_pos, window, exclude_recent;
   DecodeTables tab;
 };
@@ -654,12 +658,17 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   // split takes any tiles beyond max_seq_len: a longer sequence stays correct, only slower.)
   const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.bt_stride;
   // With key-range cuts the splits share the tiles of [lo, hi) (so they need len first).
-  const int per = ((p.max_seq_len + kTileTokens - 1) / kTileTokens + p.num_splits - 1) / p.num_splits;
+  int per = ((p.max_seq_len + kTileTokens - 1) / kTileTokens + p.num_splits - 1) / p.num_splits;
   int lo = 0, hi = 0, first = split * per;
   if (p.ranged) {
     const int n = p.seq_lens[b];
     lo = max(0, max(p.min_key_pos, p.window > 0 ? n - p.window : 0));
     hi = max(lo, n - p.exclude_recent);
+    if (p.spread) {
+      const int span = (hi + kTileTokens - 1) / kTileTokens - lo / kTileTokens;
+      per = max(1, (span + p.num_splits - 1) / p.num_splits);
+      first = split * per;
+    }
     first += lo / kTileTokens;
   }
   constexpr int NPRE = T::ASYNC ? T::NST - 1 : 1;
@@ -1074,6 +1083,50 @@ __device__ __forceinline__ bool merge_workspace(const Epilogue<D, W>& ep, const 
   return true;
 }
 
+// The cluster merge of a (sequence, kv head) whose `ctas` CTAs form one thread-block cluster
+// (between two cl.sync() of the caller): each CTA holds its normalised partial of head j at
+// xo[j * D ...] and its log2-sum-exp at xlse[lse_stride * j], at the same shared-memory offsets in
+// every CTA; head j is merged by warp j / ctas of CTA j % ctas, which reads all the cluster's
+// partials through distributed shared memory and hands put(j, x, lse2) the merged values (lane l:
+// dims [E l, E l + E)).
+template <int D, int W, typename Put>
+__device__ __forceinline__ void merge_cluster(const cooperative_groups::cluster_group& cl, float* xo, float* xlse,
+                                              int lse_stride, int ctas, int cta, int group, Put put) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int j = cta + ctas * warp; j < group; j += ctas * W) {
+    const float l = lane < ctas ? cl.map_shared_rank(xlse, lane)[lse_stride * j] : -INFINITY;
+    const float mx = warp_max(l);
+    float w = l == -INFINITY ? 0.0f : exp2f(l - mx);
+    float den = w;
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o2);
+    float x[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) x[i] = 0.0f;
+    // Eight CTAs' partials at a time: all the remote loads first, then the sums.
+    for (int k0 = 0; k0 < ctas; k0 += 8) {
+      float r[8][E];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const float* rf = cl.map_shared_rank(xo, k0 + kk < ctas ? k0 + kk : 0) + j * D + E * lane;
+#pragma unroll
+        for (int i = 0; i < E; ++i) r[kk][i] = k0 + kk < ctas ? rf[i] : 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const float wk = __shfl_sync(0xffffffffu, w, (k0 + kk) & 31);
+#pragma unroll
+        for (int i = 0; i < E; ++i) x[i] += wk * r[kk][i];
+      }
+    }
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) x[i] *= inv;
+    put(j, x, den > 0.0f ? mx + log2f(den) : -INFINITY);
+  }
+}
+
 // Epilogue. The warps of the CTA merge in shared memory; a CTA that covers its whole (sequence,
 // kv head) writes the output, otherwise the CTAs merge as a cluster in distributed shared memory
 // or each writes a partial and the last one to finish (counted in p.counters) merges them. One
@@ -1106,38 +1159,9 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     __syncthreads();
     if (tid < group) lse_fin[2 * tid] = cta_lse2(ep, tid);
     cl.sync();
-    for (int j = blockIdx.x + ctas * warp; j < group; j += ctas * W) {
-      const float l = lane < ctas ? cl.map_shared_rank(lse_fin, lane)[2 * j] : -INFINITY;
-      const float mx = warp_max(l);
-      float w = l == -INFINITY ? 0.0f : exp2f(l - mx);
-      float den = w;
-#pragma unroll
-      for (int o2 = 16; o2 > 0; o2 >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o2);
-      float x[E];
-#pragma unroll
-      for (int i = 0; i < E; ++i) x[i] = 0.0f;
-      // Eight CTAs' partials at a time: all the remote loads first, then the sums.
-      for (int k0 = 0; k0 < ctas; k0 += 8) {
-        float r[8][E];
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          const float* rf = cl.map_shared_rank(fin, k0 + kk < ctas ? k0 + kk : 0) + j * D + E * lane;
-#pragma unroll
-          for (int i = 0; i < E; ++i) r[kk][i] = k0 + kk < ctas ? rf[i] : 0.0f;
-        }
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          const float wk = __shfl_sync(0xffffffffu, w, (k0 + kk) & 31);
-#pragma unroll
-          for (int i = 0; i < E; ++i) x[i] += wk * r[kk][i];
-        }
-      }
-      const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-#pragma unroll
-      for (int i = 0; i < E; ++i) x[i] *= inv;
-      write_head<D>(p, x, lane, static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j,
-                    den > 0.0f ? mx + log2f(den) : -INFINITY);
-    }
+    merge_cluster<D, W>(cl, fin, lse_fin, 2, ctas, blockIdx.x, group, [&](int j, float(&x)[E], float lse2) {
+      write_head<D>(p, x, lane, static_cast<int64_t>(b) * p.n_q_heads + hkv * group + j, lse2);
+    });
     cl.sync();  // no CTA leaves while its partial may still be read
     return;
   } else if (!merge_workspace<D, W>(ep, p.o_part, p.lse_part, p.counters, unit, ctas, blockIdx.x, group)) {
@@ -1157,8 +1181,9 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
 // copies, the sinks' f16 copies; run_fused_decode): one grid whose CTAs [cta_end[i-1], cta_end[i])
 // along x run part i's splits, each part with its own pool, codec, tables, lengths and key range.
 // Every CTA rotates its partial back to the original domain (the parts rotate values
-// differently) and writes it to the workspace; the last CTA of a (sequence, kv head) merges them
-// all by log-sum-exp, so no separate merge runs.
+// differently) and writes it to the workspace, where the last CTA of a (sequence, kv head) merges
+// them all by log-sum-exp, so no separate merge runs; or, where the plan makes the CTAs of a
+// (sequence, kv head) one thread-block cluster (batch 1), they merge in distributed shared memory.
 struct FusedParams {
   DecodeParams part[3];  // their out / lse / workspace fields are unused
   int cta_end[3];
@@ -1168,6 +1193,9 @@ struct FusedParams {
   void* out;           // [batch, n_q_heads, D]
   DType out_dtype;
   float* lse;          // optional [batch, n_q_heads], natural log
+  // The CTAs of a (sequence, kv head) form one thread-block cluster and merge in distributed
+  // shared memory (the workspace is then unused).
+  bool cluster;
 };
 
 // The fused kernel's warps per CTA (every part's) and shared memory (the largest part's).
@@ -1183,6 +1211,7 @@ template <int D, int KK, int VK, int WK, int WV>
 __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, VK>::MIN_BLOCKS)
     fused_decode_kernel(const __grid_constant__ FusedParams fp) {
   constexpr int W = FusedTraits<D, KK, VK, WK, WV>::W, E = D / 32;
+  static_assert(W >= 2, "the cluster merge's exchange area stays below every part's merged output");
   extern __shared__ __align__(16) uint32_t smem[];
   const int x = blockIdx.x;
   const DecodeParams* p;
@@ -1206,14 +1235,32 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   const int64_t unit = static_cast<int64_t>(b) * fp.part[0].n_kv_heads + hkv;
   combine_warps<D, W>(ep, group, [&](int j, int i, float v) { ep.fin[j * D + i] = v; });
   __syncthreads();
+  // Cluster merge: the parts' epilogues start at different offsets (their tables differ), so every
+  // CTA puts its partial (original domain) and log2-sum-exps at the start of its shared memory
+  // (the tables' or the warps' outputs there are no longer read: at most kMaxGroup * (D + 1)
+  // floats, below the sinks' epilogue's merged output).
+  float* xo = reinterpret_cast<float*>(smem);
+  float* xlse = xo + kMaxGroup * D;
   for (int j = warp; j < group; j += W) {
     float v[E];
 #pragma unroll
     for (int i = 0; i < E; ++i) v[i] = ep.fin[j * D + E * lane + i];
     if (p->values_rotated) rotate_back<D>(p->tab, v, lane);
-    float* dst = fp.o_part + ((unit * ctas + x) * group + j) * D + E * lane;
+    float* dst = fp.cluster ? xo + j * D + E * lane : fp.o_part + ((unit * ctas + x) * group + j) * D + E * lane;
 #pragma unroll
     for (int i = 0; i < E; ++i) dst[i] = v[i];
+  }
+  if (fp.cluster) {
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cl = cg::this_cluster();
+    if (tid < group) xlse[tid] = cta_lse2(ep, tid);
+    cl.sync();
+    merge_cluster<D, W>(cl, xo, xlse, 1, ctas, x, group, [&](int j, float(&v)[E], float lse2) {
+      write_out<D>(fp.out, fp.out_dtype, fp.lse, v, lane, static_cast<int64_t>(b) * fp.part[0].n_q_heads + hkv * group + j,
+                   lse2);
+    });
+    cl.sync();  // no CTA leaves while its partial may still be read
+    return;
   }
   if (!merge_workspace<D, W>(ep, fp.o_part, fp.lse_part, fp.counters, unit, ctas, x, group)) return;
   __syncthreads();

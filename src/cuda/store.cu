@@ -32,6 +32,7 @@ struct StoreParams {
   int64_t token_stride;
   int n_tokens;
   int n_kv_heads;
+  bool split_kv;  // StoreArgs::split_kv: even warps keys, odd warps values
   const float* key_mean;   // null, or centre the keys: (k - mean) / scale per channel
   const float* key_scale;  // [n_kv_heads * head_dim], as centre_keys does
 };
@@ -232,8 +233,10 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_co
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int wib = threadIdx.x >> 5;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kStoreWarps + wib;
+  const int64_t warp_item = static_cast<int64_t>(blockIdx.x) * kStoreWarps + wib;
+  const int64_t item = p.split_kv ? warp_item >> 1 : warp_item;
   if (item >= static_cast<int64_t>(p.n_tokens) * p.n_kv_heads) return;
+  const bool keys = !p.split_kv || (warp_item & 1) == 0, values = !p.split_kv || (warp_item & 1) == 1;
   const int t = static_cast<int>(item / p.n_kv_heads);
   const int h = static_cast<int>(item % p.n_kv_heads);
   const int64_t slot = dest.slot_mapping[t];
@@ -244,19 +247,22 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kernel(const __grid_co
   const int64_t base = static_cast<int64_t>(t) * p.token_stride + static_cast<int64_t>(h) * D + lane * E;
 
   float x[E];
-  load_row<E>(x, p.k, p.dtype, base);
-  if (p.key_mean) {  // the same float operations as centre_keys, so the same centred keys
+  if (keys) {
+    load_row<E>(x, p.k, p.dtype, base);
+    if (p.key_mean) {  // the same float operations as centre_keys, so the same centred keys
 #pragma unroll
-    for (int j = 0; j < E; ++j) {
-      const int c = h * D + lane * E + j;
-      x[j] = (x[j] - p.key_mean[c]) / p.key_scale[c];
+      for (int j = 0; j < E; ++j) {
+        const int c = h * D + lane * E + j;
+        x[j] = (x[j] - p.key_mean[c]) / p.key_scale[c];
+      }
+    }
+    if (L.kcodec == KeyCodec::Mse) {
+      with_bits(L.kbits, [&](auto b) { encode_mse<D, decltype(b)::value>(x, lv_k, th_k, L.nc, tab, neg_mask, a.kc, a.km, lane); });
+    } else {
+      encode_plain<D>(x, L.kcodec, a.kc, lane);
     }
   }
-  if (L.kcodec == KeyCodec::Mse) {
-    with_bits(L.kbits, [&](auto b) { encode_mse<D, decltype(b)::value>(x, lv_k, th_k, L.nc, tab, neg_mask, a.kc, a.km, lane); });
-  } else {
-    encode_plain<D>(x, L.kcodec, a.kc, lane);
-  }
+  if (!values) return;
 
   load_row<E>(x, p.v, p.dtype, base);
   if (L.vcodec == ValueCodec::Mse) {
@@ -276,7 +282,7 @@ namespace {
 
 template <int N>
 void launch_store(const StoreParams<N>& p, int head_dim, cudaStream_t stream) {
-  const int64_t items = static_cast<int64_t>(p.n_tokens) * p.n_kv_heads;
+  const int64_t items = static_cast<int64_t>(p.n_tokens) * p.n_kv_heads * (p.split_kv ? 2 : 1);
   const dim3 grid(static_cast<unsigned>((items + kStoreWarps - 1) / kStoreWarps), N);
   switch (head_dim) {
     case 64: store_kernel<64, N><<<grid, kStoreWarps * 32, 0, stream>>>(p); break;
@@ -295,6 +301,7 @@ void fill_common(StoreParams<N>& p, const StoreArgs& args, int n_kv_heads, int h
   p.token_stride = args.token_stride ? args.token_stride : static_cast<int64_t>(n_kv_heads) * head_dim;
   p.n_tokens = args.n_tokens;
   p.n_kv_heads = n_kv_heads;
+  p.split_kv = args.split_kv;
 }
 
 template <int N>

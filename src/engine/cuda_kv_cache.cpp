@@ -61,6 +61,10 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   window_ = spec.window_at(shape.capacity);
   if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_FUSED_STORE")) fused_store_ = std::string(e) != "0";
+  if (const char* e = std::getenv("TQKV_STORE_SPLIT_KV")) store_split_kv_ = std::string(e) != "0";
+  if (const char* e = std::getenv("TQKV_FUSED_SPREAD")) fused_options_.spread = std::string(e) != "0";
+  if (const char* e = std::getenv("TQKV_FUSED_CLUSTER")) fused_options_.cluster = std::string(e) != "0";
+  if (const char* e = std::getenv("TQKV_FUSED_CLUSTER_FIT")) fused_options_.cluster_fit = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_PREFILL_PATH")) {
     const std::string path = e;
     if (path == "tiled")
@@ -430,7 +434,7 @@ void CudaKvCache::fused_decode(const Layer& L, const AttentionParams& ap, const 
   auto it = fused_plans_.find(key);
   if (it == fused_plans_.end()) {
     FusedPlan p;
-    p.plan = cuda::plan_fused_decode(parts, rows, spec().model.n_heads);
+    p.plan = cuda::plan_fused_decode(parts, rows, spec().model.n_heads, fused_options_);
     ck(cudaMalloc(&p.workspace, std::max<size_t>(p.plan.workspace_bytes, 256)), "allocating a decode workspace");
     try {
       cuda::init_fused_decode_workspace(p.plan, spec().model.n_kv_heads, p.workspace, stream_);
@@ -475,6 +479,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   sa.dtype = cuda::DType::F32;
   sa.slot_mapping = step_slots_;
   sa.n_tokens = n;
+  sa.split_kv = store_split_kv_;
   const bool covered = L.window_codec.has_value();  // the layer keeps copies (same centred keys)
   if (fused_store_) {  // the compressed pages and the copies in one launch
     cuda::StoreTarget targets[cuda::kMaxStoreTargets];

@@ -85,6 +85,12 @@ class CudaKvCache final : public KvCache {
     for (const Layer& L : layers_) n += L.fused;
     return n;
   }
+  // Fused-decode plans made so far whose CTAs merge as a thread-block cluster (tests).
+  int fused_cluster_plans() const {
+    int n = 0;
+    for (const auto& entry : fused_plans_) n += entry.second.plan.cluster_merge;
+    return n;
+  }
 
   // CUDA graphs. True where every layer attends through the split-KV decode kernel (no
   // sliding-window layers, no format without a decode kernel) and no key hook is set.
@@ -185,6 +191,12 @@ class CudaKvCache final : public KvCache {
   // A layer's stores (compressed pages, window ring, sinks) and its key centring in one launch
   // (cuda::store_many); TQKV_FUSED_STORE=0 keeps one launch each, for before/after measurements.
   bool fused_store_ = true;
+  // The fused decode's plan choices (cuda::FusedDecodeOptions): TQKV_FUSED_SPREAD=0,
+  // TQKV_FUSED_CLUSTER=0 and TQKV_FUSED_CLUSTER_FIT=1 select the others, for before/after runs.
+  cuda::FusedDecodeOptions fused_options_;
+  // Keys and values stored by separate warps (cuda::StoreArgs::split_kv); TQKV_STORE_SPLIT_KV=0:
+  // one warp each (token, kv head), for before/after runs.
+  bool store_split_kv_ = true;
   // Prefill chunks without copies (prefill_rows): auto, or forced to either path.
   enum class PrefillPath { Auto, Tiled, Rows };
   PrefillPath prefill_path_ = PrefillPath::Auto;

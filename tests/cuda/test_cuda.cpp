@@ -355,6 +355,7 @@ TEST(CudaStore, ManyTargetsWriteWhatSeparateStoresWrite) {
       args.n_tokens = n_tokens;
       tqkv::cuda::store_many(targets, 3, args, centred ? dmean.p : nullptr, centred ? dscale.p : nullptr);
       args.k = centred ? dkc.p : dk.p;
+      args.split_kv = false;  // the separate stores with one warp per (token, kv head): the same bytes
       for (int i = 0; i < 3; ++i) {
         args.slot_mapping = targets[i].slot_mapping;
         tqkv::cuda::store(*codecs[i], {sep[i]->p, num_blocks, bs, H, PageLayout::Page}, args);

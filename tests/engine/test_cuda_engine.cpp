@@ -697,6 +697,58 @@ TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
   }
 }
 
+// The fused decode's plan choices (cuda::FusedDecodeOptions) and the store's split of keys and
+// values over two warps give the same attention as the old plan (every part's splits over the
+// cache's capacity, the workspace merge, one warp a token): batch 1, a cache far longer than the
+// sequence (the splits then share the sequence's own range), f16 and wq6 windows. At capacity
+// 512 the default plan merges as a cluster; TQKV_FUSED_CLUSTER_FIT=1 caps the middle so that the
+// 4096-position cache's CTAs fit one too.
+TEST(CudaCacheLayer, FusedDecodePlanChoicesAgree) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  const ModelConfig m = cache_test_model(2, 9, 3);
+  for (const std::string name : {"k5v4+sink1+wq6+w40+skip0", "k5v3+sink1+w24+skip0"})
+    for (int capacity : {512, 4096})
+      for (bool fit : {false, true}) {
+        SCOPED_TRACE(name + " capacity " + std::to_string(capacity) + (fit ? " fit" : ""));
+        const CacheSpec spec = resolve_cache_spec(name, m);
+        std::unique_ptr<KvCache> old_plan, now;
+        {
+          ScopedEnv a("TQKV_FUSED_SPREAD", "0"), b("TQKV_FUSED_CLUSTER", "0"), c("TQKV_STORE_SPLIT_KV", "0");
+          old_plan = dev->make_cache(spec, CacheShape{capacity, 1});
+        }
+        {
+          ScopedEnv f("TQKV_FUSED_CLUSTER_FIT", fit ? "1" : "0");
+          now = dev->make_cache(spec, CacheShape{capacity, 1});
+        }
+        TwinCaches twin{*dev, m, *now, *old_plan};
+        const int64_t a = now->add_sequence();
+        ASSERT_EQ(old_plan->add_sequence(), a);
+        std::vector<int32_t> ids(512, 1);
+        Batch prefill;
+        prefill.add(a, ids.data(), 300, 0, true);
+        twin.run(prefill);
+        for (int s = 0; s < 8; ++s) {
+          Batch step;
+          step.add(a, ids.data(), 1, 300 + s, true);
+          twin.run(step);
+        }
+        const auto* nc = dynamic_cast<const CudaKvCache*>(now.get());
+        const auto* oc = dynamic_cast<const CudaKvCache*>(old_plan.get());
+        ASSERT_TRUE(nc && oc);
+        EXPECT_EQ(nc->fused_layers(), m.n_layers);
+        std::printf("[ fused ] %-26s cap %4d%s: new plan vs old: max |diff| %.3g (outputs up to %.3g), "
+                    "cluster plans %d\n",
+                    name.c_str(), capacity, fit ? " fit" : "    ", twin.worst, twin.scale, nc->fused_cluster_plans());
+        EXPECT_LT(twin.worst, 5e-3);
+        EXPECT_GT(twin.scale, 0.0);
+        EXPECT_EQ(oc->fused_cluster_plans(), 0);
+        if (capacity == 512) {
+          EXPECT_GT(nc->fused_cluster_plans(), 0) << "batch 1 at capacity 512 fits one cluster";
+        }
+      }
+}
+
 // Prefill chunks with copies as one fused launch (TQKV_FUSED_MAX_ROWS above the step's rows)
 // against the three launches and two merges, on the same inputs: steps of 812 rows (two prompts
 // of 512 and 300), then 513 (a second chunk of 512 over its history and a decode), then decodes,
