@@ -2,7 +2,7 @@
 """Static instruction counts of the decode kernel's tile loop, from its SASS (the limit model
 of docs/RESULTS.md, "Decode: a model of the limit").
 
-    scripts/decode_sass.py [--nvcc nvcc] [--dims 64,128] [--formats a,b] [--keep DIR]
+    scripts/decode_sass.py [--nvcc nvcc] [--dims 64,128] [--formats a,b] [--keep DIR] [--define TQKV_DECODE_V1]
 
 Compiles the decode kernel of the benchmark's formats (decode_kernel.cuh, sm_90) into one cubin,
 disassembles it (cuobjdump -sass) and, per kernel, finds the tile loop (the backward branch
@@ -37,6 +37,7 @@ FORMATS = [
     ("tq-k4v4", "kmse(4)", "vmse(4)", 2),
     ("k5v3", "kmse(5)", "vmse(3)", 2),
     ("k6v3", "kmse(6)", "vmse(3)", 2),
+    ("k6v5", "kmse(6)", "vmse(5)", 2),
     ("k6v6", "kmse(6)", "vmse(6)", 2),
 ]
 
@@ -52,7 +53,7 @@ CLASSES = [
 ]
 
 
-def compile_cubin(nvcc, dims, tmp, formats):
+def compile_cubin(nvcc, dims, tmp, formats, defines=()):
     src = os.path.join(tmp, "decode_sass.cu")
     with open(src, "w") as f:
         f.write('#include "decode_kernel.cuh"\nnamespace tqkv::cuda::detail {\n')
@@ -62,7 +63,7 @@ def compile_cubin(nvcc, dims, tmp, formats):
         f.write("}\n")
     cubin = os.path.join(tmp, "decode.cubin")
     cmd = [nvcc, "-std=c++20", "-O3", "-arch=sm_90", "-cubin", "-o", cubin, "-I", os.path.join(ROOT, "include"),
-           "-I", os.path.join(ROOT, "src", "cuda"), "-I", os.path.join(ROOT, "src"), src]
+           "-I", os.path.join(ROOT, "src", "cuda"), "-I", os.path.join(ROOT, "src")] + [f"-D{d}" for d in defines] + [src]
     subprocess.run(cmd, check=True)
     return cubin
 
@@ -170,6 +171,8 @@ def main():
     ap.add_argument("--keep", default="")
     ap.add_argument("--formats", default="", help="comma-separated subset of FORMATS' names")
     ap.add_argument("--cuobjdump", default="cuobjdump")
+    ap.add_argument("--define", action="append", default=[],
+                    help="a macro for the kernel's compile, e.g. TQKV_DECODE_V1 (the previous tile loop)")
     args = ap.parse_args()
     dims = [int(x) for x in args.dims.split(",")]
     tmp = args.keep or tempfile.mkdtemp()
@@ -178,7 +181,7 @@ def main():
     if wanted and wanted - {f[0] for f in FORMATS}:
         sys.exit(f"unknown formats: {sorted(wanted - {f[0] for f in FORMATS})}")
     formats = [f for f in FORMATS if wanted is None or f[0] in wanted]
-    cubin = compile_cubin(args.nvcc, dims, tmp, formats)
+    cubin = compile_cubin(args.nvcc, dims, tmp, formats, args.define)
     sass = subprocess.run([args.cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True).stdout
     by_args = {}
     for name, body in kernels(sass):

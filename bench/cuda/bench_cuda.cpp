@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> formats = {"bf16",          "fp8",     "turboquant_k8v4", "turboquant_4bit_nc",
                                             "turboquant_k3v4_nc", "turboquant_3bit_nc", "tq-k4v2",
                                             "tq-k3v2",       "tq-k4v3", "tq-k4v4",
-                                            "k5v3",          "k6v3",    "k6v6"};  // recipes' wide keys, wq6
+                                            "k5v3",          "k6v3",    "k6v5",    "k6v6"};  // recipes' wide keys (k6v5: SmolLM2's tq-4.375 middle), wq6
   const int bs = 16, chunk = 4096;
 
   size_t pool_bytes = 0;

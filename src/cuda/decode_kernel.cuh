@@ -157,7 +157,11 @@ __device__ __forceinline__ uint32_t field_x128(const uint32_t (&w)[NW], int off,
   const int i = off >> 5, sh = off & 31;
   uint32_t v;
   if (sh + n <= 32) v = sh >= 7 ? w[i] >> (sh - 7) : w[i] << (7 - sh);
+#if defined(TQKV_DECODE_V1)
   else v = __funnelshift_r(w[i], w[i + 1], sh) << 7;
+#else
+  else v = __funnelshift_r(w[i], w[i + 1], sh - 7);  // a straddling field has sh > 32 - n >= 24
+#endif
   return v & (((1u << n) - 1u) << 7);
 }
 
@@ -305,8 +309,14 @@ struct Traits {
   // issue_page16 applies: 16-byte value pieces. Where every 32 pieces hold whole rows, a lane's
   // pieces lie at compile-time distances from its first one; otherwise (3-bit values: rows of 3
   // pieces) the lane keeps the stage offset of each of its NVK pieces.
+#if defined(TQKV_DECODE_V1)
   static constexpr bool PAGE16 = PV == 16;
-  static constexpr int VPR = PV == 16 && VCB >= 16 ? VCB / 16 : 1;  // 16-byte pieces per value row
+#else
+  // Also 8-byte value pieces (3- and 5-bit values at d = 64: rows of 3 or 5 pieces), which
+  // otherwise take issue_tile's per-lane divisions and 64-bit adds (~40 instructions a tile).
+  static constexpr bool PAGE16 = PV >= 8;
+#endif
+  static constexpr int VPR = PAGE16 && VCB >= PV ? VCB / PV : 1;  // value pieces per row
   static constexpr int NVK = 32 % VPR == 0 ? 1 : (16 * VPR + 31) / 32;
   static constexpr int KM_OFF = 0, VS_OFF = KMB ? 32 : 0, VZ_OFF = VS_OFF + 32;
   static constexpr int M_PLANES = (KMB ? 1 : 0) + ((is_uniform(VK) || is_vmse(VK)) ? 1 : 0) + (is_uniform(VK) ? 1 : 0);
@@ -432,15 +442,16 @@ __device__ __forceinline__ void issue_tile(uint32_t st, const uint8_t* sec, int 
 }
 
 // The same copy where a page holds exactly one tile (block size 16) and value rows split into
-// 16-byte pieces: then every piece of lane l lies at a compile-time offset from `src` (the page
-// section + 16 l) and from `dst_k` (the stage + 16 l) or, for values, from the stage + dst_v[0]
+// 16-byte (or 8-byte) pieces: then every piece of lane l lies at a compile-time offset from `src`
+// (the page section + 16 l) and from `dst_k` (the stage + 16 l) or, for values, from the stage + dst_v[0]
 // (its first piece's padded offset; rows of 3 pieces: + dst_v[k] for its k-th piece), so a tile
 // costs one address computation and the copies.
+// 8-byte value pieces: the lane's first one is at `vsrc` from src (KPL - 8 l, a per-lane constant).
 template <int D, int KK, int VK>
 __device__ __forceinline__ void issue_page16(const uint8_t* src, uint32_t st, const uint32_t (&dst_v)[Traits<D, KK, VK>::NVK],
-                                             int lane) {
+                                             int lane, int vsrc) {
   using T = Traits<D, KK, VK>;
-  static_assert(T::PAGE16, "16-byte value pieces");
+  static_assert(T::PAGE16, "value pieces of 8 or 16 bytes");
   const uint32_t dst_k = st + 16u * lane;
   constexpr int NK = T::KPL / 16;
 #pragma unroll
@@ -451,7 +462,7 @@ __device__ __forceinline__ void issue_page16(const uint8_t* src, uint32_t st, co
 #pragma unroll
   for (int i0 = 0; i0 < NV; i0 += 32) {
     const uint32_t d = T::NVK == 1 ? st + dst_v[0] + (i0 / PR) * T::VROW : st + dst_v[T::NVK == 1 ? 0 : i0 / 32];
-    if (i0 + 32 <= NV || i0 + lane < NV) cp_async<16>(d, src + T::KPL + 16 * i0);
+    if (i0 + 32 <= NV || i0 + lane < NV) cp_async<T::PV>(d, src + (T::PV == 16 ? T::KPL : vsrc) + T::PV * i0);
   }
   if (lane < 2 * T::M_PLANES) cp_async<16>(dst_k + T::KPL + T::VPL, src + 16 * (T::KCB + T::VCB));
 }
@@ -477,6 +488,86 @@ __device__ __forceinline__ void read_stage(Raw<D, KK, VK>& r, const uint8_t* st,
   if constexpr (is_uniform(VK)) {
     r.vz[0] = m[T::VZ_OFF / 2 + g];
     r.vz[1] = m[T::VZ_OFF / 2 + 8 + g];
+  }
+}
+
+// read_stage with its per-thread offsets computed once: a thread's chunks lie at the same offsets
+// in every stage, but read_stage derives them (and, for chunks that are not word-aligned, their
+// word addresses and funnel shifts) from g, c and the stage index, and the compiler recomputes
+// that from the lane id every tile (about 30 instructions a tile at d = 64). StageReads holds
+// them relative to the shared-memory base, hidden from the compiler (an empty asm) so that they
+// stay in registers; a tile then costs one add per chunk group.
+struct StageReads {
+  uint32_t k, ksh;  // key chunk of token g (token 8+g at + 8 KCB): word-aligned offset, funnel shift
+  uint32_t v, vsh;  // value chunk of token 2c (2c+1, 2c+8, 2c+9 at + VROW, 8 VROW, 9 VROW)
+  uint32_t m;       // the metadata of token g (8+g at + 16)
+};
+
+template <int BYTES>
+__host__ __device__ constexpr bool funnel_chunk() {
+  constexpr int A = (BYTES & -BYTES) >= 4 ? 4 : (BYTES & -BYTES);
+  return A < 4 && BYTES > A;
+}
+
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  asm("" : "+r"(x));
+  return x;
+}
+
+// ring: the warp's ring, as an offset from smem_base.
+template <int D, int KK, int VK>
+__device__ __forceinline__ StageReads stage_reads(uint32_t ring, int g, int c) {
+  using T = Traits<D, KK, VK>;
+  const uint32_t k = ring + g * T::KCB + c * T::KCH, v = ring + T::KPL + 2 * c * T::VROW + g * T::VCH;
+  StageReads s;
+  s.k = opaque(funnel_chunk<T::KCH>() ? k & ~3u : k);
+  s.ksh = funnel_chunk<T::KCH>() ? opaque((k & 3u) * 8u) : 0u;
+  s.v = opaque(funnel_chunk<T::VCH>() ? v & ~3u : v);
+  s.vsh = funnel_chunk<T::VCH>() ? opaque((v & 3u) * 8u) : 0u;
+  s.m = opaque(ring + T::KPL + T::VPL + 2 * g);
+  return s;
+}
+
+// BYTES bytes at p (load_chunk_smem's funnel case: p is the covering words' address, sh the shift).
+template <int BYTES>
+__device__ __forceinline__ void load_chunk_at(uint32_t (&w)[(BYTES + 3) / 4], const uint8_t* p, uint32_t sh) {
+  if constexpr (funnel_chunk<BYTES>()) {
+    constexpr int A = BYTES & -BYTES, NW = (BYTES + 3) / 4, NX = (BYTES + (4 - A) + 3) / 4;
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(p);
+    uint32_t x[NX + 1];
+#pragma unroll
+    for (int i = 0; i < NX; ++i) x[i] = q[i];
+    x[NX] = 0u;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) w[i] = __funnelshift_r(x[i], x[i + 1], sh);
+  } else {
+    load_chunk<BYTES, false>(w, p);
+  }
+}
+
+// read_stage of the stage at byte offset `so` from the warp's ring (sb: the shared-memory base).
+template <int D, int KK, int VK>
+__device__ __forceinline__ void read_stage_at(Raw<D, KK, VK>& r, const uint8_t* sb, uint32_t so, const StageReads& sr) {
+  using T = Traits<D, KK, VK>;
+  const uint8_t* kp = sb + (sr.k + so);
+  load_chunk_at<T::KCH>(r.k[0], kp, sr.ksh);
+  load_chunk_at<T::KCH>(r.k[1], kp + 8 * T::KCB, sr.ksh);
+  const uint8_t* vp = sb + (sr.v + so);
+  constexpr int dv[4] = {0, T::VROW, 8 * T::VROW, 9 * T::VROW};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) load_chunk_at<T::VCH>(r.v[i], vp + dv[i], sr.vsh);
+  const unsigned short* m = reinterpret_cast<const unsigned short*>(sb + (sr.m + so));
+  if constexpr (T::KMB) {
+    r.kn[0] = m[T::KM_OFF / 2];
+    r.kn[1] = m[T::KM_OFF / 2 + 8];
+  }
+  if constexpr (is_uniform(VK) || is_vmse(VK)) {
+    r.vs[0] = m[T::VS_OFF / 2];
+    r.vs[1] = m[T::VS_OFF / 2 + 8];
+  }
+  if constexpr (is_uniform(VK)) {
+    r.vz[0] = m[T::VZ_OFF / 2];
+    r.vz[1] = m[T::VZ_OFF / 2 + 8];
   }
 }
 
@@ -552,6 +643,17 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
     }
     a_lo = (x & static_cast<uint32_t>(M | M << 16)) | h1024;
     a_hi = (x & static_cast<uint32_t>(M << B | M << (16 + B))) | h1024;
+#if !defined(TQKV_DECODE_V1)
+  } else if constexpr ((is_vmse(VK) || is_uniform(VK)) && !pair_lut(vbits_of(VK))) {
+    // Codes wider than 4 bits (one level per table entry, in its low half): each register is
+    // the two tokens' levels of one dim, so one PRMT per register, not a PRMT per token's pair
+    // and two more to transpose the pairs.
+    constexpr int B = vbits_of(VK);
+    a_lo = __byte_perm(lut_ld(vlut, field_x128(w0, 2 * B * m, B), lane4), lut_ld(vlut, field_x128(w1, 2 * B * m, B), lane4),
+                       0x5410);
+    a_hi = __byte_perm(lut_ld(vlut, field_x128(w0, 2 * B * m + B, B), lane4),
+                       lut_ld(vlut, field_x128(w1, 2 * B * m + B, B), lane4), 0x5410);
+#endif
   } else {
     const uint32_t p0 = value_pair<D, KK, VK>(w0, m, vlut, lane4), p1 = value_pair<D, KK, VK>(w1, m, vlut, lane4);
     a_lo = __byte_perm(p0, p1, 0x5410);
@@ -743,22 +845,23 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   [[maybe_unused]] const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   [[maybe_unused]] int rd = 0, wr = T::NST - 1;
   [[maybe_unused]] const IssueOffsets io = issue_offsets<D, KK, VK>(lane, bs);
-  // Block size 16 with 16-byte value pieces (the common case): the lean copy of issue_page16.
+  // Block size 16 with 8- or 16-byte value pieces (the common case): the lean copy of issue_page16.
   [[maybe_unused]] const bool page16 = T::PAGE16 && bs == 16;
   [[maybe_unused]] const uint32_t sec_lane = static_cast<uint32_t>(sec_off) + 16u * lane;
+  [[maybe_unused]] const int vsrc_lane = T::KPL - (16 - T::PV) * lane;  // issue_page16, 8-byte pieces
   // This lane's value pieces' offsets in a stage (issue_page16).
   [[maybe_unused]] uint32_t dst_v_lane[T::NVK];
 #pragma unroll
   for (int k = 0; k < T::NVK; ++k) {
     const int i = lane + 32 * k;
-    dst_v_lane[k] = T::NVK == 1 ? io.v_dst : T::KPL + (i / T::VPR) * T::VROW + (i % T::VPR) * 16;
+    dst_v_lane[k] = T::NVK == 1 ? io.v_dst : T::KPL + (i / T::VPR) * T::VROW + (i % T::VPR) * T::PV;
   }
   auto issue = [&](int page, int tile, int stage) {
     const uint32_t st = ring_s + stage * T::STAGE;
     if constexpr (T::PAGE16) {
       if (page16) {
         const uint8_t* src = p.pages + static_cast<uint64_t>(static_cast<uint32_t>(page)) * static_cast<uint32_t>(p.page_bytes) + sec_lane;
-        issue_page16<D, KK, VK>(src, st, dst_v_lane, lane);
+        issue_page16<D, KK, VK>(src, st, dst_v_lane, lane, vsrc_lane);
         return;
       }
     }
@@ -826,121 +929,289 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.0f, l_run1 = 0.0f, z_run0 = 0.0f, z_run1 = 0.0f;
   [[maybe_unused]] float s1_run0 = 0.0f, s1_run1 = 0.0f;  // is_direct: running sum of P (see value_frag)
 
-  // Two tiles per iteration for the ring-fed formats: fewer loop and ring-bookkeeping instructions
-  // (no spills at 128 registers); the 16-bit formats hold a whole tile in registers.
-  constexpr int kUnroll = T::ASYNC ? 2 : 1;
-#pragma unroll kUnroll
-  for (int tile = t_begin; tile < t_end; ++tile) {
-    if constexpr (T::ASYNC) {
+#if defined(TQKV_DECODE_V1)
+  constexpr bool kPair = false;  // the previous loop only (kept to compare on the device)
+#else
+  // d = 64: one online-softmax step per two tiles (32 tokens). A d = 64 tile has half the MMAs of
+  // a d = 128 one but the same softmax (tile max shuffles, alphas, the rescale vote), so the pair
+  // shares one max, one pair of alphas and one vote, and its two key products and lookups are
+  // independent work in flight together. (At d = 128 the second tile's registers would spill at
+  // two CTAs per SM.)
+  constexpr bool kPair = T::ASYNC && D == 64;
+#endif
+  if constexpr (kPair) {
+    // The steps of a tile. next_stage: the ring step (issue the tile NST - 1 ahead, wait for
+    // `tile`'s stage, read it into r).
+    const uint8_t* sb = reinterpret_cast<const uint8_t*>(smem);
+    const StageReads sr = stage_reads<D, KK, VK>(static_cast<uint32_t>(ring - sb), g, c);
+    uint32_t so = 0;  // the stage to read: rd * STAGE
+    auto next_stage = [&](Raw<D, KK, VK>& r, int tile) {
       if (tile + T::NST - 1 < t_end) issue(__ldg(bt + ((tile + T::NST - 1) >> p.tpp_log2)), tile + T::NST - 1, wr);
       cp_async_commit();
       cp_async_wait<T::NST - 1>();
       __syncwarp();
-      read_stage(cur, ring + rd * T::STAGE, g, c);
-      __syncwarp();  // the stage may be refilled from the next iteration on
-      rd = rd + 1 == T::NST ? 0 : rd + 1;
+      read_stage_at(r, sb, so, sr);
+      __syncwarp();  // the stage may be refilled from the next tile on
+      so = so + T::STAGE == T::NST * T::STAGE ? 0u : so + T::STAGE;
       wr = wr + 1 == T::NST ? 0 : wr + 1;
-    }
-    const int nv = min(kTileTokens, hi - tile * kTileTokens);  // valid tokens in this tile: [nlo, nv)
-    const int nlo = lo - tile * kTileTokens;
-
-    // S^T = K Q^T: M = 16 tokens, N = 8 query heads. Two accumulators halve the MMA chain.
-    float sacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-    for (int s = 0; s < KSTEPS; ++s) {
-      uint32_t a0, a1, a2, a3;
-      key_frag<D, KK, VK>(cur.k[0], s, klut, lane4, a0, a2);
-      key_frag<D, KK, VK>(cur.k[1], s, klut, lane4, a1, a3);
-      mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qa[s][0], qa[s][1]);
-      if constexpr (KBF) mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qlo[s][0], qlo[s][1]);
-    }
+    };
+    // S^T = K Q^T: M = 16 tokens, N = 8 query heads (two accumulators halve the MMA chain), the
+    // key norms folded in, and tokens outside [nlo, nv) masked (their scores -inf, their values 0).
     // sc[i]: token g (i = 0, 1) or 8+g (i = 2, 3), query head 2c + (i & 1).
-    float sc[4] = {sacc[0][0] + sacc[1][0], sacc[0][1] + sacc[1][1], sacc[0][2] + sacc[1][2],
-                   sacc[0][3] + sacc[1][3]};
-    if constexpr (T::KMB) {
-      const float n0 = h_lo(cur.kn[0]), n1 = h_lo(cur.kn[1]);
-      sc[0] *= n0;
-      sc[1] *= n0;
-      sc[2] *= n1;
-      sc[3] *= n1;
-    }
-    if (nv < kTileTokens || nlo > 0) {
-      const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+    auto scores = [&](Raw<D, KK, VK>& r, int nv, int nlo, float (&sc)[4]) {
+      float sacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (toks[i] >= nv || toks[i] < nlo) {
+      for (int s = 0; s < KSTEPS; ++s) {
+        uint32_t a0, a1, a2, a3;
+        key_frag<D, KK, VK>(r.k[0], s, klut, lane4, a0, a2);
+        key_frag<D, KK, VK>(r.k[1], s, klut, lane4, a1, a3);
+        mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qa[s][0], qa[s][1]);
+        if constexpr (KBF) mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qlo[s][0], qlo[s][1]);
+      }
 #pragma unroll
-          for (int w = 0; w < T::VW; ++w) cur.v[i][w] = 0u;
-        }
-      if (g >= nv || g < nlo) sc[0] = sc[1] = -INFINITY, cur.vs[0] = cur.vz[0] = 0u;
-      if (g + 8 >= nv || g + 8 < nlo) sc[2] = sc[3] = -INFINITY, cur.vs[1] = cur.vz[1] = 0u;
-    }
-    // Per-head tile max over the 16 tokens (lanes with the same c).
-    float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
+      for (int i = 0; i < 4; ++i) sc[i] = sacc[0][i] + sacc[1][i];
+      if constexpr (T::KMB) {
+        const float n0 = h_lo(r.kn[0]), n1 = h_lo(r.kn[1]);
+        sc[0] *= n0;
+        sc[1] *= n0;
+        sc[2] *= n1;
+        sc[3] *= n1;
+      }
+      if (nv < kTileTokens || nlo > 0) {
+        const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
 #pragma unroll
-    for (int sh = 4; sh < 32; sh <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, sh));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, sh));
-    }
-    const float mn0 = fmaxf(m_run0, mx0), mn1 = fmaxf(m_run1, mx1);
-    const float al0 = fast_exp2(m_run0 - mn0), al1 = fast_exp2(m_run1 - mn1);
-    m_run0 = mn0;
-    m_run1 = mn1;
-    const float pr[4] = {fast_exp2(sc[0] - mn0), fast_exp2(sc[1] - mn1), fast_exp2(sc[2] - mn0),
-                         fast_exp2(sc[3] - mn1)};
-    l_run0 = l_run0 * al0 + (pr[0] + pr[2]);
-    l_run1 = l_run1 * al1 + (pr[1] + pr[3]);
-    float w[4] = {pr[0], pr[1], pr[2], pr[3]};
-    if constexpr (is_uniform(VK) || is_vmse(VK)) {
-      const float s0 = h_lo(cur.vs[0]), s1 = h_lo(cur.vs[1]);
-      w[0] *= s0;
-      w[1] *= s0;
-      w[2] *= s1;
-      w[3] *= s1;
-    }
-    if constexpr (is_uniform(VK)) {
-      const float z0 = h_lo(cur.vz[0]), z1 = h_lo(cur.vz[1]);
-      z_run0 = z_run0 * al0 + (pr[0] * z0 + pr[2] * z1);
-      z_run1 = z_run1 * al1 + (pr[1] * z0 + pr[3] * z1);
-    }
-    // P^T as the B fragment of O^T += V^T P^T: transpose the two 8x8 blocks (tokens 0-7, 8-15)
-    // of packed (token, head) pairs so that each thread holds (head g, tokens 2c, 2c+1).
-    const uint32_t pw0 = pack2<VBF>(w[0], w[1]), pw1 = pack2<VBF>(w[2], w[3]);
-    if constexpr (is_direct(VK)) {  // sum of P exactly as the MMA sees it (fp16-rounded)
-      const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&pw0));
-      const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&pw1));
-      s1_run0 = s1_run0 * al0 + (f0.x + f1.x);
-      s1_run1 = s1_run1 * al1 + (f0.y + f1.y);
-    }
-    const uint32_t pb0 = movmatrix_trans(pw0);
-    const uint32_t pb1 = movmatrix_trans(pw1);
+        for (int i = 0; i < 4; ++i)
+          if (toks[i] >= nv || toks[i] < nlo) {
+#pragma unroll
+            for (int w = 0; w < T::VW; ++w) r.v[i][w] = 0u;
+          }
+        if (g >= nv || g < nlo) sc[0] = sc[1] = -INFINITY, r.vs[0] = r.vz[0] = 0u;
+        if (g + 8 >= nv || g + 8 < nlo) sc[2] = sc[3] = -INFINITY, r.vs[1] = r.vz[1] = 0u;
+      }
+    };
+    // P of a tile (pr: exp2 of its scores) times the value scales, packed and transposed into the
+    // B fragment of O^T += V^T P^T (pb0, pb1: tokens 0-7, 8-15, so that each thread holds (head g,
+    // tokens 2c, 2c+1)); zs: its zero-point terms (uniform values) and P sums (direct values) of
+    // heads 2c, 2c+1.
+    auto p_frag = [&](const Raw<D, KK, VK>& r, const float (&pr)[4], float (&zs)[4], uint32_t& pb0, uint32_t& pb1) {
+      float w[4] = {pr[0], pr[1], pr[2], pr[3]};
+      if constexpr (is_uniform(VK) || is_vmse(VK)) {
+        const float v0 = h_lo(r.vs[0]), v1 = h_lo(r.vs[1]);
+        w[0] *= v0;
+        w[1] *= v0;
+        w[2] *= v1;
+        w[3] *= v1;
+      }
+      if constexpr (is_uniform(VK)) {
+        const float zz0 = h_lo(r.vz[0]), zz1 = h_lo(r.vz[1]);
+        zs[0] = pr[0] * zz0 + pr[2] * zz1;
+        zs[1] = pr[1] * zz0 + pr[3] * zz1;
+      }
+      const uint32_t pw0 = pack2<VBF>(w[0], w[1]), pw1 = pack2<VBF>(w[2], w[3]);
+      if constexpr (is_direct(VK)) {  // sum of P exactly as the MMA sees it (fp16-rounded)
+        const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&pw0));
+        const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&pw1));
+        zs[2] = f0.x + f1.x;
+        zs[3] = f0.y + f1.y;
+      }
+      pb0 = movmatrix_trans(pw0);
+      pb1 = movmatrix_trans(pw1);
+    };
     // O^T's columns are query heads 2c, 2c+1: this thread's own alphas. Skip the rescale when
     // no head's running max moved (the common case after the first tiles).
-    if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
+    auto rescale = [&](float al0, float al1) {
+      if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+        for (int m = 0; m < KSTEPS; ++m) {
+          o[m][0] *= al0;
+          o[m][1] *= al1;
+          o[m][2] *= al0;
+          o[m][3] *= al1;
+        }
+      }
+    };
+    auto pv = [&](const Raw<D, KK, VK>& r, uint32_t pb0, uint32_t pb1) {
 #pragma unroll
       for (int m = 0; m < KSTEPS; ++m) {
-        o[m][0] *= al0;
-        o[m][1] *= al1;
-        o[m][2] *= al0;
-        o[m][3] *= al1;
+        uint32_t a0, a1, a2, a3;
+        value_frag<D, KK, VK>(r.v[0], r.v[1], m, vlut, lane4, h1024, a0, a1);
+        value_frag<D, KK, VK>(r.v[2], r.v[3], m, vlut, lane4, h1024, a2, a3);
+        mma<VBF>(o[m], a0, a1, a2, a3, pb0, pb1);
       }
-    }
+    };
+    for (int tile = t_begin; tile < t_end; tile += 2) {
+      // An odd split's last pair runs a phantom second tile: its stage is stale (never issued),
+      // every token masked (nv = 0), so it adds nothing.
+      Raw<D, KK, VK> r[2];
+      next_stage(r[0], tile);
+      next_stage(r[1], tile + 1);
+      float sc[2][4];
 #pragma unroll
-    for (int m = 0; m < KSTEPS; ++m) {
-      uint32_t a0, a1, a2, a3;
-      value_frag<D, KK, VK>(cur.v[0], cur.v[1], m, vlut, lane4, h1024, a0, a1);
-      value_frag<D, KK, VK>(cur.v[2], cur.v[3], m, vlut, lane4, h1024, a2, a3);
-      mma<VBF>(o[m], a0, a1, a2, a3, pb0, pb1);
+      for (int j = 0; j < 2; ++j) {
+        const int t = tile + j;
+        scores(r[j], t < t_end ? min(kTileTokens, hi - t * kTileTokens) : 0, lo - t * kTileTokens, sc[j]);
+      }
+      float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][2]), fmaxf(sc[1][0], sc[1][2]));
+      float mx1 = fmaxf(fmaxf(sc[0][1], sc[0][3]), fmaxf(sc[1][1], sc[1][3]));
+#pragma unroll
+      for (int sh = 4; sh < 32; sh <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, sh));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, sh));
+      }
+      const float mn0 = fmaxf(m_run0, mx0), mn1 = fmaxf(m_run1, mx1);
+      const float al0 = fast_exp2(m_run0 - mn0), al1 = fast_exp2(m_run1 - mn1);
+      m_run0 = mn0;
+      m_run1 = mn1;
+      float pr[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pr[j][i] = fast_exp2(sc[j][i] - (i & 1 ? mn1 : mn0));
+      l_run0 = l_run0 * al0 + ((pr[0][0] + pr[0][2]) + (pr[1][0] + pr[1][2]));
+      l_run1 = l_run1 * al1 + ((pr[0][1] + pr[0][3]) + (pr[1][1] + pr[1][3]));
+      float zs[2][4];
+      uint32_t pb[2][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) p_frag(r[j], pr[j], zs[j], pb[j][0], pb[j][1]);
+      if constexpr (is_uniform(VK)) {
+        z_run0 = z_run0 * al0 + (zs[0][0] + zs[1][0]);
+        z_run1 = z_run1 * al1 + (zs[0][1] + zs[1][1]);
+      }
+      if constexpr (is_direct(VK)) {
+        s1_run0 = s1_run0 * al0 + (zs[0][2] + zs[1][2]);
+        s1_run1 = s1_run1 * al1 + (zs[0][3] + zs[1][3]);
+      }
+      rescale(al0, al1);
+      pv(r[0], pb[0][0], pb[0][1]);
+      pv(r[1], pb[1][0], pb[1][1]);
     }
-    if constexpr (!T::ASYNC) {
-      if (tile + 1 < t_end) {
-        int off;
-        const uint8_t* sec = section(tile + 1, off);
-        load_tile(cur, sec, off, to);
+  } else {
+    // One softmax step per tile: the previous loop, kept as it was (the same steps as the pair
+    // loop's lambdas; written through them, ptxas emitted 4 more instructions per tile for the
+    // uniform-value formats at d = 128), but for read_stage_at.
+#if !defined(TQKV_DECODE_V1)
+    [[maybe_unused]] const StageReads sr128 =
+        stage_reads<D, KK, VK>(static_cast<uint32_t>(ring - reinterpret_cast<const uint8_t*>(smem)), g, c);
+#endif
+    // Two tiles per iteration for the ring-fed formats: fewer loop and ring-bookkeeping instructions
+    // (no spills at 128 registers); the 16-bit formats hold a whole tile in registers.
+    constexpr int kUnroll = T::ASYNC ? 2 : 1;
+#pragma unroll kUnroll
+    for (int tile = t_begin; tile < t_end; ++tile) {
+      if constexpr (T::ASYNC) {
+        if (tile + T::NST - 1 < t_end) issue(__ldg(bt + ((tile + T::NST - 1) >> p.tpp_log2)), tile + T::NST - 1, wr);
+        cp_async_commit();
+        cp_async_wait<T::NST - 1>();
+        __syncwarp();
+#if defined(TQKV_DECODE_V1)
+        read_stage(cur, ring + rd * T::STAGE, g, c);
+#else
+        read_stage_at(cur, reinterpret_cast<const uint8_t*>(smem), rd * T::STAGE, sr128);
+#endif
+        __syncwarp();  // the stage may be refilled from the next iteration on
+        rd = rd + 1 == T::NST ? 0 : rd + 1;
+        wr = wr + 1 == T::NST ? 0 : wr + 1;
+      }
+      const int nv = min(kTileTokens, hi - tile * kTileTokens);  // valid tokens in this tile: [nlo, nv)
+      const int nlo = lo - tile * kTileTokens;
+
+      // S^T = K Q^T: M = 16 tokens, N = 8 query heads. Two accumulators halve the MMA chain.
+      float sacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int s = 0; s < KSTEPS; ++s) {
+        uint32_t a0, a1, a2, a3;
+        key_frag<D, KK, VK>(cur.k[0], s, klut, lane4, a0, a2);
+        key_frag<D, KK, VK>(cur.k[1], s, klut, lane4, a1, a3);
+        mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qa[s][0], qa[s][1]);
+        if constexpr (KBF) mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qlo[s][0], qlo[s][1]);
+      }
+      // sc[i]: token g (i = 0, 1) or 8+g (i = 2, 3), query head 2c + (i & 1).
+      float sc[4] = {sacc[0][0] + sacc[1][0], sacc[0][1] + sacc[1][1], sacc[0][2] + sacc[1][2],
+                     sacc[0][3] + sacc[1][3]};
+      if constexpr (T::KMB) {
+        const float n0 = h_lo(cur.kn[0]), n1 = h_lo(cur.kn[1]);
+        sc[0] *= n0;
+        sc[1] *= n0;
+        sc[2] *= n1;
+        sc[3] *= n1;
+      }
+      if (nv < kTileTokens || nlo > 0) {
+        const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (toks[i] >= nv || toks[i] < nlo) {
+#pragma unroll
+            for (int w = 0; w < T::VW; ++w) cur.v[i][w] = 0u;
+          }
+        if (g >= nv || g < nlo) sc[0] = sc[1] = -INFINITY, cur.vs[0] = cur.vz[0] = 0u;
+        if (g + 8 >= nv || g + 8 < nlo) sc[2] = sc[3] = -INFINITY, cur.vs[1] = cur.vz[1] = 0u;
+      }
+      // Per-head tile max over the 16 tokens (lanes with the same c).
+      float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+      for (int sh = 4; sh < 32; sh <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, sh));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, sh));
+      }
+      const float mn0 = fmaxf(m_run0, mx0), mn1 = fmaxf(m_run1, mx1);
+      const float al0 = fast_exp2(m_run0 - mn0), al1 = fast_exp2(m_run1 - mn1);
+      m_run0 = mn0;
+      m_run1 = mn1;
+      const float pr[4] = {fast_exp2(sc[0] - mn0), fast_exp2(sc[1] - mn1), fast_exp2(sc[2] - mn0),
+                           fast_exp2(sc[3] - mn1)};
+      l_run0 = l_run0 * al0 + (pr[0] + pr[2]);
+      l_run1 = l_run1 * al1 + (pr[1] + pr[3]);
+      float w[4] = {pr[0], pr[1], pr[2], pr[3]};
+      if constexpr (is_uniform(VK) || is_vmse(VK)) {
+        const float s0 = h_lo(cur.vs[0]), s1 = h_lo(cur.vs[1]);
+        w[0] *= s0;
+        w[1] *= s0;
+        w[2] *= s1;
+        w[3] *= s1;
+      }
+      if constexpr (is_uniform(VK)) {
+        const float z0 = h_lo(cur.vz[0]), z1 = h_lo(cur.vz[1]);
+        z_run0 = z_run0 * al0 + (pr[0] * z0 + pr[2] * z1);
+        z_run1 = z_run1 * al1 + (pr[1] * z0 + pr[3] * z1);
+      }
+      // P^T as the B fragment of O^T += V^T P^T: transpose the two 8x8 blocks (tokens 0-7, 8-15)
+      // of packed (token, head) pairs so that each thread holds (head g, tokens 2c, 2c+1).
+      const uint32_t pw0 = pack2<VBF>(w[0], w[1]), pw1 = pack2<VBF>(w[2], w[3]);
+      if constexpr (is_direct(VK)) {  // sum of P exactly as the MMA sees it (fp16-rounded)
+        const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&pw0));
+        const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&pw1));
+        s1_run0 = s1_run0 * al0 + (f0.x + f1.x);
+        s1_run1 = s1_run1 * al1 + (f0.y + f1.y);
+      }
+      const uint32_t pb0 = movmatrix_trans(pw0);
+      const uint32_t pb1 = movmatrix_trans(pw1);
+      // O^T's columns are query heads 2c, 2c+1: this thread's own alphas. Skip the rescale when
+      // no head's running max moved (the common case after the first tiles).
+      if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+        for (int m = 0; m < KSTEPS; ++m) {
+          o[m][0] *= al0;
+          o[m][1] *= al1;
+          o[m][2] *= al0;
+          o[m][3] *= al1;
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < KSTEPS; ++m) {
+        uint32_t a0, a1, a2, a3;
+        value_frag<D, KK, VK>(cur.v[0], cur.v[1], m, vlut, lane4, h1024, a0, a1);
+        value_frag<D, KK, VK>(cur.v[2], cur.v[3], m, vlut, lane4, h1024, a2, a3);
+        mma<VBF>(o[m], a0, a1, a2, a3, pb0, pb1);
+      }
+      if constexpr (!T::ASYNC) {
+        if (tile + 1 < t_end) {
+          int off;
+          const uint8_t* sec = section(tile + 1, off);
+          load_tile(cur, sec, off, to);
+        }
       }
     }
   }
-
 
   // Finalise: sums over the lanes sharing c, then normalised partial outputs and log2-sum-exp.
 #pragma unroll
