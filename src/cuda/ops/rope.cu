@@ -1,6 +1,6 @@
 // rope: each thread turns one (token, pair) in every head; the angle pos * inv_freq and its
 // cos/sin in double, then rounded to float, as the CPU device does. rope_qk turns the queries'
-// and the keys' heads of the same token and pair in the same thread, from one angle.
+// and the keys' heads in one launch, a thread per (token, head, pair).
 #include "launch.cuh"
 
 namespace tqkv::cuda {
@@ -44,17 +44,23 @@ __global__ void rope_kernel(float* x, const int64_t* positions, const __grid_con
   }
 }
 
+// One thread per (token, head, pair) over the queries' heads and then the keys': every head in
+// parallel (the plain kernel's thread walks a token's heads in turn), each from the same angle.
 __global__ void rope_qk_kernel(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, int half,
                                bool halves, const int64_t* positions, const float* inv_freq) {
-  const int64_t total = static_cast<int64_t>(n) * half;
+  const int heads = q_heads + k_heads;
+  const int64_t total = static_cast<int64_t>(n) * heads * half;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int t = static_cast<int>(idx / half), i = static_cast<int>(idx % half);
+    const int i = static_cast<int>(idx % half);
+    const int64_t th = idx / half;
+    const int h = static_cast<int>(th % heads), t = static_cast<int>(th / heads);
     float c, s;
     rope_cos_sin(positions[t], inv_freq[i], c, s);
     const int i0 = halves ? i : 2 * i, i1 = halves ? i + half : 2 * i + 1;
-    rope_heads(q + static_cast<size_t>(t) * q_heads * head_dim, q_heads, head_dim, i0, i1, c, s);
-    rope_heads(k + static_cast<size_t>(t) * k_heads * head_dim, k_heads, head_dim, i0, i1, c, s);
+    float* x = h < q_heads ? q + (static_cast<size_t>(t) * q_heads + h) * head_dim
+                           : k + (static_cast<size_t>(t) * k_heads + (h - q_heads)) * head_dim;
+    rope_heads(x, 1, head_dim, i0, i1, c, s);
   }
 }
 
@@ -88,7 +94,8 @@ void rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, 
   if (q_heads < 0 || k_heads < 0) detail::throw_arg("rope_qk: negative head count");
   check_rot(n_rot, head_dim);
   const int half = n_rot / 2;
-  rope_qk_kernel<<<detail::op_blocks(static_cast<size_t>(n) * half), detail::kOpThreads, 0, stream>>>(
+  const size_t total = static_cast<size_t>(n) * (q_heads + k_heads) * half;
+  rope_qk_kernel<<<detail::op_blocks(total), detail::kOpThreads, 0, stream>>>(
       q, q_heads, k, k_heads, n, head_dim, half, halves, positions, inv_freq);
   detail::check_launch();
 }
