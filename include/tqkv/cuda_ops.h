@@ -53,6 +53,11 @@ void add_rmsnorm(float* x, const float* delta, const float* w, int n, int d, flo
 void add(float* x, const float* y, size_t n, cudaStream_t stream = nullptr);
 // y[t, j] += bias[j] for rows of `cols`.
 void add_bias(float* y, const float* bias, int n, int cols, cudaStream_t stream = nullptr);
+// add_bias for count <= kMaxBiases pairs (y[j] [n, cols[j]], bias[j]) in one launch; the arrays
+// of pointers are host arrays of device pointers.
+inline constexpr int kMaxBiases = 4;
+void add_biases(float* const* y, const float* const* bias, const int* cols, int count, int n,
+                cudaStream_t stream = nullptr);
 // y[i] = x[rows[i]] (rows of d floats; rows on the device).
 void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y, cudaStream_t stream = nullptr);
 // y[rows[i]] = x[i].

@@ -307,7 +307,23 @@ void CudaDevice::matmul_group(const float* x, int n, const GroupProduct* product
     if (products[i].w->cols() != in)
       throw Error(ErrorCode::InvalidArgument, "matmul_group: products over inputs of different widths");
   stage_input(x, static_cast<size_t>(n) * in);
-  for (int i = 0; i < count; ++i) gemm_staged(n, *products[i].w, products[i].y, products[i].bias);
+  if (!impl_->fused || count > cuda::kMaxBiases) {
+    for (int i = 0; i < count; ++i) gemm_staged(n, *products[i].w, products[i].y, products[i].bias);
+    return;
+  }
+  // Fused: the group's biases (Qwen2's Q, K, V) added by one launch after its GEMMs.
+  float* ys[cuda::kMaxBiases];
+  const float* bs[cuda::kMaxBiases];
+  int cols[cuda::kMaxBiases];
+  int biased = 0;
+  for (int i = 0; i < count; ++i) {
+    gemm_staged(n, *products[i].w, products[i].y, nullptr);
+    if (!products[i].bias) continue;
+    ys[biased] = products[i].y;
+    bs[biased] = products[i].bias;
+    cols[biased++] = products[i].w->rows();
+  }
+  cuda::add_biases(ys, bs, cols, biased, n, impl_->stream);
 }
 
 void CudaDevice::rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) {

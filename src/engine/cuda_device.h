@@ -11,7 +11,8 @@
 // set_fused_ops(false) or TQKV_FUSE_OPS=0: a residual add with the RMSNorm after it, the queries'
 // and keys' RoPE (inverse frequencies uploaded once per (n_rot, base)), and, where the product
 // that follows reads their output, its bf16 copy written by the same kernel: the product then
-// converts nothing (stage_input finds its input staged).
+// converts nothing (stage_input finds its input staged). matmul_group then also adds the group's
+// biases in one launch.
 //
 // Decode steps run as CUDA graphs (cuda_graphs.h) unless set_step_graphs(false): run_step pads
 // the step to its bucket, writes its inputs to the bucket's fixed buffers and replays the

@@ -1027,7 +1027,7 @@ TEST_F(CudaSmol, BadInputThrowsAndChangesNothing) {
 
 // The fused operations against the plain ones on one CUDA device, bit for bit: a residual add
 // with its RMSNorm (and the norm alone) and a gated activation, each feeding a product through
-// the bf16 copy its kernel writes; RoPE of queries and keys in one launch in both layouts, over
+// the bf16 copy its kernel writes; a group's biases in one launch; RoPE of queries and keys in one launch in both layouts, over
 // part of a head (n_rot < head_dim) and at positions in the thousands.
 TEST(CudaFusedOps, MatchPlainOpsBitForBit) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
@@ -1044,11 +1044,12 @@ TEST(CudaFusedOps, MatchPlainOpsBitForBit) {
     return v;
   };
   const std::vector<float> hx = rnd(n * d, 4), hdelta = rnd(n * d, 2), hw = rnd(d, 2), hm = rnd(out * d, 1),
-                           hup = rnd(n * d, 3), hq = rnd(n * qh * hd, 2), hk = rnd(n * kh * hd, 2);
+                           hup = rnd(n * d, 3), hq = rnd(n * qh * hd, 2), hk = rnd(n * kh * hd, 2),
+                           hb1 = rnd(out, 1), hb2 = rnd(out, 3);
   const CudaMatrix W(out, d, hm.data());
   const int64_t pos[n] = {0, 1, 17, 4095, 123456};
   struct Outputs {
-    std::vector<float> x, y, p1, p2, g1, g2, q, k;
+    std::vector<float> x, y, p1, p2, g1, g2, p3, q, k;
   };
   auto run_ops = [&](bool fused) {
     dev.set_fused_ops(fused);
@@ -1058,14 +1059,16 @@ TEST(CudaFusedOps, MatchPlainOpsBitForBit) {
       dev.to_device(h.data(), h.size(), b.data());
       return b;
     };
-    DeviceBuffer x = up(hx), delta = up(hdelta), w = up(hw), gate = up(hx), upb = up(hup), gate2 = up(hdelta);
+    DeviceBuffer x = up(hx), delta = up(hdelta), w = up(hw), gate = up(hx), upb = up(hup), gate2 = up(hdelta),
+                 b1 = up(hb1), b2 = up(hb2);
     DeviceBuffer y = dev.alloc(n * d), p1 = dev.alloc(n * out), p2 = dev.alloc(n * out), g1 = dev.alloc(n * out),
-                 g2 = dev.alloc(n * out);
+                 g2 = dev.alloc(n * out), p3 = dev.alloc(n * out);
     dev.add_rmsnorm(x.data(), delta.data(), w.data(), n, d, 1e-5f, delta.data(), true);  // y = delta, as the models do
     dev.matmul(delta.data(), n, W, p1.data());
     dev.add_rmsnorm(x.data(), nullptr, w.data(), n, d, 1e-5f, y.data(), true);
-    const GroupProduct group[2] = {{&W, p2.data()}, {&W, g2.data()}};
-    dev.matmul_group(y.data(), n, group, 2);
+    // Biases (Qwen2's Q, K, V): one launch for the group when fused.
+    const GroupProduct group[3] = {{&W, p2.data()}, {&W, g2.data(), b1.data()}, {&W, p3.data(), b2.data()}};
+    dev.matmul_group(y.data(), n, group, 3);
     dev.glu(Device::Glu::Silu, gate.data(), upb.data(), n * d, true);
     dev.matmul(gate.data(), n, W, g1.data());
     dev.glu(Device::Glu::Gelu, gate2.data(), upb.data(), n * d, false);
@@ -1082,6 +1085,7 @@ TEST(CudaFusedOps, MatchPlainOpsBitForBit) {
     o.p2 = down(p2);
     o.g1 = down(g1);
     o.g2 = down(g2);
+    o.p3 = down(p3);
     std::vector<float> gg = down(gate2);
     o.y.insert(o.y.end(), gg.begin(), gg.begin() + n * d);
     std::vector<float> yy = down(y);
@@ -1103,6 +1107,7 @@ TEST(CudaFusedOps, MatchPlainOpsBitForBit) {
     o.p2.resize(n * out);
     o.g1.resize(n * out);
     o.g2.resize(n * out);
+    o.p3.resize(n * out);
     return o;
   };
   const Outputs plain = run_ops(false), fused = run_ops(true);
@@ -1112,6 +1117,8 @@ TEST(CudaFusedOps, MatchPlainOpsBitForBit) {
   EXPECT_EQ(plain.p2, fused.p2);
   EXPECT_EQ(plain.g1, fused.g1);
   EXPECT_EQ(plain.g2, fused.g2);
+  EXPECT_EQ(plain.p3, fused.p3);
+  EXPECT_NE(plain.p2, plain.g2);  // the bias was added
   EXPECT_EQ(plain.q, fused.q);
   EXPECT_EQ(plain.k, fused.k);
   EXPECT_EQ(plain.p1, plain.p2);  // the two norms saw the same x + delta
@@ -1124,6 +1131,11 @@ TEST(CudaFusedOps, BadArgumentsThrow) {
   EXPECT_THROW(cuda::add_rmsnorm(x.data(), nullptr, w.data(), 1, 64, 1e-5f, x.data(), nullptr, dev.stream()), Error);
   EXPECT_THROW(cuda::add_rmsnorm(nullptr, nullptr, w.data(), 1, 64, 1e-5f, x.data(), nullptr, dev.stream()), Error);
   EXPECT_THROW(cuda::glu(false, nullptr, x.data(), 64, nullptr, dev.stream()), Error);
+  float* ys[1] = {x.data()};
+  const float* no_bias[1] = {nullptr};
+  const int cols[1] = {64};
+  EXPECT_THROW(cuda::add_biases(ys, no_bias, cols, 1, 1, dev.stream()), Error);
+  EXPECT_THROW(cuda::add_biases(ys, no_bias, cols, cuda::kMaxBiases + 1, 1, dev.stream()), Error);
   int64_t* pos = nullptr;
   EXPECT_THROW(cuda::rope_qk(x.data(), 1, x.data(), 1, 1, 64, pos, 64, w.data(), false, dev.stream()), Error);
   EXPECT_THROW(cuda::rope_qk(x.data(), 1, x.data(), 1, 1, 64, reinterpret_cast<const int64_t*>(w.data()), 66, w.data(),
