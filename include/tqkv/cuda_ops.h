@@ -1,7 +1,8 @@
 // CUDA kernels for a transformer's forward pass around the cache (src/cuda/ops/, one op per
 // file): embedding rows, RMSNorm, RoPE, SwiGLU, residual adds and biases, row gathers and
-// scatters, f32 <-> bf16, key centring, and the causal prefill attention over a contiguous
-// (dequantized) K/V. The engine's CUDA device (src/engine/cuda_device.h) is built from them.
+// scatters, f32 <-> bf16, fused forms of some (a residual add with the RMSNorm after it, q and k
+// RoPE in one launch, outputs written with the bf16 copy a product reads), key centring, and the
+// causal prefill attention over a contiguous (dequantized) K/V. The engine's CUDA device (src/engine/cuda_device.h) is built from them.
 //
 // Every pointer is device memory unless noted; activations are float32, row-major. Every
 // function is asynchronous on `stream` and throws tqkv::Error(InvalidArgument) on bad
@@ -30,14 +31,33 @@ void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y, 
 void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, int n_rot, const float* inv_freq,
           bool halves, cudaStream_t stream = nullptr);
 
+// rope of q [n, q_heads, head_dim] and k [n, k_heads, head_dim] in one launch, both at
+// positions[t]; inv_freq: a DEVICE array of n_rot / 2 floats (the host's copy for rope above).
+// Each gives what rope gives for q and for k.
+void rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, const int64_t* positions, int n_rot,
+             const float* inv_freq, bool halves, cudaStream_t stream = nullptr);
+
 // gate[i] = silu(gate[i]) * up[i].
 void swiglu(float* gate, const float* up, size_t n, cudaStream_t stream = nullptr);
 // gate[i] = gelu(gate[i]) * up[i], GELU's tanh approximation (GeGLU).
 void gelu_glu(float* gate, const float* up, size_t n, cudaStream_t stream = nullptr);
+// swiglu (gelu = false) or gelu_glu (true), each element as they compute it, and where gate_bf16
+// is not null also its bf16 copy (rounded as f32_to_bf16 rounds).
+void glu(bool gelu, float* gate, const float* up, size_t n, uint16_t* gate_bf16, cudaStream_t stream = nullptr);
+// x += delta (unless delta is null), then rmsnorm(x) into y, in one launch, and where y_bf16 is
+// not null also y's bf16 copy (rounded as f32_to_bf16 rounds): the same values as add, rmsnorm and
+// f32_to_bf16 in turn. y may be delta, not x.
+void add_rmsnorm(float* x, const float* delta, const float* w, int n, int d, float eps, float* y, uint16_t* y_bf16,
+                 cudaStream_t stream = nullptr);
 // x[i] += y[i].
 void add(float* x, const float* y, size_t n, cudaStream_t stream = nullptr);
 // y[t, j] += bias[j] for rows of `cols`.
 void add_bias(float* y, const float* bias, int n, int cols, cudaStream_t stream = nullptr);
+// add_bias for count <= kMaxBiases pairs (y[j] [n, cols[j]], bias[j]) in one launch; the arrays
+// of pointers are host arrays of device pointers.
+inline constexpr int kMaxBiases = 4;
+void add_biases(float* const* y, const float* const* bias, const int* cols, int count, int n,
+                cudaStream_t stream = nullptr);
 // y[i] = x[rows[i]] (rows of d floats; rows on the device).
 void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y, cudaStream_t stream = nullptr);
 // y[rows[i]] = x[i].

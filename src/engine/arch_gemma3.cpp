@@ -72,28 +72,31 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
   const StepProducts P(dev, batch);
   dev.embed(*w.tok_embd, batch.tokens.data(), n, std::sqrt(static_cast<float>(d)), x.data());
 
+  // As in arch_llama.cpp: each pre-norm follows the residual add before it in one operation
+  // (after the post-norm of what is added), and the norms and GeGLU feed their products.
+  dev.add_rmsnorm(x.data(), nullptr, w.layers[0].attn_norm.data(), n, d, c.rms_eps, xn.data(), true);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     const RopeParams& rope = c.rope_at(l);
-    dev.rmsnorm(x.data(), L.attn_norm.data(), n, d, c.rms_eps, xn.data());
     P.qkv(xn.data(), L, q.data(), k.data(), v.data());
     dev.rmsnorm(q.data(), L.q_norm.data(), n * c.n_heads, hd, c.rms_eps, q.data());  // each head its own row
     dev.rmsnorm(k.data(), L.k_norm.data(), n * c.n_kv_heads, hd, c.rms_eps, k.data());
-    dev.rope(q.data(), n, c.n_heads, hd, batch.positions.data(), rope);
-    dev.rope(k.data(), n, c.n_kv_heads, hd, batch.positions.data(), rope);
+    dev.rope_qk(q.data(), c.n_heads, k.data(), c.n_kv_heads, n, hd, batch.positions.data(), rope);
     dev.attention_begin();
     cache.attend(l, batch, q.data(), k.data(), v.data(), att.data());
     dev.attention_end();
     P.matmul(att.data(), *L.wo, xn.data());
     dev.rmsnorm(xn.data(), L.post_attn_norm.data(), n, d, c.rms_eps, xn.data());
-    dev.add(x.data(), xn.data(), N * d);
+    dev.add_rmsnorm(x.data(), xn.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data(), true);
 
-    dev.rmsnorm(x.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data());
     P.gate_up(xn.data(), L, gate.data(), up.data());
-    dev.gelu_glu(gate.data(), up.data(), N * ff);
+    dev.glu(Device::Glu::Gelu, gate.data(), up.data(), N * ff, true);
     P.matmul(gate.data(), *L.w_down, xn.data());
     dev.rmsnorm(xn.data(), L.post_ffn_norm.data(), n, d, c.rms_eps, xn.data());
-    dev.add(x.data(), xn.data(), N * d);
+    if (l + 1 < c.n_layers)
+      dev.add_rmsnorm(x.data(), xn.data(), w.layers[l + 1].attn_norm.data(), n, d, c.rms_eps, xn.data(), true);
+    else
+      dev.add(x.data(), xn.data(), N * d);
   }
   output_logits(c, w, dev, P, batch, x.data(), xn.data(), logits);
 }

@@ -48,23 +48,26 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
   const StepProducts P(dev, batch);
   dev.embed(*w.tok_embd, batch.tokens.data(), n, 1.0f, x.data());
 
+  // The layer's norm follows the previous layer's last residual add in one operation
+  // (Device::add_rmsnorm); each norm and the SwiGLU feed the products that follow them.
+  dev.add_rmsnorm(x.data(), nullptr, w.layers[0].attn_norm.data(), n, d, c.rms_eps, xn.data(), true);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[l];
-    dev.rmsnorm(x.data(), L.attn_norm.data(), n, d, c.rms_eps, xn.data());
     P.qkv(xn.data(), L, q.data(), k.data(), v.data());
-    dev.rope(q.data(), n, c.n_heads, hd, batch.positions.data(), c.rope);
-    dev.rope(k.data(), n, c.n_kv_heads, hd, batch.positions.data(), c.rope);
+    dev.rope_qk(q.data(), c.n_heads, k.data(), c.n_kv_heads, n, hd, batch.positions.data(), c.rope);
     dev.attention_begin();
     cache.attend(l, batch, q.data(), k.data(), v.data(), att.data());
     dev.attention_end();
     P.matmul(att.data(), *L.wo, xn.data());
-    dev.add(x.data(), xn.data(), N * d);
+    dev.add_rmsnorm(x.data(), xn.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data(), true);
 
-    dev.rmsnorm(x.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data());
     P.gate_up(xn.data(), L, gate.data(), up.data());
-    dev.swiglu(gate.data(), up.data(), N * ff);
+    dev.glu(Device::Glu::Silu, gate.data(), up.data(), N * ff, true);
     P.matmul(gate.data(), *L.w_down, xn.data());
-    dev.add(x.data(), xn.data(), N * d);
+    if (l + 1 < c.n_layers)
+      dev.add_rmsnorm(x.data(), xn.data(), w.layers[l + 1].attn_norm.data(), n, d, c.rms_eps, xn.data(), true);
+    else
+      dev.add(x.data(), xn.data(), N * d);
   }
   output_logits(c, w, dev, P, batch, x.data(), xn.data(), logits);
 }

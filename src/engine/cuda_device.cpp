@@ -129,6 +129,14 @@ struct CudaDevice::Impl {
   void* ints = nullptr;  // uploaded host metadata (token ids, positions, rows)
   size_t ints_bytes = 0;
   bool graphs = true;
+  bool fused = true;
+  // The product input a fused operation wrote (its float output and size): the next product
+  // over exactly that finds xb ready. Any other operation clears it.
+  const float* staged = nullptr;
+  size_t staged_n = 0;
+  void unstage() { staged = nullptr; }
+  // RoPE's inverse frequencies on the device, one array per (n_rot, base bits), made at first use.
+  std::map<std::pair<int, uint32_t>, float*> inv_freq;
   // Attention timing (Device::set_attention_timing): event pairs recorded around each attend of
   // steps run op by op, reused from one measurement to the next; `timed` pairs are in use.
   bool timing = false;
@@ -194,6 +202,8 @@ CudaDevice::CudaDevice(int ordinal) : impl_(std::make_unique<Impl>()) {
   ck_blas(cublasSetWorkspace(impl_->blas, impl_->blas_workspace, kBlasWorkspace), "set workspace");
   const char* env = std::getenv("TQKV_CUDA_GRAPHS");  // 0: every step op by op
   impl_->graphs = !(env && std::strcmp(env, "0") == 0);
+  const char* fuse = std::getenv("TQKV_FUSE_OPS");  // 0: the fused operations as their plain ones
+  impl_->fused = !(fuse && std::strcmp(fuse, "0") == 0);
 }
 
 CudaDevice::~CudaDevice() {
@@ -201,6 +211,7 @@ CudaDevice::~CudaDevice() {
   cudaFree(impl_->xb);
   for (uint16_t* p : impl_->old_xb) cudaFree(p);
   cudaFree(impl_->ints);
+  for (auto& [key, p] : impl_->inv_freq) cudaFree(p);
   for (auto& [a, b] : impl_->attention_events) {
     cudaEventDestroy(a);
     cudaEventDestroy(b);
@@ -222,6 +233,7 @@ DeviceBuffer CudaDevice::alloc(size_t n) {
 }
 
 void CudaDevice::to_device(const float* host, size_t n, float* dst) {
+  impl_->unstage();
   if (n) ck(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, impl_->stream), "to_device");
 }
 
@@ -241,13 +253,14 @@ std::unique_ptr<DeviceMatrix> CudaDevice::load_matrix(const GgufTensor& t, int r
 }
 
 void CudaDevice::embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) {
+  impl_->unstage();
   const auto& m = static_cast<const CudaMatrix&>(table);
   const auto* d_tokens = static_cast<const int32_t*>(impl_->input(tokens, static_cast<size_t>(n) * sizeof(int32_t)));
   cuda::embed_rows(m.bf16(), m.cols(), d_tokens, n, scale, x, impl_->stream);
 }
 
-// The products' bf16 input: x[n, in] converted once into the device's input buffer.
-void CudaDevice::stage_input(const float* x, size_t nx) {
+// The products' bf16 input buffer, grown to at least nx elements.
+uint16_t* CudaDevice::product_input(size_t nx) {
   if (nx > impl_->xb_n) {  // the old copy is kept: a recorded graph may read it
     if (impl_->xb) impl_->old_xb.push_back(impl_->xb);
     impl_->xb = nullptr;
@@ -256,7 +269,16 @@ void CudaDevice::stage_input(const float* x, size_t nx) {
     ck(cudaMalloc(reinterpret_cast<void**>(&impl_->xb), want * 2), "allocating the product's input");
     impl_->xb_n = want;
   }
-  cuda::f32_to_bf16(x, impl_->xb, nx, impl_->stream);
+  return impl_->xb;
+}
+
+// The products' bf16 input: x[n, in] converted once into the device's input buffer, unless a
+// fused operation has just written it there.
+void CudaDevice::stage_input(const float* x, size_t nx) {
+  const bool ready = impl_->staged == x && impl_->staged_n == nx;
+  impl_->unstage();
+  if (ready) return;
+  cuda::f32_to_bf16(x, product_input(nx), nx, impl_->stream);
 }
 
 // y[n, out] = staged x[n, in] * W[out, in]^T: in cuBLAS's column-major terms y^T = W^T(op T) * x^T.
@@ -285,14 +307,32 @@ void CudaDevice::matmul_group(const float* x, int n, const GroupProduct* product
     if (products[i].w->cols() != in)
       throw Error(ErrorCode::InvalidArgument, "matmul_group: products over inputs of different widths");
   stage_input(x, static_cast<size_t>(n) * in);
-  for (int i = 0; i < count; ++i) gemm_staged(n, *products[i].w, products[i].y, products[i].bias);
+  if (!impl_->fused || count > cuda::kMaxBiases) {
+    for (int i = 0; i < count; ++i) gemm_staged(n, *products[i].w, products[i].y, products[i].bias);
+    return;
+  }
+  // Fused: the group's biases (Qwen2's Q, K, V) added by one launch after its GEMMs.
+  float* ys[cuda::kMaxBiases];
+  const float* bs[cuda::kMaxBiases];
+  int cols[cuda::kMaxBiases];
+  int biased = 0;
+  for (int i = 0; i < count; ++i) {
+    gemm_staged(n, *products[i].w, products[i].y, nullptr);
+    if (!products[i].bias) continue;
+    ys[biased] = products[i].y;
+    bs[biased] = products[i].bias;
+    cols[biased++] = products[i].w->rows();
+  }
+  cuda::add_biases(ys, bs, cols, biased, n, impl_->stream);
 }
 
 void CudaDevice::rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) {
+  impl_->unstage();
   cuda::rmsnorm(x, w, n, d, eps, y, impl_->stream);
 }
 
 void CudaDevice::rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) {
+  impl_->unstage();
   if (n <= 0 || p.n_rot == 0) return;
   std::vector<float> inv_freq(p.n_rot / 2);
   for (int i = 0; i < p.n_rot / 2; ++i)
@@ -301,12 +341,79 @@ void CudaDevice::rope(float* x, int n, int heads, int head_dim, const int64_t* p
   cuda::rope(x, n, heads, head_dim, d_pos, p.n_rot, inv_freq.data(), p.layout == RopeLayout::Halves, impl_->stream);
 }
 
-void CudaDevice::swiglu(float* gate, const float* up, size_t n) { cuda::swiglu(gate, up, n, impl_->stream); }
-void CudaDevice::gelu_glu(float* gate, const float* up, size_t n) { cuda::gelu_glu(gate, up, n, impl_->stream); }
+void CudaDevice::swiglu(float* gate, const float* up, size_t n) {
+  impl_->unstage();
+  cuda::swiglu(gate, up, n, impl_->stream);
+}
+void CudaDevice::gelu_glu(float* gate, const float* up, size_t n) {
+  impl_->unstage();
+  cuda::gelu_glu(gate, up, n, impl_->stream);
+}
 
-void CudaDevice::add(float* x, const float* y, size_t n) { cuda::add(x, y, n, impl_->stream); }
+void CudaDevice::add(float* x, const float* y, size_t n) {
+  impl_->unstage();
+  cuda::add(x, y, n, impl_->stream);
+}
+
+void CudaDevice::set_fused_ops(bool on) { impl_->fused = on; }
+bool CudaDevice::fused_ops() const { return impl_->fused; }
+
+void CudaDevice::add_rmsnorm(float* x, const float* delta, const float* w, int n, int d, float eps, float* y,
+                             bool product_input) {
+  if (!impl_->fused) return Device::add_rmsnorm(x, delta, w, n, d, eps, y, product_input);
+  impl_->unstage();
+  if (n <= 0) return;
+  const size_t ny = static_cast<size_t>(n) * d;
+  uint16_t* yb = product_input ? this->product_input(ny) : nullptr;
+  cuda::add_rmsnorm(x, delta, w, n, d, eps, y, yb, impl_->stream);
+  if (yb) {
+    impl_->staged = y;
+    impl_->staged_n = ny;
+  }
+}
+
+void CudaDevice::glu(Glu kind, float* gate, const float* up, size_t n, bool product_input) {
+  if (!impl_->fused) return Device::glu(kind, gate, up, n, product_input);
+  impl_->unstage();
+  if (n == 0) return;
+  uint16_t* gb = product_input ? this->product_input(n) : nullptr;
+  cuda::glu(kind == Glu::Gelu, gate, up, n, gb, impl_->stream);
+  if (gb) {
+    impl_->staged = gate;
+    impl_->staged_n = n;
+  }
+}
+
+// The inverse frequencies are the CPU's (base^(-2i/n_rot) in double, rounded to float), computed
+// on the host once per (n_rot, base) and kept on the device.
+void CudaDevice::rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim,
+                         const int64_t* positions, const RopeParams& p) {
+  if (!impl_->fused) return Device::rope_qk(q, q_heads, k, k_heads, n, head_dim, positions, p);
+  impl_->unstage();
+  if (n <= 0 || p.n_rot == 0) return;
+  uint32_t base_bits = 0;
+  std::memcpy(&base_bits, &p.base, sizeof base_bits);
+  float*& table = impl_->inv_freq[{p.n_rot, base_bits}];
+  if (!table) {
+    if (impl_->capturing())
+      throw Error(ErrorCode::InvalidArgument, "cuda graphs: RoPE's frequencies were first needed while recording");
+    std::vector<float> inv_freq(p.n_rot / 2);
+    for (int i = 0; i < p.n_rot / 2; ++i)
+      inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(p.base), -2.0 * i / p.n_rot));
+    float* dst = nullptr;
+    ck(cudaMalloc(reinterpret_cast<void**>(&dst), inv_freq.size() * sizeof(float)), "allocating RoPE's frequencies");
+    const cudaError_t e = cudaMemcpy(dst, inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) cudaFree(dst);
+    ck(e, "uploading RoPE's frequencies");
+    table = dst;
+  }
+  const auto* d_pos = static_cast<const int64_t*>(impl_->input(positions, static_cast<size_t>(n) * sizeof(int64_t)));
+  cuda::rope_qk(q, q_heads, k, k_heads, n, head_dim, d_pos, p.n_rot, table, p.layout == RopeLayout::Halves,
+                impl_->stream);
+}
 
 void CudaDevice::gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) {
+  impl_->unstage();
   if (n <= 0) return;
   const auto* d_rows = static_cast<const int32_t*>(impl_->input(rows, static_cast<size_t>(n) * sizeof(int32_t)));
   cuda::gather_rows(x, d, d_rows, n, y, impl_->stream);

@@ -7,6 +7,13 @@
 // Activations come from a caching pool (freed buffers are kept for the next step of the same
 // shape; cudaFree would synchronise the device every step).
 //
+// Fused operations (Device::add_rmsnorm, glu, rope_qk) run as one kernel each unless
+// set_fused_ops(false) or TQKV_FUSE_OPS=0: a residual add with the RMSNorm after it, the queries'
+// and keys' RoPE (inverse frequencies uploaded once per (n_rot, base)), and, where the product
+// that follows reads their output, its bf16 copy written by the same kernel: the product then
+// converts nothing (stage_input finds its input staged). matmul_group then also adds the group's
+// biases in one launch.
+//
 // Decode steps run as CUDA graphs (cuda_graphs.h) unless set_step_graphs(false): run_step pads
 // the step to its bucket, writes its inputs to the bucket's fixed buffers and replays the
 // bucket's graph. While a step is warmed up or recorded, the device reads the step's token ids
@@ -57,6 +64,13 @@ class CudaDevice final : public Device {
   void swiglu(float* gate, const float* up, size_t n) override;
   void gelu_glu(float* gate, const float* up, size_t n) override;
   void add(float* x, const float* y, size_t n) override;
+  void add_rmsnorm(float* x, const float* delta, const float* w, int n, int d, float eps, float* y,
+                   bool product_input) override;
+  void glu(Glu kind, float* gate, const float* up, size_t n, bool product_input) override;
+  void rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, const int64_t* positions,
+               const RopeParams& p) override;
+  void set_fused_ops(bool on) override;
+  bool fused_ops() const override;
   void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) override;
   std::unique_ptr<KvCache> make_cache(const CacheSpec& spec, const CacheShape& shape) override;
   void run_step(const Batch& batch, KvCache& cache, const void* model, float* logits, const StepFn& step) override;
@@ -70,7 +84,8 @@ class CudaDevice final : public Device {
   cudaStream_t stream() const;
 
  private:
-  void stage_input(const float* x, size_t nx);                                     // x -> bf16 input
+  uint16_t* product_input(size_t nx);                                       // the bf16 input, >= nx
+  void stage_input(const float* x, size_t nx);                              // x -> bf16 input
   void gemm_staged(int n, const DeviceMatrix& w, float* y, const float* bias);  // on the staged input
   struct Impl;
   std::unique_ptr<Impl> impl_;

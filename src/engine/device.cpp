@@ -27,6 +27,27 @@ void Device::matmul_group(const float* x, int n, const GroupProduct* products, i
   for (int i = 0; i < count; ++i) matmul(x, n, *products[i].w, products[i].y, products[i].bias);
 }
 
+void Device::add_rmsnorm(float* x, const float* delta, const float* w, int n, int d, float eps, float* y,
+                         bool product_input) {
+  (void)product_input;
+  if (delta) add(x, delta, static_cast<size_t>(n) * d);
+  rmsnorm(x, w, n, d, eps, y);
+}
+
+void Device::glu(Glu kind, float* gate, const float* up, size_t n, bool product_input) {
+  (void)product_input;
+  if (kind == Glu::Silu)
+    swiglu(gate, up, n);
+  else
+    gelu_glu(gate, up, n);
+}
+
+void Device::rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, const int64_t* positions,
+                     const RopeParams& p) {
+  rope(q, n, q_heads, head_dim, positions, p);
+  rope(k, n, k_heads, head_dim, positions, p);
+}
+
 std::shared_ptr<Device> make_device(std::string_view name) {
   if (name == "cpu") return std::make_shared<CpuDevice>();
 #ifdef TQKV_HAS_CUDA

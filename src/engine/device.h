@@ -132,6 +132,28 @@ class Device {
   virtual void gelu_glu(float* gate, const float* up, size_t n) = 0;
   // x[i] += y[i] (residuals).
   virtual void add(float* x, const float* y, size_t n) = 0;
+
+  // Fused operations: each gives bit for bit what the plain operations it stands for give (the
+  // defaults run those, so the CPU device is unchanged); a device may run them in fewer kernels.
+  // product_input: the next operation of this device is a product (matmul or matmul_group) over
+  // exactly the rows this one writes to y (gate), so a device may prepare that product's input
+  // in the same kernel (the CUDA device writes the bf16 copy its GEMMs read, and the product then
+  // converts nothing). The results are the same either way.
+  //
+  // x += delta (unless delta is null), then y = rmsnorm(x) * w: a residual add and the norm that
+  // follows it. y may be delta (not x).
+  virtual void add_rmsnorm(float* x, const float* delta, const float* w, int n, int d, float eps, float* y,
+                           bool product_input = false);
+  // swiglu (Silu) or gelu_glu (Gelu) of gate and up.
+  enum class Glu { Silu, Gelu };
+  virtual void glu(Glu kind, float* gate, const float* up, size_t n, bool product_input = false);
+  // rope of q [n, q_heads, head_dim] and k [n, k_heads, head_dim] at the same positions.
+  virtual void rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, const int64_t* positions,
+                       const RopeParams& p);
+  // Whether a device that fuses them runs the fused operations fused (on by default; the CUDA
+  // device reads TQKV_FUSE_OPS=0 as off at construction). Off: the plain operations' kernels.
+  virtual void set_fused_ops(bool on) { (void)on; }
+  virtual bool fused_ops() const { return false; }
   // y[i] = x[rows[i]] for rows of d floats (rows: host indices).
   virtual void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) = 0;
 

@@ -27,6 +27,7 @@
 #include "engine/qgemv.h"
 #include "engine/recipe.h"
 #include "engine/tokenizer.h"
+#include "tqkv/cuda_ops.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -182,6 +183,35 @@ TEST_F(CudaSmol, GroupedProductsLeaveLogitsUnchanged) {
   }
   ASSERT_EQ(logits[0].size(), logits[1].size());
   EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0);
+}
+
+// The fused operations (Device::add_rmsnorm, glu, rope_qk, their products' inputs written by the
+// same kernels) give the logits of the plain operations bit for bit, prefill and decode (decode
+// steps recorded as graphs and replayed), compressed and f16 caches. FusedOps sets them on a
+// device for its scope.
+class FusedOps {
+ public:
+  FusedOps(Device& d, bool on) : d_(d), was_(d.fused_ops()) { d.set_fused_ops(on); }
+  ~FusedOps() { d_.set_fused_ops(was_); }
+
+ private:
+  Device& d_;
+  bool was_;
+};
+
+TEST_F(CudaSmol, FusedOpsLeaveLogitsUnchanged) {
+  const std::vector<int32_t> ids = chat("Name three rivers.");
+  for (const std::string spec : {"tq-k4v4", "f16"}) {
+    SCOPED_TRACE(spec);
+    std::vector<float> logits[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      FusedOps scope(gpu_->device(), fused != 0);
+      ASSERT_EQ(gpu_->device().fused_ops(), fused != 0);
+      logits[fused] = run(*gpu_, ids, spec, 4);
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0);
+  }
 }
 
 TEST_F(CudaSmol, GreedyMatchesCpuWithF16Cache) {
@@ -352,6 +382,21 @@ TEST_F(CudaSmol, GraphsGiveTheSameTokensForBatchesOfDifferentLengths) {
       for (int b = 0; b < B; ++b) EXPECT_EQ(mixed[b], without[b]) << "sequence " << b << ", graphs on and off in turn";
     }
   }
+}
+
+// The same along 24 greedy tokens of a batch of sequences of different lengths (a padded bucket,
+// graphs replayed).
+TEST_F(CudaSmol, FusedOpsGiveTheSameBatchedTokens) {
+  const std::vector<std::vector<int32_t>> prompts = {chat("Name three rivers."), chat("What is 2 + 2?"),
+                                                     chat("Write a haiku about the sea.")};
+  std::vector<std::vector<int32_t>> tokens[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    FusedOps scope(gpu_->device(), fused != 0);
+    int graphs = 0;
+    tokens[fused] = batched_greedy(*gpu_, prompts, "tq-4.375", 24, &graphs);
+    EXPECT_EQ(graphs, 1);
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
 }
 
 // The GPU cache reads back what the CPU cache reads back for the same keys (both decode the
@@ -1030,6 +1075,124 @@ TEST_F(CudaSmol, BadInputThrowsAndChangesNothing) {
       EXPECT_NE(std::string(e.what()).find("not on the GPU yet"), std::string::npos) << e.what();
     }
   }
+}
+
+// The fused operations against the plain ones on one CUDA device, bit for bit: a residual add
+// with its RMSNorm (and the norm alone) and a gated activation, each feeding a product through
+// the bf16 copy its kernel writes; a group's biases in one launch; RoPE of queries and keys in one launch in both layouts, over
+// part of a head (n_rot < head_dim) and at positions in the thousands.
+TEST(CudaFusedOps, MatchPlainOpsBitForBit) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  CudaDevice cuda_dev;
+  Device& dev = cuda_dev;  // the interface's default arguments
+  const int n = 5, d = 192, out = 72, hd = 64, qh = 6, kh = 2;
+  uint32_t state = 12345;
+  auto rnd = [&](size_t count, float scale) {
+    std::vector<float> v(count);
+    for (float& f : v) {
+      state = state * 1664525u + 1013904223u;
+      f = scale * (static_cast<float>(state >> 8) / 16777216.0f - 0.5f);
+    }
+    return v;
+  };
+  const std::vector<float> hx = rnd(n * d, 4), hdelta = rnd(n * d, 2), hw = rnd(d, 2), hm = rnd(out * d, 1),
+                           hup = rnd(n * d, 3), hq = rnd(n * qh * hd, 2), hk = rnd(n * kh * hd, 2),
+                           hb1 = rnd(out, 1), hb2 = rnd(out, 3);
+  const CudaMatrix W(out, d, hm.data());
+  const int64_t pos[n] = {0, 1, 17, 4095, 123456};
+  struct Outputs {
+    std::vector<float> x, y, p1, p2, g1, g2, p3, q, k;
+  };
+  auto run_ops = [&](bool fused) {
+    dev.set_fused_ops(fused);
+    EXPECT_EQ(dev.fused_ops(), fused);
+    auto up = [&](const std::vector<float>& h) {
+      DeviceBuffer b = dev.alloc(h.size());
+      dev.to_device(h.data(), h.size(), b.data());
+      return b;
+    };
+    DeviceBuffer x = up(hx), delta = up(hdelta), w = up(hw), gate = up(hx), upb = up(hup), gate2 = up(hdelta),
+                 b1 = up(hb1), b2 = up(hb2);
+    DeviceBuffer y = dev.alloc(n * d), p1 = dev.alloc(n * out), p2 = dev.alloc(n * out), g1 = dev.alloc(n * out),
+                 g2 = dev.alloc(n * out), p3 = dev.alloc(n * out);
+    dev.add_rmsnorm(x.data(), delta.data(), w.data(), n, d, 1e-5f, delta.data(), true);  // y = delta, as the models do
+    dev.matmul(delta.data(), n, W, p1.data());
+    dev.add_rmsnorm(x.data(), nullptr, w.data(), n, d, 1e-5f, y.data(), true);
+    // Biases (Qwen2's Q, K, V): one launch for the group when fused.
+    const GroupProduct group[3] = {{&W, p2.data()}, {&W, g2.data(), b1.data()}, {&W, p3.data(), b2.data()}};
+    dev.matmul_group(y.data(), n, group, 3);
+    dev.glu(Device::Glu::Silu, gate.data(), upb.data(), n * d, true);
+    dev.matmul(gate.data(), n, W, g1.data());
+    dev.glu(Device::Glu::Gelu, gate2.data(), upb.data(), n * d, false);
+    Outputs o;
+    auto down = [&](const DeviceBuffer& b) {
+      std::vector<float> h(b.size());
+      dev.to_host(b.data(), b.size(), h.data());
+      return h;
+    };
+    o.x = down(x);
+    o.y = down(delta);
+    o.y.resize(n * d);
+    o.p1 = down(p1);
+    o.p2 = down(p2);
+    o.g1 = down(g1);
+    o.g2 = down(g2);
+    o.p3 = down(p3);
+    std::vector<float> gg = down(gate2);
+    o.y.insert(o.y.end(), gg.begin(), gg.begin() + n * d);
+    std::vector<float> yy = down(y);
+    o.y.insert(o.y.end(), yy.begin(), yy.begin() + n * d);
+    for (const RopeLayout layout : {RopeLayout::Adjacent, RopeLayout::Halves})
+      for (const int n_rot : {hd, hd / 2}) {
+        DeviceBuffer q = up(hq), k = up(hk);
+        RopeParams rp;
+        rp.n_rot = n_rot;
+        rp.base = layout == RopeLayout::Halves ? 1e6f : 1e4f;
+        rp.layout = layout;
+        dev.rope_qk(q.data(), qh, k.data(), kh, n, hd, pos, rp);
+        std::vector<float> a = down(q), b = down(k);
+        o.q.insert(o.q.end(), a.begin(), a.begin() + n * qh * hd);
+        o.k.insert(o.k.end(), b.begin(), b.begin() + n * kh * hd);
+      }
+    o.x.resize(n * d);
+    o.p1.resize(n * out);
+    o.p2.resize(n * out);
+    o.g1.resize(n * out);
+    o.g2.resize(n * out);
+    o.p3.resize(n * out);
+    return o;
+  };
+  const Outputs plain = run_ops(false), fused = run_ops(true);
+  EXPECT_EQ(plain.x, fused.x);
+  EXPECT_EQ(plain.y, fused.y);
+  EXPECT_EQ(plain.p1, fused.p1);
+  EXPECT_EQ(plain.p2, fused.p2);
+  EXPECT_EQ(plain.g1, fused.g1);
+  EXPECT_EQ(plain.g2, fused.g2);
+  EXPECT_EQ(plain.p3, fused.p3);
+  EXPECT_NE(plain.p2, plain.g2);  // the bias was added
+  EXPECT_EQ(plain.q, fused.q);
+  EXPECT_EQ(plain.k, fused.k);
+  EXPECT_EQ(plain.p1, plain.p2);  // the two norms saw the same x + delta
+}
+
+TEST(CudaFusedOps, BadArgumentsThrow) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  CudaDevice dev;
+  DeviceBuffer x = dev.alloc(64), w = dev.alloc(64);
+  EXPECT_THROW(cuda::add_rmsnorm(x.data(), nullptr, w.data(), 1, 64, 1e-5f, x.data(), nullptr, dev.stream()), Error);
+  EXPECT_THROW(cuda::add_rmsnorm(nullptr, nullptr, w.data(), 1, 64, 1e-5f, x.data(), nullptr, dev.stream()), Error);
+  EXPECT_THROW(cuda::glu(false, nullptr, x.data(), 64, nullptr, dev.stream()), Error);
+  float* ys[1] = {x.data()};
+  const float* no_bias[1] = {nullptr};
+  const int cols[1] = {64};
+  EXPECT_THROW(cuda::add_biases(ys, no_bias, cols, 1, 1, dev.stream()), Error);
+  EXPECT_THROW(cuda::add_biases(ys, no_bias, cols, cuda::kMaxBiases + 1, 1, dev.stream()), Error);
+  int64_t* pos = nullptr;
+  EXPECT_THROW(cuda::rope_qk(x.data(), 1, x.data(), 1, 1, 64, pos, 64, w.data(), false, dev.stream()), Error);
+  EXPECT_THROW(cuda::rope_qk(x.data(), 1, x.data(), 1, 1, 64, reinterpret_cast<const int64_t*>(w.data()), 66, w.data(),
+                             false, dev.stream()),
+               Error);
 }
 
 }  // namespace

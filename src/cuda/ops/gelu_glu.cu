@@ -1,17 +1,15 @@
 // gelu_glu: gate = gelu(gate) * up, GELU in its tanh approximation (Gemma's GeGLU), computed
 // in float as the CPU device does.
+#include "glu.cuh"
 #include "launch.cuh"
 
 namespace tqkv::cuda {
 namespace {
 
 __global__ void gelu_glu_kernel(float* gate, const float* up, size_t n) {
-  const float k = 0.7978845608028654f;  // sqrt(2/pi)
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    gate[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
-  }
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    gate[i] = detail::gelu_times(gate[i], up[i]);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 // swiglu: gate = silu(gate) * up.
+#include "glu.cuh"
 #include "launch.cuh"
 
 namespace tqkv::cuda {
@@ -6,10 +7,8 @@ namespace {
 
 __global__ void swiglu_kernel(float* gate, const float* up, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + expf(-g)) * up[i];
-  }
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    gate[i] = detail::silu_times(gate[i], up[i]);
 }
 
 }  // namespace
