@@ -309,12 +309,7 @@ struct IsaAvx512 {
     const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
     const V t = _mm512_mul_ps(x, _mm512_set1_ps(kExpWLog2e));
     const V n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const V f = _mm512_sub_ps(t, n);
-    V y = _mm512_fmadd_ps(_mm512_set1_ps(kExpWPoly[4]), f, _mm512_set1_ps(kExpWPoly[3]));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(kExpWPoly[2]));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(kExpWPoly[1]));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(kExpWPoly[0]));
-    return _mm512_maskz_scalef_ps(keep, y, n);
+    return _mm512_maskz_scalef_ps(keep, exp_w_poly<IsaAvx512>(_mm512_sub_ps(t, n)), n);
   }
 
   static V f32(const uint8_t* p, int i) { return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i); }

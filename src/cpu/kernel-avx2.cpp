@@ -182,11 +182,7 @@ struct IsaAvx2 {
     const V drop = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
     const V t = _mm256_mul_ps(x, _mm256_set1_ps(kExpWLog2e));
     const V n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const V f = _mm256_sub_ps(t, n);
-    V y = _mm256_fmadd_ps(_mm256_set1_ps(kExpWPoly[4]), f, _mm256_set1_ps(kExpWPoly[3]));
-    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(kExpWPoly[2]));
-    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(kExpWPoly[1]));
-    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(kExpWPoly[0]));
+    const V y = exp_w_poly<IsaAvx2>(_mm256_sub_ps(t, n));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(drop, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
   }

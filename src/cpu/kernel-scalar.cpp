@@ -78,12 +78,8 @@ struct IsaScalar {
   // The int8 value weights' exp: the SIMD builds' operations one lane at a time (kernel.h).
   static V exp_w(V x) {
     if (!(x >= -87.0f)) return x < -87.0f ? 0.0f : x;  // NaN stays NaN
-    const float t = x * kExpWLog2e, n = std::nearbyint(t), f = t - n;
-    float y = std::fma(kExpWPoly[4], f, kExpWPoly[3]);
-    y = std::fma(y, f, kExpWPoly[2]);
-    y = std::fma(y, f, kExpWPoly[1]);
-    y = std::fma(y, f, kExpWPoly[0]);
-    return std::ldexp(y, static_cast<int>(n));
+    const float t = x * kExpWLog2e, n = std::nearbyint(t);
+    return std::ldexp(exp_w_poly<IsaScalar>(t - n), static_cast<int>(n));
   }
   static V f32(const uint8_t* p, int i) {
     float v;

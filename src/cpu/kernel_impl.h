@@ -90,6 +90,16 @@ inline float kf_half(const uint8_t* p) {
 
 inline int kf_min(int a, int b) { return a < b ? a : b; }
 
+// p(f) of exp_w (kernel.h kExpWPoly) by fused multiply-adds from the top coefficient down: the
+// same float operations in every build.
+template <class I, class V>
+[[gnu::always_inline]] inline V exp_w_poly(V f) {
+  V y = I::fmadd(I::set1(kExpWPoly[4]), f, I::set1(kExpWPoly[3]));
+  y = I::fmadd(y, f, I::set1(kExpWPoly[2]));
+  y = I::fmadd(y, f, I::set1(kExpWPoly[1]));
+  return I::fmadd(y, f, I::set1(kExpWPoly[0]));
+}
+
 // Whether the traits have a whole-tile int8 scorer (scores_i8_tile, i8_broadcast_rows).
 template <class I>
 constexpr bool has_i8_tiles() {
