@@ -120,35 +120,75 @@ void q8_0(const QdotArgs& a) {
   });
 }
 
+// K-quants (per-256 activations, qgemv_kernels.h): vpmaddubsw gives int16 pair sums of a
+// 32-element block, vpmaddwd multiplies them by the int16 scales of their 16 elements and adds
+// pairs into the contract's 8 int32 lanes. kMin: Q4_K's mins, else Q6_K's offset 32.
+struct KBlock {
+  __m256i c[8], sc[8];
+  __m256i m;  // factors of the 16-element activation sums (Q4_K: each min twice; Q6_K: scales)
+  float d, dmin;
+};
+
+template <int N, int kBytes, bool kMin, class Decode>
+inline void over_rows256(const QdotArgs& a, Decode decode) {
+  const int nw = a.cols / 256;
+  for (int r = a.r0; r < a.r1; ++r) {
+    const uint8_t* row = a.w + static_cast<size_t>(r) * nw * kBytes;
+    __m256 acc[N];
+#pragma GCC unroll 8
+    for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_ps();
+    for (int i = 0; i < nw; ++i) {
+      KBlock k;
+      decode(row + static_cast<size_t>(i) * kBytes, k);
+#pragma GCC unroll 8
+      for (int t = 0; t < N; ++t) {
+        const size_t at = static_cast<size_t>(t) * nw + i;
+        const int8_t* xk = a.x.xk + 256 * at;
+        __m256i S = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j)
+          S = _mm256_add_epi32(S, _mm256_madd_epi16(_mm256_maddubs_epi16(k.c[j], load32(xk + 32 * j)), k.sc[j]));
+        const __m256i m = _mm256_madd_epi16(k.m, load32(a.x.xkb + 16 * at));
+        if (!kMin) S = _mm256_sub_epi32(S, _mm256_slli_epi32(m, 5));
+        const float xd = a.x.xkd[at];
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(k.d * xd), acc[t]);
+        if (kMin) acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(k.dmin * xd), acc[t]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < N; ++t) a.y[t * a.ldy + (r - a.r0)] = tree8(acc[t]);
+  }
+}
+
 template <int N>
 void q4_k(const QdotArgs& a) {
-  over_rows<N, 256, 144, -1, -1, false>(a, [](const uint8_t* b, Blocks<8>& k) {
-    const float d = f16(b), dmin = f16(b + 2);
+  over_rows256<N, 144, true>(a, [](const uint8_t* b, KBlock& k) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int g = 0; g < 4; ++g) {
       const __m256i q = load32(b + 16 + 32 * g);
       k.c[2 * g] = _mm256_and_si256(q, m4);
       k.c[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
     }
-    uint8_t sm[16];
+    alignas(16) uint8_t sm[16];
     q4_k_scales_mins(b + 4, sm);
-    for (int j = 0; j < 8; ++j) {
-      k.dw[j] = _mm256_set1_ps(d * static_cast<float>(sm[j]));
-      k.mw[j] = dmin * static_cast<float>(sm[8 + j]);
-    }
+    for (int j = 0; j < 8; ++j) k.sc[j] = _mm256_set1_epi16(sm[j]);
+    const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+    k.m = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
+    k.d = f16(b);
+    k.dmin = f16(b + 2);
   });
 }
 
+// Q6_K: block j = 4h + k's elements 0-15 take sc[2j], 16-31 sc[2j + 1].
 template <int N>
 void q6_k(const QdotArgs& a) {
-  over_rows<N, 256, kQ6kBytes, 5, 0, false>(a, [](const uint8_t* b, Blocks<8>& k) {
+  over_rows256<N, kQ6kBytes, false>(a, [](const uint8_t* b, KBlock& k) {
     const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-    const float d = f16(b + 208);
     for (int h = 0; h < 2; ++h) q6_k_codes_u(b + 64 * h, b + 128 + 32 * h, k.c + 4 * h);
-    for (int j = 0; j < 8; ++j) {
-      const int s = 8 * (j / 4) + 2 * (j % 4);
-      k.dw[j] = _mm256_set_m128(_mm_set1_ps(d * static_cast<float>(sc[s + 1])), _mm_set1_ps(d * static_cast<float>(sc[s])));
-    }
+    for (int j = 0; j < 8; ++j) k.sc[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+    k.m = _mm256_cvtepi8_epi16(load16(b + 192));
+    k.d = f16(b + 208);
+    k.dmin = 0;
   });
 }
 

@@ -223,17 +223,9 @@ void over_tiles(int r0, int r1, int n, Call call) {
 }
 
 // The VNNI table is built only where the CPU runs it (its file is compiled for AVX-512).
-// K-quants: the per-256 scalar twin until their AVX2 kernels come.
-detail::QdotKernels with_scalar_k(detail::QdotKernels k) {
-  const detail::QdotKernels s = detail::qdot_scalar();
-  k.q4_k = s.q4_k;
-  k.q6_k = s.q6_k;
-  return k;
-}
-
 const detail::QdotKernels& qdot_kernels_for(SimdLevel level) {
   static const detail::QdotKernels scalar = detail::qdot_scalar();
-  static const detail::QdotKernels avx2 = with_scalar_k(detail::qdot_avx2());
+  static const detail::QdotKernels avx2 = detail::qdot_avx2();
   static const detail::QdotKernels avx512 = detail::qdot_avx512_supported() ? detail::qdot_avx512() : avx2;
   if (level >= SimdLevel::Avx512 && detail::qdot_avx512_supported()) return avx512;
   return level >= SimdLevel::Avx2 ? avx2 : scalar;
