@@ -131,33 +131,13 @@ struct KBlock {
 
 template <int N, int kBytes, bool kMin, class Decode>
 inline void over_rows256(const QdotArgs& a, Decode decode) {
-  const int nw = a.cols / 256;
-  for (int r = a.r0; r < a.r1; ++r) {
-    const uint8_t* row = a.w + static_cast<size_t>(r) * nw * kBytes;
-    __m256 acc[N];
+  k_quant_rows<N, kBytes, kMin, KBlock>(a, decode, [](const KBlock& k, const int8_t* xk) {
+    __m256i S = _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_ps();
-    for (int i = 0; i < nw; ++i) {
-      KBlock k;
-      decode(row + static_cast<size_t>(i) * kBytes, k);
-#pragma GCC unroll 8
-      for (int t = 0; t < N; ++t) {
-        const size_t at = static_cast<size_t>(t) * nw + i;
-        const int8_t* xk = a.x.xk + 256 * at;
-        __m256i S = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j)
-          S = _mm256_add_epi32(S, _mm256_madd_epi16(_mm256_maddubs_epi16(k.c[j], load32(xk + 32 * j)), k.sc[j]));
-        const __m256i m = _mm256_madd_epi16(k.m, load32(a.x.xkb + 16 * at));
-        if (!kMin) S = _mm256_sub_epi32(S, _mm256_slli_epi32(m, 5));
-        const float xd = a.x.xkd[at];
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(k.d * xd), acc[t]);
-        if (kMin) acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(k.dmin * xd), acc[t]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) a.y[t * a.ldy + (r - a.r0)] = tree8(acc[t]);
-  }
+    for (int j = 0; j < 8; ++j)
+      S = _mm256_add_epi32(S, _mm256_madd_epi16(_mm256_maddubs_epi16(k.c[j], load32(xk + 32 * j)), k.sc[j]));
+    return S;
+  });
 }
 
 template <int N>

@@ -181,34 +181,12 @@ void q8_0(const QdotArgs& a) {
 // of the 16 lanes fold into the contract's 8. kMin: Q4_K's mins, else Q6_K's offset 32.
 template <int N, int kBytes, bool kMin, class Decode>
 inline void over_rows256(const QdotArgs& a, Decode decode) {
-  const int nw = a.cols / 256;
-  for (int r = a.r0; r < a.r1; ++r) {
-    const uint8_t* row = a.w + static_cast<size_t>(r) * nw * kBytes;
-    __m256 acc[N];
-#pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_ps();
-    for (int i = 0; i < nw; ++i) {
-      KBlock k;
-      decode(row + static_cast<size_t>(i) * kBytes, k);
-#pragma GCC unroll 8
-      for (int t = 0; t < N; ++t) {
-        const size_t at = static_cast<size_t>(t) * nw + i;
-        const int8_t* xk = a.x.xk + 256 * at;
-        __m512i s = _mm512_setzero_si512();
+  k_quant_rows<N, kBytes, kMin, KBlock>(a, decode, [](const KBlock& k, const int8_t* xk) {
+    __m512i s = _mm512_setzero_si512();
 #pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g) s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(k.c[g], _mm512_loadu_si512(xk + 64 * g)), k.sc[g]);
-        __m256i S = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-        // Q4_K: the mins' lanes; Q6_K: the offset 32's, folded into S.
-        const __m256i m = _mm256_madd_epi16(k.m, load32(a.x.xkb + 16 * at));
-        if (!kMin) S = _mm256_sub_epi32(S, _mm256_slli_epi32(m, 5));
-        const float xd = a.x.xkd[at];
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(k.d * xd), acc[t]);
-        if (kMin) acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(k.dmin * xd), acc[t]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) a.y[t * a.ldy + (r - a.r0)] = tree8(acc[t]);
-  }
+    for (int g = 0; g < 4; ++g) s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(k.c[g], _mm512_loadu_si512(xk + 64 * g)), k.sc[g]);
+    return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+  });
 }
 
 // Q4_K: vector g holds sub-blocks 2g (low nibbles) and 2g + 1 (high); m: each min twice,
