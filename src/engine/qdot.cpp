@@ -32,24 +32,39 @@ int8_t code(float v) {
   return static_cast<int8_t>(c);
 }
 
-// The per-256 codes of the K-quants (qgemv_kernels.h).
+// The per-256 codes of the K-quants (qgemv_kernels.h): base scale D = max|x| / (127 kSub)
+// over the super-block, integer sub-scale u_j = ceil(kSub max_j|x| / max|x|) (1 .. kSub) per
+// 32 elements, codes round(x / (D u_j)).
 void quantize_rows_256(const float* x, int n, int cols, QdotBuffers& out) {
   const size_t total = static_cast<size_t>(n) * cols;
   out.xk.resize(total);
   out.xkd.resize(total / 256);
   out.xkb.resize(total / 16);
+  out.xku.resize(total / 16);
   for (size_t i = 0; i < total / 256; ++i) {
-    const float d = block_scale(x + 256 * i, 256);
-    const float id = d > 0 ? 1.0f / d : 0.0f;
+    const float* xi = x + 256 * i;
+    float top = 0;
+    for (int e = 0; e < 256; ++e) top = std::fmax(top, std::fabs(xi[e]));
+    const float d0 = block_scale(xi, 256);  // NaN if the super-block holds inf or NaN
+    const float d = std::isnan(d0) ? d0 : top / (127.0f * kSub);
     out.xkd[i] = d;
-    for (int g = 0; g < 16; ++g) {
-      int sum = 0;
-      for (int j = 16 * g; j < 16 * g + 16; ++j) {
-        const int8_t c = code(x[256 * i + j] * id);
-        out.xk[256 * i + j] = c;
-        sum += c;
+    for (int j = 0; j < 8; ++j) {
+      float amax = 0;
+      for (int e = 32 * j; e < 32 * j + 32; ++e) amax = std::fmax(amax, std::fabs(xi[e]));
+      int u = 1;
+      if (d > 0) u = static_cast<int>(std::ceil(kSub * amax / top));
+      u = u < 1 ? 1 : u > kSub ? kSub : u;
+      const float id = d > 0 ? 1.0f / (d * static_cast<float>(u)) : 0.0f;
+      for (int h = 0; h < 2; ++h) {
+        int sum = 0;
+        for (int e = 32 * j + 16 * h; e < 32 * j + 16 * h + 16; ++e) {
+          const int8_t c = code(xi[e] * id);
+          out.xk[256 * i + e] = c;
+          sum += c;
+        }
+        out.xkb[16 * i + 2 * j + h] = static_cast<int16_t>(sum);
+        out.xku[16 * i + 2 * j + h] = static_cast<int16_t>(u);
       }
-      out.xkb[16 * i + g] = static_cast<int16_t>(sum);
     }
   }
 }
@@ -63,6 +78,7 @@ void quantize_rows(const float* x, int n, int cols, QdotBuffers& out) {
     out.xk.clear();
     out.xkd.clear();
     out.xkb.clear();
+    out.xku.clear();
   }
   const size_t nb = static_cast<size_t>(cols) / 32, total = static_cast<size_t>(n) * cols;
   out.xq.resize(total);
@@ -230,9 +246,12 @@ void q4_k(const QdotArgs& a) {
   over_rows256<N, 144, true>(a, [&](const uint8_t* b, size_t i, int32_t* S, int32_t* M, float& d, float& dmin) {
     const int8_t* xk = a.x.xk + 256 * i;
     const int16_t* xb = a.x.xkb + 16 * i;
+    const int16_t* u = a.x.xku + 16 * i;
     for (int j = 0; j < 8; ++j) {
       int s, m;
       q4_k_scale_min(b + 4, j, s, m);
+      s *= u[2 * j];
+      m *= u[2 * j];
       const uint8_t* qs = b + 16 + 32 * (j / 2);
       for (int e = 0; e < 32; ++e) {
         const int q = (j & 1) ? qs[e] >> 4 : qs[e] & 0x0f;
@@ -252,6 +271,7 @@ void q6_k(const QdotArgs& a) {
   over_rows256<N, kQ6kBytes, false>(a, [&](const uint8_t* b, size_t i, int32_t* S, int32_t*, float& d, float&) {
     const int8_t* xk = a.x.xk + 256 * i;
     const int16_t* xb = a.x.xkb + 16 * i;
+    const int16_t* u = a.x.xku + 16 * i;
     const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
     for (int bb = 0; bb < 8; ++bb) {
       const int h = bb / 4, kk = bb % 4;
@@ -260,10 +280,10 @@ void q6_k(const QdotArgs& a) {
       for (int e = 0; e < 32; ++e) {
         const int lo = (ql[e + 32 * (kk & 1)] >> (kk < 2 ? 0 : 4)) & 0x0f;
         const int q = lo | (((qh[e] >> (2 * kk)) & 3) << 4);
-        S[e / 4] += sc[2 * bb + e / 16] * q * xk[32 * bb + e];
+        S[e / 4] += sc[2 * bb + e / 16] * u[2 * bb] * q * xk[32 * bb + e];
       }
     }
-    for (int l = 0; l < 8; ++l) S[l] -= 32 * (sc[2 * l] * xb[2 * l] + sc[2 * l + 1] * xb[2 * l + 1]);
+    for (int l = 0; l < 8; ++l) S[l] -= 32 * (sc[2 * l] * u[2 * l] * xb[2 * l] + sc[2 * l + 1] * u[2 * l + 1] * xb[2 * l + 1]);
     d = f16(b + 208);
   });
 }

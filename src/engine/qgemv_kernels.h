@@ -107,21 +107,25 @@ inline constexpr int kQ6kBytes = 210;
 //     lanes l + 8, then l + 4, then l + 2, then lane 0 + lane 1.
 //
 // Q4_K and Q6_K read the rows quantized per 256-element super-block instead (as llama.cpp's
-// q8_K): one scale xkd[i] = max|x| / 127 over super-block i, codes xk = round(x / xkd[i]) in
-// [-127, 127], and xkb[n] = the sum of the codes of each 16 elements. A super-block's
-// products stay integers across its sub-blocks, scales and mins applied as integers, and meet
-// floats twice per super-block; the contract, 8 int32 lanes l per super-block i (exact, so
-// their order of summation is free), float lanes acc[l]:
-//   Q4_K: S_l = sum_{j<8} s_j sum_{e<4} q[32j+4l+e] xk[32j+4l+e],
-//         M_l = m_l (xkb[2l] + xkb[2l+1]);
+// q8_K, with integer sub-scales): a base scale xkd[i] = max|x| / (127 kSub) per super-block i,
+// an integer sub-scale u_j = ceil(kSub max_j|x| / max|x|) in 1 .. kSub per 32 elements j (so a
+// sub-block far below the super-block's peak keeps its own resolution), codes
+// xk = round(x / (xkd[i] u_j)) in [-127, 127], xkb[n] = the sum of the codes of each 16
+// elements and xku[n] = the u_j of those 16. A super-block's products stay integers across its
+// sub-blocks, scales, sub-scales and mins applied as integers, and meet floats twice per
+// super-block; the contract, 8 int32 lanes l per super-block i (exact, so their order of
+// summation is free), float lanes acc[l]:
+//   Q4_K: S_l = sum_{j<8} s_j u_j sum_{e<4} q[32j+4l+e] xk[32j+4l+e],
+//         M_l = m_l u_l (xkb[2l] + xkb[2l+1]);
 //         acc[l] = fma(float(S_l), d xkd[i], acc[l]), then acc[l] = fma(float(M_l), -(dmin xkd[i]), acc[l]);
-//   Q6_K: S_l = sum_{b<8} sc[2b + l/4] sum_{e<4} q[32b+4l+e] xk[32b+4l+e]
-//               - 32 (sc[2l] xkb[2l] + sc[2l+1] xkb[2l+1]), q the unsigned codes (0-63) with
-//         element 32b + e of the super-block being element 32k + e of half h = b / 4, k = b % 4;
+//   Q6_K: S_l = sum_{b<8} sc[2b + l/4] u_b sum_{e<4} q[32b+4l+e] xk[32b+4l+e]
+//               - 32 (sc[2l] u_l xkb[2l] + sc[2l+1] u_l xkb[2l+1]), q the unsigned codes (0-63)
+//         with element 32b + e of the super-block being element 32k + e of half h = b / 4, k = b % 4;
 //         acc[l] = fma(float(S_l), d xkd[i], acc[l]);
 //   y = tree8(acc): lanes l + 4, then l + 2, then lane 0 + lane 1.
-// |S_l| < 2^26 and |M_l| < 2^20: no int32 overflow, and the int16 pair sums of vpmaddubsw
-// (at most 2 * 63 * 127) do not saturate.
+// With kSub = 16: scales times sub-scales stay within int16 (63 * 16, 128 * 16), the int16 pair
+// sums of vpmaddubsw (at most 2 * 63 * 127) do not saturate, and |S_l| < 2^30, |M_l| < 2^23.
+inline constexpr int kSub = 16;
 struct QdotRows {
   const int8_t* xq;   // [n, cols]
   const int32_t* x4n; // [n, cols / 4]: -(sum of xq over each 4 elements), for the offsets o
@@ -130,6 +134,7 @@ struct QdotRows {
   const int8_t* xk;   // [n, cols]: per-256 codes (nullptr unless cols is a multiple of 256)
   const float* xkd;   // [n, cols / 256]
   const int16_t* xkb; // [n, cols / 16]
+  const int16_t* xku; // [n, cols / 16]
 };
 
 // The quantized rows of one product, and quantize_rows (qdot.cpp) which fills them.
@@ -137,12 +142,13 @@ struct QdotBuffers {
   std::vector<int8_t> xq, xk;
   std::vector<int32_t> x4n;
   std::vector<float> xd8, xs, xkd;
-  std::vector<int16_t> xkb;
+  std::vector<int16_t> xkb, xku;
   QdotRows rows(int t, int cols) const {
     const size_t c = static_cast<size_t>(t) * cols;
     const bool k = !xk.empty();
     return {xq.data() + c,           x4n.data() + c / 4, xd8.data() + c / 4, xs.data() + c / 32,
-            k ? xk.data() + c : nullptr, k ? xkd.data() + c / 256 : nullptr, k ? xkb.data() + c / 16 : nullptr};
+            k ? xk.data() + c : nullptr, k ? xkd.data() + c / 256 : nullptr, k ? xkb.data() + c / 16 : nullptr,
+            k ? xku.data() + c / 16 : nullptr};
   }
 };
 void quantize_rows(const float* x, int n, int cols, QdotBuffers& out);

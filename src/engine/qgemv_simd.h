@@ -51,10 +51,11 @@ inline void q6_k_codes(const uint8_t* ql, const uint8_t* qh, __m256i q[4]) {
 }
 
 // K-quant rows on the per-256 contract (qgemv_kernels.h), the part every ISA shares:
-// decode(block, k) decodes a super-block into k (of type K: its codes and int16 scales as the
-// ISA holds them, m: the 16 int16 factors of the 16-element activation sums, Q4_K's mins each
-// twice or Q6_K's scales, d, dmin), lanes(k, xk) gives the 8 int32 lanes of its scaled
-// sub-block dot products with the codes xk; kMin: Q4_K's mins, else Q6_K's offset 32.
+// decode(block, k) decodes a super-block into k (of type K: its codes as the ISA holds them;
+// s: the 16 int16 scales, Q4_K's each twice, Q6_K's one per 16 elements; m: the factors of the
+// 16-element activation sums, Q4_K's mins each twice, Q6_K's scales; d, dmin), lanes(k, xk, su)
+// gives the 8 int32 lanes of its scaled sub-block dot products with the codes xk, su being
+// k.s times the sub-scales; kMin: Q4_K's mins, else Q6_K's offset 32.
 template <int N, int kBytes, bool kMin, class K, class Decode, class Lanes>
 inline void k_quant_rows(const QdotArgs& a, Decode decode, Lanes lanes) {
   const int nw = a.cols / 256;
@@ -69,8 +70,9 @@ inline void k_quant_rows(const QdotArgs& a, Decode decode, Lanes lanes) {
 #pragma GCC unroll 8
       for (int t = 0; t < N; ++t) {
         const size_t at = static_cast<size_t>(t) * nw + i;
-        __m256i S = lanes(k, a.x.xk + 256 * at);
-        const __m256i m = _mm256_madd_epi16(k.m, load32(a.x.xkb + 16 * at));
+        const __m256i u = load32(a.x.xku + 16 * at);
+        __m256i S = lanes(k, a.x.xk + 256 * at, _mm256_mullo_epi16(k.s, u));
+        const __m256i m = _mm256_madd_epi16(_mm256_mullo_epi16(k.m, u), load32(a.x.xkb + 16 * at));
         if (!kMin) S = _mm256_sub_epi32(S, _mm256_slli_epi32(m, 5));
         const float xd = a.x.xkd[at];
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(k.d * xd), acc[t]);

@@ -96,9 +96,10 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
 // qgemv_kernels.h: integer lane sums, then the same float operations in the same order) bit
 // for bit, for qgemv and qgemm, with an odd number of 32-element blocks per row (AVX-512's half
 // vector), an all-zero block, signed zeros and an outlier; and each product is within the
-// activation rounding of the float one: |y - W x| <= sum_b (max_b |x| / 254) sum_{c in b} |w_c|
-// over the activation blocks b (32 elements; 256 for Q4_K and Q6_K, whose activations are
-// quantized per super-block), plus float rounding (1e-5 of sum |w_c x_c|, as the f32 path).
+// activation rounding of the float one: |y - W x| <= sum_b (step_b / 2) sum_{c in b} |w_c| over
+// the 32-element activation blocks b, step_b = max_b |x| / 127 (Q4_K and Q6_K, whose blocks
+// take integer sub-scales of a scale per 256 elements i: at most max_b |x| / 127 +
+// max_i |x| / (127 kSub)), plus float rounding (1e-5 of sum |w_c x_c|, as the f32 path).
 TEST(Qgemv, Int8PathEqualsScalarTwinAndStaysWithinRoundingBound) {
   std::mt19937 rng(11);
   Restore restore;
@@ -124,17 +125,18 @@ TEST(Qgemv, Int8PathEqualsScalarTwinAndStaysWithinRoundingBound) {
         const float* xt = x.data() + static_cast<size_t>(t) * cols;
         for (int r = r0; r < rows; ++r) {
           double ref = 0, mag = 0, bound = 0;
-          const int blk = k_quant ? 256 : 32;
-          for (int b = 0; b < cols / blk; ++b) {
-            double amax = 0, wsum = 0;
-            for (int c = blk * b; c < blk * b + blk; ++c) {
+          for (int b = 0; b < cols / 32; ++b) {
+            double amax = 0, wsum = 0, top = 0;
+            for (int c = 256 * (b / 8); c < 256 * (b / 8) + 256 && k_quant; ++c)
+              top = std::max(top, std::fabs(static_cast<double>(xt[c])));
+            for (int c = 32 * b; c < 32 * b + 32; ++c) {
               const double wc = wf[static_cast<size_t>(r) * cols + c];
               ref += wc * xt[c];
               mag += std::fabs(wc * xt[c]);
               amax = std::max(amax, std::fabs(static_cast<double>(xt[c])));
               wsum += std::fabs(wc);
             }
-            bound += amax / 254 * wsum;
+            bound += (amax + top / detail::kSub) / 254 * wsum;
           }
           ASSERT_NEAR(twin[static_cast<size_t>(t) * (rows - r0) + (r - r0)], ref, bound + 1e-5 * mag + 1e-7)
               << tensor_type_name(ty) << " cols " << cols << " row " << t << ", " << r;

@@ -195,10 +195,11 @@ TEST_F(Qwen, GreedyAnswersACodingQuestion) {
   EXPECT_EQ(greedy(prompt, "f16", 48), a);
 }
 
-// Measured 2026-12-02 (128 tokens of GPL-3): 0.00477 (top-1 0.977) with Q4_K / Q6_K
-// activations per 256, 0.00101 (top-1 0.984) while they were per 32.
+// Measured 2026-12-02 (128 tokens of GPL-3): 0.00191 (top-1 0.984) with Q4_K / Q6_K
+// activations per 256 with sub-scales; 0.00477 (0.977) per 256 without them; 0.00101 (0.984)
+// per 32.
 TEST_F(Qwen, Int8DecodeAgreesWithBatchedPrefill) {
-  expect_int8_decode_agrees(*model_, *tok_, 1e-2);
+  expect_int8_decode_agrees(*model_, *tok_, 5e-3);
 }
 
 TEST_F(Qwen, EveryCacheFormatRuns) {
@@ -274,11 +275,11 @@ TEST_F(Qwen15, GreedyAnswersACodingQuestion) {
   EXPECT_NE(text.find("def reverse_string("), std::string::npos) << text;
 }
 
-// Measured 2026-12-02: 0.0573 (top-1 0.969) with Q4_K / Q6_K activations per 256, 0.00383
-// (top-1 0.977) while they were per 32: this model's activations carry outliers that a scale
-// per 256 spreads over 8 sub-blocks.
+// Measured 2026-12-02: 0.00317 (top-1 0.984) with Q4_K / Q6_K activations per 256 with
+// sub-scales; 0.0573 (0.969) per 256 without them (this model's activation outliers set the
+// scale of all 8 sub-blocks); 0.00383 (0.977) per 32.
 TEST_F(Qwen15, Int8DecodeAgreesWithBatchedPrefill) {
-  expect_int8_decode_agrees(*model_, *tok_, 0.1);
+  expect_int8_decode_agrees(*model_, *tok_, 1e-2);
 }
 
 }  // namespace
