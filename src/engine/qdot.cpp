@@ -43,16 +43,23 @@ void quantize_rows_256(const float* x, int n, int cols, QdotBuffers& out) {
   out.xku.resize(total / 16);
   for (size_t i = 0; i < total / 256; ++i) {
     const float* xi = x + 256 * i;
-    float top = 0;
-    for (int e = 0; e < 256; ++e) top = std::fmax(top, std::fabs(xi[e]));
-    const float d0 = block_scale(xi, 256);  // NaN if the super-block holds inf or NaN
-    const float d = std::isnan(d0) ? d0 : top / (127.0f * kSub);
+    float amax[8], top = 0, z = 0;
+    for (int j = 0; j < 8; ++j) {
+      float m = 0;
+      for (int e = 32 * j; e < 32 * j + 32; ++e) {
+        const float v = std::fabs(xi[e]);
+        m = v > m ? v : m;
+        z += xi[e] * 0.0f;  // NaN if the super-block holds inf or NaN
+      }
+      amax[j] = m;
+      top = m > top ? m : top;
+    }
+    // A super-block with inf or NaN gets NaN for its scale (codes 0), so the products are NaN too.
+    const float d = z == 0 && std::isfinite(top) ? top / (127.0f * kSub) : std::nanf("");
     out.xkd[i] = d;
     for (int j = 0; j < 8; ++j) {
-      float amax = 0;
-      for (int e = 32 * j; e < 32 * j + 32; ++e) amax = std::fmax(amax, std::fabs(xi[e]));
       int u = 1;
-      if (d > 0) u = static_cast<int>(std::ceil(kSub * amax / top));
+      if (d > 0) u = static_cast<int>(std::ceil(kSub * amax[j] / top));
       u = u < 1 ? 1 : u > kSub ? kSub : u;
       const float id = d > 0 ? 1.0f / (d * static_cast<float>(u)) : 0.0f;
       for (int h = 0; h < 2; ++h) {
