@@ -1696,8 +1696,8 @@ struct Kernel {
   int warps = 0;
 };
 
-// The variant bit `bit` as the environment variable `name` asks for it (read at every pick):
-// 1 for `on`, 0 for `off`, -1 if unset or anything else.
+// What the environment variable `name` asks of a variant bit (read at every pick): 1 if it is
+// `on`, 0 if `off`, -1 if unset or anything else (the default).
 inline int env_variant(const char* name, const char* on, const char* off) {
   const char* e = std::getenv(name);
   if (!e) return -1;
