@@ -71,9 +71,10 @@ __host__ __device__ constexpr int vlut_entries(int vk) {
 // pick, so a benchmark runs before and after in one process).
 //  kVaValueSmem: MSE values of 2 or 3 bits looked up in the shared-memory pair table, else in
 //    registers (value_frag_reg: the levels' low and high bytes are byte tables PRMT indexes by
-//    code). Registers are the default for 2-bit values (fewer instructions, no LDS); 3-bit values
-//    keep the table (spreading their codes into PRMT selectors costs more than the lookups save).
+//    code). The table is the default: on the H200 (2026-12-02, docs/RESULTS.md) registers were
+//    0-2% slower for 2-bit values despite fewer instructions, and 12-20% slower for 3-bit values.
 //    TQKV_DECODE_VALUE_LUT=smem|reg.
+//    (The 256-byte key entries below were 4-8% faster at d = 64 there, so they are the default.)
 //  kVaKey256: 4-bit MSE keys at d = 64 with table entries 256 bytes apart (32 KiB more shared
 //    memory, a cost d = 64's small stages can afford), so a lookup's address is one PRMT (the
 //    code byte over the lane's offset) instead of a shift and a LOP3. TQKV_DECODE_KEY_LUT=128|256.
@@ -86,7 +87,7 @@ __host__ __device__ constexpr bool vreg_lut(int vk) { return is_vmse(vk) && vbit
 __host__ __device__ constexpr bool key256_ok(int d, int kk) { return d == 64 && is_kmse(kk) && kbits_of(kk) == 4; }
 #endif
 __host__ __device__ constexpr int va_default(int d, int kk, int vk) {
-  return (vreg_lut(vk) && vbits_of(vk) == 2 ? 0 : kVaValueSmem) | (key256_ok(d, kk) ? kVaKey256 : 0);
+  return kVaValueSmem | (key256_ok(d, kk) ? kVaKey256 : 0);
 }
 
 // MSE keys and values of the same width share one codebook (CacheCodec fills both from
