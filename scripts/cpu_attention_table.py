@@ -13,7 +13,7 @@ With --repeats N, every cell runs N times (the grid in order, N passes) and one 
 layout gives each format's median speed-up vs f16 over the passes (wall, then CPU time), with the
 load average seen at each run.
 
-With --before, the two binaries run alternately, --rounds times per cell, and one compact
+With --before, the two binaries run alternately (which runs first swaps every round), --rounds times per cell, and one compact
 table per layout gives each format's speed-up vs f16 before -> after: each binary's best
 step of each format over the rounds against its own best f16 step (wall, then CPU time).
 """
@@ -111,8 +111,11 @@ def before_after(a, ctxs):
                 cell = f"d{dim} b{batch} {ctx // 1024}K"
                 cells.append(cell)
                 best = {}  # (binary, format) -> [wall, cpu]
-                for _ in range(a.rounds):
-                    for binary in (a.before, a.tqkv):
+                for rnd in range(a.rounds):
+                    # Swap the order every round: the binary that runs second in a pair tends to
+                    # find the caches and clocks warmer, so a fixed order biases the ratio.
+                    order = (a.before, a.tqkv) if rnd % 2 == 0 else (a.tqkv, a.before)
+                    for binary in order:
                         for f, r in bench(a, binary, dim, heads, gqa, batch, ctx).items():
                             b = best.setdefault((binary, f), [1e300, 1e300])
                             b[0] = min(b[0], r["seconds_per_step"])
