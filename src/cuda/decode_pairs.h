@@ -20,6 +20,8 @@
   /* the all-layer recipes (calibrate --boundary-in-budget): SmolLM2's k6v5, Qwen2.5-Coder's  \
      k6v4 and its layer 0's 8-bit keys */                                                      \
   X(kmse(6), vmse(4)) X(kmse(6), vmse(5)) X(kmse(8), vmse(2)) X(kmse(8), vmse(3))              \
+  /* Qwen2.5-Coder-1.5B's tq-4.375 (k5v5 layers) */                                            \
+  X(kmse(5), vmse(5))                                                                          \
   /* the recent window's copies of the recipes (wq6) */                                         \
   X(kmse(6), vmse(6))
 
