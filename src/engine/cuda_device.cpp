@@ -477,7 +477,9 @@ void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model,
   if (bucket == 0) return step(batch, logits);
 
   Impl& I = *impl_;
-  StepGraph& g = cc->step_graph(model, bucket);
+  int64_t longest = 0;
+  for (const Batch::Run& r : batch.runs()) longest = std::max<int64_t>(longest, r.pos0 + r.count);
+  StepGraph& g = cc->step_graph(model, bucket, longest);
   Batch padded = batch;  // padding rows: token 0 at position 0 of sequences that are not there
   const int32_t pad_token = 0;
   for (int i = n; i < bucket; ++i) padded.add(-1 - i, &pad_token, 1, 0, true);

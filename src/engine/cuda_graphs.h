@@ -8,7 +8,8 @@
 // window ring tables (the cache's bucket buffers, CudaKvCache::prepare_bucket). Padding rows
 // have slot -1 (their stores are skipped), block 0 and length 1; their outputs are dropped.
 // Everything else a step touches is fixed as well: the activations the recorded step allocated
-// (held by the StepGraph), the decode plans of the bucket (planned for the cache's capacity),
+// (held by the StepGraph), the decode plans of the bucket (planned for its longest sequence's
+// length class: graphs are kept per bucket and class, CudaKvCache::plan_len),
 // cuBLAS's workspace (set once per device) and the device's product input buffer.
 //
 // The step runs op by op once per bucket first (a warm-up: it makes the plans and workspaces

@@ -534,6 +534,109 @@ TEST(CudaCacheLayer, RecipesWithSinksAndWindowMatchCpu) {
   compare_cache_layers(cache_test_model(2, 6, 2), "k5v3+sink1+w5+skip0", 1024, {300, 300, 1, 1}, 1);
 }
 
+// A plain and a graphed cache of one spec with fixed device inputs per layer (a replay reads
+// them where the recording did): q, k, v and each cache's output, `rows` rows. Attention writes
+// q and k in place only with centring, which the specs here lack: both caches see the same inputs.
+struct RecordedTwins {
+  const ModelConfig& m;
+  std::shared_ptr<CudaDevice> dev;
+  std::unique_ptr<KvCache> plain, graphed;
+  CudaKvCache* g = nullptr;
+  std::vector<DeviceBuffer> q, k, v, out_plain, out_graphed;
+  uint64_t x;
+  int64_t a = 0, b = 0;
+  cudaGraphExec_t exec = nullptr;
+
+  RecordedTwins(const ModelConfig& model, const std::shared_ptr<CudaDevice>& d, const std::string& name, int capacity,
+                int rows, uint64_t seed)
+      : m(model), dev(d), x(seed) {
+    const CacheSpec spec = resolve_cache_spec(name, m);
+    plain = dev->make_cache(spec, CacheShape{capacity, 2});
+    graphed = dev->make_cache(spec, CacheShape{capacity, 2});
+    g = dynamic_cast<CudaKvCache*>(graphed.get());
+    a = plain->add_sequence();
+    b = plain->add_sequence();
+    graphed->add_sequence();
+    graphed->add_sequence();
+    const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim;
+    for (int l = 0; l < m.n_layers; ++l) {
+      q.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
+      k.push_back(dev->alloc(static_cast<size_t>(rows) * kd));
+      v.push_back(dev->alloc(static_cast<size_t>(rows) * kd));
+      out_plain.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
+      out_graphed.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
+    }
+  }
+  ~RecordedTwins() {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
+  float rnd() {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(x >> 11) % 2000001 - 1000000) / 1e6f;
+  }
+  void fill(int n) {  // new random inputs (k positive-shifted as in compare_cache_layers)
+    const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim;
+    for (int l = 0; l < m.n_layers; ++l) {
+      std::vector<float> hq(static_cast<size_t>(n) * qd), hk(static_cast<size_t>(n) * kd), hv(hk.size());
+      for (float& e : hq) e = rnd();
+      for (float& e : hk) e = 2.0f * rnd() + 0.3f;
+      for (float& e : hv) e = rnd();
+      dev->to_device(hq.data(), hq.size(), q[l].data());
+      dev->to_device(hk.data(), hk.size(), k[l].data());
+      dev->to_device(hv.data(), hv.size(), v[l].data());
+    }
+  }
+  void run_layers(KvCache& c, const Batch& batch, std::vector<DeviceBuffer>& out) {
+    for (int l = 0; l < m.n_layers; ++l) c.attend(l, batch, q[l].data(), k[l].data(), v[l].data(), out[l].data());
+  }
+  // `batch` (new random inputs) op by op in both caches.
+  void both(const Batch& batch) {
+    fill(batch.size());
+    run_layers(*plain, batch, out_plain);
+    run_layers(*graphed, batch, out_graphed);
+  }
+  // Decode step number s of both sequences at positions pa and pb: op by op in the plain cache;
+  // in the graphed one step 0 warms up (plans and workspaces), step 1 is recorded, later steps
+  // replay it. Returns the largest |difference| of the two caches' outputs and raises scale to
+  // the largest output.
+  double step(int s, int64_t pa, int64_t pb, double& scale) {
+    static const int32_t id = 1;
+    Batch st;
+    st.add(a, &id, 1, pa, true);
+    st.add(b, &id, 1, pb, true);
+    fill(2);
+    run_layers(*plain, st, out_plain);
+    g->prepare_bucket(st, 2);
+    if (s == 0) {
+      run_layers(*graphed, st, out_graphed);
+    } else if (s == 1) {
+      EXPECT_EQ(cudaStreamBeginCapture(dev->stream(), cudaStreamCaptureModeRelaxed), cudaSuccess);
+      run_layers(*graphed, st, out_graphed);
+      cudaGraph_t graph = nullptr;
+      EXPECT_EQ(cudaStreamEndCapture(dev->stream(), &graph), cudaSuccess);
+      EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      cudaGraphDestroy(graph);
+    } else {
+      g->cancel_bucket();
+    }
+    if (exec) {
+      EXPECT_EQ(cudaGraphLaunch(exec, dev->stream()), cudaSuccess);
+    }
+    const int qd = m.n_heads * m.head_dim;
+    double worst = 0;
+    for (int l = 0; l < m.n_layers; ++l) {
+      std::vector<float> op(static_cast<size_t>(2) * qd), gr(op.size());
+      dev->to_host(out_plain[l].data(), op.size(), op.data());
+      dev->to_host(out_graphed[l].data(), gr.size(), gr.data());
+      for (size_t i = 0; i < op.size(); ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(op[i]) - gr[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(op[i])));
+      }
+    }
+    return worst;
+  }
+};
+
 // The cache layer's part of a CUDA graph (CudaDevice::run_step records the rest): decode steps of
 // two sequences of different lengths prepared into a bucket, recorded once and replayed, give
 // the outputs of the same steps run op by op on a twin cache, bit for bit, with sinks and a
@@ -543,90 +646,24 @@ TEST(CudaCacheLayer, RecordedDecodeStepsMatchOpByOp) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   const ModelConfig m = cache_test_model(2, 6, 2);
   auto dev = std::make_shared<CudaDevice>();
-  const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim, steps = 12;
-  uint64_t x = 777;
-  auto rnd = [&] {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<float>(static_cast<int64_t>(x >> 11) % 2000001 - 1000000) / 1e6f;
-  };
+  const int steps = 12;
   for (const std::string name : {"f16+skip0", "k5v3+sink1+w5+skip0", "k6v3+sink2+wq6+w11+skip0"}) {
     SCOPED_TRACE(name);
-    const CacheSpec spec = resolve_cache_spec(name, m);
-    auto plain = dev->make_cache(spec, CacheShape{64, 2});
-    auto graphed = dev->make_cache(spec, CacheShape{64, 2});
-    auto* g = dynamic_cast<CudaKvCache*>(graphed.get());
-    ASSERT_NE(g, nullptr);
-    ASSERT_TRUE(g->graphs_supported());
-    const int64_t a = plain->add_sequence(), b = plain->add_sequence();
-    ASSERT_EQ(graphed->add_sequence(), a);
-    ASSERT_EQ(graphed->add_sequence(), b);
-    // Fixed device inputs (a replay reads them where the recording did): q, k, v, out per layer.
-    const int rows = 20 + 13;  // the prefill's rows; decode steps use the first 2
-    std::vector<DeviceBuffer> q, k, v, out_plain, out_graphed;
-    for (int l = 0; l < m.n_layers; ++l) {
-      q.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
-      k.push_back(dev->alloc(static_cast<size_t>(rows) * kd));
-      v.push_back(dev->alloc(static_cast<size_t>(rows) * kd));
-      out_plain.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
-      out_graphed.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
-    }
-    auto fill = [&](int n) {  // new random inputs (k positive-shifted as in compare_cache_layers)
-      for (int l = 0; l < m.n_layers; ++l) {
-        std::vector<float> hq(static_cast<size_t>(n) * qd), hk(static_cast<size_t>(n) * kd), hv(hk.size());
-        for (float& e : hq) e = rnd();
-        for (float& e : hk) e = 2.0f * rnd() + 0.3f;
-        for (float& e : hv) e = rnd();
-        dev->to_device(hq.data(), hq.size(), q[l].data());
-        dev->to_device(hk.data(), hk.size(), k[l].data());
-        dev->to_device(hv.data(), hv.size(), v[l].data());
-      }
-    };
-    // Attention writes q and k in place only with centring, which these specs lack: both caches
-    // see the same inputs.
-    auto run_layers = [&](KvCache& c, const Batch& batch, std::vector<DeviceBuffer>& out) {
-      for (int l = 0; l < m.n_layers; ++l) c.attend(l, batch, q[l].data(), k[l].data(), v[l].data(), out[l].data());
-    };
-    std::vector<int32_t> ids(rows, 1);
+    RecordedTwins t(m, dev, name, 64, 20 + 13, 777);  // the prefill's rows; decode steps use the first 2
+    ASSERT_NE(t.g, nullptr);
+    ASSERT_TRUE(t.g->graphs_supported());
+    std::vector<int32_t> ids(20, 1);
     Batch prefill;
-    prefill.add(a, ids.data(), 20, 0, true);
-    prefill.add(b, ids.data(), 13, 0, true);
-    fill(rows);
-    run_layers(*plain, prefill, out_plain);
-    run_layers(*graphed, prefill, out_graphed);
-    cudaGraphExec_t exec = nullptr;
-    double worst = 0;
+    prefill.add(t.a, ids.data(), 20, 0, true);
+    prefill.add(t.b, ids.data(), 13, 0, true);
+    t.both(prefill);
+    double worst = 0, scale = 0;
     for (int s = 0; s < steps; ++s) {
-      Batch step;
-      step.add(a, ids.data(), 1, 20 + s, true);
-      step.add(b, ids.data(), 1, 13 + s, true);
-      fill(2);
-      run_layers(*plain, step, out_plain);
-      g->prepare_bucket(step, 2);
-      if (s == 0) {  // warm-up: plans and workspaces
-        run_layers(*graphed, step, out_graphed);
-      } else if (s == 1) {
-        ASSERT_EQ(cudaStreamBeginCapture(dev->stream(), cudaStreamCaptureModeRelaxed), cudaSuccess);
-        run_layers(*graphed, step, out_graphed);
-        cudaGraph_t graph = nullptr;
-        ASSERT_EQ(cudaStreamEndCapture(dev->stream(), &graph), cudaSuccess);
-        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-        cudaGraphDestroy(graph);
-      } else {
-        g->cancel_bucket();
-      }
-      if (exec) {
-        ASSERT_EQ(cudaGraphLaunch(exec, dev->stream()), cudaSuccess);
-      }
-      for (int l = 0; l < m.n_layers; ++l) {
-        std::vector<float> op(static_cast<size_t>(2) * qd), gr(op.size());
-        dev->to_host(out_plain[l].data(), op.size(), op.data());
-        dev->to_host(out_graphed[l].data(), gr.size(), gr.data());
-        for (size_t i = 0; i < op.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(op[i]) - gr[i]));
-      }
+      worst = std::max(worst, t.step(s, 20 + s, 13 + s, scale));
+      if (HasFailure()) return;
     }
-    if (exec) cudaGraphExecDestroy(exec);
-    EXPECT_EQ(plain->seq_len(a), 20 + steps);
-    EXPECT_EQ(graphed->seq_len(b), 13 + steps);
+    EXPECT_EQ(t.plain->seq_len(t.a), 20 + steps);
+    EXPECT_EQ(t.graphed->seq_len(t.b), 13 + steps);
     std::printf("[ graphs ] %-28s replayed vs op by op: max |diff| %.3g over %d steps\n", name.c_str(), worst, steps);
     EXPECT_EQ(worst, 0.0);
   }
@@ -842,6 +879,110 @@ TEST(CudaCacheLayer, FusedPrefillOfManyRowsMatchesThreeLaunches) {
                 name.c_str(), twin.worst, twin.scale);
     EXPECT_LT(twin.worst, 5e-3);
     EXPECT_GT(twin.scale, 0.0);
+  }
+}
+
+// Decode plans sized by the step's longest sequence (CudaKvCache::plan_len) against plans sized
+// by the capacity (TQKV_PLAN_BY_LEN=0), on the same inputs, in a cache far longer than the
+// sequences: a 300- and a 40-token prefill, decode steps, then both grown past 1.5K positions in
+// 512-token chunks (new plan lengths) and more decode steps. Plain split-KV (f16, compressed) and
+// the fused decode of copies.
+TEST(CudaCacheLayer, PlansByLengthMatchPlansByCapacity) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  const ModelConfig m = cache_test_model(2, 9, 3);
+  for (const std::string name : {"f16+skip0", "k4v4+skip0", "k5v4+sink1+wq6+w40+skip0"}) {
+    SCOPED_TRACE(name);
+    const CacheSpec spec = resolve_cache_spec(name, m);
+    std::unique_ptr<KvCache> by_capacity, by_len;
+    {
+      ScopedEnv off("TQKV_PLAN_BY_LEN", "0");
+      by_capacity = dev->make_cache(spec, CacheShape{8192, 2});
+    }
+    by_len = dev->make_cache(spec, CacheShape{8192, 2});
+    const auto* bl = dynamic_cast<const CudaKvCache*>(by_len.get());
+    const auto* bc = dynamic_cast<const CudaKvCache*>(by_capacity.get());
+    ASSERT_TRUE(bl && bc);
+    EXPECT_EQ(bl->plan_len(300), 512);
+    EXPECT_EQ(bl->plan_len(1), CudaKvCache::kMinPlanLen);
+    EXPECT_EQ(bl->plan_len(100000), 8192);
+    EXPECT_EQ(bc->plan_len(300), 8192);
+    TwinCaches twin{*dev, m, *by_len, *by_capacity};
+    const int64_t a = by_len->add_sequence(), b = by_len->add_sequence();
+    ASSERT_EQ(by_capacity->add_sequence(), a);
+    ASSERT_EQ(by_capacity->add_sequence(), b);
+    std::vector<int32_t> ids(512, 1);
+    int64_t la = 0, lb = 0;
+    auto decode_steps = [&](int n) {
+      for (int s = 0; s < n; ++s) {
+        Batch step;
+        step.add(a, ids.data(), 1, la++, true);
+        step.add(b, ids.data(), 1, lb++, true);
+        twin.run(step);
+      }
+    };
+    Batch prefill;
+    prefill.add(a, ids.data(), 300, 0, true);
+    prefill.add(b, ids.data(), 40, 0, true);
+    twin.run(prefill);
+    la = 300, lb = 40;
+    decode_steps(4);
+    while (la < 1600) {
+      Batch chunk;
+      chunk.add(a, ids.data(), 512, la, true);
+      chunk.add(b, ids.data(), 512, lb, true);
+      twin.run(chunk);
+      la += 512, lb += 512;
+    }
+    decode_steps(4);
+    std::printf("[ plans ] %-26s by length vs by capacity: max |diff| %.3g (outputs up to %.3g)\n", name.c_str(),
+                twin.worst, twin.scale);
+    EXPECT_LT(twin.worst, 1e-3);
+    EXPECT_GT(twin.scale, 0.0);
+  }
+}
+
+// A decode step recorded while the sequences are short (planned for kMinPlanLen positions) and
+// replayed after they grew to ~2K positions (op-by-op prefill chunks in between) gives the
+// attention of the same steps run op by op, which plan for their own length: a plan stays
+// correct past its length (the engine records one graph per plan length, so it never replays
+// one there; this holds the kernels to it anyway). Plain split-KV and the fused decode.
+TEST(CudaCacheLayer, StepRecordedShortReplaysLong) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  const ModelConfig m = cache_test_model(2, 6, 2);
+  auto dev = std::make_shared<CudaDevice>();
+  for (const std::string name : {"f16+skip0", "k5v3+skip0", "k5v3+sink1+w5+skip0", "k6v3+sink2+wq6+w11+skip0"}) {
+    SCOPED_TRACE(name);
+    RecordedTwins t(m, dev, name, 4096, 1024, 991);
+    ASSERT_NE(t.g, nullptr);
+    ASSERT_TRUE(t.g->graphs_supported());
+    std::vector<int32_t> ids(512, 1);
+    int64_t la = 20, lb = 13;
+    Batch prefill;
+    prefill.add(t.a, ids.data(), 20, 0, true);
+    prefill.add(t.b, ids.data(), 13, 0, true);
+    t.both(prefill);
+    EXPECT_EQ(t.g->plan_len(la + 2), CudaKvCache::kMinPlanLen);
+    double worst = 0, scale = 0;
+    for (int s = 0; s < 8; ++s) {
+      if (s == 2) {  // both sequences grow by 2K positions op by op, past the recorded plan's length
+        for (int c = 0; c < 4; ++c, la += 512, lb += 512) {
+          Batch chunk;
+          chunk.add(t.a, ids.data(), 512, la, true);
+          chunk.add(t.b, ids.data(), 512, lb, true);
+          t.both(chunk);
+        }
+        EXPECT_EQ(t.g->plan_len(la + 1), 4096);
+      }
+      worst = std::max(worst, t.step(s, la++, lb++, scale));
+      if (HasFailure()) return;
+    }
+    EXPECT_EQ(t.graphed->seq_len(t.a), la);
+    std::printf("[ graphs ] %-28s recorded at ~20 positions, replayed at ~2K vs op by op: max |diff| %.3g "
+                "(outputs up to %.3g)\n",
+                name.c_str(), worst, scale);
+    EXPECT_LT(worst, 1e-3);
+    EXPECT_GT(scale, 0.0);
   }
 }
 
