@@ -210,7 +210,8 @@ class CudaKvCache final : public KvCache {
   // (cuda::store_many); TQKV_FUSED_STORE=0 keeps one launch each, for before/after measurements.
   bool fused_store_ = true;
   // The fused decode's plan choices (cuda::FusedDecodeOptions): TQKV_FUSED_SPREAD=0,
-  // TQKV_FUSED_CLUSTER=0 and TQKV_FUSED_CLUSTER_FIT=1 select the others, for before/after runs.
+  // TQKV_FUSED_CLUSTER=0, TQKV_FUSED_CLUSTER_FIT=1 and TQKV_FUSED_MAIN_TILES=N select the others,
+  // for before/after runs.
   cuda::FusedDecodeOptions fused_options_;
   // Keys and values stored by separate warps (cuda::StoreArgs::split_kv); TQKV_STORE_SPLIT_KV=0:
   // one warp each (token, kv head), for before/after runs.

@@ -942,6 +942,49 @@ TEST(CudaCacheLayer, PlansByLengthMatchPlansByCapacity) {
   }
 }
 
+// TQKV_FUSED_MAIN_TILES caps the fused middle's CTAs (here 8 CTAs by default, 2 with 8 tiles a
+// warp, 1 with more tiles than the middle has) without changing the attention: one sequence grown
+// to 1.5K positions in a 4K cache, then decode steps, against the default plan. A malformed value
+// is refused when the cache is made.
+TEST(CudaCacheLayer, FusedMiddleCapGivesTheSameAttention) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  const ModelConfig m = cache_test_model(2, 9, 3);
+  const CacheSpec spec = resolve_cache_spec("k5v4+sink1+wq6+w40+skip0", m);
+  {
+    ScopedEnv bad("TQKV_FUSED_MAIN_TILES", "abc");
+    EXPECT_THROW(dev->make_cache(spec, CacheShape{4096, 1}), Error);
+  }
+  for (const char* tiles : {"8", "100000"}) {
+    SCOPED_TRACE(tiles);
+    std::unique_ptr<KvCache> capped;
+    {
+      ScopedEnv cap("TQKV_FUSED_MAIN_TILES", tiles);
+      capped = dev->make_cache(spec, CacheShape{4096, 1});
+    }
+    auto plain = dev->make_cache(spec, CacheShape{4096, 1});
+    TwinCaches twin{*dev, m, *capped, *plain};
+    const int64_t a = capped->add_sequence();
+    ASSERT_EQ(plain->add_sequence(), a);
+    std::vector<int32_t> ids(512, 1);
+    int64_t len = 0;
+    for (; len < 1536; len += 512) {
+      Batch chunk;
+      chunk.add(a, ids.data(), 512, len, true);
+      twin.run(chunk);
+    }
+    for (int s = 0; s < 6; ++s, ++len) {
+      Batch step;
+      step.add(a, ids.data(), 1, len, true);
+      twin.run(step);
+    }
+    std::printf("[ fused ] middle capped at %s tiles a warp vs default: max |diff| %.3g (outputs up to %.3g)\n", tiles,
+                twin.worst, twin.scale);
+    EXPECT_LT(twin.worst, 1e-3);
+    EXPECT_GT(twin.scale, 0.0);
+  }
+}
+
 // A decode step recorded while the sequences are short (planned for kMinPlanLen positions) and
 // replayed after they grew to ~2K positions (op-by-op prefill chunks in between) gives the
 // attention of the same steps run op by op, which plan for their own length: a plan stays
