@@ -150,8 +150,9 @@ def hot_path(loop):
 
 
 def demangle_args(name):
-    m = re.search(r"decode_kernelILi(\d+)ELi(\d+)ELi(\d+)E", name)
-    return tuple(int(x) for x in m.groups()) if m else None
+    """(d, key kind, value kind, variant VA of decode_kernel.cuh; 0 where the name has none)."""
+    m = re.search(r"decode_kernelILi(\d+)ELi(\d+)ELi(\d+)E(?:Li(\d+)E)?", name)
+    return tuple(int(x or 0) for x in m.groups()) if m else None
 
 
 def kind_value(expr):
@@ -193,25 +194,45 @@ def main():
     print("|---|---|---|---|---|" + "---|" * len(heads))
     for d in dims:
         for fname, kk, vk, per_iter in formats:
-            body = by_args.get((d, kind_value(kk), kind_value(vk)))
-            if body is None:
+            key = (d, kind_value(kk), kind_value(vk))
+            variants = sorted(a[3] for a in by_args if a[:3] == key)
+            if not variants:
                 print(f"| {d} | {fname} | not found |", file=sys.stderr)
-                continue
-            loop = tile_loop(body)
-            hot = len(hot_path(loop)) / per_iter
-            loop = [x for _, x in loop]
-            counts = dict.fromkeys(heads, 0)
-            for ins in loop:
-                op = opcode(ins)
-                for c, rx in CLASSES:
-                    if rx.match(op):
-                        counts[c] += 1
-                        break
-                else:
-                    counts["other"] += 1
-            n = len(loop) / per_iter
-            cells = " | ".join(f"{counts[h] / per_iter:.0f}" for h in heads)
-            print(f"| {d} | {fname} | {n:.0f} | {hot:.0f} | {n / (16 * d * 2):.3f} | {cells} |")
+            for va in variants:
+                label = fname
+                if len(variants) > 1:
+                    label += " (" + variant_label(va, variants) + ")"
+                print_row(d, label, by_args[key + (va,)], per_iter, heads)
+
+
+def variant_label(va, variants):
+    """The bits of decode_kernel.cuh's variant VA (kVaValueSmem = 1, kVaKey256 = 2) that differ
+    among the kernels compiled for one format."""
+    others = [v for v in variants if v != va]
+    parts = []
+    if any((v ^ va) & 1 for v in others):
+        parts.append("values: shared-memory table" if va & 1 else "values: levels in registers")
+    if any((v ^ va) & 2 for v in others):
+        parts.append("keys: 256-byte entries" if va & 2 else "keys: 128-byte entries")
+    return ", ".join(parts)
+
+
+def print_row(d, label, body, per_iter, heads):
+    loop = tile_loop(body)
+    hot = len(hot_path(loop)) / per_iter
+    loop = [x for _, x in loop]
+    counts = dict.fromkeys(heads, 0)
+    for ins in loop:
+        op = opcode(ins)
+        for c, rx in CLASSES:
+            if rx.match(op):
+                counts[c] += 1
+                break
+        else:
+            counts["other"] += 1
+    n = len(loop) / per_iter
+    cells = " | ".join(f"{counts[h] / per_iter:.0f}" for h in heads)
+    print(f"| {d} | {label} | {n:.0f} | {hot:.0f} | {n / (16 * d * 2):.3f} | {cells} |")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,15 @@
 // sdpa_bench.py) and to tqkv's own bf16 paged decode.
 //
 //   tqkv_cuda_bench [--sdpa FILE] [--reps N] [--formats a,b] [--d D] [--batch B] [--ctx T]
-//                   [--splits N] [--decode-only] [--no-flush] [--no-cluster]
+//                   [--splits N] [--decode-only] [--no-flush] [--no-cluster] [--variants V,V]
 // --splits forces the decode's split count (warps per (sequence, kv head)); --decode-only skips
 // the store and dequantize timings (quick decode sweeps); --no-flush times with warm caches;
-// --no-cluster merges the CTAs of a (sequence, kv head) through the workspace, not DSMEM.
+// --no-cluster merges the CTAs of a (sequence, kv head) through the workspace, not DSMEM;
+// --variants times the decode once per kernel variant (decode_kernel.cuh), each V a '+'-joined set
+// of smem|reg (TQKV_DECODE_VALUE_LUT: 2- and 3-bit MSE values looked up in the shared-memory table
+// or in registers) and k128|k256 (TQKV_DECODE_KEY_LUT: 4-bit MSE keys at d = 64, table entries
+// 128 or 256 bytes apart), e.g. --variants smem+k128,reg+k256; parts that do not apply to a format
+// are dropped.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -125,6 +130,7 @@ int main(int argc, char** argv) {
   std::string sdpa_path, only_formats;
   int reps = 15, only_batch = 0, only_ctx = 0, only_d = 0, splits = 0;
   bool decode_only = false, no_cluster = false;
+  std::vector<std::string> variants;  // --variants smem+k128,reg+k256
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--sdpa" && i + 1 < argc) sdpa_path = argv[++i];
@@ -137,6 +143,10 @@ int main(int argc, char** argv) {
     else if (a == "--decode-only") decode_only = true;
     else if (a == "--no-flush") g_no_flush = true;
     else if (a == "--no-cluster") no_cluster = true;
+    else if (a == "--variants" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      for (std::string x; std::getline(ss, x, ',');) variants.push_back(x);
+    }
   }
   const auto sdpa = read_sdpa(sdpa_path);
   cudaDeviceProp prop{};
@@ -266,19 +276,44 @@ int main(int argc, char** argv) {
       da.batch = s.batch;
       da.params.n_q_heads = s.hq;
       da.params.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
-      const double dec_us = time_us([&] { tqkv::cuda::run_decode(codec, kv, da, plan, ws); }, reps);
-      std::fprintf(stderr, "# %s d=%d b=%d ctx=%d: %d splits, %s merge\n", name.c_str(), s.d, s.batch, s.ctx,
-                   plan.num_splits, plan.cluster_merge ? "cluster" : "workspace");
+      // --variants: the decode once per kernel variant that applies to this format (in order;
+      // variants that pick the same kernel as an earlier one are skipped), one row each.
+      const bool vvar = f.value == tqkv::ValueCodec::Mse && f.value_bits >= 2 && f.value_bits <= 3;
+      const bool kvar = s.d == 64 && f.key == tqkv::KeyCodec::Mse && f.key_bits == 4;
+      std::vector<std::pair<std::string, std::string>> runs;  // (value lut, key lut) as set
+      for (const std::string& v : variants) {
+        std::string vl, kl;
+        std::stringstream ss(v);
+        for (std::string x; std::getline(ss, x, '+');) {
+          if (vvar && (x == "smem" || x == "reg")) vl = x;
+          if (kvar && (x == "k128" || x == "k256")) kl = x.substr(1);
+        }
+        if ((!vl.empty() || !kl.empty()) && std::find(runs.begin(), runs.end(), std::make_pair(vl, kl)) == runs.end())
+          runs.emplace_back(vl, kl);
+      }
+      if (runs.empty()) runs.emplace_back("", "");
+      for (const auto& [vl, kl] : runs) {
+        if (!vl.empty()) setenv("TQKV_DECODE_VALUE_LUT", vl.c_str(), 1);
+        if (!kl.empty()) setenv("TQKV_DECODE_KEY_LUT", kl.c_str(), 1);
+        const double dec_us = time_us([&] { tqkv::cuda::run_decode(codec, kv, da, plan, ws); }, reps);
+        unsetenv("TQKV_DECODE_VALUE_LUT");
+        unsetenv("TQKV_DECODE_KEY_LUT");
+        std::string label = name;
+        if (!vl.empty() || !kl.empty())
+          label += " [" + vl + (vl.empty() || kl.empty() ? "" : "+") + (kl.empty() ? "" : "k" + kl) + "]";
+        std::fprintf(stderr, "# %s d=%d b=%d ctx=%d: %d splits, %s merge\n", label.c_str(), s.d, s.batch, s.ctx,
+                     plan.num_splits, plan.cluster_merge ? "cluster" : "workspace");
+        if (name == "bf16") bf16_us = dec_us;
+        const double bytes = static_cast<double>(total) * s.hkv * f.slot_bytes(s.d);
+        const double gbs = bytes / (dec_us * 1e3);
+        char vs_sdpa[32] = "-";
+        if (sdpa_us > 0) std::snprintf(vs_sdpa, sizeof vs_sdpa, "%.2fx", sdpa_us / dec_us);
+        std::printf("| %d | %d:%d | %d | %s | %s | %zu | %.1f | %.1f | %.1f | %.0f | %.0f%% | %s | %.2fx |\n", s.d, s.hq,
+                    s.hkv, s.batch, ctx_str(s.ctx).c_str(), label.c_str(), f.slot_bytes(s.d), store_us, dequant_us, dec_us, gbs,
+                    100.0 * gbs / copy_gbs, vs_sdpa, bf16_us / dec_us);
+        std::fflush(stdout);
+      }
       CK(cudaFree(ws));
-      if (name == "bf16") bf16_us = dec_us;
-      const double bytes = static_cast<double>(total) * s.hkv * f.slot_bytes(s.d);
-      const double gbs = bytes / (dec_us * 1e3);
-      char vs_sdpa[32] = "-";
-      if (sdpa_us > 0) std::snprintf(vs_sdpa, sizeof vs_sdpa, "%.2fx", sdpa_us / dec_us);
-      std::printf("| %d | %d:%d | %d | %s | %s | %zu | %.1f | %.1f | %.1f | %.0f | %.0f%% | %s | %.2fx |\n", s.d, s.hq,
-                  s.hkv, s.batch, ctx_str(s.ctx).c_str(), name.c_str(), f.slot_bytes(s.d), store_us, dequant_us, dec_us, gbs,
-                  100.0 * gbs / copy_gbs, vs_sdpa, bf16_us / dec_us);
-      std::fflush(stdout);
     }
     if (sdpa_us > 0) {
       const double bytes = 2.0 * s.batch * s.ctx * s.hkv * s.d * 2;

@@ -304,6 +304,13 @@ struct IsaAvx512 {
     return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(y, n));
   }
   static float exp_scalar(float x) { return _mm_cvtss_f32(_mm512_castps512_ps128(exp(_mm512_set1_ps(x)))); }
+  // The int8 value weights' exp (kernel.h kExpWPoly).
+  static V exp_w(V x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
+    const V t = _mm512_mul_ps(x, _mm512_set1_ps(kExpWLog2e));
+    const V n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_maskz_scalef_ps(keep, exp_w_poly<IsaAvx512>(_mm512_sub_ps(t, n)), n);
+  }
 
   static V f32(const uint8_t* p, int i) { return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i); }
   static V f16(const uint8_t* p, int i) {

@@ -177,6 +177,15 @@ struct IsaAvx2 {
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
   }
   static float exp_scalar(float x) { return _mm256_cvtss_f32(exp(_mm256_set1_ps(x))); }
+  // The int8 value weights' exp (kernel.h kExpWPoly); n >= -126 wherever x >= -87.
+  static V exp_w(V x) {
+    const V drop = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    const V t = _mm256_mul_ps(x, _mm256_set1_ps(kExpWLog2e));
+    const V n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V y = exp_w_poly<IsaAvx2>(_mm256_sub_ps(t, n));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(drop, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+  }
 
   static V f32(const uint8_t* p, int i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i); }
   static V f16(const uint8_t* p, int i) {

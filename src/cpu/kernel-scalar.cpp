@@ -75,6 +75,12 @@ struct IsaScalar {
   static V halfs(const uint8_t* p) { return kf_half(p); }
   static V exp(V x) { return std::exp(x); }
   static float exp_scalar(float x) { return std::exp(x); }
+  // The int8 value weights' exp: the SIMD builds' operations one lane at a time (kernel.h).
+  static V exp_w(V x) {
+    if (!(x >= -87.0f)) return x < -87.0f ? 0.0f : x;  // NaN stays NaN
+    const float t = x * kExpWLog2e, n = std::nearbyint(t);
+    return std::ldexp(exp_w_poly<IsaScalar>(t - n), static_cast<int>(n));
+  }
   static V f32(const uint8_t* p, int i) {
     float v;
     std::memcpy(&v, p + 4 * i, 4);

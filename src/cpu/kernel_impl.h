@@ -16,7 +16,8 @@
 // Traits interface (W floats per vector V):
 //   zero(), set1(x), load(const float*), store(float*, V), add, mul, sub, fmadd(a, b, c) = a*b + c,
 //   reduce(V) -> float, reduce4(a, b, c, d, float* out4), exp(V) (0 below about -87),
-//   exp_scalar(x), prefetch(p) / prefetch_l1(p) (into L2 / L1), half(p) (one fp16 -> float),
+//   exp_scalar(x), exp_w(V) (the int8 value weights' cheaper exp, kernel.h kExpWPoly: the same
+//   float operations in every build), prefetch(p) / prefetch_l1(p) (into L2 / L1), half(p) (one fp16 -> float),
 //   halfs(p) (W dense fp16),
 //   f32(p, i) / f16(p, i) / bf16(p, i) / fp8(p, i): elements i .. i+W-1 of a row of that type
 //     (fp8 returns value / kFp8Factor),
@@ -46,7 +47,7 @@
 // Int8 values. For 2-4-bit Mse or Uniform values (f.int8_values) and a build with the path
 // (kI8Values: i8v_block(B) channels per block, i8v_table, i8v_channel, store_u8, and either
 // values_i8_tile (scalar) or levels_i8v, dot_u8v, set1_u32 (SIMD: Kernel::values_i8_tile)),
-// each tile's weights w[r][j] (exp(score - m) times the value's scale) are rounded per row to
+// each tile's weights w[r][j] (exp_w(score - m) times the value's scale) are rounded per row to
 // u8[j] = round(w[j] * (kI8WeightMax / max_j w[j])) (store_u8: nearest-even, clamped), and
 //   acc[r][c] = acc[r][c] * alpha[r] + (float)(sum_j u8[j] * value_i8[code j c]) * scale[r],
 //   scale[r] = max_j w[j] / kI8WeightMax * value_i8_step,
@@ -88,6 +89,16 @@ inline float kf_half(const uint8_t* p) {
 }
 
 inline int kf_min(int a, int b) { return a < b ? a : b; }
+
+// p(f) of exp_w (kernel.h kExpWPoly) by fused multiply-adds from the top coefficient down: the
+// same float operations in every build.
+template <class I, class V>
+[[gnu::always_inline]] inline V exp_w_poly(V f) {
+  V y = I::fmadd(I::set1(kExpWPoly[4]), f, I::set1(kExpWPoly[3]));
+  y = I::fmadd(y, f, I::set1(kExpWPoly[2]));
+  y = I::fmadd(y, f, I::set1(kExpWPoly[1]));
+  return I::fmadd(y, f, I::set1(kExpWPoly[0]));
+}
 
 // Whether the traits have a whole-tile int8 scorer (scores_i8_tile, i8_broadcast_rows).
 template <class I>
@@ -904,7 +915,7 @@ struct Kernel {
           const V mv = I::set1(m_new);
           V sum = I::zero(), z = I::zero(), wmx = I::zero();
           for (int v = 0; v < NV; ++v) {
-            const V e = I::exp(I::sub(x[v], mv));
+            const V e = I::exp_w(I::sub(x[v], mv));
             sum = I::add(sum, e);
             if (zero_points) z = I::fmadd(e, I::load(vzero + v * W), z);
             x[v] = I::mul(e, I::load(vfac + v * W));
@@ -950,12 +961,13 @@ struct Kernel {
         const V mv = I::set1(m_new);
         V sum = I::zero(), z = I::zero(), mx = I::zero();
         for (int j = 0; j < kTile; j += W) {
-          const V e = I::exp(I::sub(I::load(s + j), mv));
+          const V x = I::sub(I::load(s + j), mv);
+          const V e = cv > 0 ? I::exp_w(x) : I::exp(x);
           sum = I::add(sum, e);
           if (zero_points) z = I::fmadd(e, I::load(vzero + j), z);
-          const V x = I::mul(e, I::load(vfac + j));
-          I::store(s + j, x);
-          if (cv > 0) mx = I::max(mx, x);
+          const V w = I::mul(e, I::load(vfac + j));
+          I::store(s + j, w);
+          if (cv > 0) mx = I::max(mx, w);
         }
         st.l[r] = st.l[r] * alpha[r] + I::reduce(sum);
         if (zero_points) st.zs[r] = st.zs[r] * alpha[r] + I::reduce(z);

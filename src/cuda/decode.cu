@@ -185,6 +185,10 @@ DecodeParams range_params(const CacheCodec& codec, const PagedKv& kv, const Deco
   const CodecTables& t = codec.tables();
   std::copy(std::begin(t.k_levels_h), std::end(t.k_levels_h), p.tab.k_lv);
   std::copy(std::begin(t.v_levels_h), std::end(t.v_levels_h), p.tab.v_lv);
+  // The kernel looks such values up in the key table (decode_kernel.cuh: shared_lut).
+  const Format& f = codec.format();
+  if (shared_lut(kind_of_key(f), kind_of_value(f)) && !std::equal(p.tab.k_lv, p.tab.k_lv + (1 << f.key_bits), p.tab.v_lv))
+    throw_arg("decode: format " + f.name() + " has MSE keys and values of one width but different levels");
   std::copy(std::begin(t.sign_bits), std::end(t.sign_bits), p.tab.sign_bits);
   p.tab.rot_scale = t.rot_scale;
   return p;

@@ -30,6 +30,9 @@
 #pragma once
 #include <cooperative_groups.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "decode.cuh"
 
 namespace tqkv::cuda::detail {
@@ -62,6 +65,42 @@ __host__ __device__ constexpr int klut_entries(int kk) { return is_kmse(kk) ? lu
 __host__ __device__ constexpr int vlut_entries(int vk) {
   return is_direct(vk) ? 0 : (is_vmse(vk) || is_uniform(vk)) ? lut_entries(vbits_of(vk)) : 0;
 }
+
+// Variants of the kernel (decode_kernel's VA, a set of these bits); va_default is what make_kernel
+// picks unless TQKV_DECODE_VALUE_LUT / TQKV_DECODE_KEY_LUT say otherwise on the host (read at every
+// pick, so a benchmark runs before and after in one process).
+//  kVaValueSmem: MSE values of 2 or 3 bits looked up in the shared-memory pair table, else in
+//    registers (value_frag_reg: the levels' low and high bytes are byte tables PRMT indexes by
+//    code). The table is the default: on the H200 (2026-12-02, docs/RESULTS.md) registers were
+//    0-2% slower for 2-bit values despite fewer instructions, and 12-20% slower for 3-bit values.
+//    TQKV_DECODE_VALUE_LUT=smem|reg.
+//    (The 256-byte key entries below were 4-8% faster at d = 64 there, so they are the default.)
+//  kVaKey256: 4-bit MSE keys at d = 64 with table entries 256 bytes apart (32 KiB more shared
+//    memory, a cost d = 64's small stages can afford), so a lookup's address is one PRMT (the
+//    code byte over the lane's offset) instead of a shift and a LOP3. TQKV_DECODE_KEY_LUT=128|256.
+constexpr int kVaValueSmem = 1, kVaKey256 = 2;
+#if defined(TQKV_DECODE_V1)
+__host__ __device__ constexpr bool vreg_lut(int) { return false; }
+__host__ __device__ constexpr bool key256_ok(int, int) { return false; }
+#else
+__host__ __device__ constexpr bool vreg_lut(int vk) { return is_vmse(vk) && vbits_of(vk) >= 2 && vbits_of(vk) <= 3; }
+__host__ __device__ constexpr bool key256_ok(int d, int kk) { return d == 64 && is_kmse(kk) && kbits_of(kk) == 4; }
+#endif
+__host__ __device__ constexpr int va_default(int d, int kk, int vk) {
+  return kVaValueSmem | (key256_ok(d, kk) ? kVaKey256 : 0);
+}
+
+// MSE keys and values of the same width share one codebook (CacheCodec fills both from
+// get_codebook(law, head_dim, bits); run_decode checks the levels agree), so their lookup tables
+// are one: a second copy costs shared memory the ring needs (tq-k4v4: 32 KiB, two stages of four
+// at d = 128).
+#if defined(TQKV_DECODE_V1)
+__host__ __device__ constexpr bool shared_lut(int, int) { return false; }
+#else
+__host__ __device__ constexpr bool shared_lut(int kk, int vk) {
+  return is_kmse(kk) && is_vmse(vk) && kbits_of(kk) == vbits_of(vk);
+}
+#endif
 
 // What the decode kernel needs of CodecTables (1 KiB of kernel parameters, not 4).
 struct DecodeTables {
@@ -167,6 +206,13 @@ __device__ __forceinline__ uint32_t field_x128(const uint32_t (&w)[NW], int off,
 
 __device__ __forceinline__ uint32_t lut_ld(const char* base, uint32_t x128, uint32_t lane4) {
   return *reinterpret_cast<const uint32_t*>(base + (x128 | lane4));
+}
+
+// The lookup of byte K of `word` in a lane-replicated table whose entries are 256 bytes apart
+// (kVaKey256): one PRMT puts the byte over the lane's offset (lane4 < 256, so its byte 1 is 0).
+template <int K>
+__device__ __forceinline__ uint32_t lut_ld256(const char* base, uint32_t word, uint32_t lane4) {
+  return *reinterpret_cast<const uint32_t*>(base + __byte_perm(word, lane4, 4 | K << 4 | 5 << 8 | 5 << 12));
 }
 
 template <bool G, typename V>
@@ -282,7 +328,8 @@ __host__ __device__ constexpr int value_row_bytes(int vcb, int pv, int vch) {
 }
 
 // W: warps per CTA (0: the format's own choice; the fused decode gives every part the middle's).
-template <int D, int KK, int VK, int W = 0>
+// VA: the variant (kVaValueSmem, kVaKey256).
+template <int D, int KK, int VK, int W = 0, int VA = va_default(D, KK, VK)>
 struct Traits {
   static constexpr bool KBF = KK == K_BF16;  // S = K Q^T in bf16 (else fp16)
   static constexpr bool VBF = VK == V_BF16;  // O = P V in bf16
@@ -293,8 +340,9 @@ struct Traits {
   static constexpr int VCH = VCB / 8;  // bytes of one thread's value chunk (d/8 dims)
   static constexpr int KW = (KCH + 3) / 4;
   static constexpr int VW = (VCH + 3) / 4;
-  static constexpr int KLUT = klut_entries(KK) * 32;
-  static constexpr int VLUT = vlut_entries(VK) * 32;
+  static constexpr bool K256 = (VA & kVaKey256) && key256_ok(D, KK);  // key table entries 256 bytes apart
+  static constexpr int KLUT = klut_entries(KK) * (K256 ? 64 : 32);
+  static constexpr int VLUT = shared_lut(KK, VK) ? 0 : vlut_entries(VK) * 32;  // 0: values use the key table
   static constexpr int LUT_BYTES = (KLUT + VLUT) * 4 + kMaxGroup * D * 4;  // tables + rotated queries
   // Compressed formats stream tiles through a per-warp ring of shared-memory stages filled with
   // cp.async, so many tiles are in flight without holding registers; the 16-bit formats (large
@@ -572,10 +620,18 @@ __device__ __forceinline__ void read_stage_at(Raw<D, KK, VK>& r, const uint8_t* 
 }
 
 // Key B fragment for k-step s: dims 4s..4s+3 of the thread's chunk.
-template <int D, int KK, int VK>
+template <int D, int KK, int VK, bool K256 = false>
 __device__ __forceinline__ void key_frag(const uint32_t (&w)[Traits<D, KK, VK>::KW], int s, const char* klut,
                                          uint32_t lane4, uint32_t& b0, uint32_t& b1) {
-  if constexpr (is_kmse(KK) && pair_lut(kbits_of(KK))) {  // 4 bits: fields of 8 bits at 16 s, 16 s + 8
+  if constexpr (K256) {  // 4 bits: the pair fields are bytes 2s and 2s + 1 of the chunk
+    if (s & 1) {
+      b0 = lut_ld256<2>(klut, w[s >> 1], lane4);
+      b1 = lut_ld256<3>(klut, w[s >> 1], lane4);
+    } else {
+      b0 = lut_ld256<0>(klut, w[s >> 1], lane4);
+      b1 = lut_ld256<1>(klut, w[s >> 1], lane4);
+    }
+  } else if constexpr (is_kmse(KK) && pair_lut(kbits_of(KK))) {  // 4 bits: fields of 8 bits at 16 s, 16 s + 8
     constexpr int B = kbits_of(KK);
     b0 = lut_ld(klut, field_x128(w, 4 * B * s, 2 * B), lane4);
     b1 = lut_ld(klut, field_x128(w, 4 * B * s + 2 * B, 2 * B), lane4);
@@ -595,10 +651,17 @@ __device__ __forceinline__ void key_frag(const uint32_t (&w)[Traits<D, KK, VK>::
 }
 
 // Value pair (dims 2m, 2m+1 of the thread's chunk) of one token, as two 16-bit values.
-template <int D, int KK, int VK>
+template <int D, int KK, int VK, bool K256 = false>
 __device__ __forceinline__ uint32_t value_pair(const uint32_t (&w)[Traits<D, KK, VK>::VW], int m,
                                                const char* vlut, uint32_t lane4) {
-  if constexpr ((is_vmse(VK) || is_uniform(VK)) && pair_lut(vbits_of(VK))) {
+  if constexpr (K256 && shared_lut(KK, VK)) {  // 4-bit values in the key table: byte m of the chunk
+    switch (m & 3) {
+      case 0: return lut_ld256<0>(vlut, w[m >> 2], lane4);
+      case 1: return lut_ld256<1>(vlut, w[m >> 2], lane4);
+      case 2: return lut_ld256<2>(vlut, w[m >> 2], lane4);
+      default: return lut_ld256<3>(vlut, w[m >> 2], lane4);
+    }
+  } else if constexpr ((is_vmse(VK) || is_uniform(VK)) && pair_lut(vbits_of(VK))) {
     constexpr int B = vbits_of(VK);
     return lut_ld(vlut, field_x128(w, 2 * B * m, 2 * B), lane4);
   } else if constexpr (is_vmse(VK) || is_uniform(VK)) {
@@ -609,8 +672,25 @@ __device__ __forceinline__ uint32_t value_pair(const uint32_t (&w)[Traits<D, KK,
   else return w[m];
 }
 
+// The 2B-bit fields of dims 2m, 2m+1 (B <= 4) of two tokens' value chunks w0 and w1: token 0's
+// at bit 0, token 1's at bit 16 (the bits above each field hold whatever followed it). The two
+// bytes holding each field go to bytes 0-1 and 2-3 (one PRMT) and one shift aligns both (offsets
+// are compile-time after unrolling); a field that straddles two words (3 bits: one m in eight)
+// takes two funnel shifts and the PRMT instead.
+template <int B, int NW>
+__device__ __forceinline__ uint32_t pair_fields(const uint32_t (&w0)[NW], const uint32_t (&w1)[NW], int m) {
+  const int off = 2 * B * m, i = off >> 5, sh = off & 31, by = sh >> 3;
+  if (sh + 2 * B <= 32) {
+    const int b1 = by < 3 ? by + 1 : by;
+    return __byte_perm(w0[i], w1[i], by | b1 << 4 | (4 + by) << 8 | (4 + b1) << 12) >> (sh & 7);
+  }
+  const uint32_t lo = __funnelshift_r(w0[i], w0[i + 1], sh);
+  const uint32_t hi = __funnelshift_r(w1[i], w1[i + 1], sh - 16);
+  return __byte_perm(lo, hi, 0x7610);
+}
+
 // Value A fragment of m-tile m for the token pair (t0, t1): rows dim 2m (a_lo) and 2m+1 (a_hi).
-template <int D, int KK, int VK>
+template <int D, int KK, int VK, bool K256 = false>
 __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK>::VW],
                                            const uint32_t (&w1)[Traits<D, KK, VK>::VW], int m, const char* vlut,
                                            uint32_t lane4, uint32_t h1024, uint32_t& a_lo, uint32_t& a_hi) {
@@ -631,16 +711,7 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
     // lookups (shift, LOP3, LDS each) and two PRMT. A field that straddles two words (3 bits:
     // one m in eight) takes two funnel shifts and the PRMT instead.
     constexpr int B = vbits_of(VK), M = (1 << B) - 1;
-    const int off = 2 * B * m, i = off >> 5, sh = off & 31, by = sh >> 3;
-    uint32_t x;
-    if (sh + 2 * B <= 32) {
-      const int b1 = by < 3 ? by + 1 : by;
-      x = __byte_perm(w0[i], w1[i], by | b1 << 4 | (4 + by) << 8 | (4 + b1) << 12) >> (sh & 7);
-    } else {
-      const uint32_t lo = __funnelshift_r(w0[i], w0[i + 1], sh);
-      const uint32_t hi = __funnelshift_r(w1[i], w1[i + 1], sh - 16);
-      x = __byte_perm(lo, hi, 0x7610);
-    }
+    const uint32_t x = pair_fields<B>(w0, w1, m);
     a_lo = (x & static_cast<uint32_t>(M | M << 16)) | h1024;
     a_hi = (x & static_cast<uint32_t>(M << B | M << (16 + B))) | h1024;
 #if !defined(TQKV_DECODE_V1)
@@ -655,9 +726,70 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
                        lut_ld(vlut, field_x128(w1, 2 * B * m + B, B), lane4), 0x5410);
 #endif
   } else {
-    const uint32_t p0 = value_pair<D, KK, VK>(w0, m, vlut, lane4), p1 = value_pair<D, KK, VK>(w1, m, vlut, lane4);
+    const uint32_t p0 = value_pair<D, KK, VK, K256>(w0, m, vlut, lane4), p1 = value_pair<D, KK, VK, K256>(w1, m, vlut, lane4);
     a_lo = __byte_perm(p0, p1, 0x5410);
     a_hi = __byte_perm(p0, p1, 0x7632);
+  }
+}
+
+// The value levels as byte tables for value_frag_reg: lo[k] holds the low bytes of levels 4k..4k+3
+// (byte j: level 4k + j), hi[k] their high bytes; 2-bit codes use lo[0], hi[0].
+struct ValueRegs {
+  uint32_t lo[2], hi[2];
+};
+
+template <int VK>
+__device__ __forceinline__ ValueRegs value_regs(const DecodeTables& tab) {
+  ValueRegs r{{0u, 0u}, {0u, 0u}};
+  if constexpr (vreg_lut(VK)) {
+#pragma unroll
+    for (int e = 0; e < (1 << vbits_of(VK)); ++e) {
+      const uint32_t v = tab.v_lv[e];
+      r.lo[e >> 2] |= (v & 0xffu) << (8 * (e & 3));
+      r.hi[e >> 2] |= (v >> 8) << (8 * (e & 3));
+    }
+    // Per-thread registers: the compiler keeps these warp-uniform values in uniform registers,
+    // which PRMT cannot read as a source (one move per lookup otherwise).
+#pragma unroll
+    for (int k = 0; k < 2; ++k) r.lo[k] = opaque(r.lo[k]), r.hi[k] = opaque(r.hi[k]);
+  }
+  return r;
+}
+
+// value_frag for MSE values of 2 or 3 bits, the levels looked up in registers: y holds four codes
+// in its low four nibbles (as PRMT selectors: < 8, so bit 3, the sign mode, stays clear); one PRMT
+// over the low-byte table and one over the high-byte table give the four levels' bytes, and two
+// PRMT interleave them into the A registers. No shared-memory lookups.
+//   2 bits: byte m/2 of each token's chunk holds dims 2m..2m+3 (m even). With token 0's byte at
+//   byte 0 and token 1's at byte 1 (one PRMT), x & 0x3333 holds dims 2m and 2m+2 of both tokens
+//   (nibbles: t0 2m, t0 2m+2, t1 2m, t1 2m+2) and (x >> 2) & 0x3333 dims 2m+1 and 2m+3, so four A
+//   registers (m and m+1) cost PRMT, two LOP3, SHF, four PRMT lookups and four PRMT: 3 per
+//   register against 4 with the table (shift, LOP3, LDS per token pair of dims, PRMT per register).
+//   3 bits: x from pair_fields (token 0's 6-bit field of dims 2m, 2m+1 at bit 0, token
+//   1's at bit 16), its codes spread to nibbles 0, 1 and 4, 5 (two LOP3 and an add), and the upper
+//   pair folded down onto nibbles 2, 3 (y + (y >> 8)): nibbles t0 2m, t0 2m+1, t1 2m, t1 2m+1.
+template <int D, int KK, int VK>
+__device__ __forceinline__ void value_frag_reg(const uint32_t (&w0)[Traits<D, KK, VK>::VW],
+                                               const uint32_t (&w1)[Traits<D, KK, VK>::VW], int m, const ValueRegs& vr,
+                                               uint32_t& a_lo, uint32_t& a_hi) {
+  constexpr int B = vbits_of(VK);
+  static_assert(vreg_lut(VK), "2- or 3-bit MSE values");
+  if constexpr (B == 2) {
+    const int i = m >> 3, by = (m >> 1) & 3;
+    const uint32_t x = __byte_perm(w0[i], w1[i], by | (4 + by) << 4);
+    const uint32_t ye = x & 0x3333u, yo = (x >> 2) & 0x3333u;
+    const uint32_t le = __byte_perm(vr.lo[0], 0u, ye), he = __byte_perm(vr.hi[0], 0u, ye);
+    const uint32_t lo = __byte_perm(vr.lo[0], 0u, yo), ho = __byte_perm(vr.hi[0], 0u, yo);
+    const uint32_t sel = (m & 1) ? 0x7351u : 0x6240u;  // bytes (t0, t1) of dim 2m or of dim 2m+2
+    a_lo = __byte_perm(le, he, sel);
+    a_hi = __byte_perm(lo, ho, sel);
+  } else {
+    const uint32_t x = pair_fields<B>(w0, w1, m);
+    const uint32_t u = (x & 0x00070007u) + ((x & 0x00380038u) << 1);
+    const uint32_t y = u + (u >> 8);
+    const uint32_t l = __byte_perm(vr.lo[0], vr.lo[1], y), h = __byte_perm(vr.hi[0], vr.hi[1], y);
+    a_lo = __byte_perm(l, h, 0x6240);
+    a_hi = __byte_perm(l, h, 0x7351);
   }
 }
 
@@ -737,13 +869,13 @@ struct Epilogue {
 // The tile loop of CTA `cta` of the (sequence, kv head) (blockIdx.z, blockIdx.y): warp w runs
 // split cta * W + w of the key range p describes and leaves its unnormalised output and its max
 // and sum in the Epilogue at smem + KLUT + VLUT (wo, wml), the CTA synchronised.
-template <int D, int KK, int VK, int W>
+template <int D, int KK, int VK, int W, int VA = va_default(D, KK, VK)>
 __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, uint32_t* smem) {
-  using T = Traits<D, KK, VK, W>;
+  using T = Traits<D, KK, VK, W, VA>;
   constexpr bool KBF = T::KBF, VBF = T::VBF;
   constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T, and m-tiles of O^T
   uint32_t* klut_all = smem;
-  uint32_t* vlut_all = smem + T::KLUT;
+  uint32_t* vlut_all = shared_lut(KK, VK) ? smem : smem + T::KLUT;
   float* qs = reinterpret_cast<float*>(smem + T::KLUT + T::VLUT);  // [kMaxGroup][D]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -792,17 +924,19 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
 #pragma unroll
     for (int i = 0; i < E; ++i) qx[jj][i] = j < group ? load_elem(p.q, p.q_dtype, q0 + i) : 0.0f;
   }
-  // Lookup tables (replicated per lane): the 32 copies of an entry are 8 16-byte stores.
-  for (int i = tid; i < (T::KLUT + T::VLUT) / 4; i += blockDim.x) {
+  // Lookup tables (replicated per lane): the 32 copies of an entry are 8 16-byte stores (at
+  // entry * 8, or * 16 for a key table with 256-byte entries; the other half is not used).
+  constexpr int NKE = klut_entries(KK);
+  for (int i = tid; i < NKE * 8 + T::VLUT / 4; i += blockDim.x) {
     const int e = i >> 3;
     uint32_t w = 0;
-    if (e < T::KLUT / 32) {
+    if (e < NKE) {
       if constexpr (is_kmse(KK)) {
         constexpr int B = kbits_of(KK), M = (1 << B) - 1;
         w = pair_lut(B) ? p.tab.k_lv[e & M] | static_cast<uint32_t>(p.tab.k_lv[e >> B]) << 16 : p.tab.k_lv[e];
       }
     } else {
-      const int x = e - T::KLUT / 32;
+      const int x = e - NKE;
       if constexpr (is_vmse(VK)) {
         constexpr int B = vbits_of(VK), M = (1 << B) - 1;
         w = pair_lut(B) ? p.tab.v_lv[x & M] | static_cast<uint32_t>(p.tab.v_lv[x >> B]) << 16 : p.tab.v_lv[x];
@@ -811,7 +945,8 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
         w = pair_lut(B) ? pack_h2(static_cast<float>(x & M), static_cast<float>(x >> B)) : pack_h2(static_cast<float>(x), 0.0f);
       }
     }
-    reinterpret_cast<uint4*>(smem)[i] = make_uint4(w, w, w, w);
+    const int at = e < NKE ? (T::K256 ? e * 16 + (i & 7) : i) : T::KLUT / 4 + (i - NKE * 8);
+    reinterpret_cast<uint4*>(smem)[at] = make_uint4(w, w, w, w);
   }
   const int ntiles = (hi + kTileTokens - 1) / kTileTokens;
   const int t_begin = min(ntiles, first);
@@ -921,6 +1056,18 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   // constant in a register it is one (16 LOP3 less per tile at d = 64, 32 at d = 128).
   // p.group is in [1, kMaxGroup], so its bit 31 is 0.
   const uint32_t h1024 = 0x64006400u | (static_cast<uint32_t>(p.group) & 0x80000000u);
+  constexpr bool kVReg = !(VA & kVaValueSmem) && vreg_lut(VK);
+  [[maybe_unused]] const ValueRegs vr = value_regs<VK>(p.tab);
+  // The A registers of O^T's m-tile m for the token pairs (2c, 2c+1) and (2c+8, 2c+9).
+  auto value_frags = [&](const Raw<D, KK, VK>& r, int m, uint32_t& a0, uint32_t& a1, uint32_t& a2, uint32_t& a3) {
+    if constexpr (kVReg) {
+      value_frag_reg<D, KK, VK>(r.v[0], r.v[1], m, vr, a0, a1);
+      value_frag_reg<D, KK, VK>(r.v[2], r.v[3], m, vr, a2, a3);
+    } else {
+      value_frag<D, KK, VK, T::K256>(r.v[0], r.v[1], m, vlut, lane4, h1024, a0, a1);
+      value_frag<D, KK, VK, T::K256>(r.v[2], r.v[3], m, vlut, lane4, h1024, a2, a3);
+    }
+  };
 
   float o[KSTEPS][4];
 #pragma unroll
@@ -963,8 +1110,8 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
         uint32_t a0, a1, a2, a3;
-        key_frag<D, KK, VK>(r.k[0], s, klut, lane4, a0, a2);
-        key_frag<D, KK, VK>(r.k[1], s, klut, lane4, a1, a3);
+        key_frag<D, KK, VK, T::K256>(r.k[0], s, klut, lane4, a0, a2);
+        key_frag<D, KK, VK, T::K256>(r.k[1], s, klut, lane4, a1, a3);
         mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qa[s][0], qa[s][1]);
         if constexpr (KBF) mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qlo[s][0], qlo[s][1]);
       }
@@ -1034,8 +1181,7 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
 #pragma unroll
       for (int m = 0; m < KSTEPS; ++m) {
         uint32_t a0, a1, a2, a3;
-        value_frag<D, KK, VK>(r.v[0], r.v[1], m, vlut, lane4, h1024, a0, a1);
-        value_frag<D, KK, VK>(r.v[2], r.v[3], m, vlut, lane4, h1024, a2, a3);
+        value_frags(r, m, a0, a1, a2, a3);
         mma<VBF>(o[m], a0, a1, a2, a3, pb0, pb1);
       }
     };
@@ -1120,8 +1266,8 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
 #pragma unroll
       for (int s = 0; s < KSTEPS; ++s) {
         uint32_t a0, a1, a2, a3;
-        key_frag<D, KK, VK>(cur.k[0], s, klut, lane4, a0, a2);
-        key_frag<D, KK, VK>(cur.k[1], s, klut, lane4, a1, a3);
+        key_frag<D, KK, VK, T::K256>(cur.k[0], s, klut, lane4, a0, a2);
+        key_frag<D, KK, VK, T::K256>(cur.k[1], s, klut, lane4, a1, a3);
         mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qa[s][0], qa[s][1]);
         if constexpr (KBF) mma<KBF>(sacc[s & 1], a0, a1, a2, a3, qlo[s][0], qlo[s][1]);
       }
@@ -1199,8 +1345,7 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
 #pragma unroll
       for (int m = 0; m < KSTEPS; ++m) {
         uint32_t a0, a1, a2, a3;
-        value_frag<D, KK, VK>(cur.v[0], cur.v[1], m, vlut, lane4, h1024, a0, a1);
-        value_frag<D, KK, VK>(cur.v[2], cur.v[3], m, vlut, lane4, h1024, a2, a3);
+        value_frags(cur, m, a0, a1, a2, a3);
         mma<VBF>(o[m], a0, a1, a2, a3, pb0, pb1);
       }
       if constexpr (!T::ASYNC) {
@@ -1402,12 +1547,12 @@ __device__ __forceinline__ void merge_cluster(const cooperative_groups::cluster_
 // kv head) writes the output, otherwise the CTAs merge as a cluster in distributed shared memory
 // or each writes a partial and the last one to finish (counted in p.counters) merges them. One
 // launch, a fixed grid: capturable in a CUDA graph.
-template <int D, int KK, int VK>
+template <int D, int KK, int VK, int VA = va_default(D, KK, VK)>
 __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, VK>::MIN_BLOCKS) decode_kernel(const __grid_constant__ DecodeParams p) {
-  using T = Traits<D, KK, VK>;
+  using T = Traits<D, KK, VK, 0, VA>;
   constexpr int W = T::WARPS, E = D / 32;
   extern __shared__ __align__(16) uint32_t smem[];
-  decode_splits<D, KK, VK, W>(p, blockIdx.x, smem);
+  decode_splits<D, KK, VK, W, VA>(p, blockIdx.x, smem);
   const Epilogue<D, W> ep(smem + T::KLUT + T::VLUT);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int hkv = blockIdx.y, b = blockIdx.z, group = p.group, ctas = gridDim.x;
@@ -1552,9 +1697,38 @@ struct Kernel {
   int warps = 0;
 };
 
+// What the environment variable `name` asks of a variant bit (read at every pick): 1 if it is
+// `on`, 0 if `off`, -1 if unset or anything else (the default).
+inline int env_variant(const char* name, const char* on, const char* off) {
+  const char* e = std::getenv(name);
+  if (!e) return -1;
+  return std::strcmp(e, on) == 0 ? 1 : std::strcmp(e, off) == 0 ? 0 : -1;
+}
+
+template <int D, int KK, int VK, int VA>
+Kernel kernel_of() {
+  return Kernel{&decode_kernel<D, KK, VK, VA>, Traits<D, KK, VK, 0, VA>::SMEM, Traits<D, KK, VK, 0, VA>::WARPS};
+}
+
 template <int D, int KK, int VK>
 Kernel make_kernel() {
-  return Kernel{&decode_kernel<D, KK, VK>, Traits<D, KK, VK>::SMEM, Traits<D, KK, VK>::WARPS};
+  constexpr int def = va_default(D, KK, VK);
+  int va = def;
+  if constexpr (vreg_lut(VK)) {
+    const int e = env_variant("TQKV_DECODE_VALUE_LUT", "smem", "reg");
+    if (e >= 0) va = e ? va | kVaValueSmem : va & ~kVaValueSmem;
+  }
+  if constexpr (key256_ok(D, KK)) {
+    const int e = env_variant("TQKV_DECODE_KEY_LUT", "256", "128");
+    if (e >= 0) va = e ? va | kVaKey256 : va & ~kVaKey256;
+  }
+  if constexpr (vreg_lut(VK))
+    if (va == (def ^ kVaValueSmem)) return kernel_of<D, KK, VK, def ^ kVaValueSmem>();
+  if constexpr (key256_ok(D, KK))
+    if (va == (def ^ kVaKey256)) return kernel_of<D, KK, VK, def ^ kVaKey256>();
+  if constexpr (vreg_lut(VK) && key256_ok(D, KK))
+    if (va == (def ^ kVaValueSmem ^ kVaKey256)) return kernel_of<D, KK, VK, def ^ kVaValueSmem ^ kVaKey256>();
+  return kernel_of<D, KK, VK, def>();
 }
 
 using FusedKernelFn = void (*)(FusedParams);

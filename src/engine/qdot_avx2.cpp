@@ -120,35 +120,60 @@ void q8_0(const QdotArgs& a) {
   });
 }
 
+// K-quants (per-256 activations, qgemv_kernels.h): vpmaddubsw gives int16 pair sums of a
+// 32-element block, vpmaddwd multiplies them by the int16 scales (times sub-scales) of their
+// 16 elements and adds pairs into the contract's 8 int32 lanes.
+struct KBlock {
+  __m256i c[8];
+  __m256i s, m;  // as k_quant_rows (qgemv_simd.h)
+  float d, dmin;
+};
+
+// kMin: Q4_K (dword j of su is block j's scale twice), else Q6_K (dword j: its two halves').
+template <int N, int kBytes, bool kMin, class Decode>
+inline void over_rows256(const QdotArgs& a, Decode decode) {
+  k_quant_rows<N, kBytes, kMin, KBlock>(a, decode, [](const KBlock& k, const int8_t* xk, __m256i su) {
+    // Q6_K: the low 128 bits take the dword's first word, the high ones its second.
+    const __m256i halves = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+                                            3, 2, 3, 2, 3);
+    __m256i S = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      __m256i sc = _mm256_permutevar8x32_epi32(su, _mm256_set1_epi32(j));
+      if (!kMin) sc = _mm256_shuffle_epi8(sc, halves);
+      S = _mm256_add_epi32(S, _mm256_madd_epi16(_mm256_maddubs_epi16(k.c[j], load32(xk + 32 * j)), sc));
+    }
+    return S;
+  });
+}
+
 template <int N>
 void q4_k(const QdotArgs& a) {
-  over_rows<N, 256, 144, -1, -1, false>(a, [](const uint8_t* b, Blocks<8>& k) {
-    const float d = f16(b), dmin = f16(b + 2);
+  over_rows256<N, 144, true>(a, [](const uint8_t* b, KBlock& k) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int g = 0; g < 4; ++g) {
       const __m256i q = load32(b + 16 + 32 * g);
       k.c[2 * g] = _mm256_and_si256(q, m4);
       k.c[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
     }
-    uint8_t sm[16];
+    alignas(16) uint8_t sm[16];
     q4_k_scales_mins(b + 4, sm);
-    for (int j = 0; j < 8; ++j) {
-      k.dw[j] = _mm256_set1_ps(d * static_cast<float>(sm[j]));
-      k.mw[j] = dmin * static_cast<float>(sm[8 + j]);
-    }
+    const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+    k.s = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
+    k.m = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
+    k.d = f16(b);
+    k.dmin = f16(b + 2);
   });
 }
 
+// Q6_K: block j = 4h + k's elements 0-15 take sc[2j], 16-31 sc[2j + 1].
 template <int N>
 void q6_k(const QdotArgs& a) {
-  over_rows<N, 256, kQ6kBytes, 5, 0, false>(a, [](const uint8_t* b, Blocks<8>& k) {
-    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-    const float d = f16(b + 208);
+  over_rows256<N, kQ6kBytes, false>(a, [](const uint8_t* b, KBlock& k) {
     for (int h = 0; h < 2; ++h) q6_k_codes_u(b + 64 * h, b + 128 + 32 * h, k.c + 4 * h);
-    for (int j = 0; j < 8; ++j) {
-      const int s = 8 * (j / 4) + 2 * (j % 4);
-      k.dw[j] = _mm256_set_m128(_mm_set1_ps(d * static_cast<float>(sc[s + 1])), _mm_set1_ps(d * static_cast<float>(sc[s])));
-    }
+    k.s = k.m = _mm256_cvtepi8_epi16(load16(b + 192));
+    k.d = f16(b + 208);
+    k.dmin = 0;
   });
 }
 

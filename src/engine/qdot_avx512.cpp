@@ -45,6 +45,14 @@ struct Pair {
   float mw[2];
 };
 
+// One K-quant super-block decoded: 4 vectors of 64 codes, the int16 scales and factors of
+// k_quant_rows, d, dmin.
+struct KBlock {
+  __m512i c[4];
+  __m256i s, m;  // as k_quant_rows (qgemv_simd.h)
+  float d, dmin;
+};
+
 // The contract's tree over 16 lanes.
 inline float tree(__m512 acc) { return tree8(_mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1))); }
 
@@ -167,59 +175,63 @@ void q8_0(const QdotArgs& a) {
   });
 }
 
-// K-quants: a 256-element block is 4 pairs of 32-element blocks.
-template <int N, int kBytes, int kShift, int kMin, class Quad>
-inline void over_rows256(const QdotArgs& a, Quad quad) {
-  const int nw = a.cols / 256;
-  for (int r = a.r0; r < a.r1; ++r) {
-    const uint8_t* row = a.w + static_cast<size_t>(r) * nw * kBytes;
-    RowState<N> s;
-    for (int i = 0; i < nw; ++i) {
-      Pair p[4];
-      quad(row + static_cast<size_t>(i) * kBytes, p);
+// K-quants (per-256 activations, qgemv_kernels.h): a super-block is 4 vectors of 64 codes
+// (two 32-element blocks each); vpmaddubsw gives int16 pair sums, vpdpwssd multiplies them by
+// the int16 scales (times sub-scales) of their 16 elements and adds pairs into the int32
+// lanes, and the halves of the 16 lanes fold into the contract's 8. kMin: Q4_K (dword j of su
+// is sub-block j's scale twice), else Q6_K (word n: the scale of elements 16n ..).
+template <int N, int kBytes, bool kMin, class Decode>
+inline void over_rows256(const QdotArgs& a, Decode decode) {
+  k_quant_rows<N, kBytes, kMin, KBlock>(a, decode, [](const KBlock& k, const int8_t* xk, __m256i su) {
+    const __m512i s16 = _mm512_castsi256_si512(su);
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i quarter = _mm512_set_epi64(0x0003000300030003, 0x0003000300030003, 0x0002000200020002,
+                                             0x0002000200020002, 0x0001000100010001, 0x0001000100010001, 0, 0);
+    __m512i s = _mm512_setzero_si512();
 #pragma GCC unroll 4
-      for (int g = 0; g < 4; ++g) apply<N, kShift, kMin != 0, false, false>(a, p[g], 8 * i + 2 * g, s);
-    }
-    store<N, kMin>(a, r, s);
-  }
-}
-
-template <int N>
-void q4_k(const QdotArgs& a) {
-  over_rows256<N, 144, -1, -1>(a, [](const uint8_t* b, Pair* p) {
-    alignas(16) uint8_t sm[16];
-    q4_k_scales_mins(b + 4, sm);
-    // d * scale_j (lanes 0-7) and dmin * min_j (lanes 8-15).
-    const __m512 ds = _mm512_mul_ps(pair_ps(f16(b), f16(b + 2)),
-                                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sm)))));
-    alignas(64) float mins[16];
-    _mm512_store_ps(mins, ds);
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i two = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     for (int g = 0; g < 4; ++g) {
-      const __m256i q = load32(b + 16 + 32 * g);
-      p[g].c = _mm512_and_si512(pair_i(q, _mm256_srli_epi16(q, 4)), m4);
-      p[g].dw = _mm512_permutexvar_ps(_mm512_add_epi32(two, _mm512_set1_epi32(2 * g)), ds);
-      p[g].mw[0] = mins[8 + 2 * g];
-      p[g].mw[1] = mins[9 + 2 * g];
+      // Vector g's scales: Q4_K sub-blocks 2g, 2g + 1; Q6_K 16-element halves 4g .. 4g + 3.
+      const __m512i sc = kMin ? _mm512_permutexvar_epi32(_mm512_add_epi32(pair, _mm512_set1_epi32(2 * g)), s16)
+                              : _mm512_permutexvar_epi16(_mm512_add_epi16(quarter, _mm512_set1_epi16(static_cast<int16_t>(4 * g))), s16);
+      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(k.c[g], _mm512_loadu_si512(xk + 64 * g)), sc);
     }
+    return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
   });
 }
 
-// Q6_K: pair g holds 32-element blocks 2g, 2g + 1, whose lanes take the 16-element scales
-// sc[4g .. 4g + 3], four lanes each.
+// Q4_K: vector g holds sub-blocks 2g (low nibbles) and 2g + 1 (high).
+template <int N>
+void q4_k(const QdotArgs& a) {
+  over_rows256<N, 144, true>(a, [](const uint8_t* b, KBlock& k) {
+    alignas(16) uint8_t sm[16];
+    q4_k_scales_mins(b + 4, sm);
+    const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int g = 0; g < 4; ++g) {
+      const __m256i q = load32(b + 16 + 32 * g);
+      k.c[g] = _mm512_and_si512(pair_i(q, _mm256_srli_epi16(q, 4)), m4);
+    }
+    k.s = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
+    k.m = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
+    k.d = f16(b);
+    k.dmin = f16(b + 2);
+  });
+}
+
+// Q6_K: vector g holds 32-element blocks 2g and 2g + 1, whose 16-element halves take the
+// scales sc[4g .. 4g + 3].
 template <int N>
 void q6_k(const QdotArgs& a) {
-  over_rows256<N, kQ6kBytes, 5, 0>(a, [](const uint8_t* b, Pair* p) {
-    const __m512 dsc = _mm512_mul_ps(_mm512_set1_ps(f16(b + 208)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 192))));
-    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  over_rows256<N, kQ6kBytes, false>(a, [](const uint8_t* b, KBlock& k) {
     for (int h = 0; h < 2; ++h) {
       __m256i q[4];
       q6_k_codes_u(b + 64 * h, b + 128 + 32 * h, q);
-      p[2 * h].c = pair_i(q[0], q[1]);
-      p[2 * h + 1].c = pair_i(q[2], q[3]);
+      k.c[2 * h] = pair_i(q[0], q[1]);
+      k.c[2 * h + 1] = pair_i(q[2], q[3]);
     }
-    for (int g = 0; g < 4; ++g) p[g].dw = _mm512_permutexvar_ps(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * g)), dsc);
+    k.s = k.m = _mm256_cvtepi8_epi16(load16(b + 192));
+    k.d = f16(b + 208);
+    k.dmin = 0;
   });
 }
 

@@ -13,11 +13,13 @@
 //   tests/engine/test_model.cpp).
 // - int8: each row of x is quantized once per product (once per group of products over the same
 //   rows, QgemmInput) to int8 per 32-element block with a
-//   float scale (as llama.cpp's Q8_0), and the weight codes meet it in integer dot products
-//   (AVX-512 VNNI vpdpbusd, AVX2 vpmaddubsw + vpmaddwd); the contract every ISA meets bit for
-//   bit is in qgemv_kernels.h. A product differs from the float one by the activation
-//   rounding: |error| <= sum_b (max_b |x| / 254) sum_{c in b} |w_c| per row, plus float
-//   rounding.
+//   float scale (as llama.cpp's Q8_0; for Q4_K and Q6_K per 256 elements with integer
+//   sub-scales per 32, whose products stay integers across a super-block), and the weight
+//   codes meet it in integer dot products (AVX-512 VNNI vpdpbusd / vpdpwssd, AVX2 vpmaddubsw +
+//   vpmaddwd); the contract every ISA meets bit for bit is in qgemv_kernels.h. A product
+//   differs from the float one by the activation rounding: |error| <= sum_b (step_b / 2)
+//   sum_{c in b} |w_c| per row over the 32-element blocks b, step_b = max_b |x| / 127 (K-quants:
+//   at most max_b |x| / 127 + max |x| / 2032 over b's 256-element block), plus float rounding.
 //
 // Kernels, one set for qgemv and qgemm (1-8 activation rows per call): a scalar reference
 // (always compiled, the oracle), AVX2+FMA+F16C (qgemv_avx2.cpp) and AVX-512 F+BW+VL+DQ

@@ -96,30 +96,59 @@ inline constexpr int kQ6kBytes = 210;
 // or group of products (quantize_rows, QgemmInput): per 32-element block b, scale xd[b] = max|x| / 127 and codes
 // xq = round(x / xd[b]) in [-127, 127]. Weight block codes q (unsigned, Q8_0 signed) meet xq
 // in integer dot products; the contract every ISA meets bit for bit (the scalar twin is its
-// definition):
+// definition), for the types of 32-element blocks:
 //   lane l (0-7) of 32-element block b: L = sum_{e<4} (q[4l+e] - o) xq[4l+e], exact int32,
-//     o = 8 (Q4_0), 16 (Q5_0), 32 (Q6_K), else 0;
+//     o = 8 (Q4_0), 16 (Q5_0), else 0;
 //   float accumulator lane 8 (b & 1) + l of 16: acc = fma(float(L), dw * xd[b], acc), in block
-//     order, dw the block's float scale (Q4_K: d * s_j, Q6_K: d * sc of the lane's 16);
-//   mins (Q4_1: m, Q4_K: dmin * m_j) in one float: off = fma(mw, xs[b], off), block order,
+//     order, dw the block's float scale;
+//   mins (Q4_1: m) in one float: off = fma(mw, xs[b], off), block order,
 //     xs[b] = xd[b] * float(sum of the block's xq);
-//   y = tree(acc) + off (Q4_1), tree(acc) - off (Q4_K), tree(acc) otherwise, tree summing
+//   y = tree(acc) + off (Q4_1), tree(acc) otherwise, tree summing
 //     lanes l + 8, then l + 4, then l + 2, then lane 0 + lane 1.
+//
+// Q4_K and Q6_K read the rows quantized per 256-element super-block instead (as llama.cpp's
+// q8_K, with integer sub-scales): a base scale xkd[i] = max|x| / (127 kSub) per super-block i,
+// an integer sub-scale u_j = ceil(kSub max_j|x| / max|x|) in 1 .. kSub per 32 elements j (so a
+// sub-block far below the super-block's peak keeps its own resolution), codes
+// xk = round(x / (xkd[i] u_j)) in [-127, 127], xkb[n] = the sum of the codes of each 16
+// elements and xku[n] = the u_j of those 16. A super-block's products stay integers across its
+// sub-blocks, scales, sub-scales and mins applied as integers, and meet floats twice per
+// super-block; the contract, 8 int32 lanes l per super-block i (exact, so their order of
+// summation is free), float lanes acc[l]:
+//   Q4_K: S_l = sum_{j<8} s_j u_j sum_{e<4} q[32j+4l+e] xk[32j+4l+e],
+//         M_l = m_l u_l (xkb[2l] + xkb[2l+1]);
+//         acc[l] = fma(float(S_l), d xkd[i], acc[l]), then acc[l] = fma(float(M_l), -(dmin xkd[i]), acc[l]);
+//   Q6_K: S_l = sum_{b<8} sc[2b + l/4] u_b sum_{e<4} q[32b+4l+e] xk[32b+4l+e]
+//               - 32 (sc[2l] u_l xkb[2l] + sc[2l+1] u_l xkb[2l+1]), q the unsigned codes (0-63)
+//         with element 32b + e of the super-block being element 32k + e of half h = b / 4, k = b % 4;
+//         acc[l] = fma(float(S_l), d xkd[i], acc[l]);
+//   y = tree8(acc): lanes l + 4, then l + 2, then lane 0 + lane 1.
+// With kSub = 16: scales times sub-scales stay within int16 (63 * 16, 128 * 16), the int16 pair
+// sums of vpmaddubsw (at most 2 * 63 * 127) do not saturate, and |S_l| < 2^30, |M_l| < 2^23.
+inline constexpr int kSub = 16;
 struct QdotRows {
   const int8_t* xq;   // [n, cols]
   const int32_t* x4n; // [n, cols / 4]: -(sum of xq over each 4 elements), for the offsets o
   const float* xd8;   // [n, cols / 4]: xd[b] repeated over its block's 8 lanes
   const float* xs;    // [n, cols / 32]
+  const int8_t* xk;   // [n, cols]: per-256 codes (nullptr unless cols is a multiple of 256)
+  const float* xkd;   // [n, cols / 256]
+  const int16_t* xkb; // [n, cols / 16]
+  const int16_t* xku; // [n, cols / 16]
 };
 
 // The quantized rows of one product, and quantize_rows (qdot.cpp) which fills them.
 struct QdotBuffers {
-  std::vector<int8_t> xq;
+  std::vector<int8_t> xq, xk;
   std::vector<int32_t> x4n;
-  std::vector<float> xd8, xs;
+  std::vector<float> xd8, xs, xkd;
+  std::vector<int16_t> xkb, xku;
   QdotRows rows(int t, int cols) const {
     const size_t c = static_cast<size_t>(t) * cols;
-    return {xq.data() + c, x4n.data() + c / 4, xd8.data() + c / 4, xs.data() + c / 32};
+    const bool k = !xk.empty();
+    return {xq.data() + c,           x4n.data() + c / 4, xd8.data() + c / 4, xs.data() + c / 32,
+            k ? xk.data() + c : nullptr, k ? xkd.data() + c / 256 : nullptr, k ? xkb.data() + c / 16 : nullptr,
+            k ? xku.data() + c / 16 : nullptr};
   }
 };
 void quantize_rows(const float* x, int n, int cols, QdotBuffers& out);

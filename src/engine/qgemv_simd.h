@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "qgemv_kernels.h"
+
 namespace tqkv::engine::detail {
 namespace {
 
@@ -46,6 +48,40 @@ inline void q6_k_codes(const uint8_t* ql, const uint8_t* qh, __m256i q[4]) {
   const __m256i off = _mm256_set1_epi8(32);
   q6_k_codes_u(ql, qh, q);
   for (int k = 0; k < 4; ++k) q[k] = _mm256_sub_epi8(q[k], off);
+}
+
+// K-quant rows on the per-256 contract (qgemv_kernels.h), the part every ISA shares:
+// decode(block, k) decodes a super-block into k (of type K: its codes as the ISA holds them;
+// s: the 16 int16 scales, Q4_K's each twice, Q6_K's one per 16 elements; m: the factors of the
+// 16-element activation sums, Q4_K's mins each twice, Q6_K's scales; d, dmin), lanes(k, xk, su)
+// gives the 8 int32 lanes of its scaled sub-block dot products with the codes xk, su being
+// k.s times the sub-scales; kMin: Q4_K's mins, else Q6_K's offset 32.
+template <int N, int kBytes, bool kMin, class K, class Decode, class Lanes>
+inline void k_quant_rows(const QdotArgs& a, Decode decode, Lanes lanes) {
+  const int nw = a.cols / 256;
+  for (int r = a.r0; r < a.r1; ++r) {
+    const uint8_t* row = a.w + static_cast<size_t>(r) * nw * kBytes;
+    __m256 acc[N];
+#pragma GCC unroll 8
+    for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_ps();
+    for (int i = 0; i < nw; ++i) {
+      K k;
+      decode(row + static_cast<size_t>(i) * kBytes, k);
+#pragma GCC unroll 8
+      for (int t = 0; t < N; ++t) {
+        const size_t at = static_cast<size_t>(t) * nw + i;
+        const __m256i u = load32(a.x.xku + 16 * at);
+        __m256i S = lanes(k, a.x.xk + 256 * at, _mm256_mullo_epi16(k.s, u));
+        const __m256i m = _mm256_madd_epi16(_mm256_mullo_epi16(k.m, u), load32(a.x.xkb + 16 * at));
+        if (!kMin) S = _mm256_sub_epi32(S, _mm256_slli_epi32(m, 5));
+        const float xd = a.x.xkd[at];
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(k.d * xd), acc[t]);
+        if (kMin) acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(k.dmin * xd), acc[t]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < N; ++t) a.y[t * a.ldy + (r - a.r0)] = tree8(acc[t]);
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -585,6 +586,37 @@ TEST(CudaDecode, MatchesReferenceAllFormatsAndDims) {
       const int l0 = 1 + static_cast<int>(rng() % 15), l1 = 200 + static_cast<int>(rng() % 300);
       DecodeShape s{d, 2, 4, 16, {l0, l1, 37}, 0};
       run_decode_case(f, s, rng());
+      if (HasFatalFailure()) return;
+    }
+}
+
+// The kernel variants the host can pick (decode_kernel.cuh: TQKV_DECODE_VALUE_LUT for 2- and 3-bit
+// MSE values, the levels in registers or the shared-memory table; TQKV_DECODE_KEY_LUT for 4-bit
+// MSE keys at d = 64, table entries 128 or 256 bytes apart, with tq-k4v4's values in the same
+// table) all match the reference, at every head dim, with partial tiles and block sizes above 16.
+TEST(CudaDecode, EveryKernelVariantMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const char* vlut : {"reg", "smem"})
+    for (const char* klut : {"128", "256"}) {
+      SCOPED_TRACE(std::string("TQKV_DECODE_VALUE_LUT=") + vlut + " TQKV_DECODE_KEY_LUT=" + klut);
+      setenv("TQKV_DECODE_VALUE_LUT", vlut, 1);
+      setenv("TQKV_DECODE_KEY_LUT", klut, 1);
+      for (const char* name : {"tq-k4v2", "tq-k3v2", "tq-k2v2", "tq-k4v3", "tq-k3v3", "tq-k4v4", "turboquant_4bit_nc", "k5v3",
+                               "k8v2", "k6v6"}) {
+        const Format f = Format::parse(name);
+        for (int d : {64, 128, 256}) {
+          const int l0 = 1 + static_cast<int>(rng() % 15), l1 = 300 + static_cast<int>(rng() % 300);
+          run_decode_case(f, DecodeShape{d, 2, 4, 16, {l0, l1}, 0}, rng());
+          run_decode_case(f, DecodeShape{d, 3, 3, 32, {700 + static_cast<int>(rng() % 100), 5}, 0}, rng());
+          if (HasFatalFailure()) break;
+        }
+        if (HasFatalFailure()) break;
+      }
+      unsetenv("TQKV_DECODE_VALUE_LUT");
+      unsetenv("TQKV_DECODE_KEY_LUT");
       if (HasFatalFailure()) return;
     }
 }

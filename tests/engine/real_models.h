@@ -149,4 +149,43 @@ inline void check_every_cache_format(const Model& m, const std::vector<int32_t>&
   }
 }
 
+// Token-by-token decode (the quantized kernels, under `mode`) against one batched prefill in
+// float32 (SGEMM) over ids, f32 cache: mean KL(prefill || decode) of each position's next-token
+// distribution and the share of positions whose top token agrees.
+struct DecodeAgreement {
+  double mean_kl = 0, top1 = 0;
+};
+inline DecodeAgreement decode_vs_prefill(const Model& m, const std::vector<int32_t>& ids, QdotMode mode) {
+  const int V = m.config().n_vocab, n = static_cast<int>(ids.size());
+  std::vector<float> batched(ids.size() * V);
+  {
+    QdotModeScope f32(QdotMode::F32);
+    auto cache = m.make_cache("f32", std::max(256, n + 1));
+    m.forward(cache->add_sequence(), ids.data(), n, *cache, batched.data(), true);
+  }
+  auto log_softmax = [V](const float* z) {
+    std::vector<double> p(z, z + V);
+    const double mx = *std::max_element(p.begin(), p.end());
+    double sum = 0;
+    for (double v : p) sum += std::exp(v - mx);
+    for (double& v : p) v -= mx + std::log(sum);
+    return p;
+  };
+  QdotModeScope scope(mode);
+  auto cache = m.make_cache("f32", std::max(256, n + 1));
+  const int64_t seq = cache->add_sequence();
+  std::vector<float> step(V);
+  DecodeAgreement a;
+  for (int t = 0; t < n; ++t) {
+    m.forward(seq, &ids[t], 1, *cache, step.data(), false);
+    const float* ref = batched.data() + static_cast<size_t>(t) * V;
+    const std::vector<double> lp = log_softmax(ref), lq = log_softmax(step.data());
+    double kl = 0;
+    for (int i = 0; i < V; ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+    a.mean_kl += kl / n;
+    a.top1 += (std::max_element(ref, ref + V) - ref == std::max_element(step.begin(), step.end()) - step.begin()) ? 1.0 / n : 0;
+  }
+  return a;
+}
+
 }  // namespace tqkv::engine::testing_util

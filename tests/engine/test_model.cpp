@@ -136,45 +136,13 @@ TEST_F(Smol, Int8DecodeAgreesWithBatchedPrefill) {
   std::vector<int32_t> ids = tok_->encode(s, false);
   ASSERT_GT(ids.size(), 128u);
   ids.resize(128);
-  const int V = model_->config().n_vocab, n = static_cast<int>(ids.size());
-  std::vector<float> batched;
-  {
-    testing_util::QdotModeScope f32(QdotMode::F32);
-    batched = run_all(ids, "f32");
-  }
-  auto log_softmax = [V](const float* z) {
-    std::vector<double> p(z, z + V);
-    const double m = *std::max_element(p.begin(), p.end());
-    double sum = 0;
-    for (double v : p) sum += std::exp(v - m);
-    for (double& v : p) v -= m + std::log(sum);
-    return p;
-  };
-  auto compare = [&](QdotMode mode, double& mean_kl, double& top1) {
-    testing_util::QdotModeScope scope(mode);
-    auto cache = model_->make_cache("f32", 256);
-    const int64_t seq = cache->add_sequence();
-    std::vector<float> step(V);
-    mean_kl = 0;
-    top1 = 0;
-    for (int t = 0; t < n; ++t) {
-      model_->forward(seq, &ids[t], 1, *cache, step.data(), false);
-      const float* ref = batched.data() + static_cast<size_t>(t) * V;
-      const std::vector<double> lp = log_softmax(ref), lq = log_softmax(step.data());
-      double kl = 0;
-      for (int i = 0; i < V; ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
-      mean_kl += kl / n;
-      top1 += (std::max_element(ref, ref + V) - ref == std::max_element(step.begin(), step.end()) - step.begin()) ? 1.0 / n : 0;
-    }
-  };
-  double kl_f32, top1_f32, kl_int8, top1_int8;
-  compare(QdotMode::F32, kl_f32, top1_f32);
-  compare(QdotMode::Int8, kl_int8, top1_int8);
-  std::printf("decode vs batched prefill over %d tokens: f32 path mean KL %.3g, top-1 %.3f; int8 path mean KL %.3g, top-1 %.3f\n",
-              n, kl_f32, top1_f32, kl_int8, top1_int8);
-  EXPECT_LT(kl_f32, 1e-6);
-  EXPECT_LT(kl_int8, 2e-2);  // 0.008 measured (SmolLM2 Q4_1, 128 tokens of GPL-3)
-  EXPECT_GE(top1_int8, 0.9);
+  const testing_util::DecodeAgreement f32 = testing_util::decode_vs_prefill(*model_, ids, QdotMode::F32);
+  const testing_util::DecodeAgreement int8 = testing_util::decode_vs_prefill(*model_, ids, QdotMode::Int8);
+  std::printf("decode vs batched prefill over %zu tokens: f32 path mean KL %.3g, top-1 %.3f; int8 path mean KL %.3g, top-1 %.3f\n",
+              ids.size(), f32.mean_kl, f32.top1, int8.mean_kl, int8.top1);
+  EXPECT_LT(f32.mean_kl, 1e-6);
+  EXPECT_LT(int8.mean_kl, 2e-2);  // 0.008 measured (SmolLM2 Q4_1, 128 tokens of GPL-3)
+  EXPECT_GE(int8.top1, 0.9);
 }
 
 TEST_F(Smol, EveryCacheFormatRuns) {

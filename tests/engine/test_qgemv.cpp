@@ -96,8 +96,10 @@ TEST(Qgemv, MatchesDequantizedProductOnEveryIsa) {
 // qgemv_kernels.h: integer lane sums, then the same float operations in the same order) bit
 // for bit, for qgemv and qgemm, with an odd number of 32-element blocks per row (AVX-512's half
 // vector), an all-zero block, signed zeros and an outlier; and each product is within the
-// activation rounding of the float one: |y - W x| <= sum_b (max_b |x| / 254) sum_{c in b} |w_c|,
-// plus float rounding (1e-5 of sum |w_c x_c|, as the f32 path).
+// activation rounding of the float one: |y - W x| <= sum_b (step_b / 2) sum_{c in b} |w_c| over
+// the 32-element activation blocks b, step_b = max_b |x| / 127 (Q4_K and Q6_K, whose blocks
+// take integer sub-scales of a scale per 256 elements i: at most max_b |x| / 127 +
+// max_i |x| / (127 kSub)), plus float rounding (1e-5 of sum |w_c x_c|, as the f32 path).
 TEST(Qgemv, Int8PathEqualsScalarTwinAndStaysWithinRoundingBound) {
   std::mt19937 rng(11);
   Restore restore;
@@ -115,6 +117,7 @@ TEST(Qgemv, Int8PathEqualsScalarTwinAndStaysWithinRoundingBound) {
       for (auto& v : x) v = nd(rng);
       for (int c = 0; c < 32; ++c) x[32 + c] = c % 2 ? -0.0f : 0.0f;  // an all-zero block
       x[70] = 40.0f;                                                  // an outlier
+      if (cols == 768) std::fill(x.begin() + 1024, x.begin() + 1280, 0.0f);  // an all-zero super-block
       set_simd_level(SimdLevel::Scalar);
       std::vector<float> twin(static_cast<size_t>(n) * (rows - r0));
       qgemm(ty, w.data(), cols, r0, rows, x.data(), n, twin.data(), rows - r0);
@@ -123,7 +126,9 @@ TEST(Qgemv, Int8PathEqualsScalarTwinAndStaysWithinRoundingBound) {
         for (int r = r0; r < rows; ++r) {
           double ref = 0, mag = 0, bound = 0;
           for (int b = 0; b < cols / 32; ++b) {
-            double amax = 0, wsum = 0;
+            double amax = 0, wsum = 0, top = 0;
+            for (int c = 256 * (b / 8); c < 256 * (b / 8) + 256 && k_quant; ++c)
+              top = std::max(top, std::fabs(static_cast<double>(xt[c])));
             for (int c = 32 * b; c < 32 * b + 32; ++c) {
               const double wc = wf[static_cast<size_t>(r) * cols + c];
               ref += wc * xt[c];
@@ -131,7 +136,7 @@ TEST(Qgemv, Int8PathEqualsScalarTwinAndStaysWithinRoundingBound) {
               amax = std::max(amax, std::fabs(static_cast<double>(xt[c])));
               wsum += std::fabs(wc);
             }
-            bound += amax / 254 * wsum;
+            bound += (amax + top / detail::kSub) / 254 * wsum;
           }
           ASSERT_NEAR(twin[static_cast<size_t>(t) * (rows - r0) + (r - r0)], ref, bound + 1e-5 * mag + 1e-7)
               << tensor_type_name(ty) << " cols " << cols << " row " << t << ", " << r;
@@ -166,6 +171,18 @@ TEST(Qgemv, Int8PathPropagatesNonFinite) {
   std::vector<float> y(2);
   qgemv(static_cast<uint32_t>(TensorType::Q4_0), w.data(), 64, 0, 2, x.data(), y.data());
   EXPECT_TRUE(std::isnan(y[0]) && std::isnan(y[1]));
+  std::vector<float> xk(256, 0.5f);  // the K-quants' per-256 activations
+  xk[200] = NAN;
+  for (TensorType type : {TensorType::Q4_K, TensorType::Q6_K}) {
+    const std::vector<uint8_t> wk = random_blocks(type, 2, 256, rng);
+    for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
+      if (!simd_level_supported(level)) continue;
+      set_simd_level(level);
+      y.assign(2, 0.0f);
+      qgemv(static_cast<uint32_t>(type), wk.data(), 256, 0, 2, xk.data(), y.data());
+      EXPECT_TRUE(std::isnan(y[0]) && std::isnan(y[1])) << tensor_type_name(static_cast<uint32_t>(type)) << " " << qdot_isa();
+    }
+  }
 }
 
 // qgemm decodes each block once for up to 8 activation rows; every row must equal qgemv of
