@@ -86,7 +86,7 @@ __host__ __device__ constexpr bool key256_ok(int, int) { return false; }
 __host__ __device__ constexpr bool vreg_lut(int vk) { return is_vmse(vk) && vbits_of(vk) >= 2 && vbits_of(vk) <= 3; }
 __host__ __device__ constexpr bool key256_ok(int d, int kk) { return d == 64 && is_kmse(kk) && kbits_of(kk) == 4; }
 #endif
-__host__ __device__ constexpr int va_default(int d, int kk, int vk) {
+__host__ __device__ constexpr int va_default(int d, int kk, int /*vk*/) {
   return kVaValueSmem | (key256_ok(d, kk) ? kVaKey256 : 0);
 }
 
