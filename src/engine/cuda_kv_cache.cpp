@@ -161,6 +161,7 @@ CudaKvCache::~CudaKvCache() {
     cudaFree(L.sink_kv.pages);
   }
   graphs_.clear();
+  step_acts_.clear();
   for (cudaStream_t side : side_)
     if (side) {
       cudaStreamSynchronize(side);
@@ -386,9 +387,25 @@ int CudaKvCache::plan_len(int64_t longest) const {
   return static_cast<int>(std::min<int64_t>(c, capacity()));
 }
 
+size_t CudaKvCache::graph_activation_bytes() const {
+  size_t n = 0;
+  for (const auto& [key, a] : step_acts_) n += a->bytes;
+  return n;
+}
+
+const StepActivations* CudaKvCache::step_activations(int bucket) const {
+  for (const auto& [key, a] : step_acts_)
+    if (key.second == bucket) return a.get();
+  return nullptr;
+}
+
 StepGraph& CudaKvCache::step_graph(const void* model, int bucket, int64_t longest) {
   auto& g = graphs_[{model, bucket, plan_len(longest)}];
-  if (!g) g = std::make_unique<StepGraph>(bucket);
+  if (!g) {
+    auto& acts = step_acts_[{model, bucket}];
+    if (!acts) acts = std::make_shared<StepActivations>();
+    g = std::make_unique<StepGraph>(bucket, acts);
+  }
   return *g;
 }
 

@@ -119,6 +119,12 @@ class CudaKvCache final : public KvCache {
   static constexpr int kMinPlanLen = 256;
   // How many steps are recorded (tests).
   int graphs_recorded() const;
+  // Device bytes of the recorded steps' activations, all buckets (one set per model and bucket,
+  // shared by its length classes: StepActivations).
+  size_t graph_activation_bytes() const;
+  // The activations of the steps at `bucket` (of the first model, by address, that ran one
+  // there; null before the first step).
+  const StepActivations* step_activations(int bucket) const;
 
  private:
   struct Layer {
@@ -255,6 +261,7 @@ class CudaKvCache final : public KvCache {
   std::map<int, StepBuffers> buckets_;
   int bucket_pending_ = 0;
   std::map<std::tuple<const void*, int, int>, std::unique_ptr<StepGraph>> graphs_;
+  std::map<std::pair<const void*, int>, std::shared_ptr<StepActivations>> step_acts_;  // per (model, bucket)
   // Plans by the step's longest sequence (plan_len) or, with TQKV_PLAN_BY_LEN=0, the capacity.
   bool plan_by_len_ = true;
   int step_plan_len_ = 0;  // this step's (prepare)

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,8 +28,10 @@
 #include "engine/qgemv.h"
 #include "engine/recipe.h"
 #include "engine/tokenizer.h"
+#include "gguf_builder.h"
 #include "tqkv/cuda_ops.h"
 #include "tqkv/error.h"
+#include "tqkv/half.h"
 
 namespace tqkv::engine {
 namespace {
@@ -1026,6 +1029,166 @@ TEST(CudaCacheLayer, StepRecordedShortReplaysLong) {
                 name.c_str(), worst, scale);
     EXPECT_LT(worst, 1e-3);
     EXPECT_GT(scale, 0.0);
+  }
+}
+
+// A llama-architecture model of the given shape with Q4_0 weights of made-up codes (no model
+// file needed): what CUDA graphs allocate depends on the shape alone.
+struct ShapeModel {
+  std::vector<uint8_t> bytes;
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Model> model;
+};
+
+std::unique_ptr<ShapeModel> shape_model(int layers, int d, int heads, int kv_heads, int ff, int vocab) {
+  uint64_t x = 99;
+  auto q4_0 = [&](int rows, int cols, float scale) {  // blocks of a half scale and 32 nibbles
+    std::vector<uint8_t> t(static_cast<size_t>(rows) * cols / 32 * 18);
+    const uint16_t h = float_to_half(scale);
+    for (size_t i = 0; i < t.size(); i += 18) {
+      t[i] = static_cast<uint8_t>(h & 0xff);
+      t[i + 1] = static_cast<uint8_t>(h >> 8);
+      for (size_t j = 2; j < 18; ++j) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        t[i + j] = static_cast<uint8_t>(x >> 56);
+      }
+    }
+    return t;
+  };
+  auto ones = [](int n) {
+    std::vector<uint8_t> t(static_cast<size_t>(n) * 4);
+    const float one = 1.0f;
+    for (int i = 0; i < n; ++i) std::memcpy(t.data() + 4 * static_cast<size_t>(i), &one, 4);
+    return t;
+  };
+  const uint32_t kQ4_0 = 2, kF32 = 0;
+  const auto u = [](int v) { return static_cast<uint64_t>(v); };
+  const int kvd = kv_heads * (d / heads);
+  const float w = 1.0f / (4.6f * std::sqrt(static_cast<float>(d)));  // |q - 8| has a std of ~4.6
+  test::GgufBuilder g;
+  g.str("general.architecture", "llama")
+      .u32("llama.block_count", static_cast<uint32_t>(layers))
+      .u32("llama.embedding_length", static_cast<uint32_t>(d))
+      .u32("llama.attention.head_count", static_cast<uint32_t>(heads))
+      .u32("llama.attention.head_count_kv", static_cast<uint32_t>(kv_heads))
+      .u32("llama.feed_forward_length", static_cast<uint32_t>(ff))
+      .u32("llama.context_length", 32768)
+      .f32("llama.attention.layer_norm_rms_epsilon", 1e-5f)
+      .tensor("token_embd.weight", {u(d), u(vocab)}, kQ4_0, q4_0(vocab, d, 0.2f))
+      .tensor("output_norm.weight", {u(d)}, kF32, ones(d));
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    g.tensor(p + "attn_norm.weight", {u(d)}, kF32, ones(d))
+        .tensor(p + "ffn_norm.weight", {u(d)}, kF32, ones(d))
+        .tensor(p + "attn_q.weight", {u(d), u(d)}, kQ4_0, q4_0(d, d, w))
+        .tensor(p + "attn_k.weight", {u(d), u(kvd)}, kQ4_0, q4_0(kvd, d, w))
+        .tensor(p + "attn_v.weight", {u(d), u(kvd)}, kQ4_0, q4_0(kvd, d, w))
+        .tensor(p + "attn_output.weight", {u(d), u(d)}, kQ4_0, q4_0(d, d, w))
+        .tensor(p + "ffn_gate.weight", {u(d), u(ff)}, kQ4_0, q4_0(ff, d, w))
+        .tensor(p + "ffn_up.weight", {u(d), u(ff)}, kQ4_0, q4_0(ff, d, w))
+        .tensor(p + "ffn_down.weight", {u(ff), u(d)}, kQ4_0, q4_0(d, ff, 1.0f / (4.6f * std::sqrt(float(ff)))));
+  }
+  auto m = std::make_unique<ShapeModel>();
+  m->bytes = g.build();
+  m->file = std::make_unique<GgufFile>(GgufFile::parse(m->bytes));
+  m->model = std::make_unique<Model>(Model::load(*m->file, make_device("cuda")));
+  return m;
+}
+
+// Every length class's graph of one bucket runs over the bucket's one set of activations
+// (StepActivations). For each bucket of the server's default --max-seqs 8 (1, 2, 4, 8), decode
+// steps of groups of sequences of ~150, ~300, ~600 and ~1200 tokens in a 2K cache record a
+// graph for each of the classes 256, 512, 1024 and 2048: the bucket's activation bytes stay
+// those of its first class (printed, with the device memory the later classes took: their
+// graphs and plans, cudaMemGetInfo). A second round replays every class after the others wrote
+// the shared buffers; the greedy tokens of every step are those of the same steps op by op.
+// SmolLM2's shape (30 layers), and Qwen2.5-1.5B's with 1 and 2 of its 28 layers (the set is a
+// fixed part and a part per layer).
+TEST(CudaGraphs, LengthClassesShareTheBucketsActivations) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    const char* name;
+    int layers, d, heads, kv_heads, ff, vocab;
+  };
+  const Shape shapes[] = {{"SmolLM2-135M", 30, 576, 9, 3, 1536, 49152},
+                          {"Qwen2.5-1.5B, 1 layer", 1, 1536, 12, 2, 8960, 151936},
+                          {"Qwen2.5-1.5B, 2 layers", 2, 1536, 12, 2, 8960, 151936}};
+  const int buckets[] = {1, 2, 4, 8}, lens[] = {150, 300, 600, 1200}, G = 8;
+  for (const Shape& sh : shapes) {
+    const auto sm = shape_model(sh.layers, sh.d, sh.heads, sh.kv_heads, sh.ff, sh.vocab);
+    const Model& m = *sm->model;
+    const int V = m.config().n_vocab;
+    for (const std::string spec : {"f16", "k6v3+sink2+wq6+w11+skip0"}) {
+      SCOPED_TRACE(std::string(sh.name) + " " + spec);
+      std::vector<int32_t> tokens[2];  // [graphs off, on]: every step's greedy tokens in order
+      for (int on = 0; on < 2; ++on) {
+        std::unique_ptr<GraphsOff> off;
+        if (!on) off = std::make_unique<GraphsOff>(m.device());
+        auto cache = m.make_cache(spec, 2048, 4 * G);
+        const auto* cc = dynamic_cast<const CudaKvCache*>(cache.get());
+        ASSERT_NE(cc, nullptr);
+        ASSERT_TRUE(cc->graphs_supported());
+        std::vector<int64_t> seqs;  // group c (class c) holds seqs[c * G, c * G + G)
+        std::vector<int32_t> next;
+        std::vector<float> logits(static_cast<size_t>(G) * V);
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < G; ++i) {
+            const int n = lens[c] + 7 * i;
+            std::vector<int32_t> ids(n);
+            for (int t = 0; t < n; ++t) ids[t] = (t * 7919 + i * 131 + c * 17) % V;
+            seqs.push_back(cache->add_sequence());
+            m.forward(seqs.back(), ids.data(), n, *cache, logits.data(), false);
+            next.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin()));
+          }
+        for (const int B : buckets) {
+          size_t first_bytes = 0, free_first = 0, free_last = 0, total = 0;
+          for (int round = 0; round < 2; ++round)
+            for (int c = 0; c < 4; ++c) {
+              for (int s = 0; s < (round == 0 ? 3 : 2); ++s) {  // warm-up, recording, replay; replays
+                Batch step;
+                for (int i = 0; i < B; ++i) {
+                  const int k = c * G + i;
+                  tokens[on].push_back(next[k]);
+                  step.add(seqs[k], &next[k], 1, cache->seq_len(seqs[k]), false);
+                }
+                m.forward(step, *cache, logits.data());
+                for (int i = 0; i < B; ++i) {
+                  const float* row = logits.data() + static_cast<size_t>(i) * V;
+                  next[c * G + i] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+                }
+              }
+              if (on && round == 0 && (c == 0 || c == 3)) {
+                ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                ASSERT_EQ(cudaMemGetInfo(c == 0 ? &free_first : &free_last, &total), cudaSuccess);
+                if (c == 0) first_bytes = cc->step_activations(B) ? cc->step_activations(B)->bytes : 0;
+              }
+            }
+          if (!on) continue;
+          const StepActivations* acts = cc->step_activations(B);
+          ASSERT_NE(acts, nullptr);
+          EXPECT_GT(first_bytes, 0u);
+          EXPECT_EQ(acts->bytes, first_bytes) << "bucket " << B << ": a new length class added activations";
+          std::map<size_t, int> sizes;  // floats -> buffers
+          for (const DeviceBuffer& b : acts->held) ++sizes[b.size()];
+          std::string list;
+          for (const auto& [n, count] : sizes) list += std::string(" ") + std::to_string(count) + "x" + std::to_string(n);
+          std::printf("[ graphs ] %-23s %-24s bucket %d: activations %.2f MB after class 256, %.2f MB after "
+                      "all 4 classes (one set a class: %.2f MB); classes 512-2048 took %.2f MB more (graphs, "
+                      "plans); %zu buffers (floats:%s)\n",
+                      sh.name, spec.c_str(), B, first_bytes / 1e6, acts->bytes / 1e6, 4 * first_bytes / 1e6,
+                      (static_cast<double>(free_first) - static_cast<double>(free_last)) / 1e6, acts->held.size(),
+                      list.c_str());
+        }
+        if (on) {
+          EXPECT_EQ(recorded(*cache), 16);
+          size_t sum = 0;
+          for (const int B : buckets) sum += cc->step_activations(B)->bytes;
+          EXPECT_EQ(cc->graph_activation_bytes(), sum);
+        }
+      }
+      ASSERT_EQ(tokens[1].size(), tokens[0].size());
+      EXPECT_EQ(tokens[1], tokens[0]);
+    }
   }
 }
 
