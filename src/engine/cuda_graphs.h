@@ -41,8 +41,8 @@ int graph_bucket(int n);
 // of a bucket is recorded over the same buffers: the i-th buffer a step allocates is the set's
 // i-th where it is large enough (a step of the same model and bucket asks for the same sizes in
 // the same order whatever its length class), else a new one appended to the set. Adding a length
-// class then costs its graph and its plans, not another set of activations (~155 MB of logits
-// alone at bucket 256 for Qwen2.5 1.5B's vocabulary).
+// class then costs its graph and its plans, not another set of activations (311 MB at bucket 256
+// for Qwen2.5-1.5B, 268 MB of it the logits' buffer: 155 MB in a power-of-two size class).
 struct StepActivations {
   std::vector<DeviceBuffer> held;
   size_t bytes = 0;  // device bytes of `held` (the pool's size classes)

@@ -1102,8 +1102,8 @@ std::unique_ptr<ShapeModel> shape_model(int layers, int d, int heads, int kv_hea
 // those of its first class (printed, with the device memory the later classes took: their
 // graphs and plans, cudaMemGetInfo). A second round replays every class after the others wrote
 // the shared buffers; the greedy tokens of every step are those of the same steps op by op.
-// SmolLM2's shape (30 layers), and Qwen2.5-1.5B's with 1 and 2 of its 28 layers (the set is a
-// fixed part and a part per layer).
+// SmolLM2's shape (30 layers), and Qwen2.5-1.5B's with 1 and 2 of its 28 layers (the step reuses
+// its buffers layer after layer, so the set does not depend on the depth: measured the same).
 TEST(CudaGraphs, LengthClassesShareTheBucketsActivations) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   struct Shape {
