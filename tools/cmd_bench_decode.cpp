@@ -42,7 +42,7 @@ namespace {
 struct DecodeBenchOptions {
   std::string model, device = "cpu", formats = "f16,tq-k4v4", depths = "0,1024,4096", batches = "1", simd,
       graphs = "both";
-  int threads = 0, n = 64, prefill_chunk = 0;
+  int threads = 0, n = 64, prefill_chunk = 0, capacity = 0;
   double budget_gib = 40;
   bool json = false;
 };
@@ -81,6 +81,10 @@ void register_bench_decode(CLI::App& bench) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--simd", o.simd, "force a kernel level: scalar, avx2, avx512");
+  cmd->add_option("--capacity", o.capacity,
+                  "positions per sequence the caches are made for (0: the deepest depth plus the decoded steps)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_flag("--json", o.json, "print JSON");
   cmd->callback([] {
     using namespace tqkv::engine;
@@ -96,7 +100,11 @@ void register_bench_decode(CLI::App& bench) {
     const bool both = o.graphs == "both" && device.step_graphs();  // a device with graphs: time both
     const double rss = resident_mib();
     const int V = model.config().n_vocab;
-    const int capacity = depths.back() + static_cast<int>(depths.size()) * (both ? 2 : 1) * (o.n + 2) + 1;
+    const int needed = depths.back() + static_cast<int>(depths.size()) * (both ? 2 : 1) * (o.n + 2) + 1;
+    if (o.capacity > 0 && o.capacity < needed)
+      throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "--capacity " + std::to_string(o.capacity) + ": these depths and steps need " +
+                                                              std::to_string(needed) + " positions");
+    const int capacity = std::max(o.capacity, needed);
     if (o.budget_gib <= 0) throw tqkv::Error(tqkv::ErrorCode::InvalidArgument, "--budget-gib: give a size > 0");
     std::mt19937 rng(1);
     std::vector<int32_t> tokens(static_cast<size_t>(capacity));

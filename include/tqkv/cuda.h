@@ -191,6 +191,10 @@ struct FusedDecodeOptions {
   // With spread and cluster: cap the middle's CTAs so that a (sequence, kv head) fits one cluster
   // where the whole grid then stays resident.
   bool cluster_fit = false;
+  // > 0: the middle takes no more CTAs than one per this many tiles a warp over its plan length
+  // (fewer, longer CTAs: fewer prologues and a smaller merge for a short middle); 0: as many as
+  // plan_decode gives it.
+  int main_tiles_per_warp = 0;
 };
 // True where a fused kernel exists for the middle's and the window's pairs at this head dim
 // (src/cuda/decode_pairs.h); window null: no window part.

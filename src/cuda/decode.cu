@@ -350,6 +350,12 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
     others += plan.ctas[i];
   }
   plan.ctas[kFusedMain] = std::max(1, std::min(mp.num_splits / pick(main).warps, kMaxSplits / k.warps - others));
+  if (options.main_tiles_per_warp > 0) {
+    const int64_t tiles = (std::max(parts[kFusedMain].max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
+    const int64_t per_cta = static_cast<int64_t>(options.main_tiles_per_warp) * k.warps;
+    plan.ctas[kFusedMain] =
+        static_cast<int>(std::clamp<int64_t>((tiles + per_cta - 1) / per_cta, 1, plan.ctas[kFusedMain]));
+  }
   // The copies' parts (a few hundred positions at most) take no more CTAs per (row, kv head) than
   // the compressed middle: with many rows (prefill chunks as decode rows) plan_decode gives the
   // middle one CTA each, and a fixed share of up to 8 for the window left most CTAs nearly idle.

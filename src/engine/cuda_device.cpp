@@ -68,6 +68,12 @@ class BufferPool {
     size_[p] = bytes;
     return static_cast<float*>(p);
   }
+  // The device bytes of p (its size class).
+  size_t bytes_of(float* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = size_.find(p);
+    return it == size_.end() ? 0 : it->second;
+  }
   void give(float* p) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = size_.find(p);
@@ -154,7 +160,9 @@ struct CudaDevice::Impl {
     const int32_t* tokens = nullptr;  // ... and the bucket's device copies of them
     const int64_t* positions = nullptr;
     bool recording = false;
-    std::vector<std::pair<float*, size_t>> allocs;  // activations handed out (kept until the step ends)
+    StepActivations* acts = nullptr;  // the bucket's activations, handed out again in order ...
+    size_t next_act = 0;              // ... from this one on
+    std::vector<std::pair<float*, size_t>> allocs;  // new activations handed out (kept until the step ends)
     const float* logits = nullptr;                  // what to_host was asked to copy
     size_t logit_floats = 0;
   };
@@ -224,12 +232,15 @@ cudaStream_t CudaDevice::stream() const { return impl_->stream; }
 
 DeviceBuffer CudaDevice::alloc(size_t n) {
   if (n == 0) return DeviceBuffer();
-  float* p = BufferPool::get().take(n);
   if (impl_->in_step) {  // kept past the step's end: its graph reads and writes them
-    impl_->step.allocs.emplace_back(p, n);
+    Impl::Step& st = impl_->step;
+    if (st.acts && st.next_act < st.acts->held.size() && st.acts->held[st.next_act].size() >= n)
+      return DeviceBuffer(st.acts->held[st.next_act++].data(), n, [](float*) {});
+    float* p = BufferPool::get().take(n);
+    st.allocs.emplace_back(p, n);
     return DeviceBuffer(p, n, [](float*) {});
   }
-  return DeviceBuffer(p, n, [](float* q) { BufferPool::get().give(q); });
+  return DeviceBuffer(BufferPool::get().take(n), n, [](float* q) { BufferPool::get().give(q); });
 }
 
 void CudaDevice::to_device(const float* host, size_t n, float* dst) {
@@ -466,7 +477,9 @@ double CudaDevice::attention_seconds() {
 }
 
 // A decode step through its bucket's graph (cuda_graphs.h): warmed up op by op at the bucket's
-// first step, recorded at its second, replayed from then on.
+// first step, recorded at its second, replayed from then on. The warm-up and the recording of
+// every length class run over the bucket's activations (StepActivations), so a new class adds
+// none unless the step asks for more than the set holds.
 void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model, float* logits, const StepFn& step) {
   auto* cc = impl_->graphs ? dynamic_cast<CudaKvCache*>(&cache) : nullptr;
   const int n = batch.size();
@@ -477,7 +490,9 @@ void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model,
   if (bucket == 0) return step(batch, logits);
 
   Impl& I = *impl_;
-  StepGraph& g = cc->step_graph(model, bucket);
+  int64_t longest = 0;
+  for (const Batch::Run& r : batch.runs()) longest = std::max<int64_t>(longest, r.pos0 + r.count);
+  StepGraph& g = cc->step_graph(model, bucket, longest);
   Batch padded = batch;  // padding rows: token 0 at position 0 of sequences that are not there
   const int32_t pad_token = 0;
   for (int i = n; i < bucket; ++i) padded.add(-1 - i, &pad_token, 1, 0, true);
@@ -496,6 +511,7 @@ void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model,
     I.step.tokens = g.tokens;
     I.step.positions = g.positions;
     I.step.recording = record;
+    I.step.acts = g.acts.get();  // warm-up and recording both run over the bucket's activations
     I.in_step = true;
     try {
       if (record) ck(cudaStreamBeginCapture(I.stream, cudaStreamCaptureModeRelaxed), "beginning a step's capture");
@@ -526,8 +542,10 @@ void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model,
     }
     I.in_step = false;
     if (record) {
-      for (auto& [p, count] : I.step.allocs)
-        g.held.emplace_back(p, count, [](float* q) { BufferPool::get().give(q); });
+      for (auto& [p, count] : I.step.allocs) {  // what the bucket's set lacked joins it
+        g.acts->bytes += BufferPool::get().bytes_of(p);
+        g.acts->held.emplace_back(p, count, [](float* q) { BufferPool::get().give(q); });
+      }
       I.step.allocs.clear();
       g.logits = I.step.logits;
       g.logit_floats = I.step.logit_floats;

@@ -1,6 +1,7 @@
 #include "cuda_graphs.h"
 
 #include <string>
+#include <utility>
 
 #include "tqkv/error.h"
 
@@ -14,7 +15,7 @@ int graph_bucket(int n) {
   return 0;
 }
 
-StepGraph::StepGraph(int b) : bucket(b) {
+StepGraph::StepGraph(int b, std::shared_ptr<StepActivations> a) : bucket(b), acts(std::move(a)) {
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(b) * (sizeof(int64_t) + sizeof(int32_t)));
   if (e != cudaSuccess)

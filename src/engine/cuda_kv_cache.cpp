@@ -65,6 +65,9 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   if (const char* e = std::getenv("TQKV_FUSED_SPREAD")) fused_options_.spread = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_FUSED_CLUSTER")) fused_options_.cluster = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_FUSED_CLUSTER_FIT")) fused_options_.cluster_fit = std::string(e) != "0";
+  if (const char* e = std::getenv("TQKV_PLAN_BY_LEN")) plan_by_len_ = std::string(e) != "0";
+  fused_options_.main_tiles_per_warp =
+      static_cast<int>(env_count("TQKV_FUSED_MAIN_TILES", "tiles per warp", 0, 0, 1 << 20));
   if (const char* e = std::getenv("TQKV_PREFILL_PATH")) {
     const std::string path = e;
     if (path == "tiled")
@@ -158,6 +161,7 @@ CudaKvCache::~CudaKvCache() {
     cudaFree(L.sink_kv.pages);
   }
   graphs_.clear();
+  step_acts_.clear();
   for (cudaStream_t side : side_)
     if (side) {
       cudaStreamSynchronize(side);
@@ -292,6 +296,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   }
   const size_t n_dec = row_run.size();
   step_.n_rows = static_cast<int>(n_dec);
+  step_plan_len_ = plan_len(row_len.empty() ? capacity() : *std::max_element(row_len.begin(), row_len.end()));
   step_.decode_contiguous = static_cast<int>(n_dec) == n;
   for (size_t i = 0; i < n_dec && step_.decode_contiguous; ++i) step_.decode_contiguous = row_tok[i] == static_cast<int32_t>(i);
   // Int32 block tables: [n_runs, bps] for every run, [n_dec, bps] for the rows, then the rows'
@@ -375,9 +380,32 @@ int CudaKvCache::graphs_recorded() const {
   return n;
 }
 
-StepGraph& CudaKvCache::step_graph(const void* model, int bucket) {
-  auto& g = graphs_[{model, bucket}];
-  if (!g) g = std::make_unique<StepGraph>(bucket);
+int CudaKvCache::plan_len(int64_t longest) const {
+  if (!plan_by_len_) return capacity();
+  int64_t c = kMinPlanLen;
+  while (c < longest) c *= 2;
+  return static_cast<int>(std::min<int64_t>(c, capacity()));
+}
+
+size_t CudaKvCache::graph_activation_bytes() const {
+  size_t n = 0;
+  for (const auto& [key, a] : step_acts_) n += a->bytes;
+  return n;
+}
+
+const StepActivations* CudaKvCache::step_activations(int bucket) const {
+  for (const auto& [key, a] : step_acts_)
+    if (key.second == bucket) return a.get();
+  return nullptr;
+}
+
+StepGraph& CudaKvCache::step_graph(const void* model, int bucket, int64_t longest) {
+  auto& g = graphs_[{model, bucket, plan_len(longest)}];
+  if (!g) {
+    auto& acts = step_acts_[{model, bucket}];
+    if (!acts) acts = std::make_shared<StepActivations>();
+    g = std::make_unique<StepGraph>(bucket, acts);
+  }
   return *g;
 }
 
@@ -424,13 +452,13 @@ void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv,
 void CudaKvCache::fused_decode(const Layer& L, const AttentionParams& ap, const float* q, float* o) {
   // The old path's three ranges: the window's (p - N, p] of the ring, the middle [S, p - N], the sinks [0, S).
   cuda::DecodePart parts[3];
-  parts[cuda::kFusedMain] = {&L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), sinks_, 0, window_};
+  parts[cuda::kFusedMain] = {&L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, sinks_, 0, window_};
   if (window_ > 0)
     parts[cuda::kFusedWindow] = {&*L.window_codec, L.window_kv, win_tables_, blocks_per_seq_, dec_lens_,
-                                 window_ + kBlockSize, sinks_, window_, 0};
+                                 window_plan_len(), sinks_, window_, 0};
   if (sinks_ > 0) parts[cuda::kFusedSinks] = {&*L.sink_codec, L.sink_kv, sink_tables_, sink_blocks_, sink_lens_, sinks_, 0, 0, 0};
   const int rows = step_.n_rows;
-  const auto key = std::make_tuple(L.codec.format().name(), L.window_codec->format().name(), rows);
+  const auto key = std::make_tuple(L.codec.format().name(), L.window_codec->format().name(), rows, step_plan_len_);
   auto it = fused_plans_.find(key);
   if (it == fused_plans_.end()) {
     FusedPlan p;
@@ -519,7 +547,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     ap.head_dim = D;
     ap.scale = scale;
     if (!covered) {
-      decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), ap, q_in, o, nullptr,
+      decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, ap, q_in, o, nullptr,
              stream_);
     } else if (L.fused && n_dec <= fused_max_rows_) {
       fused_decode(L, ap, q_in, o);
@@ -548,7 +576,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
         recent.min_key_pos = sinks_;
         recent.window = window_;
         if (fork) ck(cudaStreamWaitEvent(window_stream, fork_, 0), "forking the window's decode");
-        decode(*L.window_codec, L.window_kv, Part::Window, win_tables_, blocks_per_seq_, dec_lens_, window_ + kBlockSize,
+        decode(*L.window_codec, L.window_kv, Part::Window, win_tables_, blocks_per_seq_, dec_lens_, window_plan_len(),
                recent, q_in, part_w, lse_w, window_stream);
         if (fork) ck(cudaEventRecord(join_[0], window_stream), "joining the window's decode");
       }
@@ -561,7 +589,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       AttentionParams older = ap;
       older.min_key_pos = sinks_;
       older.exclude_recent = window_;
-      decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, capacity(), older, q_in, o, lse_main,
+      decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, older, q_in, o, lse_main,
              stream_);
       if (window_ > 0) {
         if (fork) ck(cudaStreamWaitEvent(stream_, join_[0], 0), "joining the window's decode");

@@ -34,6 +34,15 @@
 // fixed buffers (prepare_bucket) and keeps its recorded graphs (step_graph), so that a replay
 // reads the step's slot mappings, tables and lengths where the recording read them.
 //
+// Decode plans (split counts, grids) are sized by the step's longest sequence, rounded up to a
+// power of two of at least kMinPlanLen positions and at most the capacity (plan_len), not by the
+// capacity itself: a 1K-token sequence in a 32K-position cache gets the splits of a 1K cache
+// (on the H200, batch 1, f16: 495 against 735 tokens/s when planned for 33K). Recorded graphs
+// are kept per (model, bucket, plan length), so a replay runs the plan of its own length class.
+// A plan stays correct for any longer sequence (its last split takes the tiles beyond the
+// plan's length; a part with cuts spreads its splits over its own range), only slower.
+// TQKV_PLAN_BY_LEN=0 plans for the capacity, as before (before/after runs from one binary).
+//
 // Not on the GPU yet (refused at creation with tqkv::Error(InvalidArgument)): the copies for a
 // format without a decode kernel or with sliding-window layers, the CPU's Overflow check of a
 // sink element beyond the fp16 range, head dims other than 64/128/256. A sequence holds at most
@@ -41,6 +50,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -101,10 +111,20 @@ class CudaKvCache final : public KvCache {
   void prepare_bucket(const Batch& batch, int bucket);
   // Forgets a prepare_bucket whose step did not run (an error before its first layer).
   void cancel_bucket() { bucket_pending_ = 0; }
-  // The recorded step of `model` at `bucket` (made empty at first use).
-  StepGraph& step_graph(const void* model, int bucket);
+  // The recorded step of `model` at `bucket` whose longest sequence then holds `longest`
+  // positions (one graph per plan length, plan_len; made empty at first use).
+  StepGraph& step_graph(const void* model, int bucket, int64_t longest);
+  // The length decode steps whose longest sequence holds `longest` positions are planned for.
+  int plan_len(int64_t longest) const;
+  static constexpr int kMinPlanLen = 256;
   // How many steps are recorded (tests).
   int graphs_recorded() const;
+  // Device bytes of the recorded steps' activations, all buckets (one set per model and bucket,
+  // shared by its length classes: StepActivations).
+  size_t graph_activation_bytes() const;
+  // The activations of the steps at `bucket` (of the first model, by address, that ran one
+  // there; null before the first step).
+  const StepActivations* step_activations(int bucket) const;
 
  private:
   struct Layer {
@@ -155,6 +175,10 @@ class CudaKvCache final : public KvCache {
   Plan& plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, int batch, int max_len,
                  cudaStream_t stream);
   bool copies() const { return sinks_ > 0 || window_ > 0; }
+  // The window part's plan length: its positions, or fewer where every sequence is shorter.
+  int window_plan_len() const {
+    return plan_by_len_ ? std::min(window_ + kBlockSize, step_plan_len_) : window_ + kBlockSize;
+  }
   // Floats of the copies' parts for `rows` decode rows: the window's and the sinks' outputs
   // [rows, n_heads, head_dim] each, then the log-sum-exps of the compressed part, the window's
   // and the sinks' [rows, n_heads] each.
@@ -186,13 +210,14 @@ class CudaKvCache final : public KvCache {
   Step step_;
   std::map<std::tuple<std::string, Part, int, int>, Plan> plans_;
   // Layers with copies: one fused launch per layer (TQKV_FUSED_DECODE=0: the three launches and
-  // two merges instead, for comparison), plans by (middle format, window format, rows).
+  // two merges instead, for comparison), plans by (middle format, window format, rows, plan length).
   bool fused_ = true;
   // A layer's stores (compressed pages, window ring, sinks) and its key centring in one launch
   // (cuda::store_many); TQKV_FUSED_STORE=0 keeps one launch each, for before/after measurements.
   bool fused_store_ = true;
   // The fused decode's plan choices (cuda::FusedDecodeOptions): TQKV_FUSED_SPREAD=0,
-  // TQKV_FUSED_CLUSTER=0 and TQKV_FUSED_CLUSTER_FIT=1 select the others, for before/after runs.
+  // TQKV_FUSED_CLUSTER=0, TQKV_FUSED_CLUSTER_FIT=1 and TQKV_FUSED_MAIN_TILES=N select the others,
+  // for before/after runs.
   cuda::FusedDecodeOptions fused_options_;
   // Keys and values stored by separate warps (cuda::StoreArgs::split_kv); TQKV_STORE_SPLIT_KV=0:
   // one warp each (token, kv head), for before/after runs.
@@ -209,7 +234,7 @@ class CudaKvCache final : public KvCache {
   // most 256 sequences) stay fused.
   static constexpr int kFusedMaxRows = 256;
   int fused_max_rows_ = kFusedMaxRows;
-  std::map<std::tuple<std::string, std::string, int>, FusedPlan> fused_plans_;
+  std::map<std::tuple<std::string, std::string, int, int>, FusedPlan> fused_plans_;
   // Copies, while a step is recorded: the window's and the sinks' decodes go to side streams,
   // forked from and joined back into the step's stream (parallel branches of the graph).
   cudaStream_t side_[2] = {nullptr, nullptr};
@@ -235,7 +260,11 @@ class CudaKvCache final : public KvCache {
   float* step_parts_ = nullptr;     // the bucket's parts buffer (null: parts_)
   std::map<int, StepBuffers> buckets_;
   int bucket_pending_ = 0;
-  std::map<std::pair<const void*, int>, std::unique_ptr<StepGraph>> graphs_;
+  std::map<std::tuple<const void*, int, int>, std::unique_ptr<StepGraph>> graphs_;
+  std::map<std::pair<const void*, int>, std::shared_ptr<StepActivations>> step_acts_;  // per (model, bucket)
+  // Plans by the step's longest sequence (plan_len) or, with TQKV_PLAN_BY_LEN=0, the capacity.
+  bool plan_by_len_ = true;
+  int step_plan_len_ = 0;  // this step's (prepare)
   void* kws_ = nullptr;  // dequantized K, V
   size_t kws_bytes_ = 0;
   void* vws_ = nullptr;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,8 +28,10 @@
 #include "engine/qgemv.h"
 #include "engine/recipe.h"
 #include "engine/tokenizer.h"
+#include "gguf_builder.h"
 #include "tqkv/cuda_ops.h"
 #include "tqkv/error.h"
+#include "tqkv/half.h"
 
 namespace tqkv::engine {
 namespace {
@@ -534,6 +537,109 @@ TEST(CudaCacheLayer, RecipesWithSinksAndWindowMatchCpu) {
   compare_cache_layers(cache_test_model(2, 6, 2), "k5v3+sink1+w5+skip0", 1024, {300, 300, 1, 1}, 1);
 }
 
+// A plain and a graphed cache of one spec with fixed device inputs per layer (a replay reads
+// them where the recording did): q, k, v and each cache's output, `rows` rows. Attention writes
+// q and k in place only with centring, which the specs here lack: both caches see the same inputs.
+struct RecordedTwins {
+  const ModelConfig& m;
+  std::shared_ptr<CudaDevice> dev;
+  std::unique_ptr<KvCache> plain, graphed;
+  CudaKvCache* g = nullptr;
+  std::vector<DeviceBuffer> q, k, v, out_plain, out_graphed;
+  uint64_t x;
+  int64_t a = 0, b = 0;
+  cudaGraphExec_t exec = nullptr;
+
+  RecordedTwins(const ModelConfig& model, const std::shared_ptr<CudaDevice>& d, const std::string& name, int capacity,
+                int rows, uint64_t seed)
+      : m(model), dev(d), x(seed) {
+    const CacheSpec spec = resolve_cache_spec(name, m);
+    plain = dev->make_cache(spec, CacheShape{capacity, 2});
+    graphed = dev->make_cache(spec, CacheShape{capacity, 2});
+    g = dynamic_cast<CudaKvCache*>(graphed.get());
+    a = plain->add_sequence();
+    b = plain->add_sequence();
+    graphed->add_sequence();
+    graphed->add_sequence();
+    const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim;
+    for (int l = 0; l < m.n_layers; ++l) {
+      q.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
+      k.push_back(dev->alloc(static_cast<size_t>(rows) * kd));
+      v.push_back(dev->alloc(static_cast<size_t>(rows) * kd));
+      out_plain.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
+      out_graphed.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
+    }
+  }
+  ~RecordedTwins() {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
+  float rnd() {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(x >> 11) % 2000001 - 1000000) / 1e6f;
+  }
+  void fill(int n) {  // new random inputs (k positive-shifted as in compare_cache_layers)
+    const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim;
+    for (int l = 0; l < m.n_layers; ++l) {
+      std::vector<float> hq(static_cast<size_t>(n) * qd), hk(static_cast<size_t>(n) * kd), hv(hk.size());
+      for (float& e : hq) e = rnd();
+      for (float& e : hk) e = 2.0f * rnd() + 0.3f;
+      for (float& e : hv) e = rnd();
+      dev->to_device(hq.data(), hq.size(), q[l].data());
+      dev->to_device(hk.data(), hk.size(), k[l].data());
+      dev->to_device(hv.data(), hv.size(), v[l].data());
+    }
+  }
+  void run_layers(KvCache& c, const Batch& batch, std::vector<DeviceBuffer>& out) {
+    for (int l = 0; l < m.n_layers; ++l) c.attend(l, batch, q[l].data(), k[l].data(), v[l].data(), out[l].data());
+  }
+  // `batch` (new random inputs) op by op in both caches.
+  void both(const Batch& batch) {
+    fill(batch.size());
+    run_layers(*plain, batch, out_plain);
+    run_layers(*graphed, batch, out_graphed);
+  }
+  // Decode step number s of both sequences at positions pa and pb: op by op in the plain cache;
+  // in the graphed one step 0 warms up (plans and workspaces), step 1 is recorded, later steps
+  // replay it. Returns the largest |difference| of the two caches' outputs and raises scale to
+  // the largest output.
+  double step(int s, int64_t pa, int64_t pb, double& scale) {
+    static const int32_t id = 1;
+    Batch st;
+    st.add(a, &id, 1, pa, true);
+    st.add(b, &id, 1, pb, true);
+    fill(2);
+    run_layers(*plain, st, out_plain);
+    g->prepare_bucket(st, 2);
+    if (s == 0) {
+      run_layers(*graphed, st, out_graphed);
+    } else if (s == 1) {
+      EXPECT_EQ(cudaStreamBeginCapture(dev->stream(), cudaStreamCaptureModeRelaxed), cudaSuccess);
+      run_layers(*graphed, st, out_graphed);
+      cudaGraph_t graph = nullptr;
+      EXPECT_EQ(cudaStreamEndCapture(dev->stream(), &graph), cudaSuccess);
+      EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      cudaGraphDestroy(graph);
+    } else {
+      g->cancel_bucket();
+    }
+    if (exec) {
+      EXPECT_EQ(cudaGraphLaunch(exec, dev->stream()), cudaSuccess);
+    }
+    const int qd = m.n_heads * m.head_dim;
+    double worst = 0;
+    for (int l = 0; l < m.n_layers; ++l) {
+      std::vector<float> op(static_cast<size_t>(2) * qd), gr(op.size());
+      dev->to_host(out_plain[l].data(), op.size(), op.data());
+      dev->to_host(out_graphed[l].data(), gr.size(), gr.data());
+      for (size_t i = 0; i < op.size(); ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(op[i]) - gr[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(op[i])));
+      }
+    }
+    return worst;
+  }
+};
+
 // The cache layer's part of a CUDA graph (CudaDevice::run_step records the rest): decode steps of
 // two sequences of different lengths prepared into a bucket, recorded once and replayed, give
 // the outputs of the same steps run op by op on a twin cache, bit for bit, with sinks and a
@@ -543,90 +649,24 @@ TEST(CudaCacheLayer, RecordedDecodeStepsMatchOpByOp) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   const ModelConfig m = cache_test_model(2, 6, 2);
   auto dev = std::make_shared<CudaDevice>();
-  const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim, steps = 12;
-  uint64_t x = 777;
-  auto rnd = [&] {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<float>(static_cast<int64_t>(x >> 11) % 2000001 - 1000000) / 1e6f;
-  };
+  const int steps = 12;
   for (const std::string name : {"f16+skip0", "k5v3+sink1+w5+skip0", "k6v3+sink2+wq6+w11+skip0"}) {
     SCOPED_TRACE(name);
-    const CacheSpec spec = resolve_cache_spec(name, m);
-    auto plain = dev->make_cache(spec, CacheShape{64, 2});
-    auto graphed = dev->make_cache(spec, CacheShape{64, 2});
-    auto* g = dynamic_cast<CudaKvCache*>(graphed.get());
-    ASSERT_NE(g, nullptr);
-    ASSERT_TRUE(g->graphs_supported());
-    const int64_t a = plain->add_sequence(), b = plain->add_sequence();
-    ASSERT_EQ(graphed->add_sequence(), a);
-    ASSERT_EQ(graphed->add_sequence(), b);
-    // Fixed device inputs (a replay reads them where the recording did): q, k, v, out per layer.
-    const int rows = 20 + 13;  // the prefill's rows; decode steps use the first 2
-    std::vector<DeviceBuffer> q, k, v, out_plain, out_graphed;
-    for (int l = 0; l < m.n_layers; ++l) {
-      q.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
-      k.push_back(dev->alloc(static_cast<size_t>(rows) * kd));
-      v.push_back(dev->alloc(static_cast<size_t>(rows) * kd));
-      out_plain.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
-      out_graphed.push_back(dev->alloc(static_cast<size_t>(rows) * qd));
-    }
-    auto fill = [&](int n) {  // new random inputs (k positive-shifted as in compare_cache_layers)
-      for (int l = 0; l < m.n_layers; ++l) {
-        std::vector<float> hq(static_cast<size_t>(n) * qd), hk(static_cast<size_t>(n) * kd), hv(hk.size());
-        for (float& e : hq) e = rnd();
-        for (float& e : hk) e = 2.0f * rnd() + 0.3f;
-        for (float& e : hv) e = rnd();
-        dev->to_device(hq.data(), hq.size(), q[l].data());
-        dev->to_device(hk.data(), hk.size(), k[l].data());
-        dev->to_device(hv.data(), hv.size(), v[l].data());
-      }
-    };
-    // Attention writes q and k in place only with centring, which these specs lack: both caches
-    // see the same inputs.
-    auto run_layers = [&](KvCache& c, const Batch& batch, std::vector<DeviceBuffer>& out) {
-      for (int l = 0; l < m.n_layers; ++l) c.attend(l, batch, q[l].data(), k[l].data(), v[l].data(), out[l].data());
-    };
-    std::vector<int32_t> ids(rows, 1);
+    RecordedTwins t(m, dev, name, 64, 20 + 13, 777);  // the prefill's rows; decode steps use the first 2
+    ASSERT_NE(t.g, nullptr);
+    ASSERT_TRUE(t.g->graphs_supported());
+    std::vector<int32_t> ids(20, 1);
     Batch prefill;
-    prefill.add(a, ids.data(), 20, 0, true);
-    prefill.add(b, ids.data(), 13, 0, true);
-    fill(rows);
-    run_layers(*plain, prefill, out_plain);
-    run_layers(*graphed, prefill, out_graphed);
-    cudaGraphExec_t exec = nullptr;
-    double worst = 0;
+    prefill.add(t.a, ids.data(), 20, 0, true);
+    prefill.add(t.b, ids.data(), 13, 0, true);
+    t.both(prefill);
+    double worst = 0, scale = 0;
     for (int s = 0; s < steps; ++s) {
-      Batch step;
-      step.add(a, ids.data(), 1, 20 + s, true);
-      step.add(b, ids.data(), 1, 13 + s, true);
-      fill(2);
-      run_layers(*plain, step, out_plain);
-      g->prepare_bucket(step, 2);
-      if (s == 0) {  // warm-up: plans and workspaces
-        run_layers(*graphed, step, out_graphed);
-      } else if (s == 1) {
-        ASSERT_EQ(cudaStreamBeginCapture(dev->stream(), cudaStreamCaptureModeRelaxed), cudaSuccess);
-        run_layers(*graphed, step, out_graphed);
-        cudaGraph_t graph = nullptr;
-        ASSERT_EQ(cudaStreamEndCapture(dev->stream(), &graph), cudaSuccess);
-        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-        cudaGraphDestroy(graph);
-      } else {
-        g->cancel_bucket();
-      }
-      if (exec) {
-        ASSERT_EQ(cudaGraphLaunch(exec, dev->stream()), cudaSuccess);
-      }
-      for (int l = 0; l < m.n_layers; ++l) {
-        std::vector<float> op(static_cast<size_t>(2) * qd), gr(op.size());
-        dev->to_host(out_plain[l].data(), op.size(), op.data());
-        dev->to_host(out_graphed[l].data(), gr.size(), gr.data());
-        for (size_t i = 0; i < op.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(op[i]) - gr[i]));
-      }
+      worst = std::max(worst, t.step(s, 20 + s, 13 + s, scale));
+      if (HasFailure()) return;
     }
-    if (exec) cudaGraphExecDestroy(exec);
-    EXPECT_EQ(plain->seq_len(a), 20 + steps);
-    EXPECT_EQ(graphed->seq_len(b), 13 + steps);
+    EXPECT_EQ(t.plain->seq_len(t.a), 20 + steps);
+    EXPECT_EQ(t.graphed->seq_len(t.b), 13 + steps);
     std::printf("[ graphs ] %-28s replayed vs op by op: max |diff| %.3g over %d steps\n", name.c_str(), worst, steps);
     EXPECT_EQ(worst, 0.0);
   }
@@ -842,6 +882,313 @@ TEST(CudaCacheLayer, FusedPrefillOfManyRowsMatchesThreeLaunches) {
                 name.c_str(), twin.worst, twin.scale);
     EXPECT_LT(twin.worst, 5e-3);
     EXPECT_GT(twin.scale, 0.0);
+  }
+}
+
+// Decode plans sized by the step's longest sequence (CudaKvCache::plan_len) against plans sized
+// by the capacity (TQKV_PLAN_BY_LEN=0), on the same inputs, in a cache far longer than the
+// sequences: a 300- and a 40-token prefill, decode steps, then both grown past 1.5K positions in
+// 512-token chunks (new plan lengths) and more decode steps. Plain split-KV (f16, compressed) and
+// the fused decode of copies.
+TEST(CudaCacheLayer, PlansByLengthMatchPlansByCapacity) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  const ModelConfig m = cache_test_model(2, 9, 3);
+  for (const std::string name : {"f16+skip0", "k4v4+skip0", "k5v4+sink1+wq6+w40+skip0"}) {
+    SCOPED_TRACE(name);
+    const CacheSpec spec = resolve_cache_spec(name, m);
+    std::unique_ptr<KvCache> by_capacity, by_len;
+    {
+      ScopedEnv off("TQKV_PLAN_BY_LEN", "0");
+      by_capacity = dev->make_cache(spec, CacheShape{8192, 2});
+    }
+    by_len = dev->make_cache(spec, CacheShape{8192, 2});
+    const auto* bl = dynamic_cast<const CudaKvCache*>(by_len.get());
+    const auto* bc = dynamic_cast<const CudaKvCache*>(by_capacity.get());
+    ASSERT_TRUE(bl && bc);
+    EXPECT_EQ(bl->plan_len(300), 512);
+    EXPECT_EQ(bl->plan_len(1), CudaKvCache::kMinPlanLen);
+    EXPECT_EQ(bl->plan_len(100000), 8192);
+    EXPECT_EQ(bc->plan_len(300), 8192);
+    TwinCaches twin{*dev, m, *by_len, *by_capacity};
+    const int64_t a = by_len->add_sequence(), b = by_len->add_sequence();
+    ASSERT_EQ(by_capacity->add_sequence(), a);
+    ASSERT_EQ(by_capacity->add_sequence(), b);
+    std::vector<int32_t> ids(512, 1);
+    int64_t la = 0, lb = 0;
+    auto decode_steps = [&](int n) {
+      for (int s = 0; s < n; ++s) {
+        Batch step;
+        step.add(a, ids.data(), 1, la++, true);
+        step.add(b, ids.data(), 1, lb++, true);
+        twin.run(step);
+      }
+    };
+    Batch prefill;
+    prefill.add(a, ids.data(), 300, 0, true);
+    prefill.add(b, ids.data(), 40, 0, true);
+    twin.run(prefill);
+    la = 300, lb = 40;
+    decode_steps(4);
+    while (la < 1600) {
+      Batch chunk;
+      chunk.add(a, ids.data(), 512, la, true);
+      chunk.add(b, ids.data(), 512, lb, true);
+      twin.run(chunk);
+      la += 512, lb += 512;
+    }
+    decode_steps(4);
+    std::printf("[ plans ] %-26s by length vs by capacity: max |diff| %.3g (outputs up to %.3g)\n", name.c_str(),
+                twin.worst, twin.scale);
+    EXPECT_LT(twin.worst, 1e-3);
+    EXPECT_GT(twin.scale, 0.0);
+  }
+}
+
+// TQKV_FUSED_MAIN_TILES caps the fused middle's CTAs (here 8 CTAs by default, 2 with 8 tiles a
+// warp, 1 with more tiles than the middle has) without changing the attention: one sequence grown
+// to 1.5K positions in a 4K cache, then decode steps, against the default plan. A malformed value
+// is refused when the cache is made.
+TEST(CudaCacheLayer, FusedMiddleCapGivesTheSameAttention) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  const ModelConfig m = cache_test_model(2, 9, 3);
+  const CacheSpec spec = resolve_cache_spec("k5v4+sink1+wq6+w40+skip0", m);
+  {
+    ScopedEnv bad("TQKV_FUSED_MAIN_TILES", "abc");
+    EXPECT_THROW(dev->make_cache(spec, CacheShape{4096, 1}), Error);
+  }
+  for (const char* tiles : {"8", "100000"}) {
+    SCOPED_TRACE(tiles);
+    std::unique_ptr<KvCache> capped;
+    {
+      ScopedEnv cap("TQKV_FUSED_MAIN_TILES", tiles);
+      capped = dev->make_cache(spec, CacheShape{4096, 1});
+    }
+    auto plain = dev->make_cache(spec, CacheShape{4096, 1});
+    TwinCaches twin{*dev, m, *capped, *plain};
+    const int64_t a = capped->add_sequence();
+    ASSERT_EQ(plain->add_sequence(), a);
+    std::vector<int32_t> ids(512, 1);
+    int64_t len = 0;
+    for (; len < 1536; len += 512) {
+      Batch chunk;
+      chunk.add(a, ids.data(), 512, len, true);
+      twin.run(chunk);
+    }
+    for (int s = 0; s < 6; ++s, ++len) {
+      Batch step;
+      step.add(a, ids.data(), 1, len, true);
+      twin.run(step);
+    }
+    std::printf("[ fused ] middle capped at %s tiles a warp vs default: max |diff| %.3g (outputs up to %.3g)\n", tiles,
+                twin.worst, twin.scale);
+    EXPECT_LT(twin.worst, 1e-3);
+    EXPECT_GT(twin.scale, 0.0);
+  }
+}
+
+// A decode step recorded while the sequences are short (planned for kMinPlanLen positions) and
+// replayed after they grew to ~2K positions (op-by-op prefill chunks in between) gives the
+// attention of the same steps run op by op, which plan for their own length: a plan stays
+// correct past its length (the engine records one graph per plan length, so it never replays
+// one there; this holds the kernels to it anyway). Plain split-KV and the fused decode.
+TEST(CudaCacheLayer, StepRecordedShortReplaysLong) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  const ModelConfig m = cache_test_model(2, 6, 2);
+  auto dev = std::make_shared<CudaDevice>();
+  for (const std::string name : {"f16+skip0", "k5v3+skip0", "k5v3+sink1+w5+skip0", "k6v3+sink2+wq6+w11+skip0"}) {
+    SCOPED_TRACE(name);
+    RecordedTwins t(m, dev, name, 4096, 1024, 991);
+    ASSERT_NE(t.g, nullptr);
+    ASSERT_TRUE(t.g->graphs_supported());
+    std::vector<int32_t> ids(512, 1);
+    int64_t la = 20, lb = 13;
+    Batch prefill;
+    prefill.add(t.a, ids.data(), 20, 0, true);
+    prefill.add(t.b, ids.data(), 13, 0, true);
+    t.both(prefill);
+    EXPECT_EQ(t.g->plan_len(la + 2), CudaKvCache::kMinPlanLen);
+    double worst = 0, scale = 0;
+    for (int s = 0; s < 8; ++s) {
+      if (s == 2) {  // both sequences grow by 2K positions op by op, past the recorded plan's length
+        for (int c = 0; c < 4; ++c, la += 512, lb += 512) {
+          Batch chunk;
+          chunk.add(t.a, ids.data(), 512, la, true);
+          chunk.add(t.b, ids.data(), 512, lb, true);
+          t.both(chunk);
+        }
+        EXPECT_EQ(t.g->plan_len(la + 1), 4096);
+      }
+      worst = std::max(worst, t.step(s, la++, lb++, scale));
+      if (HasFailure()) return;
+    }
+    EXPECT_EQ(t.graphed->seq_len(t.a), la);
+    std::printf("[ graphs ] %-28s recorded at ~20 positions, replayed at ~2K vs op by op: max |diff| %.3g "
+                "(outputs up to %.3g)\n",
+                name.c_str(), worst, scale);
+    EXPECT_LT(worst, 1e-3);
+    EXPECT_GT(scale, 0.0);
+  }
+}
+
+// A llama-architecture model of the given shape with Q4_0 weights of made-up codes (no model
+// file needed): what CUDA graphs allocate depends on the shape alone.
+struct ShapeModel {
+  std::vector<uint8_t> bytes;
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Model> model;
+};
+
+std::unique_ptr<ShapeModel> shape_model(int layers, int d, int heads, int kv_heads, int ff, int vocab) {
+  uint64_t x = 99;
+  auto q4_0 = [&](int rows, int cols, float scale) {  // blocks of a half scale and 32 nibbles
+    std::vector<uint8_t> t(static_cast<size_t>(rows) * cols / 32 * 18);
+    const uint16_t h = float_to_half(scale);
+    for (size_t i = 0; i < t.size(); i += 18) {
+      t[i] = static_cast<uint8_t>(h & 0xff);
+      t[i + 1] = static_cast<uint8_t>(h >> 8);
+      for (size_t j = 2; j < 18; ++j) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        t[i + j] = static_cast<uint8_t>(x >> 56);
+      }
+    }
+    return t;
+  };
+  auto ones = [](int n) {
+    std::vector<uint8_t> t(static_cast<size_t>(n) * 4);
+    const float one = 1.0f;
+    for (int i = 0; i < n; ++i) std::memcpy(t.data() + 4 * static_cast<size_t>(i), &one, 4);
+    return t;
+  };
+  const uint32_t kQ4_0 = 2, kF32 = 0;
+  const auto u = [](int v) { return static_cast<uint64_t>(v); };
+  const int kvd = kv_heads * (d / heads);
+  const float w = 1.0f / (4.6f * std::sqrt(static_cast<float>(d)));  // |q - 8| has a std of ~4.6
+  test::GgufBuilder g;
+  g.str("general.architecture", "llama")
+      .u32("llama.block_count", static_cast<uint32_t>(layers))
+      .u32("llama.embedding_length", static_cast<uint32_t>(d))
+      .u32("llama.attention.head_count", static_cast<uint32_t>(heads))
+      .u32("llama.attention.head_count_kv", static_cast<uint32_t>(kv_heads))
+      .u32("llama.feed_forward_length", static_cast<uint32_t>(ff))
+      .u32("llama.context_length", 32768)
+      .f32("llama.attention.layer_norm_rms_epsilon", 1e-5f)
+      .tensor("token_embd.weight", {u(d), u(vocab)}, kQ4_0, q4_0(vocab, d, 0.2f))
+      .tensor("output_norm.weight", {u(d)}, kF32, ones(d));
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    g.tensor(p + "attn_norm.weight", {u(d)}, kF32, ones(d))
+        .tensor(p + "ffn_norm.weight", {u(d)}, kF32, ones(d))
+        .tensor(p + "attn_q.weight", {u(d), u(d)}, kQ4_0, q4_0(d, d, w))
+        .tensor(p + "attn_k.weight", {u(d), u(kvd)}, kQ4_0, q4_0(kvd, d, w))
+        .tensor(p + "attn_v.weight", {u(d), u(kvd)}, kQ4_0, q4_0(kvd, d, w))
+        .tensor(p + "attn_output.weight", {u(d), u(d)}, kQ4_0, q4_0(d, d, w))
+        .tensor(p + "ffn_gate.weight", {u(d), u(ff)}, kQ4_0, q4_0(ff, d, w))
+        .tensor(p + "ffn_up.weight", {u(d), u(ff)}, kQ4_0, q4_0(ff, d, w))
+        .tensor(p + "ffn_down.weight", {u(ff), u(d)}, kQ4_0, q4_0(d, ff, 1.0f / (4.6f * std::sqrt(float(ff)))));
+  }
+  auto m = std::make_unique<ShapeModel>();
+  m->bytes = g.build();
+  m->file = std::make_unique<GgufFile>(GgufFile::parse(m->bytes));
+  m->model = std::make_unique<Model>(Model::load(*m->file, make_device("cuda")));
+  return m;
+}
+
+// Every length class's graph of one bucket runs over the bucket's one set of activations
+// (StepActivations). For each bucket of the server's default --max-seqs 8 (1, 2, 4, 8), decode
+// steps of groups of sequences of ~150, ~300, ~600 and ~1200 tokens in a 2K cache record a
+// graph for each of the classes 256, 512, 1024 and 2048: the bucket's activation bytes stay
+// those of its first class (printed, with the device memory the later classes took: their
+// graphs and plans, cudaMemGetInfo). A second round replays every class after the others wrote
+// the shared buffers; the greedy tokens of every step are those of the same steps op by op.
+// SmolLM2's shape (30 layers), and Qwen2.5-1.5B's with 1 and 2 of its 28 layers (the step reuses
+// its buffers layer after layer, so the set does not depend on the depth: measured the same).
+TEST(CudaGraphs, LengthClassesShareTheBucketsActivations) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    const char* name;
+    int layers, d, heads, kv_heads, ff, vocab;
+  };
+  const Shape shapes[] = {{"SmolLM2-135M", 30, 576, 9, 3, 1536, 49152},
+                          {"Qwen2.5-1.5B, 1 layer", 1, 1536, 12, 2, 8960, 151936},
+                          {"Qwen2.5-1.5B, 2 layers", 2, 1536, 12, 2, 8960, 151936}};
+  const int buckets[] = {1, 2, 4, 8}, lens[] = {150, 300, 600, 1200}, G = 8;
+  for (const Shape& sh : shapes) {
+    const auto sm = shape_model(sh.layers, sh.d, sh.heads, sh.kv_heads, sh.ff, sh.vocab);
+    const Model& m = *sm->model;
+    const int V = m.config().n_vocab;
+    for (const std::string spec : {"f16", "k6v3+sink2+wq6+w11+skip0"}) {
+      SCOPED_TRACE(std::string(sh.name) + " " + spec);
+      std::vector<int32_t> tokens[2];  // [graphs off, on]: every step's greedy tokens in order
+      for (int on = 0; on < 2; ++on) {
+        std::unique_ptr<GraphsOff> off;
+        if (!on) off = std::make_unique<GraphsOff>(m.device());
+        auto cache = m.make_cache(spec, 2048, 4 * G);
+        const auto* cc = dynamic_cast<const CudaKvCache*>(cache.get());
+        ASSERT_NE(cc, nullptr);
+        ASSERT_TRUE(cc->graphs_supported());
+        std::vector<int64_t> seqs;  // group c (class c) holds seqs[c * G, c * G + G)
+        std::vector<int32_t> next;
+        std::vector<float> logits(static_cast<size_t>(G) * V);
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < G; ++i) {
+            const int n = lens[c] + 7 * i;
+            std::vector<int32_t> ids(n);
+            for (int t = 0; t < n; ++t) ids[t] = (t * 7919 + i * 131 + c * 17) % V;
+            seqs.push_back(cache->add_sequence());
+            m.forward(seqs.back(), ids.data(), n, *cache, logits.data(), false);
+            next.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin()));
+          }
+        for (const int B : buckets) {
+          size_t first_bytes = 0, free_first = 0, free_last = 0, total = 0;
+          for (int round = 0; round < 2; ++round)
+            for (int c = 0; c < 4; ++c) {
+              for (int s = 0; s < (round == 0 ? 3 : 2); ++s) {  // warm-up, recording, replay; replays
+                Batch step;
+                for (int i = 0; i < B; ++i) {
+                  const int k = c * G + i;
+                  tokens[on].push_back(next[k]);
+                  step.add(seqs[k], &next[k], 1, cache->seq_len(seqs[k]), false);
+                }
+                m.forward(step, *cache, logits.data());
+                for (int i = 0; i < B; ++i) {
+                  const float* row = logits.data() + static_cast<size_t>(i) * V;
+                  next[c * G + i] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+                }
+              }
+              if (on && round == 0 && (c == 0 || c == 3)) {
+                ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                ASSERT_EQ(cudaMemGetInfo(c == 0 ? &free_first : &free_last, &total), cudaSuccess);
+                if (c == 0) first_bytes = cc->step_activations(B) ? cc->step_activations(B)->bytes : 0;
+              }
+            }
+          if (!on) continue;
+          const StepActivations* acts = cc->step_activations(B);
+          ASSERT_NE(acts, nullptr);
+          EXPECT_GT(first_bytes, 0u);
+          EXPECT_EQ(acts->bytes, first_bytes) << "bucket " << B << ": a new length class added activations";
+          std::map<size_t, int> sizes;  // floats -> buffers
+          for (const DeviceBuffer& b : acts->held) ++sizes[b.size()];
+          std::string list;
+          for (const auto& [n, count] : sizes) list += std::string(" ") + std::to_string(count) + "x" + std::to_string(n);
+          std::printf("[ graphs ] %-23s %-24s bucket %d: activations %.2f MB after class 256, %.2f MB after "
+                      "all 4 classes (one set a class: %.2f MB); classes 512-2048 took %.2f MB more (graphs, "
+                      "plans); %zu buffers (floats:%s)\n",
+                      sh.name, spec.c_str(), B, first_bytes / 1e6, acts->bytes / 1e6, 4 * first_bytes / 1e6,
+                      (static_cast<double>(free_first) - static_cast<double>(free_last)) / 1e6, acts->held.size(),
+                      list.c_str());
+        }
+        if (on) {
+          EXPECT_EQ(recorded(*cache), 16);
+          size_t sum = 0;
+          for (const int B : buckets) sum += cc->step_activations(B)->bytes;
+          EXPECT_EQ(cc->graph_activation_bytes(), sum);
+        }
+      }
+      ASSERT_EQ(tokens[1].size(), tokens[0].size());
+      EXPECT_EQ(tokens[1], tokens[0]);
+    }
   }
 }
 
