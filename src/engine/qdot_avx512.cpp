@@ -203,13 +203,12 @@ inline void over_rows256(const QdotArgs& a, Decode decode) {
 template <int N>
 void q4_k(const QdotArgs& a) {
   over_rows256<N, 144, true>(a, [](const uint8_t* b, KBlock& k) {
-    alignas(16) uint8_t sm[16];
-    q4_k_scales_mins(b + 4, sm);
-    const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+    const __m128i v = q4_k_scales_mins_v(b + 4);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    // The 32 bytes in both halves (a load, no shuffle), the upper half shifted to its high nibbles.
     for (int g = 0; g < 4; ++g) {
-      const __m256i q = load32(b + 16 + 32 * g);
-      k.c[g] = _mm512_and_si512(pair_i(q, _mm256_srli_epi16(q, 4)), m4);
+      const __m512i q = _mm512_broadcast_i64x4(load32(b + 16 + 32 * g));
+      k.c[g] = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xffff0000u, q, 4), m4);
     }
     k.s = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
     k.m = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
