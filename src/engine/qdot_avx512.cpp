@@ -222,11 +222,17 @@ void q4_k(const QdotArgs& a) {
 template <int N>
 void q6_k(const QdotArgs& a) {
   over_rows256<N, kQ6kBytes, false>(a, [](const uint8_t* b, KBlock& k) {
+    // q6_k_codes_u's 4 vectors as 2 of 64 codes: ql's 64 bytes in one load, qh's 32 in both
+    // halves, each half shifted by its own count; (a & m4) | (b & m3) as and + vpternlog.
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(0x30);
+    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);  // per-word counts
     for (int h = 0; h < 2; ++h) {
-      __m256i q[4];
-      q6_k_codes_u(b + 64 * h, b + 128 + 32 * h, q);
-      k.c[2 * h] = pair_i(q[0], q[1]);
-      k.c[2 * h + 1] = pair_i(q[2], q[3]);
+      const __m512i l = _mm512_loadu_si512(b + 64 * h);
+      const __m512i hb = _mm512_broadcast_i64x4(load32(b + 128 + 32 * h));
+      const __m512i h01 = _mm512_sllv_epi16(hb, up);
+      const __m512i h23 = _mm512_mask_srli_epi16(hb, 0xffff0000u, hb, 2);
+      k.c[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), h01, m3, 0xf8);
+      k.c[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), h23, m3, 0xf8);
     }
     k.s = k.m = _mm256_cvtepi8_epi16(load16(b + 192));
     k.d = f16(b + 208);
