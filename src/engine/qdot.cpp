@@ -78,7 +78,7 @@ void quantize_rows_256(const float* x, int n, int cols, QdotBuffers& out) {
 
 }  // namespace
 
-void quantize_rows(const float* x, int n, int cols, QdotBuffers& out) {
+void quantize_rows(const float* x, int n, int cols, QdotBuffers& out, bool blocks32) {
   if (cols % 256 == 0) {
     quantize_rows_256(x, n, cols, out);
   } else {
@@ -86,6 +86,14 @@ void quantize_rows(const float* x, int n, int cols, QdotBuffers& out) {
     out.xkd.clear();
     out.xkb.clear();
     out.xku.clear();
+    blocks32 = true;
+  }
+  if (!blocks32) {
+    out.xq.clear();
+    out.x4n.clear();
+    out.xd8.clear();
+    out.xs.clear();
+    return;
   }
   const size_t nb = static_cast<size_t>(cols) / 32, total = static_cast<size_t>(n) * cols;
   out.xq.resize(total);

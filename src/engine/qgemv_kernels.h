@@ -145,13 +145,16 @@ struct QdotBuffers {
   std::vector<int16_t> xkb, xku;
   QdotRows rows(int t, int cols) const {
     const size_t c = static_cast<size_t>(t) * cols;
-    const bool k = !xk.empty();
-    return {xq.data() + c,           x4n.data() + c / 4, xd8.data() + c / 4, xs.data() + c / 32,
-            k ? xk.data() + c : nullptr, k ? xkd.data() + c / 256 : nullptr, k ? xkb.data() + c / 16 : nullptr,
-            k ? xku.data() + c / 16 : nullptr};
+    const bool q = !xq.empty(), k = !xk.empty();
+    return {q ? xq.data() + c : nullptr,      q ? x4n.data() + c / 4 : nullptr,
+            q ? xd8.data() + c / 4 : nullptr, q ? xs.data() + c / 32 : nullptr,
+            k ? xk.data() + c : nullptr,      k ? xkd.data() + c / 256 : nullptr,
+            k ? xkb.data() + c / 16 : nullptr, k ? xku.data() + c / 16 : nullptr};
   }
 };
-void quantize_rows(const float* x, int n, int cols, QdotBuffers& out);
+// blocks32: also the per-32 rows (xq, x4n, xd8, xs; always where cols is not a multiple of 256),
+// else those are left empty.
+void quantize_rows(const float* x, int n, int cols, QdotBuffers& out, bool blocks32 = true);
 
 struct QdotArgs {
   const uint8_t* w;

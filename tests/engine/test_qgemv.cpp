@@ -227,6 +227,38 @@ TEST(Qgemm, EqualsQgemvRowByRowBitForBit) {
   qgemm(static_cast<uint32_t>(TensorType::Q4_0), nullptr, 32, 0, 0, x.data(), 0, y.data(), 1);  // nothing to do
 }
 
+// An input prepared for K-quants only (no per-32 rows) gives Q4_K and Q6_K the same products
+// bit for bit as a full one, at every ISA; any other type over it is refused.
+TEST(Qgemm, KQuantOnlyInputEqualsFullInputBitForBit) {
+  std::mt19937 rng(17);
+  const int rows = 37, cols = 768, n = 3;
+  Restore restore;
+  set_qdot_mode(QdotMode::Int8);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(n) * cols);
+  for (auto& v : x) v = nd(rng);
+  QgemmInput full, k_only;
+  full.prepare(x.data(), n, cols);
+  k_only.prepare(x.data(), n, cols, true);
+  for (TensorType type : {TensorType::Q4_K, TensorType::Q6_K}) {
+    const uint32_t ty = static_cast<uint32_t>(type);
+    const std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);
+    for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
+      if (!simd_level_supported(level)) continue;
+      set_simd_level(level);
+      SCOPED_TRACE(tensor_type_name(ty) + " " + qdot_isa());
+      std::vector<float> want(static_cast<size_t>(n) * rows), got(want.size(), 1.0f);
+      qgemm(ty, w.data(), 0, rows, full, want.data(), rows);
+      qgemm(ty, w.data(), 0, rows, k_only, got.data(), rows);
+      ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+    }
+  }
+  const std::vector<uint8_t> w = random_blocks(TensorType::Q4_0, rows, cols, rng);
+  std::vector<float> y(static_cast<size_t>(n) * rows);
+  EXPECT_THROW(qgemm(static_cast<uint32_t>(TensorType::Q4_0), w.data(), 0, rows, k_only, y.data(), rows), tqkv::Error);
+  qgemm(static_cast<uint32_t>(TensorType::Q4_0), w.data(), 0, rows, full, y.data(), rows);
+}
+
 // The CPU device holds a qgemv type's blocks only: one token goes through qgemv, a batch
 // through SGEMM on dequantized row tiles (here 2+ tiles per thread's part), embedding rows
 // are dequantized on demand. All against the float32 product of the dequantized matrix, so
