@@ -6,6 +6,7 @@
 
 #include "qgemv_kernels.h"
 #include "tqkv/half.h"
+#include "tqkv/simd.h"
 
 namespace tqkv::engine::detail {
 
@@ -41,6 +42,8 @@ void quantize_rows_256(const float* x, int n, int cols, QdotBuffers& out) {
   out.xkd.resize(total / 256);
   out.xkb.resize(total / 16);
   out.xku.resize(total / 16);
+  if (active_simd_level() >= SimdLevel::Avx512 && qdot_avx512_supported())
+    return quantize_rows_256_avx512(x, total / 256, out.xk.data(), out.xkd.data(), out.xkb.data(), out.xku.data());
   for (size_t i = 0; i < total / 256; ++i) {
     const float* xi = x + 256 * i;
     float amax[8], top = 0, z = 0;

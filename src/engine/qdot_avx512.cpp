@@ -242,6 +242,46 @@ void q6_k(const QdotArgs& a) {
 
 }  // namespace
 
+// quantize_rows's per-256 pass (qdot.cpp) 16 floats at a time, bit for bit: a super-block's
+// max |x| is exact in any order, x * id is one rounded multiply (roundscale then takes the
+// nearest even integer, as the scalar's (v + 1.5 * 2^23) - 1.5 * 2^23 does for |v| < 2^22;
+// past that both clamp), and NaN or inf give the same INT_MIN before the clamp.
+void quantize_rows_256_avx512(const float* x, size_t blocks, int8_t* xk, float* xkd, int16_t* xkb, int16_t* xku) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (size_t i = 0; i < blocks; ++i) {
+    const float* xi = x + 256 * i;
+    __m512 v[16];
+    __mmask16 bad = 0;
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; ++c) {
+      v[c] = _mm512_loadu_ps(xi + 16 * c);
+      bad |= _mm512_fpclass_ps_mask(v[c], 0x99);  // QNaN, +inf, -inf, SNaN
+    }
+    float amax[8], top = 0;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      amax[j] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v[2 * j]), _mm512_andnot_ps(sign, v[2 * j + 1])));
+      top = amax[j] > top ? amax[j] : top;
+    }
+    const float d = bad == 0 ? top / (127.0f * kSub) : std::nanf("");
+    xkd[i] = d;
+    for (int j = 0; j < 8; ++j) {
+      int u = 1;
+      if (d > 0) u = static_cast<int>(std::ceil(kSub * amax[j] / top));
+      u = u < 1 ? 1 : u > kSub ? kSub : u;
+      const __m512 id = _mm512_set1_ps(d > 0 ? 1.0f / (d * static_cast<float>(u)) : 0.0f);
+      for (int h = 0; h < 2; ++h) {
+        const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v[2 * j + h], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i c = _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(r)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(xk + 256 * i + 32 * j + 16 * h), _mm512_cvtepi32_epi8(c));
+        xkb[16 * i + 2 * j + h] = static_cast<int16_t>(_mm512_reduce_add_epi32(c));
+        xku[16 * i + 2 * j + h] = static_cast<int16_t>(u);
+      }
+    }
+  }
+}
+
 QdotKernels qdot_avx512() {
   return {TQKV_QDOT_ENTRY(q4_0), TQKV_QDOT_ENTRY(q4_1), TQKV_QDOT_ENTRY(q5_0),
           TQKV_QDOT_ENTRY(q8_0), TQKV_QDOT_ENTRY(q4_k), TQKV_QDOT_ENTRY(q6_k)};

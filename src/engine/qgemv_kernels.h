@@ -179,6 +179,9 @@ QdotKernels qdot_avx2();
 // AVX-512 F+BW+VL+DQ with VNNI (vpdpbusd); qdot_avx512_supported() says whether this CPU has it.
 QdotKernels qdot_avx512();
 bool qdot_avx512_supported();
+// quantize_rows's per-256 pass over `blocks` super-blocks of x, bit for bit, where
+// qdot_avx512_supported(); quantize_rows takes it at SimdLevel::Avx512.
+void quantize_rows_256_avx512(const float* x, size_t blocks, int8_t* xk, float* xkd, int16_t* xkb, int16_t* xku);
 
 QgemvKernels qgemv_scalar();
 QgemvKernels qgemv_avx2();

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "engine/cpu_device.h"
@@ -257,6 +258,36 @@ TEST(Qgemm, KQuantOnlyInputEqualsFullInputBitForBit) {
   std::vector<float> y(static_cast<size_t>(n) * rows);
   EXPECT_THROW(qgemm(static_cast<uint32_t>(TensorType::Q4_0), w.data(), 0, rows, k_only, y.data(), rows), tqkv::Error);
   qgemm(static_cast<uint32_t>(TensorType::Q4_0), w.data(), 0, rows, full, y.data(), rows);
+}
+
+// The per-256 activation quantization at SimdLevel::Avx512 equals the scalar pass bit for bit:
+// normal rows, rows with zeros, a huge and a tiny super-block, signed zeros, inf and NaN.
+TEST(Qgemm, Per256QuantizationEqualsScalarOnEveryIsa) {
+  if (!simd_level_supported(SimdLevel::Avx512)) GTEST_SKIP() << "no AVX-512 here";
+  std::mt19937 rng(5);
+  const int n = 3, cols = 2048;
+  Restore restore;
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(n) * cols);
+  for (auto& v : x) v = nd(rng);
+  for (int e = 0; e < 256; ++e) x[256 + e] = e % 5 == 0 ? 0.0f : (e % 7 == 0 ? -0.0f : x[256 + e]);
+  for (int e = 0; e < 256; ++e) x[512 + e] = 0.0f;
+  for (int e = 0; e < 256; ++e) x[768 + e] *= 1e30f;
+  for (int e = 0; e < 256; ++e) x[1024 + e] *= 1e-38f;  // denormal steps
+  x[1280 + 7] = std::numeric_limits<float>::infinity();
+  x[1536 + 200] = std::nanf("");
+  x[1792 + 3] = -std::numeric_limits<float>::infinity();
+  for (int e = 0; e < 32; ++e) x[cols + 64 + e] *= 100.0f;  // a loud sub-block
+  detail::QdotBuffers want, got;
+  set_simd_level(SimdLevel::Scalar);
+  detail::quantize_rows(x.data(), n, cols, want);
+  set_simd_level(SimdLevel::Avx512);
+  detail::quantize_rows(x.data(), n, cols, got);
+  ASSERT_EQ(want.xk, got.xk);
+  ASSERT_EQ(want.xkb, got.xkb);
+  ASSERT_EQ(want.xku, got.xku);
+  ASSERT_EQ(want.xkd.size(), got.xkd.size());
+  ASSERT_EQ(std::memcmp(want.xkd.data(), got.xkd.data(), want.xkd.size() * sizeof(float)), 0);
 }
 
 // The CPU device holds a qgemv type's blocks only: one token goes through qgemv, a batch
