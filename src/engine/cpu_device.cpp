@@ -158,8 +158,10 @@ void CpuDevice::matmul_group(const float* x, int n, const GroupProduct* products
     rows += w.rows();
   }
   if (!quantized) return Device::matmul_group(x, n, products, count);
+  bool k_quants = true;
+  for (int i = 0; i < count; ++i) k_quants = k_quants && is_k_quant(static_cast<const CpuMatrix&>(*products[i].w).qtype);
   thread_local QgemmInput input;
-  input.prepare(x, n, products[0].w->cols());
+  input.prepare(x, n, products[0].w->cols(), k_quants);
   const QgemmInput& xin = input;  // the caller's, for the workers
   const int parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cpu::pool_threads(), rows / 64)));
   cpu::parallel_for(parts, [&](int p) {

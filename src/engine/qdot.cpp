@@ -6,6 +6,7 @@
 
 #include "qgemv_kernels.h"
 #include "tqkv/half.h"
+#include "tqkv/simd.h"
 
 namespace tqkv::engine::detail {
 
@@ -41,6 +42,8 @@ void quantize_rows_256(const float* x, int n, int cols, QdotBuffers& out) {
   out.xkd.resize(total / 256);
   out.xkb.resize(total / 16);
   out.xku.resize(total / 16);
+  if (active_simd_level() >= SimdLevel::Avx512 && qdot_avx512_supported())
+    return quantize_rows_256_avx512(x, total / 256, out.xk.data(), out.xkd.data(), out.xkb.data(), out.xku.data());
   for (size_t i = 0; i < total / 256; ++i) {
     const float* xi = x + 256 * i;
     float amax[8], top = 0, z = 0;
@@ -78,7 +81,7 @@ void quantize_rows_256(const float* x, int n, int cols, QdotBuffers& out) {
 
 }  // namespace
 
-void quantize_rows(const float* x, int n, int cols, QdotBuffers& out) {
+void quantize_rows(const float* x, int n, int cols, QdotBuffers& out, bool blocks32) {
   if (cols % 256 == 0) {
     quantize_rows_256(x, n, cols, out);
   } else {
@@ -86,6 +89,14 @@ void quantize_rows(const float* x, int n, int cols, QdotBuffers& out) {
     out.xkd.clear();
     out.xkb.clear();
     out.xku.clear();
+    blocks32 = true;
+  }
+  if (!blocks32) {
+    out.xq.clear();
+    out.x4n.clear();
+    out.xd8.clear();
+    out.xs.clear();
+    return;
   }
   const size_t nb = static_cast<size_t>(cols) / 32, total = static_cast<size_t>(n) * cols;
   out.xq.resize(total);

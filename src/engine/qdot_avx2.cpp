@@ -156,9 +156,7 @@ void q4_k(const QdotArgs& a) {
       k.c[2 * g] = _mm256_and_si256(q, m4);
       k.c[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
     }
-    alignas(16) uint8_t sm[16];
-    q4_k_scales_mins(b + 4, sm);
-    const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+    const __m128i v = q4_k_scales_mins_v(b + 4);
     k.s = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
     k.m = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
     k.d = f16(b);

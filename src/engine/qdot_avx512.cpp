@@ -203,13 +203,12 @@ inline void over_rows256(const QdotArgs& a, Decode decode) {
 template <int N>
 void q4_k(const QdotArgs& a) {
   over_rows256<N, 144, true>(a, [](const uint8_t* b, KBlock& k) {
-    alignas(16) uint8_t sm[16];
-    q4_k_scales_mins(b + 4, sm);
-    const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+    const __m128i v = q4_k_scales_mins_v(b + 4);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    // The 32 bytes in both halves (a load, no shuffle), the upper half shifted to its high nibbles.
     for (int g = 0; g < 4; ++g) {
-      const __m256i q = load32(b + 16 + 32 * g);
-      k.c[g] = _mm512_and_si512(pair_i(q, _mm256_srli_epi16(q, 4)), m4);
+      const __m512i q = _mm512_broadcast_i64x4(load32(b + 16 + 32 * g));
+      k.c[g] = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xffff0000u, q, 4), m4);
     }
     k.s = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
     k.m = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
@@ -223,11 +222,17 @@ void q4_k(const QdotArgs& a) {
 template <int N>
 void q6_k(const QdotArgs& a) {
   over_rows256<N, kQ6kBytes, false>(a, [](const uint8_t* b, KBlock& k) {
+    // q6_k_codes_u's 4 vectors as 2 of 64 codes: ql's 64 bytes in one load, qh's 32 in both
+    // halves, each half shifted by its own count; (a & m4) | (b & m3) as and + vpternlog.
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(0x30);
+    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);  // per-word counts
     for (int h = 0; h < 2; ++h) {
-      __m256i q[4];
-      q6_k_codes_u(b + 64 * h, b + 128 + 32 * h, q);
-      k.c[2 * h] = pair_i(q[0], q[1]);
-      k.c[2 * h + 1] = pair_i(q[2], q[3]);
+      const __m512i l = _mm512_loadu_si512(b + 64 * h);
+      const __m512i hb = _mm512_broadcast_i64x4(load32(b + 128 + 32 * h));
+      const __m512i h01 = _mm512_sllv_epi16(hb, up);
+      const __m512i h23 = _mm512_mask_srli_epi16(hb, 0xffff0000u, hb, 2);
+      k.c[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), h01, m3, 0xf8);
+      k.c[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), h23, m3, 0xf8);
     }
     k.s = k.m = _mm256_cvtepi8_epi16(load16(b + 192));
     k.d = f16(b + 208);
@@ -236,6 +241,46 @@ void q6_k(const QdotArgs& a) {
 }
 
 }  // namespace
+
+// quantize_rows's per-256 pass (qdot.cpp) 16 floats at a time, bit for bit: a super-block's
+// max |x| is exact in any order, x * id is one rounded multiply (roundscale then takes the
+// nearest even integer, as the scalar's (v + 1.5 * 2^23) - 1.5 * 2^23 does for |v| < 2^22;
+// past that both clamp), and NaN or inf give the same INT_MIN before the clamp.
+void quantize_rows_256_avx512(const float* x, size_t blocks, int8_t* xk, float* xkd, int16_t* xkb, int16_t* xku) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (size_t i = 0; i < blocks; ++i) {
+    const float* xi = x + 256 * i;
+    __m512 v[16];
+    __mmask16 bad = 0;
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; ++c) {
+      v[c] = _mm512_loadu_ps(xi + 16 * c);
+      bad |= _mm512_fpclass_ps_mask(v[c], 0x99);  // QNaN, +inf, -inf, SNaN
+    }
+    float amax[8], top = 0;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      amax[j] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v[2 * j]), _mm512_andnot_ps(sign, v[2 * j + 1])));
+      top = amax[j] > top ? amax[j] : top;
+    }
+    const float d = bad == 0 ? top / (127.0f * kSub) : std::nanf("");
+    xkd[i] = d;
+    for (int j = 0; j < 8; ++j) {
+      int u = 1;
+      if (d > 0) u = static_cast<int>(std::ceil(kSub * amax[j] / top));
+      u = u < 1 ? 1 : u > kSub ? kSub : u;
+      const __m512 id = _mm512_set1_ps(d > 0 ? 1.0f / (d * static_cast<float>(u)) : 0.0f);
+      for (int h = 0; h < 2; ++h) {
+        const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v[2 * j + h], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i c = _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(r)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(xk + 256 * i + 32 * j + 16 * h), _mm512_cvtepi32_epi8(c));
+        xkb[16 * i + 2 * j + h] = static_cast<int16_t>(_mm512_reduce_add_epi32(c));
+        xku[16 * i + 2 * j + h] = static_cast<int16_t>(u);
+      }
+    }
+  }
+}
 
 QdotKernels qdot_avx512() {
   return {TQKV_QDOT_ENTRY(q4_0), TQKV_QDOT_ENTRY(q4_1), TQKV_QDOT_ENTRY(q5_0),

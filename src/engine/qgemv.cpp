@@ -243,6 +243,10 @@ std::atomic<int>& mode_slot() {
 
 }  // namespace
 
+bool is_k_quant(uint32_t type) {
+  return type == static_cast<uint32_t>(TensorType::Q4_K) || type == static_cast<uint32_t>(TensorType::Q6_K);
+}
+
 bool qgemv_supported(uint32_t type) {
   const auto t = static_cast<TensorType>(type);
   return t == TensorType::Q4_0 || t == TensorType::Q4_1 || t == TensorType::Q5_0 || t == TensorType::Q8_0 ||
@@ -254,7 +258,7 @@ const char* qgemv_isa() {
   return l >= SimdLevel::Avx512 ? "avx512" : l >= SimdLevel::Avx2 ? "avx2" : "scalar";
 }
 
-void QgemmInput::prepare(const float* x, int n, int cols) {
+void QgemmInput::prepare(const float* x, int n, int cols, bool k_quants_only) {
   if (n < 0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count");
   if (cols % 32 != 0) throw Error(ErrorCode::InvalidArgument, "qgemv: cols must be a multiple of 32");
   mode_ = qdot_mode();
@@ -262,7 +266,7 @@ void QgemmInput::prepare(const float* x, int n, int cols) {
   n_ = n;
   cols_ = cols;
   if (mode_ == QdotMode::Int8) {
-    detail::quantize_rows(x, n, cols, q_);
+    detail::quantize_rows(x, n, cols, q_, !k_quants_only);
     return;
   }
   xsum_.resize(static_cast<size_t>(n) * (cols / 32));
@@ -279,6 +283,9 @@ void qgemm(uint32_t type, const uint8_t* w, int r0, int r1, const QgemmInput& x,
   const int cols = x.cols_, nb = cols / 32;
   if (x.mode_ == QdotMode::Int8) {
     const detail::QdotFn fn = kernel_of(qdot_kernels_for(level), type, cols);
+    if (x.n_ > 0 && x.q_.xq.empty() && !is_k_quant(type))
+      throw Error(ErrorCode::InvalidArgument,
+                  "qgemm: " + tensor_type_name(type) + " over an input prepared for K-quants only");
     over_tiles(r0, r1, x.n_, [&](int t0, int t1, int g, int m) {
       fn({w, cols, t0, t1, x.q_.rows(g, cols), m, y + g * ldy + (t0 - r0), ldy});
     });
@@ -295,7 +302,7 @@ void qgemm(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const floa
   if (n < 0 || r0 < 0 || r1 < r0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count or range");
   kernel_of(qdot_kernels_for(SimdLevel::Scalar), type, cols);  // checks type and cols before the rows are read
   thread_local QgemmInput input;
-  input.prepare(x, n, cols);
+  input.prepare(x, n, cols, is_k_quant(type));
   qgemm(type, w, r0, r1, input, y, ldy);
 }
 

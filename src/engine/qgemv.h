@@ -38,6 +38,7 @@ namespace tqkv::engine {
 enum class QdotMode { F32, Int8 };
 
 bool qgemv_supported(uint32_t type);
+bool is_k_quant(uint32_t type);  // Q4_K or Q6_K: the int8 path's per-256 activations
 
 // y[r - r0] = sum_c W[r, c] x[c] for rows r in [r0, r1); W: rows of `cols` elements in `type`
 // blocks, row stride = cols / block_elems * block_bytes; cols a multiple of 32 (256 for
@@ -55,10 +56,12 @@ void qgemm(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const floa
 // threads): under the int8 path quantized, under f32 their block sums taken. qgemm over it
 // equals qgemm over x bit for bit, in the mode current at prepare(). x is not copied: it must
 // stay unchanged while products read the input. Throws tqkv::Error for n < 0 or cols not a
-// multiple of 32.
+// multiple of 32. k_quants_only: every product over the input is Q4_K or Q6_K, so the int8
+// path makes only their per-256 rows (not the per-32 ones the other types read, which cost as
+// much again); qgemm of another type over such an input throws tqkv::Error.
 class QgemmInput {
  public:
-  void prepare(const float* x, int n, int cols);
+  void prepare(const float* x, int n, int cols, bool k_quants_only = false);
   int n() const { return n_; }
   int cols() const { return cols_; }
 

@@ -145,13 +145,16 @@ struct QdotBuffers {
   std::vector<int16_t> xkb, xku;
   QdotRows rows(int t, int cols) const {
     const size_t c = static_cast<size_t>(t) * cols;
-    const bool k = !xk.empty();
-    return {xq.data() + c,           x4n.data() + c / 4, xd8.data() + c / 4, xs.data() + c / 32,
-            k ? xk.data() + c : nullptr, k ? xkd.data() + c / 256 : nullptr, k ? xkb.data() + c / 16 : nullptr,
-            k ? xku.data() + c / 16 : nullptr};
+    const bool q = !xq.empty(), k = !xk.empty();
+    return {q ? xq.data() + c : nullptr,      q ? x4n.data() + c / 4 : nullptr,
+            q ? xd8.data() + c / 4 : nullptr, q ? xs.data() + c / 32 : nullptr,
+            k ? xk.data() + c : nullptr,      k ? xkd.data() + c / 256 : nullptr,
+            k ? xkb.data() + c / 16 : nullptr, k ? xku.data() + c / 16 : nullptr};
   }
 };
-void quantize_rows(const float* x, int n, int cols, QdotBuffers& out);
+// blocks32: also the per-32 rows (xq, x4n, xd8, xs; always where cols is not a multiple of 256),
+// else those are left empty.
+void quantize_rows(const float* x, int n, int cols, QdotBuffers& out, bool blocks32 = true);
 
 struct QdotArgs {
   const uint8_t* w;
@@ -176,6 +179,9 @@ QdotKernels qdot_avx2();
 // AVX-512 F+BW+VL+DQ with VNNI (vpdpbusd); qdot_avx512_supported() says whether this CPU has it.
 QdotKernels qdot_avx512();
 bool qdot_avx512_supported();
+// quantize_rows's per-256 pass over `blocks` super-blocks of x, bit for bit, where
+// qdot_avx512_supported(); quantize_rows takes it at SimdLevel::Avx512.
+void quantize_rows_256_avx512(const float* x, size_t blocks, int8_t* xk, float* xkd, int16_t* xkb, int16_t* xku);
 
 QgemvKernels qgemv_scalar();
 QgemvKernels qgemv_avx2();

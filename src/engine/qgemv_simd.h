@@ -30,6 +30,20 @@ inline float tree8(__m256 s8) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
+// q4_k_scales_mins (qgemv_kernels.h) in one register, bytes 0-7 the scales and 8-15 the mins:
+// the same whole-word masks and shifts on 4 dwords at once. Reads 16 bytes at sc, the 12
+// packed bytes and 4 bytes after them (in a Q4_K block: codes), which the masks drop.
+inline __m128i q4_k_scales_mins_v(const uint8_t* sc) {
+  const __m128i v = load16(sc);                                      // u0 u1 u2 -
+  const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));  // u0 u2 u1 u2
+  const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));  // u0 u0 u1 u1
+  const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                   _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  // ((u >> 6) & 0x03030303) << 4 == (u >> 2) & 0x30303030
+  const __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  return _mm_or_si128(lo, hi);
+}
+
 // 4 x 32 Q6_K codes of one 128-element half (qgemv_kernels.h), unsigned (0-63).
 inline void q6_k_codes_u(const uint8_t* ql, const uint8_t* qh, __m256i q[4]) {
   const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x30);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "engine/cpu_device.h"
@@ -225,6 +226,68 @@ TEST(Qgemm, EqualsQgemvRowByRowBitForBit) {
   EXPECT_THROW(qgemm(static_cast<uint32_t>(TensorType::Q4_K), nullptr, 32, 0, 1, x.data(), 2, y.data(), 1), std::exception);
   EXPECT_THROW(qgemm(static_cast<uint32_t>(TensorType::Q4_0), nullptr, 32, 0, 1, x.data(), -1, y.data(), 1), std::exception);
   qgemm(static_cast<uint32_t>(TensorType::Q4_0), nullptr, 32, 0, 0, x.data(), 0, y.data(), 1);  // nothing to do
+}
+
+// An input prepared for K-quants only (no per-32 rows) gives Q4_K and Q6_K the same products
+// bit for bit as a full one, at every ISA; any other type over it is refused.
+TEST(Qgemm, KQuantOnlyInputEqualsFullInputBitForBit) {
+  std::mt19937 rng(17);
+  const int rows = 37, cols = 768, n = 3;
+  Restore restore;
+  set_qdot_mode(QdotMode::Int8);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(n) * cols);
+  for (auto& v : x) v = nd(rng);
+  QgemmInput full, k_only;
+  full.prepare(x.data(), n, cols);
+  k_only.prepare(x.data(), n, cols, true);
+  for (TensorType type : {TensorType::Q4_K, TensorType::Q6_K}) {
+    const uint32_t ty = static_cast<uint32_t>(type);
+    const std::vector<uint8_t> w = random_blocks(type, rows, cols, rng);
+    for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
+      if (!simd_level_supported(level)) continue;
+      set_simd_level(level);
+      SCOPED_TRACE(tensor_type_name(ty) + " " + qdot_isa());
+      std::vector<float> want(static_cast<size_t>(n) * rows), got(want.size(), 1.0f);
+      qgemm(ty, w.data(), 0, rows, full, want.data(), rows);
+      qgemm(ty, w.data(), 0, rows, k_only, got.data(), rows);
+      ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+    }
+  }
+  const std::vector<uint8_t> w = random_blocks(TensorType::Q4_0, rows, cols, rng);
+  std::vector<float> y(static_cast<size_t>(n) * rows);
+  EXPECT_THROW(qgemm(static_cast<uint32_t>(TensorType::Q4_0), w.data(), 0, rows, k_only, y.data(), rows), tqkv::Error);
+  qgemm(static_cast<uint32_t>(TensorType::Q4_0), w.data(), 0, rows, full, y.data(), rows);
+}
+
+// The per-256 activation quantization at SimdLevel::Avx512 equals the scalar pass bit for bit:
+// normal rows, rows with zeros, a huge and a tiny super-block, signed zeros, inf and NaN.
+TEST(Qgemm, Per256QuantizationEqualsScalarOnEveryIsa) {
+  if (!simd_level_supported(SimdLevel::Avx512)) GTEST_SKIP() << "no AVX-512 here";
+  std::mt19937 rng(5);
+  const int n = 3, cols = 2048;
+  Restore restore;
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(n) * cols);
+  for (auto& v : x) v = nd(rng);
+  for (int e = 0; e < 256; ++e) x[256 + e] = e % 5 == 0 ? 0.0f : (e % 7 == 0 ? -0.0f : x[256 + e]);
+  for (int e = 0; e < 256; ++e) x[512 + e] = 0.0f;
+  for (int e = 0; e < 256; ++e) x[768 + e] *= 1e30f;
+  for (int e = 0; e < 256; ++e) x[1024 + e] *= 1e-38f;  // denormal steps
+  x[1280 + 7] = std::numeric_limits<float>::infinity();
+  x[1536 + 200] = std::nanf("");
+  x[1792 + 3] = -std::numeric_limits<float>::infinity();
+  for (int e = 0; e < 32; ++e) x[cols + 64 + e] *= 100.0f;  // a loud sub-block
+  detail::QdotBuffers want, got;
+  set_simd_level(SimdLevel::Scalar);
+  detail::quantize_rows(x.data(), n, cols, want);
+  set_simd_level(SimdLevel::Avx512);
+  detail::quantize_rows(x.data(), n, cols, got);
+  ASSERT_EQ(want.xk, got.xk);
+  ASSERT_EQ(want.xkb, got.xkb);
+  ASSERT_EQ(want.xku, got.xku);
+  ASSERT_EQ(want.xkd.size(), got.xkd.size());
+  ASSERT_EQ(std::memcmp(want.xkd.data(), got.xkd.data(), want.xkd.size() * sizeof(float)), 0);
 }
 
 // The CPU device holds a qgemv type's blocks only: one token goes through qgemv, a batch
