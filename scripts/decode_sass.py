@@ -2,7 +2,7 @@
 """Static instruction counts of the decode kernel's tile loop, from its SASS (the limit model
 of docs/RESULTS.md, "Decode: a model of the limit").
 
-    scripts/decode_sass.py [--nvcc nvcc] [--dims 64,128] [--formats a,b] [--keep DIR] [--define TQKV_DECODE_V1]
+    scripts/decode_sass.py [--nvcc nvcc] [--dims 64,128] [--formats a,b] [--keep DIR] [--define MACRO]
 
 Compiles the decode kernel of the benchmark's formats (decode_kernel.cuh, sm_90) into one cubin,
 disassembles it (cuobjdump -sass) and, per kernel, finds the tile loop (the backward branch
@@ -173,7 +173,7 @@ def main():
     ap.add_argument("--formats", default="", help="comma-separated subset of FORMATS' names")
     ap.add_argument("--cuobjdump", default="cuobjdump")
     ap.add_argument("--define", action="append", default=[],
-                    help="a macro for the kernel's compile, e.g. TQKV_DECODE_V1 (the previous tile loop)")
+                    help="a macro for the kernel's compile (to compare a variant of the tile loop)")
     args = ap.parse_args()
     dims = [int(x) for x in args.dims.split(",")]
     tmp = args.keep or tempfile.mkdtemp()

@@ -79,13 +79,8 @@ __host__ __device__ constexpr int vlut_entries(int vk) {
 //    memory, a cost d = 64's small stages can afford), so a lookup's address is one PRMT (the
 //    code byte over the lane's offset) instead of a shift and a LOP3. TQKV_DECODE_KEY_LUT=128|256.
 constexpr int kVaValueSmem = 1, kVaKey256 = 2;
-#if defined(TQKV_DECODE_V1)
-__host__ __device__ constexpr bool vreg_lut(int) { return false; }
-__host__ __device__ constexpr bool key256_ok(int, int) { return false; }
-#else
 __host__ __device__ constexpr bool vreg_lut(int vk) { return is_vmse(vk) && vbits_of(vk) >= 2 && vbits_of(vk) <= 3; }
 __host__ __device__ constexpr bool key256_ok(int d, int kk) { return d == 64 && is_kmse(kk) && kbits_of(kk) == 4; }
-#endif
 __host__ __device__ constexpr int va_default(int d, int kk, int /*vk: every value width uses the table*/) {
   return kVaValueSmem | (key256_ok(d, kk) ? kVaKey256 : 0);
 }
@@ -94,13 +89,9 @@ __host__ __device__ constexpr int va_default(int d, int kk, int /*vk: every valu
 // get_codebook(law, head_dim, bits); run_decode checks the levels agree), so their lookup tables
 // are one: a second copy costs shared memory the ring needs (tq-k4v4: 32 KiB, two stages of four
 // at d = 128).
-#if defined(TQKV_DECODE_V1)
-__host__ __device__ constexpr bool shared_lut(int, int) { return false; }
-#else
 __host__ __device__ constexpr bool shared_lut(int kk, int vk) {
   return is_kmse(kk) && is_vmse(vk) && kbits_of(kk) == vbits_of(vk);
 }
-#endif
 
 // What the decode kernel needs of CodecTables (1 KiB of kernel parameters, not 4).
 struct DecodeTables {
@@ -196,11 +187,7 @@ __device__ __forceinline__ uint32_t field_x128(const uint32_t (&w)[NW], int off,
   const int i = off >> 5, sh = off & 31;
   uint32_t v;
   if (sh + n <= 32) v = sh >= 7 ? w[i] >> (sh - 7) : w[i] << (7 - sh);
-#if defined(TQKV_DECODE_V1)
-  else v = __funnelshift_r(w[i], w[i + 1], sh) << 7;
-#else
   else v = __funnelshift_r(w[i], w[i + 1], sh - 7);  // a straddling field has sh > 32 - n >= 24
-#endif
   return v & (((1u << n) - 1u) << 7);
 }
 
@@ -255,37 +242,13 @@ __device__ __forceinline__ void load_chunk(uint32_t (&w)[(BYTES + 3) / 4], const
   }
 }
 
-// Reads BYTES bytes at base + off from shared memory (base 4-byte aligned). A chunk that is not
-// word-aligned and takes more than one narrow load (3-bit codes: 6 bytes at d = 128, 3 at d = 64)
-// is read as the aligned words that cover it, funnel-shifted into place: two LDS.32 and two SHF
-// for 6 bytes instead of three LDS.U16 and their shifts and ORs (the shift comes from `off`
-// alone, so it stays the same from tile to tile). The bits above BYTES then hold the
-// neighbouring codes; every reader masks its fields.
-template <int BYTES>
-__device__ __forceinline__ void load_chunk_smem(uint32_t (&w)[(BYTES + 3) / 4], const uint8_t* base, int off) {
-  constexpr int A = (BYTES & -BYTES) >= 4 ? 4 : (BYTES & -BYTES);
-  if constexpr (A < 4 && BYTES > A) {
-    constexpr int NW = (BYTES + 3) / 4, NX = (BYTES + (4 - A) + 3) / 4;
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(base + (off & ~3));
-    const uint32_t sh = static_cast<uint32_t>(off & 3) * 8u;
-    uint32_t x[NX + 1];
-#pragma unroll
-    for (int i = 0; i < NX; ++i) x[i] = q[i];
-    x[NX] = 0u;
-#pragma unroll
-    for (int i = 0; i < NW; ++i) w[i] = __funnelshift_r(x[i], x[i + 1], sh);
-  } else {
-    load_chunk<BYTES, false>(w, base + off);
-  }
-}
-
 __device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t two) {
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
   return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
 }
 
 // Shared-memory wavefronts a warp needs to read its value chunks of one tile from a stage whose
-// value rows are `row` bytes apart (read_stage: thread (g, c) reads VCH bytes at column g * VCH
+// value rows are `row` bytes apart (read_stage_at: thread (g, c) reads VCH bytes at column g * VCH
 // of rows 2c, 2c+1, 2c+8, 2c+9), counting only chunks that are not word multiples (the words
 // covering each chunk, one load per word index); 0 for the others.
 __host__ __device__ constexpr int value_read_wavefronts(int row, int vch) {
@@ -357,13 +320,9 @@ struct Traits {
   // issue_page16 applies: 16-byte value pieces. Where every 32 pieces hold whole rows, a lane's
   // pieces lie at compile-time distances from its first one; otherwise (3-bit values: rows of 3
   // pieces) the lane keeps the stage offset of each of its NVK pieces.
-#if defined(TQKV_DECODE_V1)
-  static constexpr bool PAGE16 = PV == 16;
-#else
   // Also 8-byte value pieces (3- and 5-bit values at d = 64: rows of 3 or 5 pieces), which
   // otherwise take issue_tile's per-lane divisions and 64-bit adds (~40 instructions a tile).
   static constexpr bool PAGE16 = PV >= 8;
-#endif
   static constexpr int VPR = PAGE16 && VCB >= PV ? VCB / PV : 1;  // value pieces per row
   static constexpr int NVK = 32 % VPR == 0 ? 1 : (16 * VPR + 31) / 32;
   static constexpr int KM_OFF = 0, VS_OFF = KMB ? 32 : 0, VZ_OFF = VS_OFF + 32;
@@ -515,36 +474,12 @@ __device__ __forceinline__ void issue_page16(const uint8_t* src, uint32_t st, co
   if (lane < 2 * T::M_PLANES) cp_async<16>(dst_k + T::KPL + T::VPL, src + 16 * (T::KCB + T::VCB));
 }
 
-// Reads this thread's fragments of a tile from a ring stage (same roles as load_tile).
-template <int D, int KK, int VK>
-__device__ __forceinline__ void read_stage(Raw<D, KK, VK>& r, const uint8_t* st, int g, int c) {
-  using T = Traits<D, KK, VK>;
-  load_chunk_smem<T::KCH>(r.k[0], st, g * T::KCB + c * T::KCH);
-  load_chunk_smem<T::KCH>(r.k[1], st, (8 + g) * T::KCB + c * T::KCH);
-  const int toks[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) load_chunk_smem<T::VCH>(r.v[i], st, T::KPL + toks[i] * T::VROW + g * T::VCH);
-  const unsigned short* m = reinterpret_cast<const unsigned short*>(st + T::KPL + T::VPL);
-  if constexpr (T::KMB) {
-    r.kn[0] = m[T::KM_OFF / 2 + g];
-    r.kn[1] = m[T::KM_OFF / 2 + 8 + g];
-  }
-  if constexpr (is_uniform(VK) || is_vmse(VK)) {
-    r.vs[0] = m[T::VS_OFF / 2 + g];
-    r.vs[1] = m[T::VS_OFF / 2 + 8 + g];
-  }
-  if constexpr (is_uniform(VK)) {
-    r.vz[0] = m[T::VZ_OFF / 2 + g];
-    r.vz[1] = m[T::VZ_OFF / 2 + 8 + g];
-  }
-}
-
-// read_stage with its per-thread offsets computed once: a thread's chunks lie at the same offsets
-// in every stage, but read_stage derives them (and, for chunks that are not word-aligned, their
-// word addresses and funnel shifts) from g, c and the stage index, and the compiler recomputes
-// that from the lane id every tile (about 30 instructions a tile at d = 64). StageReads holds
-// them relative to the shared-memory base, hidden from the compiler (an empty asm) so that they
-// stay in registers; a tile then costs one add per chunk group.
+// The per-thread offsets of a tile's fragments in a ring stage (read_stage_at), computed once: a
+// thread's chunks lie at the same offsets in every stage, and derived from g, c and the stage
+// index the compiler would recompute them (and, for chunks that are not word-aligned, their word
+// addresses and funnel shifts) from the lane id every tile (about 30 instructions a tile at
+// d = 64). StageReads holds them relative to the shared-memory base, hidden from the compiler
+// (an empty asm) so that they stay in registers; a tile then costs one add per chunk group.
 struct StageReads {
   uint32_t k, ksh;  // key chunk of token g (token 8+g at + 8 KCB): word-aligned offset, funnel shift
   uint32_t v, vsh;  // value chunk of token 2c (2c+1, 2c+8, 2c+9 at + VROW, 8 VROW, 9 VROW)
@@ -576,7 +511,11 @@ __device__ __forceinline__ StageReads stage_reads(uint32_t ring, int g, int c) {
   return s;
 }
 
-// BYTES bytes at p (load_chunk_smem's funnel case: p is the covering words' address, sh the shift).
+// Reads BYTES bytes of shared memory. A chunk that is not word-aligned and takes more than one
+// narrow load (3-bit codes: 6 bytes at d = 128, 3 at d = 64) is read as the aligned words that
+// cover it (p, 4-byte aligned), funnel-shifted by sh into place: two LDS.32 and two SHF for 6
+// bytes instead of three LDS.U16 and their shifts and ORs. The bits above BYTES then hold the
+// neighbouring codes; every reader masks its fields. Other chunks: at p, sh unused.
 template <int BYTES>
 __device__ __forceinline__ void load_chunk_at(uint32_t (&w)[(BYTES + 3) / 4], const uint8_t* p, uint32_t sh) {
   if constexpr (funnel_chunk<BYTES>()) {
@@ -593,7 +532,8 @@ __device__ __forceinline__ void load_chunk_at(uint32_t (&w)[(BYTES + 3) / 4], co
   }
 }
 
-// read_stage of the stage at byte offset `so` from the warp's ring (sb: the shared-memory base).
+// Reads this thread's fragments of a tile (the same roles as load_tile) from the stage at byte
+// offset `so` from the warp's ring (sb: the shared-memory base).
 template <int D, int KK, int VK>
 __device__ __forceinline__ void read_stage_at(Raw<D, KK, VK>& r, const uint8_t* sb, uint32_t so, const StageReads& sr) {
   using T = Traits<D, KK, VK>;
@@ -714,7 +654,6 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
     const uint32_t x = pair_fields<B>(w0, w1, m);
     a_lo = (x & static_cast<uint32_t>(M | M << 16)) | h1024;
     a_hi = (x & static_cast<uint32_t>(M << B | M << (16 + B))) | h1024;
-#if !defined(TQKV_DECODE_V1)
   } else if constexpr ((is_vmse(VK) || is_uniform(VK)) && !pair_lut(vbits_of(VK))) {
     // Codes wider than 4 bits (one level per table entry, in its low half): each register is
     // the two tokens' levels of one dim, so one PRMT per register, not a PRMT per token's pair
@@ -724,7 +663,6 @@ __device__ __forceinline__ void value_frag(const uint32_t (&w0)[Traits<D, KK, VK
                        0x5410);
     a_hi = __byte_perm(lut_ld(vlut, field_x128(w0, 2 * B * m + B, B), lane4),
                        lut_ld(vlut, field_x128(w1, 2 * B * m + B, B), lane4), 0x5410);
-#endif
   } else {
     const uint32_t p0 = value_pair<D, KK, VK, K256>(w0, m, vlut, lane4), p1 = value_pair<D, KK, VK, K256>(w1, m, vlut, lane4);
     a_lo = __byte_perm(p0, p1, 0x5410);
@@ -1076,16 +1014,12 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   float m_run0 = -INFINITY, m_run1 = -INFINITY, l_run0 = 0.0f, l_run1 = 0.0f, z_run0 = 0.0f, z_run1 = 0.0f;
   [[maybe_unused]] float s1_run0 = 0.0f, s1_run1 = 0.0f;  // is_direct: running sum of P (see value_frag)
 
-#if defined(TQKV_DECODE_V1)
-  constexpr bool kPair = false;  // the previous loop only (kept to compare on the device)
-#else
   // d = 64: one online-softmax step per two tiles (32 tokens). A d = 64 tile has half the MMAs of
   // a d = 128 one but the same softmax (tile max shuffles, alphas, the rescale vote), so the pair
   // shares one max, one pair of alphas and one vote, and its two key products and lookups are
   // independent work in flight together. (At d = 128 the second tile's registers would spill at
   // two CTAs per SM.)
   constexpr bool kPair = T::ASYNC && D == 64;
-#endif
   if constexpr (kPair) {
     // The steps of a tile. next_stage: the ring step (issue the tile NST - 1 ahead, wait for
     // `tile`'s stage, read it into r).
@@ -1232,13 +1166,11 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
       pv(r[1], pb[1][0], pb[1][1]);
     }
   } else {
-    // One softmax step per tile: the previous loop, kept as it was (the same steps as the pair
-    // loop's lambdas; written through them, ptxas emitted 4 more instructions per tile for the
-    // uniform-value formats at d = 128), but for read_stage_at.
-#if !defined(TQKV_DECODE_V1)
+    // One softmax step per tile (d = 128 and 256, the 16-bit formats): the same steps as the pair
+    // loop's lambdas, written out (through them, ptxas emitted 4 more instructions per tile for
+    // the uniform-value formats at d = 128).
     [[maybe_unused]] const StageReads sr128 =
         stage_reads<D, KK, VK>(static_cast<uint32_t>(ring - reinterpret_cast<const uint8_t*>(smem)), g, c);
-#endif
     // Two tiles per iteration for the ring-fed formats: fewer loop and ring-bookkeeping instructions
     // (no spills at 128 registers); the 16-bit formats hold a whole tile in registers.
     constexpr int kUnroll = T::ASYNC ? 2 : 1;
@@ -1249,11 +1181,7 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
         cp_async_commit();
         cp_async_wait<T::NST - 1>();
         __syncwarp();
-#if defined(TQKV_DECODE_V1)
-        read_stage(cur, ring + rd * T::STAGE, g, c);
-#else
         read_stage_at(cur, reinterpret_cast<const uint8_t*>(smem), rd * T::STAGE, sr128);
-#endif
         __syncwarp();  // the stage may be refilled from the next iteration on
         rd = rd + 1 == T::NST ? 0 : rd + 1;
         wr = wr + 1 == T::NST ? 0 : wr + 1;
