@@ -40,7 +40,7 @@ struct CodecTables {
 
 // A format at one head dimension. head_dim is 64, 128 or 256 (power-of-two rotations only).
 // Mse keys and values and Uniform values take 1..8-bit codes; every format stores and
-// dequantizes; decode_supported() says which pairs have a split-KV decode kernel (decode_pairs.h).
+// dequantizes; decode_supported() says which pairs have a compiled split-KV decode kernel.
 class CacheCodec {
  public:
   CacheCodec(const Format& format, int head_dim, uint64_t seed = kDefaultSeed);
@@ -50,7 +50,8 @@ class CacheCodec {
   size_t slot_bytes() const { return format_.slot_bytes(head_dim_); }
   const CodecTables& tables() const { return tables_; }
   // True where run_decode has a kernel for this format's key/value pair at this head_dim
-  // (src/cuda/decode_pairs.h: the named formats but f32, the recipes' pairs, the wq<B> windows);
+  // (src/cuda/decode_pairs.cmake generates them: the named formats but f32 at every head dim,
+  // the recipes' pairs and wq<B> windows at the recipes' head dims);
   // other formats attend through dequantize + a tiled kernel (engine::CudaKvCache).
   bool decode_supported() const;
 
@@ -197,7 +198,7 @@ struct FusedDecodeOptions {
   int main_tiles_per_warp = 0;
 };
 // True where a fused kernel exists for the middle's and the window's pairs at this head dim
-// (src/cuda/decode_pairs.h); window null: no window part.
+// (src/cuda/decode_pairs.cmake: the recipes' pairs with their windows); window null: no window part.
 bool fused_decode_supported(const CacheCodec& main, const CacheCodec* window);
 FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n_q_heads,
                                   const FusedDecodeOptions& options = {});

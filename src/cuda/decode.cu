@@ -1,5 +1,6 @@
 // Split-KV decode attention on the compressed paged cache: the host side (plan, workspace,
-// launch). The kernel and how it works: decode_kernel.cuh; its instantiations: decode_d*.cu.
+// launch). The kernel and how it works: decode_kernel.cuh; its instantiations: the units
+// src/cuda/decode_pairs.cmake generates (listed in the generated decode_pairs.h).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -7,10 +8,39 @@
 #include <string>
 
 #include "decode_kernel.cuh"
+#include "decode_pairs.h"
 
 namespace tqkv::cuda {
 namespace detail {
+
+// Instantiated in the generated units, not here.
+#define TQKV_EXTERN_PAIR(D, K, V) extern template Kernel make_kernel<D, K, V>();
+#define TQKV_EXTERN_QUAD(D, K, V, WK, WV) extern template FusedKernel make_fused_kernel<D, K, V, WK, WV>();
+TQKV_DECODE_PAIRS(TQKV_EXTERN_PAIR)
+TQKV_FUSED_QUADS(TQKV_EXTERN_QUAD)
+#undef TQKV_EXTERN_PAIR
+#undef TQKV_EXTERN_QUAD
+
 namespace {
+
+// The compiled kernel of head dim d for key kind kk and value kind vk, or {}.
+Kernel pick_kernel(int d, int kk, int vk) {
+#define TQKV_PICK_PAIR(D, K, V) \
+  if (d == (D) && kk == (K) && vk == (V)) return make_kernel<D, K, V>();
+  TQKV_DECODE_PAIRS(TQKV_PICK_PAIR)
+#undef TQKV_PICK_PAIR
+  return Kernel{};
+}
+
+// The compiled fused kernel of head dim d for the middle's kinds (kk, vk) and the window's
+// (wk, wv), or {} (the sinks are f16).
+FusedKernel pick_fused_kernel(int d, int kk, int vk, int wk, int wv) {
+#define TQKV_PICK_QUAD(D, K, V, WK, WV) \
+  if (d == (D) && kk == (K) && vk == (V) && wk == (WK) && wv == (WV)) return make_fused_kernel<D, K, V, WK, WV>();
+  TQKV_FUSED_QUADS(TQKV_PICK_QUAD)
+#undef TQKV_PICK_QUAD
+  return FusedKernel{};
+}
 
 // The decode kernel's kinds of a format's keys and values (decode_kernel.cuh), -1 for none.
 int kind_of_key(const Format& f) {
@@ -37,16 +67,14 @@ int kind_of_value(const Format& f) {
 Kernel find_kernel(const CacheCodec& codec) {
   const int kk = kind_of_key(codec.format()), vk = kind_of_value(codec.format());
   if (kk < 0 || vk < 0) return Kernel{};
-  switch (codec.head_dim()) {
-    case 64: return pick_kernel<64>(kk, vk);
-    case 128: return pick_kernel<128>(kk, vk);
-    default: return pick_kernel<256>(kk, vk);
-  }
+  return pick_kernel(codec.head_dim(), kk, vk);
 }
 
 Kernel pick(const CacheCodec& codec) {
   const Kernel k = find_kernel(codec);
-  if (!k.fn) throw_arg("decode: no kernel for format " + codec.format().name() + " (src/cuda/decode_pairs.h)");
+  if (!k.fn)
+    throw_arg("decode: no compiled kernel for format " + codec.format().name() + " at head_dim " +
+              std::to_string(codec.head_dim()) + " (src/cuda/decode_pairs.cmake)");
   return k;
 }
 
@@ -199,11 +227,7 @@ FusedKernel find_fused_kernel(const CacheCodec& main, const CacheCodec* window) 
   const int kk = kind_of_key(main.format()), vk = kind_of_value(main.format());
   const int wk = window ? kind_of_key(window->format()) : K_F16, wv = window ? kind_of_value(window->format()) : V_F16;
   if (kk < 0 || vk < 0 || wk < 0 || wv < 0 || (window && window->head_dim() != main.head_dim())) return FusedKernel{};
-  switch (main.head_dim()) {
-    case 64: return pick_fused_kernel<64>(kk, vk, wk, wv);
-    case 128: return pick_fused_kernel<128>(kk, vk, wk, wv);
-    default: return FusedKernel{};
-  }
+  return pick_fused_kernel(main.head_dim(), kk, vk, wk, wv);
 }
 
 }  // namespace
@@ -325,7 +349,7 @@ detail::FusedKernel fused_kernel(const DecodePart (&parts)[3]) {
   if (!k.fn)
     detail::throw_arg("fused decode: no kernel for " + parts[kFusedMain].codec->format().name() + " with window " +
                       (parts[kFusedWindow].codec ? parts[kFusedWindow].codec->format().name() : std::string("f16")) +
-                      " (src/cuda/decode_pairs.h)");
+                      " (src/cuda/decode_pairs.cmake)");
   return k;
 }
 

@@ -25,8 +25,9 @@
 // each writes its partial to the workspace and the last to finish (a counter per (sequence, kv
 // head), reset by that CTA) merges them. Either way the grid is fixed by the plan.
 //
-// This header holds the kernel template, instantiated per head dim for the key/value pairs of
-// decode_pairs.h (decode_d64.cu, decode_d128.cu, decode_d256.cu); decode.cu plans and launches.
+// This header holds the kernel template, instantiated for the pairs and head dims that
+// src/cuda/decode_pairs.cmake generates (from the recipes and the named formats); decode.cu plans
+// and launches.
 #pragma once
 #include <cooperative_groups.h>
 
@@ -1672,24 +1673,5 @@ FusedKernel make_fused_kernel() {
   using F = FusedTraits<D, KK, VK, WK, WV>;
   return FusedKernel{&fused_decode_kernel<D, KK, VK, WK, WV>, F::SMEM, F::W};
 }
-
-// The kernel of head dim D for key kind kk and value kind vk, or {} (decode_d<D>.cu).
-template <int D>
-Kernel pick_kernel(int kk, int vk);
-template <>
-Kernel pick_kernel<64>(int kk, int vk);
-template <>
-Kernel pick_kernel<128>(int kk, int vk);
-template <>
-Kernel pick_kernel<256>(int kk, int vk);
-
-// The fused kernel of head dim D for the middle's kinds (kk, vk) and the window's (wk, wv), or {}
-// (decode_fused_d<D>.cu; the sinks are f16).
-template <int D>
-FusedKernel pick_fused_kernel(int kk, int vk, int wk, int wv);
-template <>
-FusedKernel pick_fused_kernel<64>(int kk, int vk, int wk, int wv);
-template <>
-FusedKernel pick_fused_kernel<128>(int kk, int vk, int wk, int wv);
 
 }  // namespace tqkv::cuda::detail
