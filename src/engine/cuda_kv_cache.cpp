@@ -42,12 +42,20 @@ constexpr int kCopyStepTokens = 512;
 // TQKV_PREFILL_ROWS_FROM moves the crossover for another model or GPU.
 constexpr int64_t kPrefillRowsFrom = 0;
 
+size_t pool_bytes(const Format& f, int head_dim, int n_kv_heads, int blocks) {
+  return static_cast<size_t>(blocks) *
+         page_geometry(f, head_dim, CudaKvCache::kBlockSize, n_kv_heads, cuda::PageLayout::Page).page_bytes();
+}
+
 uint8_t* alloc_pool(const Format& f, int head_dim, int n_kv_heads, int blocks) {
-  const size_t bytes = static_cast<size_t>(blocks) * page_geometry(f, head_dim, CudaKvCache::kBlockSize, n_kv_heads,
-                                                                    cuda::PageLayout::Page).page_bytes();
   uint8_t* p = nullptr;
-  ck(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(bytes, 1)), "allocating a page pool");
+  ck(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(pool_bytes(f, head_dim, n_kv_heads, blocks), 1)),
+     "allocating a page pool");
   return p;
+}
+
+void zero_pool(const Format& f, int head_dim, const cuda::PagedKv& kv) {
+  ck(cudaMemset(kv.pages, 0, pool_bytes(f, head_dim, kv.n_kv_heads, kv.num_blocks)), "clearing a page pool");
 }
 
 }  // namespace
@@ -111,12 +119,20 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
         const Format wf = spec.window_format ? *spec.window_format : find_format("f16");
         L.window_codec.emplace(wf, m.head_dim);
         L.sink_codec.emplace(find_format("f16"), m.head_dim);
-        if (!L.decode || !L.window_codec->decode_supported())
-          not_yet("attention sinks or a recent window for layer " + std::to_string(l) + "'s format " + f.name() +
-                  " or the window format " + wf.name() + " (no decode kernel: src/cuda/decode_pairs.h)");
+        // A pair without a compiled kernel reads an f16 conversion of its pool (Layer::generic);
+        // sides without any decode kernel (1-bit codes, f32) are refused.
+        L.generic = !L.decode;
+        L.generic_window = window_ > 0 && !L.window_codec->decode_supported();
+        for (const Format* g : {&f, &wf})
+          if (g->key == KeyCodec::F32 || g->value == ValueCodec::F32 ||
+              (g->key == KeyCodec::Mse && g->key_bits < 2) ||
+              ((g->value == ValueCodec::Mse || g->value == ValueCodec::Uniform) && g->value_bits < 2))
+            not_yet("attention sinks or a recent window for layer " + std::to_string(l) + "'s format " + f.name() +
+                    " or the window format " + wf.name() + " (no decode kernel for 1-bit codes or f32)");
         L.window_kv = cuda::PagedKv{nullptr, ring_blocks_ * shape.max_seqs, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
         L.sink_kv = cuda::PagedKv{nullptr, sink_blocks_ * shape.max_seqs, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
-        L.fused = fused_ && cuda::fused_decode_supported(*codec, window_ > 0 ? &*L.window_codec : nullptr);
+        L.fused = fused_ && !L.generic && !L.generic_window &&
+                  cuda::fused_decode_supported(*codec, window_ > 0 ? &*L.window_codec : nullptr);
       }
       layers_.push_back(L);
       Layer& P = layers_.back();  // pools allocated once the layer is listed (freed on a throw below)
@@ -125,6 +141,22 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
         P.window_kv.pages = alloc_pool(P.window_codec->format(), m.head_dim, m.n_kv_heads, P.window_kv.num_blocks);
       if (P.sink_codec && sinks_ > 0)
         P.sink_kv.pages = alloc_pool(P.sink_codec->format(), m.head_dim, m.n_kv_heads, P.sink_kv.num_blocks);
+      // The generic path converts whole blocks: slots never written must decode to finite values
+      // (zero codes and norms decode to 0).
+      if (P.generic) zero_pool(P.codec.format(), m.head_dim, P.kv);
+      if (P.generic_window) zero_pool(P.window_codec->format(), m.head_dim, P.window_kv);
+      if ((P.generic || P.generic_window) && !shadow_codec_) {
+        const Format& f16 = find_format("f16");
+        shadow_codec_.emplace(f16, m.head_dim);
+        shadow_kv_ = cuda::PagedKv{nullptr, num_blocks, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
+        shadow_kv_.pages = alloc_pool(f16, m.head_dim, m.n_kv_heads, num_blocks);
+        zero_pool(f16, m.head_dim, shadow_kv_);
+        if (window_ > 0) {
+          shadow_ring_kv_ = P.window_kv;
+          shadow_ring_kv_.pages = alloc_pool(f16, m.head_dim, m.n_kv_heads, P.window_kv.num_blocks);
+          zero_pool(f16, m.head_dim, shadow_ring_kv_);
+        }
+      }
     }
     if (centring_.active()) {
       const size_t per_layer = static_cast<size_t>(m.n_kv_heads) * m.head_dim, total = per_layer * m.n_layers;
@@ -139,6 +171,8 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
       cudaFree(L.window_kv.pages);
       cudaFree(L.sink_kv.pages);
     }
+    cudaFree(shadow_kv_.pages);
+    cudaFree(shadow_ring_kv_.pages);
     cudaFree(mean_);
     cudaFree(scale_);
     throw;
@@ -162,6 +196,9 @@ CudaKvCache::~CudaKvCache() {
   }
   graphs_.clear();
   step_acts_.clear();
+  cudaFree(shadow_kv_.pages);
+  cudaFree(shadow_ring_kv_.pages);
+  cudaFree(conv_);
   for (cudaStream_t side : side_)
     if (side) {
       cudaStreamSynchronize(side);
@@ -356,12 +393,73 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   sink_slots_ = step_slots_ + 2 * static_cast<size_t>(n);
   for (const Batch::Run& r : step_.runs)
     if (r.seq != kPadSeq) seqs_.at(r.seq).len = r.pos0 + r.count;
+  if (shadow_codec_) {  // the generic path's blocks to convert (graphs are off: no bucket here)
+    std::vector<int32_t> blocks, ring;
+    for (const Batch::Run& r : step_.runs) {
+      if (r.seq == kPadSeq) continue;
+      const Sequence& s = seqs_.at(r.seq);
+      blocks.insert(blocks.end(), s.blocks.begin(), s.blocks.end());
+      for (int b = 0; b < R; ++b) ring.push_back(s.slot * R + b);
+    }
+    conv_n_ = static_cast<int>(blocks.size());
+    conv_ring_n_ = static_cast<int>(ring.size());
+    const size_t n_ints = (blocks.size() + ring.size() + 1) & ~size_t{1};  // the slots 8-byte aligned
+    std::vector<int64_t> conv(n_ints / 2 + (blocks.size() + ring.size()) * kBlockSize);
+    auto* ints = reinterpret_cast<int32_t*>(conv.data());
+    std::copy(blocks.begin(), blocks.end(), ints);
+    std::copy(ring.begin(), ring.end(), ints + blocks.size());
+    int64_t* slot = conv.data() + n_ints / 2;
+    for (const std::vector<int32_t>* list : {&blocks, &ring})
+      for (int32_t b : *list)
+        for (int i = 0; i < kBlockSize; ++i) *slot++ = static_cast<int64_t>(b) * kBlockSize + i;
+    void* buf = grow(conv_, conv_bytes_, conv.size() * sizeof(int64_t));
+    ck(cudaMemcpyAsync(buf, conv.data(), conv.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
+       "uploading the blocks to convert");
+    conv_blocks_ = static_cast<int32_t*>(buf);
+    conv_ring_blocks_ = conv_blocks_ + blocks.size();
+    conv_slots_ = static_cast<int64_t*>(buf) + n_ints / 2;
+    conv_ring_slots_ = conv_slots_ + blocks.size() * kBlockSize;
+  }
+}
+
+cuda::StoreArgs CudaKvCache::store_args(const void* k, const void* v, const int64_t* slots, int n_tokens) const {
+  cuda::StoreArgs sa;
+  sa.k = k;
+  sa.v = v;
+  sa.dtype = cuda::DType::F32;
+  sa.slot_mapping = slots;
+  sa.n_tokens = n_tokens;
+  sa.split_kv = store_split_kv_;
+  return sa;
+}
+
+void CudaKvCache::dequantize_to_workspace(const cuda::CacheCodec& codec, const cuda::PagedKv& kv,
+                                          const int32_t* table, int n_tokens, cuda::DType dtype) {
+  const ModelConfig& m = spec().model;
+  const size_t bytes =
+      static_cast<size_t>(n_tokens) * m.n_kv_heads * m.head_dim * (dtype == cuda::DType::F32 ? sizeof(float) : 2);
+  cuda::DequantArgs dq;
+  dq.block_table = table;
+  dq.start = 0;
+  dq.n_tokens = n_tokens;
+  dq.k_out = grow(kws_, kws_bytes_, bytes);
+  dq.v_out = grow(vws_, vws_bytes_, bytes);
+  dq.out_dtype = dtype;
+  cuda::dequantize(codec, kv, dq, stream_);
+}
+
+void CudaKvCache::to_f16(const cuda::CacheCodec& codec, const cuda::PagedKv& from, const cuda::PagedKv& to,
+                         const int32_t* blocks, const int64_t* slots, int n_blocks) {
+  if (n_blocks == 0) return;
+  const int n_tokens = n_blocks * kBlockSize;
+  dequantize_to_workspace(codec, from, blocks, n_tokens, cuda::DType::F32);
+  cuda::store(*shadow_codec_, to, store_args(kws_, vws_, slots, n_tokens), stream_);
 }
 
 bool CudaKvCache::graphs_supported() const {
   if (key_hook()) return false;  // host code between the layers
   for (size_t l = 0; l < layers_.size(); ++l)
-    if (!layers_[l].decode || spec().model.window(static_cast<int>(l)) != 0) return false;
+    if (!layers_[l].decode || layers_[l].generic_window || spec().model.window(static_cast<int>(l)) != 0) return false;
   return true;
 }
 
@@ -501,13 +599,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
                       stream_);
   if (key_hook()) key_hook()(layer, n, k, q);
   Layer& L = layers_[layer];
-  cuda::StoreArgs sa;
-  sa.k = k;
-  sa.v = v;
-  sa.dtype = cuda::DType::F32;
-  sa.slot_mapping = step_slots_;
-  sa.n_tokens = n;
-  sa.split_kv = store_split_kv_;
+  cuda::StoreArgs sa = store_args(k, v, step_slots_, n);
   const bool covered = L.window_codec.has_value();  // the layer keeps copies (same centred keys)
   if (fused_store_) {  // the compressed pages and the copies in one launch
     cuda::StoreTarget targets[cuda::kMaxStoreTargets];
@@ -531,7 +623,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
 
   const int window = m.window(layer);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const bool rows = L.decode && window == 0 && step_.n_rows > 0;
+  const bool rows = (L.decode || L.generic) && window == 0 && step_.n_rows > 0;
   if (rows) {
     const int n_dec = step_.n_rows;
     const size_t out_floats = static_cast<size_t>(n_dec) * q_row;
@@ -571,12 +663,20 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       float* lse_w = lse_main + rows_h;
       float* lse_s = lse_w + rows_h;
       if (fork) ck(cudaEventRecord(fork_, stream_), "forking the copies' decodes");
+      // The generic path: the pools without a compiled kernel, converted to f16 (Layer::generic).
+      const cuda::CacheCodec& main_codec = L.generic ? *shadow_codec_ : L.codec;
+      const cuda::CacheCodec& window_codec = L.generic_window ? *shadow_codec_ : *L.window_codec;
+      const cuda::PagedKv& main_kv = L.generic ? shadow_kv_ : L.kv;
+      const cuda::PagedKv& window_kv = L.generic_window ? shadow_ring_kv_ : L.window_kv;
+      if (L.generic) to_f16(L.codec, L.kv, shadow_kv_, conv_blocks_, conv_slots_, conv_n_);
+      if (L.generic_window)
+        to_f16(*L.window_codec, L.window_kv, shadow_ring_kv_, conv_ring_blocks_, conv_ring_slots_, conv_ring_n_);
       if (window_ > 0) {
         AttentionParams recent = ap;
         recent.min_key_pos = sinks_;
         recent.window = window_;
         if (fork) ck(cudaStreamWaitEvent(window_stream, fork_, 0), "forking the window's decode");
-        decode(*L.window_codec, L.window_kv, Part::Window, win_tables_, blocks_per_seq_, dec_lens_, window_plan_len(),
+        decode(window_codec, window_kv, Part::Window, win_tables_, blocks_per_seq_, dec_lens_, window_plan_len(),
                recent, q_in, part_w, lse_w, window_stream);
         if (fork) ck(cudaEventRecord(join_[0], window_stream), "joining the window's decode");
       }
@@ -589,8 +689,8 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       AttentionParams older = ap;
       older.min_key_pos = sinks_;
       older.exclude_recent = window_;
-      decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, older, q_in, o, lse_main,
-             stream_);
+      decode(main_codec, main_kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, older, q_in, o,
+             lse_main, stream_);
       if (window_ > 0) {
         if (fork) ck(cudaStreamWaitEvent(stream_, join_[0], 0), "joining the window's decode");
         cuda::merge_attention(o, lse_main, part_w, lse_w, static_cast<int>(rows_h), D, stream_);
@@ -602,20 +702,12 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     }
     if (!step_.decode_contiguous) cuda::scatter_rows(o, static_cast<int>(q_row), dec_rows_, n_dec, out, stream_);
   }
-  const size_t elem = L.f32_workspace ? sizeof(float) : 2;
   for (size_t j = 0; j < step_.runs.size(); ++j) {
     const Batch::Run& r = step_.runs[j];
     if (rows && step_.as_rows[j]) continue;  // attended as decode rows
     const int n_kv = static_cast<int>(r.pos0 + r.count);
-    const size_t bytes = static_cast<size_t>(n_kv) * hkv * D * elem;
-    cuda::DequantArgs dq;
-    dq.block_table = step_tables_ + j * blocks_per_seq_;
-    dq.start = 0;
-    dq.n_tokens = n_kv;
-    dq.k_out = grow(kws_, kws_bytes_, bytes);
-    dq.v_out = grow(vws_, vws_bytes_, bytes);
-    dq.out_dtype = L.f32_workspace ? cuda::DType::F32 : cuda::DType::BF16;
-    cuda::dequantize(L.codec, L.kv, dq, stream_);
+    dequantize_to_workspace(L.codec, L.kv, step_tables_ + j * blocks_per_seq_, n_kv,
+                            L.f32_workspace ? cuda::DType::F32 : cuda::DType::BF16);
     cuda::PrefillArgs pa;
     pa.q = q + static_cast<size_t>(r.begin) * q_row;
     pa.k = kws_;

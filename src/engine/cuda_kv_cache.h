@@ -18,11 +18,13 @@
 // tokens included, 512 per step at most) then runs through the split-KV decode kernel three
 // times, over the copies of [0, S), the compressed [S, p - N] and the copies of (p - N, p], and
 // the parts merge by their log-sum-exps: in one fused launch (cuda::run_fused_decode, whose
-// last CTA per (sequence, kv head) merges every part) where decode_pairs.h lists the layer's
-// pair and window pair, else in three launches and two cuda::merge_attention (also with
-// TQKV_FUSED_DECODE=0); in a recorded step (CUDA graphs) the three launches' window and sinks
-// are forked onto two side streams, parallel branches beside the compressed one. Copies need a decode kernel for
-// the layer's format (cuda::CacheCodec::decode_supported) and no sliding-window layers.
+// last CTA per (sequence, kv head) merges every part) where a fused kernel is compiled for the
+// layer's pair and window pair (src/cuda/decode_pairs.cmake: the recipes'), else in three
+// launches and two cuda::merge_attention (also with TQKV_FUSED_DECODE=0); in a recorded step
+// (CUDA graphs) the three launches' window and sinks are forked onto two side streams, parallel
+// branches beside the compressed one. A pair without a compiled decode kernel takes the three
+// launches over an f16 conversion of its pool (Layer::generic), without graphs. Copies need no
+// sliding-window layers.
 //
 // Prefill chunks of a cache without copies take one of two paths, chosen per chunk
 // (prefill_rows(); TQKV_PREFILL_PATH=auto|tiled|rows): every query as a row of the split-KV
@@ -43,8 +45,12 @@
 // plan's length; a part with cuts spreads its splits over its own range), only slower.
 // TQKV_PLAN_BY_LEN=0 plans for the capacity, as before (before/after runs from one binary).
 //
-// Not on the GPU yet (refused at creation with tqkv::Error(InvalidArgument)): the copies for a
-// format without a decode kernel or with sliding-window layers, the CPU's Overflow check of a
+// Pairs without a compiled decode kernel (src/cuda/decode_pairs.cmake compiles the recipes' and
+// the named formats' pairs): without copies they attend through dequantize + the tiled kernel;
+// with copies their compressed middle (or the window's ring) is dequantized each step into an f16
+// pool of the same blocks and read by the f16 decode kernel, then merged with the other parts
+// (Layer::generic). Not on the GPU yet (refused at creation with tqkv::Error(InvalidArgument)):
+// 1-bit codes or f32 beside copies, copies with sliding-window layers, the CPU's Overflow check of a
 // sink element beyond the fp16 range, head dims other than 64/128/256. A sequence holds at most
 // `capacity` positions (the pool has no ring): a step past it throws Error(Capacity) in check().
 #pragma once
@@ -95,6 +101,12 @@ class CudaKvCache final : public KvCache {
     for (const Layer& L : layers_) n += L.fused;
     return n;
   }
+  // Layers whose copies read an f16 conversion of a pool without a compiled kernel (tests).
+  int generic_layers() const {
+    int n = 0;
+    for (const Layer& L : layers_) n += L.generic || L.generic_window;
+    return n;
+  }
   // Fused-decode plans made so far whose CTAs merge as a thread-block cluster (tests).
   int fused_cluster_plans() const {
     int n = 0;
@@ -136,6 +148,11 @@ class CudaKvCache final : public KvCache {
     std::optional<cuda::CacheCodec> window_codec, sink_codec;
     cuda::PagedKv window_kv, sink_kv;
     bool fused = false;  // copies attend in one fused launch (cuda::run_fused_decode)
+    // Copies beside a pair without a compiled decode kernel (src/cuda/decode_pairs.cmake): each
+    // step dequantizes the step's blocks of that pool (the compressed middle, or the window's
+    // ring) into an f16 pool of the same blocks (shadow_kv_, shadow_ring_kv_), which the f16
+    // kernel then reads like the pool itself; the parts merge as in the three launches.
+    bool generic = false, generic_window = false;
   };
   struct Sequence {
     std::vector<int32_t> blocks;
@@ -193,6 +210,15 @@ class CudaKvCache final : public KvCache {
   cuda::DecodeArgs step_args(const float* q, float* o, const AttentionParams& ap) const;
   // The sinks, the compressed middle and the window of a layer with copies in one launch into o.
   void fused_decode(const Layer& L, const AttentionParams& ap, const float* q, float* o);
+  // A store of n_tokens f32 rows k, v to `slots` (the cache's store settings).
+  cuda::StoreArgs store_args(const void* k, const void* v, const int64_t* slots, int n_tokens) const;
+  // Positions [0, n_tokens) of the pages in `table` dequantized into kws_ / vws_ (grown).
+  void dequantize_to_workspace(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, const int32_t* table,
+                               int n_tokens, cuda::DType dtype);
+  // The generic path's conversion: blocks [n_blocks] of `from` (read through `codec`) dequantized
+  // and stored in f16 into the same blocks of `to` (slots [16 n_blocks]: block * 16 + i).
+  void to_f16(const cuda::CacheCodec& codec, const cuda::PagedKv& from, const cuda::PagedKv& to, const int32_t* blocks,
+              const int64_t* slots, int n_blocks);
 
   std::shared_ptr<CUstream_st> owner_;
   cudaStream_t stream_;
@@ -265,6 +291,18 @@ class CudaKvCache final : public KvCache {
   // Plans by the step's longest sequence (plan_len) or, with TQKV_PLAN_BY_LEN=0, the capacity.
   bool plan_by_len_ = true;
   int step_plan_len_ = 0;  // this step's (prepare)
+  // The generic path (Layer::generic, generic_window): the f16 codec and pools, and the step's
+  // blocks to convert with their slots (the main pool's blocks of the step's sequences, their
+  // ring blocks), uploaded by prepare().
+  std::optional<cuda::CacheCodec> shadow_codec_;
+  cuda::PagedKv shadow_kv_{}, shadow_ring_kv_{};
+  void* conv_ = nullptr;
+  size_t conv_bytes_ = 0;
+  int32_t* conv_blocks_ = nullptr;
+  int32_t* conv_ring_blocks_ = nullptr;
+  int64_t* conv_slots_ = nullptr;
+  int64_t* conv_ring_slots_ = nullptr;
+  int conv_n_ = 0, conv_ring_n_ = 0;
   void* kws_ = nullptr;  // dequantized K, V
   size_t kws_bytes_ = 0;
   void* vws_ = nullptr;

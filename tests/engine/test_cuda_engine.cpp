@@ -495,14 +495,14 @@ void compare_cache_layers(const ModelConfig& m, const std::string& name, int cap
   EXPECT_LT(worst, 2e-2);
 }
 
-ModelConfig cache_test_model(int n_layers, int n_heads, int n_kv_heads) {
+ModelConfig cache_test_model(int n_layers, int n_heads, int n_kv_heads, int head_dim = 64) {
   ModelConfig m;
   m.arch = "llama";
   m.n_layers = n_layers;
   m.n_heads = n_heads;
   m.n_kv_heads = n_kv_heads;
-  m.head_dim = 64;
-  m.rope.n_rot = 64;
+  m.head_dim = head_dim;
+  m.rope.n_rot = head_dim;
   m.layer_window.assign(n_layers, 0);
   return m;
 }
@@ -640,6 +640,62 @@ struct RecordedTwins {
   }
 };
 
+// Qwen2.5-Coder-1.5B's recipes, as shipped (recipes/qwen2.5-coder-1.5b-instruct.json) but without
+// the key centring (no key statistics here), on its shape (28 layers, 12:2 heads, d = 128): first
+// a k5v5 layer with a sink and a wq6 window (refused before the kernels came from the recipes),
+// then tq-4.375, tq-3.375 and tq-2.5 on every layer, their fill<B> window at capacity 512.
+const char* const kQwen15bRecipes[] = {
+    "k4v3+skip0+L1=k3v2+L0.3=k3v3+L10.12.14=k4v4+L5.13.25.27=k5v3+L16.23.26=k5v4+L11.15.20.21=k5v5+L19=k6v4+sink1+wq6+"
+    "fill4.1875",
+    "k3v2+skip0+L0.1.3.7=k2v2+L10=k3v3+L5.12.13.25.27=k4v2+L16.23.26=k4v3+L11.15.21=k4v4+L19=k5v3+L20=k5v4+sink1+wq6+"
+    "fill3.1875",
+    "k2v2+skip0+L19=k3v2+L20=k3v3+sink1+wq6+fill2.3125"};
+
+TEST(CudaCacheLayer, Qwen15bRecipesMatchCpu) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  compare_cache_layers(cache_test_model(2, 12, 2, 128), "k5v5+sink1+wq6+w8+skip0", 64, {34, 1, 1, 1}, 1);
+  if (HasFatalFailure()) return;
+  for (const char* name : kQwen15bRecipes) {
+    compare_cache_layers(cache_test_model(28, 12, 2, 128), name, 512, {40, 1, 1, 1}, 11);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Copies beside pairs without a compiled kernel (src/cuda/decode_pairs.cmake): the generic path
+// (the pool converted to f16 each step, read by the f16 kernel, merged by log-sum-exp) against the
+// CPU, for the compressed middle, the window's wq<B> ring and both, at every head dim, uniform
+// values, and a window ring that wraps (two 300-token chunks into a ring of 544 positions).
+TEST(CudaCacheLayer, PairsWithoutKernelsWithCopiesMatchCpu) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  struct Case {
+    int d;
+    std::string spec;
+    int capacity;
+    std::vector<int> steps;
+  };
+  const std::vector<Case> cases = {
+      {128, "k7v3+sink1+wq6+w8+skip0", 64, {34, 1, 1, 1}},       // the middle
+      {128, "k4v4+sink1+wq7+w8+skip0", 64, {34, 1, 1, 1}},       // the window
+      {64, "k2v7+vu+sink2+wq8+w6+skip0", 64, {34, 1, 1, 1}},     // both, uniform values
+      {256, "k8v2+sink1+w7+skip0", 64, {34, 1, 1, 1}},           // d = 256, an f16 window
+      {64, "k2v8+w16+skip0", 64, {34, 1, 1, 1}},                 // a window alone
+      {64, "k7v3+sink1+wq7+w5+skip0", 1024, {300, 300, 1, 1}},  // the ring wraps
+  };
+  for (const Case& c : cases) {
+    const ModelConfig m = cache_test_model(2, 6, 2, c.d);
+    {
+      auto cache = dev->make_cache(resolve_cache_spec(c.spec, m), CacheShape{c.capacity, 1});
+      const auto* cc = dynamic_cast<const CudaKvCache*>(cache.get());
+      ASSERT_TRUE(cc);
+      EXPECT_EQ(cc->generic_layers(), 2) << c.spec;
+      EXPECT_EQ(cc->fused_layers(), 0) << c.spec;
+    }
+    compare_cache_layers(m, c.spec, c.capacity, c.steps, 1);
+    if (HasFatalFailure()) return;
+  }
+}
+
 // The cache layer's part of a CUDA graph (CudaDevice::run_step records the rest): decode steps of
 // two sequences of different lengths prepared into a bucket, recorded once and replayed, give
 // the outputs of the same steps run op by op on a twin cache, bit for bit, with sinks and a
@@ -756,8 +812,12 @@ TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
        512},
       {cache_test_model(2, 6, 2), "k5v3+sink1+w5+skip0", 128},
       {cache_test_model(2, 6, 2), "k6v3+sink2+wq6+w11+skip0", 128},
-      {cache_test_model(2, 6, 2), "tq-k4v2+sink1+skip0", 128},
-      {cache_test_model(2, 6, 2), "tq-k3v2+w9+skip0", 128},
+      {cache_test_model(2, 6, 2), "k5v3+sink1+skip0", 128},
+      {cache_test_model(2, 6, 2), "k5v3+w9+skip0", 128},
+      // Qwen2.5-Coder-1.5B's recipes (d = 128, 12:2 heads): every layer fused.
+      {cache_test_model(28, 12, 2, 128), kQwen15bRecipes[0], 512},
+      {cache_test_model(28, 12, 2, 128), kQwen15bRecipes[1], 512},
+      {cache_test_model(28, 12, 2, 128), kQwen15bRecipes[2], 512},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
@@ -780,6 +840,52 @@ TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
     EXPECT_LT(twin.worst, 5e-3);
     EXPECT_GT(twin.scale, 0.0);
   }
+}
+
+// Every fused kernel (src/cuda/decode_pairs.cmake: each recipe's pairs with its window, at its
+// head dim) against the three launches, one layer each: the Mse pairs of 2..8 bits with a wq6
+// window at d = 64 and 128 (those without a fused kernel are skipped; the recipes' must have one).
+TEST(CudaCacheLayer, EveryFusedKernelMatchesThreeLaunches) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  // The shipped recipes' pairs with copies: SmolLM2's and Qwen2.5-Coder-0.5B's (d = 64),
+  // Qwen2.5-Coder-1.5B's (d = 128).
+  const std::vector<std::string> must64 = {"k2v2", "k2v3", "k3v2", "k3v3", "k3v4", "k4v2", "k4v3", "k4v4", "k5v2", "k5v3",
+                                           "k5v4", "k6v3", "k6v4", "k6v5", "k7v4", "k7v5", "k8v2", "k8v3", "k8v4"};
+  const std::vector<std::string> must128 = {"k2v2", "k3v2", "k3v3", "k4v2", "k4v3", "k4v4", "k5v3", "k5v4", "k5v5", "k6v4"};
+  int fused_count = 0;
+  double worst = 0;
+  for (int d : {64, 128})
+    for (int k = 2; k <= 8; ++k)
+      for (int v = 2; v <= 8; ++v) {
+        const std::string pair = std::string("k") + std::to_string(k) + "v" + std::to_string(v);
+        const std::string name = pair + "+sink1+wq6+w9+skip0";
+        SCOPED_TRACE(name + " d=" + std::to_string(d));
+        const ModelConfig m = cache_test_model(1, 6, 2, d);
+        const CacheSpec spec = resolve_cache_spec(name, m);
+        auto fused = dev->make_cache(spec, CacheShape{96, 2});
+        const auto* fc = dynamic_cast<const CudaKvCache*>(fused.get());
+        ASSERT_TRUE(fc);
+        const std::vector<std::string>& must = d == 64 ? must64 : must128;
+        if (std::find(must.begin(), must.end(), pair) != must.end()) {
+          EXPECT_EQ(fc->fused_layers(), 1);
+        }
+        if (fc->fused_layers() == 0) continue;
+        ++fused_count;
+        std::unique_ptr<KvCache> three;
+        {
+          ScopedEnv off("TQKV_FUSED_DECODE", "0");
+          three = dev->make_cache(spec, CacheShape{96, 2});
+        }
+        TwinCaches twin{*dev, m, *fused, *three};
+        prefill_then_decode(twin);
+        if (HasFatalFailure()) return;
+        EXPECT_LT(twin.worst, 5e-3);
+        EXPECT_GT(twin.scale, 0.0);
+        worst = std::max(worst, twin.worst);
+      }
+  std::printf("[ fused ] %d fused kernels vs three launches: max |diff| %.3g\n", fused_count, worst);
+  EXPECT_EQ(fused_count, static_cast<int>(must64.size() + must128.size()));
 }
 
 // The fused decode's plan choices (cuda::FusedDecodeOptions) and the store's split of keys and
@@ -1118,7 +1224,10 @@ TEST(CudaGraphs, LengthClassesShareTheBucketsActivations) {
     const auto sm = shape_model(sh.layers, sh.d, sh.heads, sh.kv_heads, sh.ff, sh.vocab);
     const Model& m = *sm->model;
     const int V = m.config().n_vocab;
-    for (const std::string spec : {"f16", "k6v3+sink2+wq6+w11+skip0"}) {
+    // k5v3 with a wq6 window: compiled and fused at d = 64 and 128 (src/cuda/decode_pairs.cmake
+    // compiles the recipes' pairs; k6v3 is none of Qwen2.5-1.5B's, so at d = 128 it takes the
+    // generic path, without graphs).
+    for (const std::string spec : {"f16", "k5v3+sink2+wq6+w11+skip0"}) {
       SCOPED_TRACE(std::string(sh.name) + " " + spec);
       std::vector<int32_t> tokens[2];  // [graphs off, on]: every step's greedy tokens in order
       for (int on = 0; on < 2; ++on) {
@@ -1412,8 +1521,8 @@ TEST_F(CudaSmol, BadInputThrowsAndChangesNothing) {
   c->free_sequence(seq);
   EXPECT_EQ(cc->free_blocks(), free0);
   // What the GPU cache does not implement yet is refused by name, never run wrong: copies
-  // (sinks, window) beside a pair without a compiled decode kernel (src/cuda/decode_pairs.h).
-  for (const std::string spec : {"k2v8+sink1+w8", "k2v8+w16"}) {
+  // (sinks, window) beside 1-bit codes (no decode kernel takes them).
+  for (const std::string spec : {"k1v4+sink1+w8", "k4v1+w16"}) {
     try {
       m.make_cache(spec, 64);
       ADD_FAILURE() << spec << " was accepted";
