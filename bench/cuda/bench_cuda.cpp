@@ -29,6 +29,7 @@
 #include <tuple>
 #include <vector>
 
+#include "check.h"
 #include "tqkv/cuda.h"
 #include "tqkv/format.h"
 #include "tqkv/half.h"
@@ -38,14 +39,6 @@ namespace {
 using tqkv::cuda::DType;
 using tqkv::cuda::PageLayout;
 
-#define CK(expr)                                                                                      \
-  do {                                                                                                \
-    const cudaError_t e_ = (expr);                                                                    \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_));      \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
 
 struct Shape {
   int d, hq, hkv, batch, ctx;

@@ -67,6 +67,28 @@ void scatter_rows(const float* x, int d, const int32_t* rows, int n, float* y, c
 void f32_to_bf16(const float* x, uint16_t* y, size_t n, cudaStream_t stream = nullptr);
 void bf16_to_f32(const uint16_t* x, float* y, size_t n, cudaStream_t stream = nullptr);
 
+// Skinny products for decode steps (ops/skinny_gemm.cu): y[n, rows] = x[n, cols] * w[rows, cols]^T
+// (+ bias[rows]) on the tensor cores, bf16 weights (raw patterns), float32 accumulation and
+// output, for n <= kSkinnyMaxRows rows of x and cols a multiple of 8 (skinny_gemm_supports). The
+// input is bf16 (x_bf16) or float32 (x_f32, rounded to bf16 as f32_to_bf16 rounds): give exactly
+// one. One launch computes up to kMaxSkinnyProducts products over the same input (a layer's Q, K,
+// V with their biases). A row's result does not depend on n or on the other rows.
+inline constexpr int kSkinnyMaxRows = 64;
+inline constexpr int kMaxSkinnyProducts = 4;
+struct SkinnyProduct {
+  const uint16_t* w = nullptr;  // [rows, cols] bf16
+  int rows = 0;
+  float* y = nullptr;            // [n, rows]
+  const float* bias = nullptr;   // [rows] or null
+};
+bool skinny_gemm_supports(int n, int cols);
+void skinny_gemm(const uint16_t* x_bf16, const float* x_f32, int n, int cols, const SkinnyProduct* products,
+                 int count, cudaStream_t stream = nullptr);
+// The gate and up products with the GLU applied (glu's expressions): y[t, r] = act(x[t] . w_gate[r])
+// * (x[t] . w_up[r]), act = gelu (tanh form) or silu, and y's bf16 copy where y_bf16 is not null.
+void skinny_gemm_glu(bool gelu, const uint16_t* x_bf16, const float* x_f32, int n, int cols, const uint16_t* w_gate,
+                     const uint16_t* w_up, int rows, float* y, uint16_t* y_bf16, cudaStream_t stream = nullptr);
+
 // Folds one part of an attention into a running result, row by row (rows of d floats with a
 // natural-log log-sum-exp each; -inf: an empty part): out = (e^lse out + e^part_lse part) /
 // (e^lse + e^part_lse), lse = log(e^lse + e^part_lse).

@@ -89,8 +89,7 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
     dev.rmsnorm(xn.data(), L.post_attn_norm.data(), n, d, c.rms_eps, xn.data());
     dev.add_rmsnorm(x.data(), xn.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data(), true);
 
-    P.gate_up(xn.data(), L, gate.data(), up.data());
-    dev.glu(Device::Glu::Gelu, gate.data(), up.data(), N * ff, true);
+    P.gate_up_glu(Device::Glu::Gelu, xn.data(), L, gate.data(), up.data());
     P.matmul(gate.data(), *L.w_down, xn.data());
     dev.rmsnorm(xn.data(), L.post_ffn_norm.data(), n, d, c.rms_eps, xn.data());
     if (l + 1 < c.n_layers)

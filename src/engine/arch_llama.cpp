@@ -61,8 +61,7 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
     P.matmul(att.data(), *L.wo, xn.data());
     dev.add_rmsnorm(x.data(), xn.data(), L.ffn_norm.data(), n, d, c.rms_eps, xn.data(), true);
 
-    P.gate_up(xn.data(), L, gate.data(), up.data());
-    dev.glu(Device::Glu::Silu, gate.data(), up.data(), N * ff, true);
+    P.gate_up_glu(Device::Glu::Silu, xn.data(), L, gate.data(), up.data());
     P.matmul(gate.data(), *L.w_down, xn.data());
     if (l + 1 < c.n_layers)
       dev.add_rmsnorm(x.data(), xn.data(), w.layers[l + 1].attn_norm.data(), n, d, c.rms_eps, xn.data(), true);

@@ -110,6 +110,13 @@ void StepProducts::gate_up(const float* x, const LayerWeights& L, float* gate, f
   matmul_group(x, g, 2);
 }
 
+void StepProducts::gate_up_glu(Device::Glu kind, const float* x, const LayerWeights& L, float* gate, float* up) const {
+  if (!per_run_ && group_products())
+    return dev_.matmul_glu(kind, x, batch_.size(), *L.w_gate, *L.w_up, gate, up, true);
+  gate_up(x, L, gate, up);
+  dev_.glu(kind, gate, up, static_cast<size_t>(batch_.size()) * L.w_gate->rows(), true);
+}
+
 namespace {
 std::atomic<bool>& group_slot() {
   static std::atomic<bool> on{[] {

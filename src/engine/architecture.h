@@ -89,6 +89,9 @@ class StepProducts {
   void qkv(const float* x, const LayerWeights& L, float* q, float* k, float* v) const;
   // Its gate and up from one input, as one group.
   void gate_up(const float* x, const LayerWeights& L, float* gate, float* up) const;
+  // Its gate and up, then the GLU (Device::glu with product_input): gate holds the result, up is
+  // scratch. Device::matmul_glu where the rows are multiplied as one group, else gate_up and glu.
+  void gate_up_glu(Device::Glu kind, const float* x, const LayerWeights& L, float* gate, float* up) const;
   // The same for rows that are only the batch's logit rows (in batch order).
   void matmul_logit_rows(const float* x, const DeviceMatrix& w, float* y) const;
 

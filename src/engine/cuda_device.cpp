@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "batch.h"
@@ -124,6 +126,14 @@ CudaMatrix::~CudaMatrix() { cudaFree(w_); }
 // cuBLAS's workspace, fixed so that a recorded product uses the one it will replay with.
 constexpr size_t kBlasWorkspace = size_t{32} << 20;
 
+// Products of up to this many rows (a decode step's batch) run as skinny products by default:
+// on the H200 the skinny Q/K/V group beat cuBLAS at every row count to 64, the rest of a layer's
+// products to about 16 rows on Qwen2.5-1.5B (docs/RESULTS.md, "Skinny products").
+constexpr int kSkinnyDefault = 16;
+// Single products beyond these sizes stay with cuBLAS (CudaDevice::skinny_single).
+constexpr int kSkinnyLongCols = 4096;
+constexpr int kSkinnyWideRows = 16384;
+
 struct CudaDevice::Impl {
   std::shared_ptr<CUstream_st> owner;  // shared with the caches, which may outlive the device
   cudaStream_t stream = nullptr;
@@ -131,11 +141,16 @@ struct CudaDevice::Impl {
   void* blas_workspace = nullptr;
   uint16_t* xb = nullptr;  // bf16 copy of a product's input
   size_t xb_n = 0;
+  uint16_t* xb_alt = nullptr;  // a second one: a fused product that reads xb writes its output's copy here
+  size_t xb_alt_n = 0;         // (matmul_glu swaps the two)
   std::vector<uint16_t*> old_xb;  // outgrown copies: recorded graphs may still read them
   void* ints = nullptr;  // uploaded host metadata (token ids, positions, rows)
   size_t ints_bytes = 0;
   bool graphs = true;
   bool fused = true;
+  // Products of at most this many rows run as skinny products (cuda::skinny_gemm) rather than
+  // cuBLAS GEMMs: TQKV_CUDA_SKINNY_MAX (0 = always cuBLAS), else kSkinnyDefault.
+  int skinny_max = 0;
   // The product input a fused operation wrote (its float output and size): the next product
   // over exactly that finds xb ready. Any other operation clears it.
   const float* staged = nullptr;
@@ -212,11 +227,14 @@ CudaDevice::CudaDevice(int ordinal) : impl_(std::make_unique<Impl>()) {
   impl_->graphs = !(env && std::strcmp(env, "0") == 0);
   const char* fuse = std::getenv("TQKV_FUSE_OPS");  // 0: the fused operations as their plain ones
   impl_->fused = !(fuse && std::strcmp(fuse, "0") == 0);
+  const char* skinny = std::getenv("TQKV_CUDA_SKINNY_MAX");
+  impl_->skinny_max = std::clamp(skinny && *skinny ? std::atoi(skinny) : kSkinnyDefault, 0, cuda::kSkinnyMaxRows);
 }
 
 CudaDevice::~CudaDevice() {
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
   cudaFree(impl_->xb);
+  cudaFree(impl_->xb_alt);
   for (uint16_t* p : impl_->old_xb) cudaFree(p);
   cudaFree(impl_->ints);
   for (auto& [key, p] : impl_->inv_freq) cudaFree(p);
@@ -296,6 +314,10 @@ void CudaDevice::stage_input(const float* x, size_t nx) {
 void CudaDevice::gemm_staged(int n, const DeviceMatrix& wm, float* y, const float* bias) {
   const auto& w = static_cast<const CudaMatrix&>(wm);
   const int in = w.cols(), out = w.rows();
+  if (skinny_single(n, out, in)) {
+    const cuda::SkinnyProduct p{w.bf16(), out, y, bias};
+    return cuda::skinny_gemm(impl_->xb, nullptr, n, in, &p, 1, impl_->stream);
+  }
   const float one = 1.0f, zero = 0.0f;
   ck_blas(cublasGemmEx(impl_->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.bf16(), CUDA_R_16BF, in, impl_->xb,
                        CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -303,9 +325,29 @@ void CudaDevice::gemm_staged(int n, const DeviceMatrix& wm, float* y, const floa
   if (bias) cuda::add_bias(y, bias, n, out, impl_->stream);
 }
 
+bool CudaDevice::skinny(int n, int cols) const {
+  return n <= impl_->skinny_max && cuda::skinny_gemm_supports(n, cols);
+}
+
+// A product alone (not a group, not gate/up with the GLU) goes skinny only where the skinny
+// kernel measured faster than cuBLAS: not for long columns (the down projection of a wide
+// feed-forward, 8,960 columns on Qwen2.5-1.5B, where cuBLAS's split-K read 2.4 TB/s against the
+// clusters' 1.8) nor for very many rows (the output head, where cuBLAS was 5-10% faster); the
+// H200 figures are in docs/RESULTS.md ("Skinny products").
+bool CudaDevice::skinny_single(int n, int rows, int cols) const {
+  return skinny(n, cols) && cols <= kSkinnyLongCols && rows <= kSkinnyWideRows;
+}
+
 void CudaDevice::matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) {
   if (n <= 0) return;
-  stage_input(x, static_cast<size_t>(n) * w.cols());
+  const size_t nx = static_cast<size_t>(n) * w.cols();
+  if (skinny_single(n, w.rows(), w.cols()) && !(impl_->staged == x && impl_->staged_n == nx)) {  // reads x as it is
+    impl_->unstage();
+    const auto& m = static_cast<const CudaMatrix&>(w);
+    const cuda::SkinnyProduct p{m.bf16(), m.rows(), y, bias};
+    return cuda::skinny_gemm(nullptr, x, n, m.cols(), &p, 1, impl_->stream);
+  }
+  stage_input(x, nx);
   gemm_staged(n, w, y, bias);
 }
 
@@ -317,6 +359,16 @@ void CudaDevice::matmul_group(const float* x, int n, const GroupProduct* product
   for (int i = 1; i < count; ++i)
     if (products[i].w->cols() != in)
       throw Error(ErrorCode::InvalidArgument, "matmul_group: products over inputs of different widths");
+  if (impl_->fused && count <= cuda::kMaxSkinnyProducts && skinny(n, in)) {  // one launch, biases included
+    const size_t nx = static_cast<size_t>(n) * in;
+    const bool staged = impl_->staged == x && impl_->staged_n == nx;
+    impl_->unstage();
+    cuda::SkinnyProduct ps[cuda::kMaxSkinnyProducts];
+    for (int i = 0; i < count; ++i)
+      ps[i] = {static_cast<const CudaMatrix*>(products[i].w)->bf16(), products[i].w->rows(), products[i].y,
+               products[i].bias};
+    return cuda::skinny_gemm(staged ? impl_->xb : nullptr, staged ? nullptr : x, n, in, ps, count, impl_->stream);
+  }
   stage_input(x, static_cast<size_t>(n) * in);
   if (!impl_->fused || count > cuda::kMaxBiases) {
     for (int i = 0; i < count; ++i) gemm_staged(n, *products[i].w, products[i].y, products[i].bias);
@@ -335,6 +387,34 @@ void CudaDevice::matmul_group(const float* x, int n, const GroupProduct* product
     cols[biased++] = products[i].w->rows();
   }
   cuda::add_biases(ys, bs, cols, biased, n, impl_->stream);
+}
+
+// Gate, up and the GLU in one skinny launch where the rows allow (bit for bit the group and the
+// glu it stands for: the same sums, the same expression), else the default's two operations.
+void CudaDevice::matmul_glu(Glu kind, const float* x, int n, const DeviceMatrix& w_gate, const DeviceMatrix& w_up,
+                            float* gate, float* up, bool product_input) {
+  const int in = w_gate.cols();
+  if (!impl_->fused || n <= 0 || w_up.cols() != in || w_up.rows() != w_gate.rows() || !skinny(n, in))
+    return Device::matmul_glu(kind, x, n, w_gate, w_up, gate, up, product_input);
+  const size_t nx = static_cast<size_t>(n) * in, ny = static_cast<size_t>(n) * w_gate.rows();
+  const bool staged = impl_->staged == x && impl_->staged_n == nx;
+  impl_->unstage();
+  // The output's bf16 copy goes to the input buffer the next product reads: it may not be the
+  // buffer this product reads from, so a staged input is read from a second buffer.
+  const uint16_t* xb = nullptr;
+  if (staged) {
+    std::swap(impl_->xb, impl_->xb_alt);
+    std::swap(impl_->xb_n, impl_->xb_alt_n);
+    xb = impl_->xb_alt;
+  }
+  uint16_t* yb = product_input ? this->product_input(ny) : nullptr;
+  cuda::skinny_gemm_glu(kind == Glu::Gelu, xb, xb ? nullptr : x, n, in,
+                        static_cast<const CudaMatrix&>(w_gate).bf16(), static_cast<const CudaMatrix&>(w_up).bf16(),
+                        w_gate.rows(), gate, yb, impl_->stream);
+  if (yb) {
+    impl_->staged = gate;
+    impl_->staged_n = ny;
+  }
 }
 
 void CudaDevice::rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y) {
@@ -365,6 +445,9 @@ void CudaDevice::add(float* x, const float* y, size_t n) {
   impl_->unstage();
   cuda::add(x, y, n, impl_->stream);
 }
+
+void CudaDevice::set_skinny_max(int rows) { impl_->skinny_max = std::clamp(rows, 0, cuda::kSkinnyMaxRows); }
+int CudaDevice::skinny_max() const { return impl_->skinny_max; }
 
 void CudaDevice::set_fused_ops(bool on) { impl_->fused = on; }
 bool CudaDevice::fused_ops() const { return impl_->fused; }

@@ -1,6 +1,9 @@
 // The CUDA device (built with TQKV_CUDA): float32 activations in GPU memory, weights
 // dequantized at load (dequant.h, every GGUF type the CPU reads) and held as bf16, matrix
-// products through cuBLAS (bf16 x bf16 with float32 accumulation and output), the
+// products through cuBLAS (bf16 x bf16 with float32 accumulation and output) or, at a decode
+// step's few rows (<= 16 by default, TQKV_CUDA_SKINNY_MAX), the skinny tensor-core products of
+// cuda::skinny_gemm (a layer's Q, K, V and biases in one launch; gate, up and the GLU in one; a
+// product alone unless it has very long rows or very many, where cuBLAS measured faster), the
 // element-wise ops of tqkv/cuda_ops.h, and the CUDA cache layer (cuda_kv_cache.h). All work
 // runs in order on one stream; to_host waits for it.
 //
@@ -67,8 +70,14 @@ class CudaDevice final : public Device {
   void add_rmsnorm(float* x, const float* delta, const float* w, int n, int d, float eps, float* y,
                    bool product_input) override;
   void glu(Glu kind, float* gate, const float* up, size_t n, bool product_input) override;
+  void matmul_glu(Glu kind, const float* x, int n, const DeviceMatrix& w_gate, const DeviceMatrix& w_up, float* gate,
+                  float* up, bool product_input) override;
   void rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, const int64_t* positions,
                const RopeParams& p) override;
+  // Products of at most `rows` rows run as skinny products (0: cuBLAS for every product; clamped
+  // to cuda::kSkinnyMaxRows). Default: TQKV_CUDA_SKINNY_MAX, else the device's default.
+  void set_skinny_max(int rows);
+  int skinny_max() const;
   void set_fused_ops(bool on) override;
   bool fused_ops() const override;
   void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) override;
@@ -87,6 +96,8 @@ class CudaDevice final : public Device {
   uint16_t* product_input(size_t nx);                                       // the bf16 input, >= nx
   void stage_input(const float* x, size_t nx);                              // x -> bf16 input
   void gemm_staged(int n, const DeviceMatrix& w, float* y, const float* bias);  // on the staged input
+  bool skinny(int n, int cols) const;  // whether a group of products of n rows runs as skinny products
+  bool skinny_single(int n, int rows, int cols) const;  // and a product alone
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

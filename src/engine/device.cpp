@@ -42,6 +42,13 @@ void Device::glu(Glu kind, float* gate, const float* up, size_t n, bool product_
     gelu_glu(gate, up, n);
 }
 
+void Device::matmul_glu(Glu kind, const float* x, int n, const DeviceMatrix& w_gate, const DeviceMatrix& w_up,
+                        float* gate, float* up, bool product_input) {
+  const GroupProduct g[2] = {{&w_gate, gate}, {&w_up, up}};
+  matmul_group(x, n, g, 2);
+  glu(kind, gate, up, static_cast<size_t>(n) * w_gate.rows(), product_input);
+}
+
 void Device::rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, const int64_t* positions,
                      const RopeParams& p) {
   rope(q, n, q_heads, head_dim, positions, p);

@@ -147,6 +147,12 @@ class Device {
   // swiglu (Silu) or gelu_glu (Gelu) of gate and up.
   enum class Glu { Silu, Gelu };
   virtual void glu(Glu kind, float* gate, const float* up, size_t n, bool product_input = false);
+  // The feed-forward's gate and up products over x [n, w_gate.cols] followed by the GLU:
+  // matmul_group of {w_gate -> gate, w_up -> up}, then glu(kind, gate, up, n * w_gate.rows,
+  // product_input). `up` is scratch: a device that computes both products and the GLU in one kernel
+  // (CUDA at a decode step's few rows) need not write it. Default: those two operations.
+  virtual void matmul_glu(Glu kind, const float* x, int n, const DeviceMatrix& w_gate, const DeviceMatrix& w_up,
+                          float* gate, float* up, bool product_input = false);
   // rope of q [n, q_heads, head_dim] and k [n, k_heads, head_dim] at the same positions.
   virtual void rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, const int64_t* positions,
                        const RopeParams& p);

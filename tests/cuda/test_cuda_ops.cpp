@@ -302,6 +302,178 @@ TEST(CudaOps, PrefillAttentionMatchesReference) {
   }
 }
 
+// The skinny products against a double-precision reference over the bf16-rounded operands: every
+// row count up to the limit's tile sizes, column counts off the 128-column chunk, rows off the
+// 16-row tile, both input types, biases, a group of products, and both GLUs with their bf16 copy.
+struct SkinnyCase {
+  std::vector<uint16_t> w;  // [rows, cols]
+  std::vector<float> wf;    // its values
+  int rows, cols;
+};
+
+SkinnyCase skinny_weights(int rows, int cols, std::mt19937_64& rng) {
+  SkinnyCase c{std::vector<uint16_t>(static_cast<size_t>(rows) * cols), {}, rows, cols};
+  const std::vector<float> f = randn(c.w.size(), rng, 0.5f);
+  c.wf.resize(f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    c.w[i] = float_to_bf16(f[i]);
+    c.wf[i] = bf16_to_float(c.w[i]);
+  }
+  return c;
+}
+
+// want[t, r] = sum_k xr[t, k] w[r, k] in double; bound[t, r] = 2e-5 sum_k |terms| + 1e-6 (float32
+// accumulation in another order).
+void skinny_reference(const std::vector<float>& xr, int n, const SkinnyCase& c, std::vector<double>& want,
+                      std::vector<double>& bound) {
+  want.assign(static_cast<size_t>(n) * c.rows, 0.0);
+  bound.assign(want.size(), 1e-6);
+  for (int t = 0; t < n; ++t)
+    for (int r = 0; r < c.rows; ++r) {
+      double s = 0, a = 0;
+      for (int k = 0; k < c.cols; ++k) {
+        const double term = static_cast<double>(xr[static_cast<size_t>(t) * c.cols + k]) * c.wf[static_cast<size_t>(r) * c.cols + k];
+        s += term;
+        a += std::fabs(term);
+      }
+      want[static_cast<size_t>(t) * c.rows + r] = s;
+      bound[static_cast<size_t>(t) * c.rows + r] += 2e-5 * a;
+    }
+}
+
+TEST(CudaOps, SkinnyGemmMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(11);
+  // The last two split their columns over clusters of 2 and 4 blocks (few row tiles, many chunks).
+  const int shapes[][2] = {{16, 8}, {40, 136}, {256, 576}, {24, 1544}, {32, 2056}, {16, 4104}};
+  for (const auto& sh : shapes) {
+    const SkinnyCase c = skinny_weights(sh[0], sh[1], rng);
+    const std::vector<float> bias = randn(c.rows, rng);
+    Dev<uint16_t> dw(c.w);
+    Dev<float> db(bias);
+    for (const int n : {1, 3, 8, 9, 16, 33, 64}) {
+      const std::vector<float> x = randn(static_cast<size_t>(n) * c.cols, rng);
+      std::vector<uint16_t> xb(x.size());
+      std::vector<float> xr(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        xb[i] = float_to_bf16(x[i]);
+        xr[i] = bf16_to_float(xb[i]);
+      }
+      std::vector<double> want, bound;
+      skinny_reference(xr, n, c, want, bound);
+      Dev<float> dx(x);
+      Dev<uint16_t> dxb(xb);
+      for (const bool f32 : {false, true})
+        for (const bool with_bias : {false, true}) {
+          Dev<float> dy(static_cast<size_t>(n) * c.rows, NAN);
+          const cuda::SkinnyProduct pr{dw.p, c.rows, dy.p, with_bias ? db.p : nullptr};
+          cuda::skinny_gemm(f32 ? nullptr : dxb.p, f32 ? dx.p : nullptr, n, c.cols, &pr, 1);
+          const std::vector<float> got = dy.host();
+          for (size_t i = 0; i < got.size(); ++i) {
+            const double w = want[i] + (with_bias ? bias[i % c.rows] : 0.0);
+            ASSERT_NEAR(got[i], w, bound[i]) << c.rows << "x" << c.cols << " n " << n << " f32 " << f32 << " at " << i;
+          }
+        }
+    }
+  }
+}
+
+TEST(CudaOps, SkinnyGemmGroupAndRowIndependence) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(12);
+  const int cols = 200;
+  const SkinnyCase a = skinny_weights(48, cols, rng), b = skinny_weights(20, cols, rng), c = skinny_weights(16, cols, rng);
+  const std::vector<float> bias_b = randn(b.rows, rng);
+  Dev<uint16_t> dwa(a.w), dwb(b.w), dwc(c.w);
+  Dev<float> dbb(bias_b);
+  const int n = 37;
+  const std::vector<float> x = randn(static_cast<size_t>(n) * cols, rng);
+  Dev<float> dx(x);
+  Dev<float> ya(static_cast<size_t>(n) * a.rows, NAN), yb(static_cast<size_t>(n) * b.rows, NAN),
+      yc(static_cast<size_t>(n) * c.rows, NAN);
+  const cuda::SkinnyProduct group[3] = {{dwa.p, a.rows, ya.p, nullptr}, {dwb.p, b.rows, yb.p, dbb.p},
+                                        {dwc.p, c.rows, yc.p, nullptr}};
+  cuda::skinny_gemm(nullptr, dx.p, n, cols, group, 3);
+  const std::vector<float> got_b = yb.host();
+  // Each product equals its own launch bit for bit, and each row equals that row alone.
+  Dev<float> yb1(static_cast<size_t>(n) * b.rows, NAN);
+  const cuda::SkinnyProduct alone{dwb.p, b.rows, yb1.p, dbb.p};
+  cuda::skinny_gemm(nullptr, dx.p, n, cols, &alone, 1);
+  EXPECT_EQ(yb1.host(), got_b);
+  for (const int t : {0, 13, 36}) {
+    Dev<float> x1(std::vector<float>(x.begin() + static_cast<ptrdiff_t>(t) * cols, x.begin() + static_cast<ptrdiff_t>(t + 1) * cols));
+    Dev<float> y1(static_cast<size_t>(b.rows), NAN);
+    const cuda::SkinnyProduct one{dwb.p, b.rows, y1.p, dbb.p};
+    cuda::skinny_gemm(nullptr, x1.p, 1, cols, &one, 1);
+    const std::vector<float> r = y1.host();
+    for (int i = 0; i < b.rows; ++i) ASSERT_EQ(r[i], got_b[static_cast<size_t>(t) * b.rows + i]) << "row " << t;
+  }
+  std::vector<float> xr(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xr[i] = bf16_to_float(float_to_bf16(x[i]));
+  for (const auto& [cs, dy] : {std::pair<const SkinnyCase*, Dev<float>*>{&a, &ya}, {&c, &yc}}) {
+    std::vector<double> want, bound;
+    skinny_reference(xr, n, *cs, want, bound);
+    const std::vector<float> got = dy->host();
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], bound[i]) << i;
+  }
+}
+
+TEST(CudaOps, SkinnyGemmGlu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(13);
+  for (const int cols : {264, 2056}) {  // 2056: clusters of 2 blocks
+  const int rows = 72;
+  const SkinnyCase gate = skinny_weights(rows, cols, rng), up = skinny_weights(rows, cols, rng);
+  Dev<uint16_t> dg(gate.w), du(up.w);
+  for (const int n : {1, 5, 17}) {
+    const std::vector<float> x = randn(static_cast<size_t>(n) * cols, rng);
+    std::vector<uint16_t> xb(x.size());
+    std::vector<float> xr(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      xb[i] = float_to_bf16(x[i]);
+      xr[i] = bf16_to_float(xb[i]);
+    }
+    std::vector<double> wg, bg, wu, bu;
+    skinny_reference(xr, n, gate, wg, bg);
+    skinny_reference(xr, n, up, wu, bu);
+    Dev<uint16_t> dxb(xb);
+    for (const bool gelu : {false, true}) {
+      Dev<float> y(static_cast<size_t>(n) * rows, NAN);
+      Dev<uint16_t> yb(static_cast<size_t>(n) * rows, 0);
+      cuda::skinny_gemm_glu(gelu, dxb.p, nullptr, n, cols, dg.p, du.p, rows, y.p, yb.p);
+      const std::vector<float> got = y.host();
+      const std::vector<uint16_t> got_b = yb.host();
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double g = wg[i], u = wu[i];
+        const double act = gelu ? 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+                                : g / (1.0 + std::exp(-g));
+        // The activation's slope is at most ~1.13, so the products' bounds carry over.
+        ASSERT_NEAR(got[i], act * u, 1.2 * bg[i] * std::fabs(u) + std::fabs(act) * bu[i] + 1e-5 * (1 + std::fabs(act * u)))
+            << (gelu ? "gelu" : "silu") << " n " << n << " at " << i;
+        ASSERT_EQ(got_b[i], float_to_bf16(got[i])) << i;
+      }
+    }
+  }
+  }
+}
+
+TEST(CudaOps, SkinnyGemmRejectsBadShapes) {
+  SKIP_WITHOUT_GPU();
+  Dev<uint16_t> w(std::vector<uint16_t>(16 * 16, 0));
+  Dev<float> x(std::vector<float>(65 * 16, 0.0f)), y(std::vector<float>(65 * 16, 0.0f));
+  const cuda::SkinnyProduct pr{w.p, 16, y.p, nullptr};
+  EXPECT_FALSE(cuda::skinny_gemm_supports(0, 16));
+  EXPECT_FALSE(cuda::skinny_gemm_supports(65, 16));
+  EXPECT_FALSE(cuda::skinny_gemm_supports(1, 12));
+  EXPECT_TRUE(cuda::skinny_gemm_supports(64, 8));
+  EXPECT_THROW(cuda::skinny_gemm(nullptr, x.p, 65, 16, &pr, 1), tqkv::Error);
+  EXPECT_THROW(cuda::skinny_gemm(nullptr, x.p, 1, 12, &pr, 1), tqkv::Error);
+  EXPECT_THROW(cuda::skinny_gemm(nullptr, nullptr, 1, 16, &pr, 1), tqkv::Error);
+  EXPECT_THROW(cuda::skinny_gemm(w.p, x.p, 1, 16, &pr, 1), tqkv::Error);
+  EXPECT_THROW(cuda::skinny_gemm(nullptr, x.p, 1, 16, &pr, 0), tqkv::Error);
+  EXPECT_THROW(cuda::skinny_gemm_glu(false, nullptr, x.p, 1, 16, w.p, nullptr, 16, y.p, nullptr), tqkv::Error);
+}
+
 TEST(CudaOps, BadArgumentsThrow) {
   SKIP_WITHOUT_GPU();
   cuda::PrefillArgs a;

@@ -233,50 +233,90 @@ TEST_F(CudaSmol, GreedyMatchesCpuWithF16Cache) {
 TEST_F(CudaSmol, VarlenBatchEqualsSeparateRuns) {
   const std::vector<int32_t> a = chat("Name three rivers."), b = chat("What is two plus two?");
   const int V = gpu_->config().n_vocab, na = static_cast<int>(a.size()), nb = static_cast<int>(b.size());
-  for (const std::string spec : {"f32", "f16", "turboquant_4bit_nc"}) {
-    SCOPED_TRACE(spec);
-    const Model& m = *gpu_;
-    auto alone = m.make_cache(spec, 128);
-    const int64_t sa = alone->add_sequence();
-    std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(nb) * V);
-    m.forward(sa, a.data(), na - 1, *alone, la.data(), false);
-    m.forward(sa, &a[na - 1], 1, *alone, la.data(), false);
-    auto alone_b = m.make_cache(spec, 128);
-    m.forward(alone_b->add_sequence(), b.data(), nb, *alone_b, lb.data(), true);
+  auto* cd = dynamic_cast<CudaDevice*>(&gpu_->device());
+  ASSERT_NE(cd, nullptr);
+  struct Restore {  // the device's skinny-product limit, whatever happens
+    CudaDevice* d;
+    int was;
+    ~Restore() { d->set_skinny_max(was); }
+  } restore{cd, cd->skinny_max()};
+  // cuBLAS for every product first (a tight check), then the device's default limit (skinny
+  // products for runs of at most that many rows, cuBLAS for the 68-row batch).
+  for (const int skinny : {0, restore.was}) {
+    for (const std::string spec : {"f32", "f16", "turboquant_4bit_nc"}) {
+      SCOPED_TRACE(spec + ", skinny products up to " + std::to_string(skinny) + " rows");
+      cd->set_skinny_max(skinny);
+      const Model& m = *gpu_;
+      auto alone = m.make_cache(spec, 128);
+      const int64_t sa = alone->add_sequence();
+      std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(nb) * V);
+      m.forward(sa, a.data(), na - 1, *alone, la.data(), false);
+      m.forward(sa, &a[na - 1], 1, *alone, la.data(), false);
+      auto alone_b = m.make_cache(spec, 128);
+      m.forward(alone_b->add_sequence(), b.data(), nb, *alone_b, lb.data(), true);
 
-    auto shared = m.make_cache(spec, 128, 3);
-    const int64_t s0 = shared->add_sequence(), s1 = shared->add_sequence(), s2 = shared->add_sequence();
-    std::vector<float> pre(static_cast<size_t>(V));
-    m.forward(s0, a.data(), na - 1, *shared, pre.data(), false);
-    m.forward(s2, b.data(), 5, *shared, pre.data(), false);
-    Batch step;  // decode of s0, prefill of s1, a continuation chunk of s2 (over its cached 5)
-    step.add(s0, &a[na - 1], 1, na - 1, false);
-    step.add(s1, b.data(), nb, 0, true);
-    step.add(s2, b.data() + 5, nb - 5, 5, true);
-    std::vector<float> out(static_cast<size_t>(step.n_logits()) * V);
-    m.forward(step, *shared, out.data());
-    EXPECT_EQ(shared->seq_len(s0), na);
-    EXPECT_EQ(shared->seq_len(s1), nb);
-    EXPECT_EQ(shared->seq_len(s2), nb);
-    // Different batch shapes take different cuBLAS paths: close, not bit-equal.
-    auto close = [&](const float* x, const float* y) {
-      double err = 0, mag = 0;
-      for (int i = 0; i < V; ++i) {
-        err = std::max(err, std::fabs(static_cast<double>(x[i]) - y[i]));
-        mag = std::max(mag, std::fabs(static_cast<double>(y[i])));
+      auto shared = m.make_cache(spec, 128, 3);
+      const int64_t s0 = shared->add_sequence(), s1 = shared->add_sequence(), s2 = shared->add_sequence();
+      std::vector<float> pre(static_cast<size_t>(V));
+      m.forward(s0, a.data(), na - 1, *shared, pre.data(), false);
+      m.forward(s2, b.data(), 5, *shared, pre.data(), false);
+      Batch step;  // decode of s0, prefill of s1, a continuation chunk of s2 (over its cached 5)
+      step.add(s0, &a[na - 1], 1, na - 1, false);
+      step.add(s1, b.data(), nb, 0, true);
+      step.add(s2, b.data() + 5, nb - 5, 5, true);
+      std::vector<float> out(static_cast<size_t>(step.n_logits()) * V);
+      m.forward(step, *shared, out.data());
+      EXPECT_EQ(shared->seq_len(s0), na);
+      EXPECT_EQ(shared->seq_len(s1), nb);
+      EXPECT_EQ(shared->seq_len(s2), nb);
+      // Different batch shapes take different cuBLAS paths: close, not bit-equal.
+      auto close = [&](const float* x, const float* y) {
+        double err = 0, mag = 0;
+        for (int i = 0; i < V; ++i) {
+          err = std::max(err, std::fabs(static_cast<double>(x[i]) - y[i]));
+          mag = std::max(mag, std::fabs(static_cast<double>(y[i])));
+        }
+        return err <= 2e-3 * mag;
+      };
+      if (skinny == 0) {
+        EXPECT_TRUE(close(out.data(), la.data())) << "decode row";
+        for (int t = 0; t < nb; ++t)
+          EXPECT_TRUE(close(out.data() + static_cast<size_t>(1 + t) * V, lb.data() + static_cast<size_t>(t) * V))
+              << "prefill row " << t;
+        for (int t = 5; t < nb; ++t)
+          EXPECT_TRUE(close(out.data() + static_cast<size_t>(1 + nb + t - 5) * V, lb.data() + static_cast<size_t>(t) * V))
+              << "continuation row " << t;
       }
-      return err <= 2e-3 * mag;
-    };
-    EXPECT_TRUE(close(out.data(), la.data())) << "decode row";
-    for (int t = 0; t < nb; ++t)
-      EXPECT_TRUE(close(out.data() + static_cast<size_t>(1 + t) * V, lb.data() + static_cast<size_t>(t) * V))
-          << "prefill row " << t;
-    for (int t = 5; t < nb; ++t)
-      EXPECT_TRUE(close(out.data() + static_cast<size_t>(1 + nb + t - 5) * V, lb.data() + static_cast<size_t>(t) * V))
-          << "continuation row " << t;
-    shared->free_sequence(s0);
-    EXPECT_THROW(shared->seq_len(s0), Error);
-    EXPECT_GT(shared->add_sequence(), s2);
+      // With skinny products the separate runs and the batch (68 rows, cuBLAS) take different product
+      // kernels where a run is short enough: a float32 difference in a sum can round a later
+      // product's bf16 input the other way, so the logits agree as the GPU's and the CPU's do
+      // (LogitsMatchCpu), not to the tolerance above; a row mixed up with another sequence's would be
+      // far off. A compressed cache turns such differences into other codes (on the H200 with every
+      // run skinny: mean KL 0.11 for turboquant_4bit_nc, as between the devices), so it is held to
+      // the tight check with cuBLAS alone above.
+      std::vector<float> batched, separate;
+      auto take = [&](const float* x, std::vector<float>& to) { to.insert(to.end(), x, x + V); };
+      take(out.data(), batched);
+      take(la.data(), separate);
+      for (int t = 0; t < nb; ++t) {
+        take(out.data() + static_cast<size_t>(1 + t) * V, batched);  // s1's prefill
+        take(lb.data() + static_cast<size_t>(t) * V, separate);
+      }
+      for (int t = 5; t < nb; ++t) {
+        take(out.data() + static_cast<size_t>(1 + nb + t - 5) * V, batched);  // s2's continuation
+        take(lb.data() + static_cast<size_t>(t) * V, separate);
+      }
+      const Agreement ag = compare(separate, batched, V);
+      std::printf("[ varlen ] %-20s skinny <= %2d rows: batched vs separate: mean KL %.3g  top-1 %.3f  max |dlogit| %.3g over %zu rows\n",
+                  spec.c_str(), skinny, ag.mean_kl, ag.top1, ag.max_abs, separate.size() / V);
+      if (skinny == 0 || spec == "f32" || spec == "f16") {
+        EXPECT_LE(ag.mean_kl, 1e-3);
+        EXPECT_GE(ag.top1, 0.9);
+      }
+      shared->free_sequence(s0);
+      EXPECT_THROW(shared->seq_len(s0), Error);
+      EXPECT_GT(shared->add_sequence(), s2);
+    }
   }
 }
 
