@@ -513,12 +513,13 @@ struct Kernel {
   [[gnu::always_inline]] static void reduce_rows(const V* a, float* out) {
     int r = 0;
     for (; r + 4 <= NR; r += 4) I::reduce4(a[r], a[r + 1], a[r + 2], a[r + 3], out + r);
-    if constexpr (NR % 4 >= 2) {  // 2 or 3 left: one joint reduction, padded with zeros
+    // The rows left (1 to 3): one joint reduction padded with zeros, so that every row's sum is
+    // reduce4's, whatever its place in the block (I::reduce adds in another order on AVX2, and a
+    // row's score then depended on how many rows a prefill chunk gave its block).
+    if constexpr (NR % 4 != 0) {
       float tmp[4];
-      I::reduce4(a[r], a[r + 1], NR % 4 == 3 ? a[r + 2] : I::zero(), I::zero(), tmp);
+      I::reduce4(a[r], NR % 4 >= 2 ? a[r + 1] : I::zero(), NR % 4 == 3 ? a[r + 2] : I::zero(), I::zero(), tmp);
       for (int i = 0; i < NR % 4; ++i) out[r + i] = tmp[i];
-    } else if constexpr (NR % 4 == 1) {
-      out[r] = I::reduce(a[r]);
     }
   }
 

@@ -106,6 +106,40 @@ TEST(AttentionSimd, PrefillAndWindowEveryLevelMatchesReference) {
   }
 }
 
+// A query's result does not depend on the other queries of its call (their number sets the
+// kernel's row blocks and which rows are a block's tail): a prefill chunk split in two gives the
+// same bits at every level. A server that copies a prompt prefix computes the rest as a shorter
+// chunk; before the tail rows were reduced as the others are, AVX2 differed in the last bit.
+TEST(AttentionSimd, QueryResultsDoNotDependOnTheirCall) {
+  for (const char* name : {"f32", "f16", "turboquant_k8v4", "turboquant_4bit_nc"}) {
+    ContiguousCacheConfig cfg;
+    cfg.n_kv_heads = 1;
+    cfg.head_dim = 64;
+    cfg.capacity = 128;
+    cfg.layer_formats = {find_format(name)};
+    ContiguousCache cache(cfg);
+    const int n = 53, hq = 3;
+    const auto k = gaussian(static_cast<size_t>(n) * 64, 21, 0.7f), v = gaussian(k.size(), 22);
+    cache.write(0, 0, n, k.data(), v.data());
+    const auto q = gaussian(static_cast<size_t>(n) * hq * 64, 23);
+    AttentionParams p;
+    p.n_q_heads = hq;
+    LevelGuard guard;
+    for (SimdLevel level : testing_util::supported_levels()) {
+      set_simd_level(level);
+      set_num_threads(1);
+      std::vector<float> whole(q.size()), split(q.size());
+      attention(cache, 0, q.data(), n, 0, p, whole.data());
+      for (int cut : {16, 32, 48}) {
+        const size_t at = static_cast<size_t>(cut) * hq * 64;
+        attention(cache, 0, q.data(), cut, 0, p, split.data());
+        attention(cache, 0, q.data() + at, n - cut, cut, p, split.data() + at);
+        EXPECT_EQ(split, whole) << name << " level " << simd_level_name(level) << " cut " << cut;
+      }
+    }
+  }
+}
+
 TEST(AttentionSimd, OddHeadDimsFallBackCorrectly) {
   // 96 is not a multiple of 16 (AVX-512 falls back to AVX2), 40 not of 16 nor a power of two
   // (dense rotation; AVX2 handles 40 = 5 x 8), 20 only the scalar kernel.
