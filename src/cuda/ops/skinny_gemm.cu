@@ -1,9 +1,11 @@
 // Skinny products for decode steps: y[n, rows] = x[n, cols] * W[rows, cols]^T with n <= 64 on
 // the tensor cores (mma.sync m16n8k16, bf16 in, float32 accumulate), each weight read once.
 //
-// Why not cuBLAS: at a decode step's few rows cuBLAS's GEMMs ran the H200's non-attention work
-// at about a quarter of the weights' read rate (docs/RESULTS.md, "Where the step goes"), and each
-// product of a layer (Q, K, V, their biases, gate, up, the GLU) was a launch of its own. Here one
+// Why not cuBLAS alone: at a decode step's few rows each product of a layer (Q, K, V, their
+// biases, gate, up, the GLU) was a launch or two of its own, and the small ones ran far below the
+// memory rate (Qwen2.5-1.5B's Q/K/V group read its weights at 0.32 TB/s on the H200, this kernel at
+// 0.91; docs/RESULTS.md, "Skinny products"). cuBLAS stays faster on long columns and very many
+// rows, and at more than ~16 rows (the engine's choice is CudaDevice::skinny_single). Here one
 // launch computes a group of products over the same input with their biases, or gate and up with
 // the GLU applied, and reads a float32 input directly (rounded to bf16 as f32_to_bf16 rounds), so
 // no conversion kernel runs before it.
