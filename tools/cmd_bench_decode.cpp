@@ -41,7 +41,7 @@ namespace {
 
 struct DecodeBenchOptions {
   std::string model, device = "cpu", formats = "f16,tq-k4v4", depths = "0,1024,4096", batches = "1", simd,
-      graphs = "both";
+      graphs = "both", step_output = "greedy";
   int threads = 0, n = 64, prefill_chunk = 0, capacity = 0;
   double budget_gib = 40;
   bool json = false;
@@ -85,6 +85,12 @@ void register_bench_decode(CLI::App& bench) {
                   "positions per sequence the caches are made for (0: the deepest depth plus the decoded steps)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--step-output", o.step_output,
+                  "what a decode step returns: greedy (each sequence's argmax id, picked on the device, as generate "
+                  "and serve do at temperature 0) or logits (every sequence's logits copied to the host, as "
+                  "llama-batched-bench does)")
+      ->check(CLI::IsMember({"greedy", "logits"}))
+      ->capture_default_str();
   cmd->add_flag("--json", o.json, "print JSON");
   cmd->callback([] {
     using namespace tqkv::engine;
@@ -121,12 +127,15 @@ void register_bench_decode(CLI::App& bench) {
         auto cache = model.make_cache(format, capacity, B);
         std::vector<int64_t> seqs;
         for (int b = 0; b < B; ++b) seqs.push_back(cache->add_sequence());
-        std::vector<float> step_logits(static_cast<size_t>(B) * V);
+        std::vector<float> step_logits(o.step_output == "logits" ? static_cast<size_t>(B) * V : 0);
+        std::vector<int32_t> step_ids(static_cast<size_t>(B));
+        const LogitsOut step_out =
+            o.step_output == "greedy" ? LogitsOut::greedy(step_ids.data()) : LogitsOut(step_logits.data());
         // One decode step: token `at` of the stream for every sequence, at position `at`.
         auto decode_step = [&](int at) {
           Batch step;
           for (const int64_t s : seqs) step.add(s, &tokens[at], 1, at, false);
-          model.forward(step, *cache, step_logits.data());
+          model.forward(step, *cache, step_out);
         };
         int len = 0;
         for (int depth : depths) {
@@ -186,6 +195,7 @@ void register_bench_decode(CLI::App& bench) {
                           {"rss_mib", rss},
                           {"n_decode", o.n},
                           {"prefill_chunk", o.prefill_chunk},
+                          {"step_output", o.step_output},
                           {"rows", nlohmann::json::array()}};
       for (const Row& r : rows)
         j["rows"].push_back({{"format", r.format},
@@ -208,6 +218,7 @@ void register_bench_decode(CLI::App& bench) {
     std::printf("model %s, %d threads, %s, weights %.0f MiB, RSS after load %.0f MiB\n\n", lm.path.c_str(),
                 tqkv::num_threads(), std::string(tqkv::simd_level_name(tqkv::active_simd_level())).c_str(),
                 model.weight_bytes() / 1048576.0, rss);
+    std::printf("decode steps return %s\n\n", o.step_output == "greedy" ? "argmax ids (--step-output greedy)" : "logits (--step-output logits)");
     const char* graphs = !device.step_graphs() ? "" : both ? ", CUDA graphs" : ", CUDA graphs on";
     std::printf("| format | batch | depth | decode tokens/s (tg%d%s) | %sper CPU-second | prefill tokens/s (tokens) | "
                 "cache MiB/seq | seqs in %.0f GiB | attention %%%s |\n", o.n, graphs, both ? "without graphs | " : "",

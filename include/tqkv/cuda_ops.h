@@ -60,6 +60,10 @@ void add_biases(float* const* y, const float* const* bias, const int* cols, int 
                 cudaStream_t stream = nullptr);
 // y[i] = x[rows[i]] (rows of d floats; rows on the device).
 void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y, cudaStream_t stream = nullptr);
+// out[r] = the index of row r's largest value (rows of `cols` floats; out on the device): ties to
+// the lowest index, NaN never wins, a row with nothing larger than -inf gives 0 — the host's
+// engine::argmax exactly.
+void argmax_rows(const float* x, int rows, int cols, int32_t* out, cudaStream_t stream = nullptr);
 // y[rows[i]] = x[i].
 void scatter_rows(const float* x, int d, const int32_t* rows, int n, float* y, cudaStream_t stream = nullptr);
 

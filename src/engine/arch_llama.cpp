@@ -39,7 +39,7 @@ void load(const WeightLoader& w, const ModelConfig& c, ModelWeights& out) {
 }
 
 void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Batch& batch, KvCache& cache,
-             float* logits) {
+             const LogitsOut& logits) {
   const int n = batch.size();
   const int d = c.d_model, hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd, ff = c.d_ff;
   const size_t N = static_cast<size_t>(n);

@@ -137,7 +137,7 @@ void StepProducts::matmul_logit_rows(const float* x, const DeviceMatrix& w, floa
 }
 
 void output_logits(const ModelConfig& c, const ModelWeights& w, Device& dev, const StepProducts& products,
-                   const Batch& batch, float* x, float* tmp, float* logits) {
+                   const Batch& batch, float* x, float* tmp, const LogitsOut& logits) {
   // Logits only for the rows that want them (usually the last token of each sequence).
   std::vector<int32_t> rows;
   const int n = batch.size(), d = c.d_model;
@@ -150,7 +150,7 @@ void output_logits(const ModelConfig& c, const ModelWeights& w, Device& dev, con
   const DeviceMatrix& head = c.tied_embeddings ? *w.tok_embd : *w.output;
   DeviceBuffer out = dev.alloc(static_cast<size_t>(r) * c.n_vocab);
   products.matmul_logit_rows(tmp, head, out.data());
-  dev.to_host(out.data(), out.size(), logits);
+  dev.logits_out(out.data(), r, c.n_vocab, logits);
 }
 
 }  // namespace tqkv::engine

@@ -60,9 +60,10 @@ struct Architecture {
   // What the family adds to the config read from the shared keys (c.arch is set).
   void (*configure)(const GgufFile& f, ModelConfig& c);
   void (*load)(const WeightLoader& w, const ModelConfig& c, ModelWeights& out);
-  // One forward step of a batch that the cache has checked; logits [batch.n_logits(), n_vocab].
+  // One forward step of a batch that the cache has checked; logits [batch.n_logits(), n_vocab]
+  // (or their argmax) to `out`.
   void (*forward)(const ModelConfig& c, const ModelWeights& w, Device& dev, const Batch& batch, KvCache& cache,
-                  float* logits);
+                  const LogitsOut& out);
 };
 
 // The architecture of general.architecture; throws tqkv::Error(Format) naming it when the
@@ -109,9 +110,9 @@ bool group_products();
 void set_group_products(bool on);  // for the whole process
 
 // Shared by the architectures: final RMSNorm of the rows that want logits, the output head
-// (tok_embd when tied), copied to the host.
+// (tok_embd when tied), to `out` (Device::logits_out).
 void output_logits(const ModelConfig& c, const ModelWeights& w, Device& dev, const StepProducts& products,
-                   const Batch& batch, float* x, float* tmp, float* logits);
+                   const Batch& batch, float* x, float* tmp, const LogitsOut& out);
 
 extern const Architecture kLlamaArchitecture;
 extern const Architecture kGemma3Architecture;

@@ -12,6 +12,7 @@
 #include "dequant.h"
 #include "gguf.h"
 #include "qgemv.h"
+#include "sampler.h"
 #include "cpu/thread_pool.h"
 #include "tqkv/error.h"
 
@@ -29,6 +30,12 @@ void CpuDevice::to_device(const float* host, size_t n, float* dst) {
 
 void CpuDevice::to_host(const float* src, size_t n, float* host) {
   if (n) std::memcpy(host, src, n * sizeof(float));
+}
+
+void CpuDevice::logits_out(const float* src, int rows, int cols, const LogitsOut& out) {
+  if (out.logits) to_host(src, static_cast<size_t>(rows) * static_cast<size_t>(cols), out.logits);
+  if (out.argmax)  // in host memory already: picked where they are
+    for (int r = 0; r < rows; ++r) out.argmax[r] = argmax(src + static_cast<size_t>(r) * cols, cols);
 }
 
 std::unique_ptr<DeviceMatrix> CpuDevice::load_matrix(const GgufTensor& t, int rows, int cols) {

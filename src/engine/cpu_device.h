@@ -44,6 +44,7 @@ class CpuDevice final : public Device {
   DeviceBuffer alloc(size_t n) override;
   void to_device(const float* host, size_t n, float* dst) override;
   void to_host(const float* src, size_t n, float* host) override;
+  void logits_out(const float* src, int rows, int cols, const LogitsOut& out) override;
   std::unique_ptr<DeviceMatrix> load_matrix(const GgufTensor& t, int rows, int cols) override;
   void embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) override;
   // qgemv on the GGUF blocks for 1-2 rows, SGEMM (per dequantized row tile) beyond.

@@ -146,6 +146,8 @@ struct CudaDevice::Impl {
   std::vector<uint16_t*> old_xb;  // outgrown copies: recorded graphs may still read them
   void* ints = nullptr;  // uploaded host metadata (token ids, positions, rows)
   size_t ints_bytes = 0;
+  int32_t* picks = nullptr;  // argmax ids of a step's rows (logits_out, run_step)
+  int picks_n = 0;
   bool graphs = true;
   bool fused = true;
   // Products of at most this many rows run as skinny products (cuda::skinny_gemm) rather than
@@ -178,11 +180,26 @@ struct CudaDevice::Impl {
     StepActivations* acts = nullptr;  // the bucket's activations, handed out again in order ...
     size_t next_act = 0;              // ... from this one on
     std::vector<std::pair<float*, size_t>> allocs;  // new activations handed out (kept until the step ends)
-    const float* logits = nullptr;                  // what to_host was asked to copy
+    const float* logits = nullptr;                  // what logits_out was asked to copy
     size_t logit_floats = 0;
   };
   bool in_step = false;
   Step step;
+
+  // rows' argmax ids of logits [rows, cols] (device) to the host.
+  void argmax_to_host(const float* logits, int rows, int cols, int32_t* host) {
+    if (rows > picks_n) {
+      if (picks) cudaStreamSynchronize(stream);  // the old buffer may still be written
+      cudaFree(picks);
+      picks = nullptr;
+      picks_n = 0;
+      ck(cudaMalloc(reinterpret_cast<void**>(&picks), static_cast<size_t>(rows) * 2 * sizeof(int32_t)), "allocating argmax ids");
+      picks_n = rows * 2;
+    }
+    cuda::argmax_rows(logits, rows, cols, picks, stream);
+    ck(cudaMemcpyAsync(host, picks, static_cast<size_t>(rows) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+       "copying argmax ids");
+  }
 
   void release_step_allocs() {
     for (auto& [p, n] : step.allocs) BufferPool::get().give(p);
@@ -237,6 +254,7 @@ CudaDevice::~CudaDevice() {
   cudaFree(impl_->xb_alt);
   for (uint16_t* p : impl_->old_xb) cudaFree(p);
   cudaFree(impl_->ints);
+  cudaFree(impl_->picks);
   for (auto& [key, p] : impl_->inv_freq) cudaFree(p);
   for (auto& [a, b] : impl_->attention_events) {
     cudaEventDestroy(a);
@@ -267,13 +285,23 @@ void CudaDevice::to_device(const float* host, size_t n, float* dst) {
 }
 
 void CudaDevice::to_host(const float* src, size_t n, float* host) {
-  if (impl_->in_step) {  // the step's logits: run_step copies the rows that are not padding
-    impl_->step.logits = src;
-    impl_->step.logit_floats = n;
-    return;
-  }
+  if (impl_->in_step && impl_->step.recording)
+    throw Error(ErrorCode::InvalidArgument, "cuda graphs: a recorded step copies to the host");
   if (n) ck(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, impl_->stream), "to_host");
   ck(cudaStreamSynchronize(impl_->stream), "to_host");
+}
+
+void CudaDevice::logits_out(const float* src, int rows, int cols, const LogitsOut& out) {
+  if (impl_->in_step) {  // the step's logits: run_step copies (or picks from) the rows that are not padding
+    impl_->step.logits = src;
+    impl_->step.logit_floats = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+    return;
+  }
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  if (out.logits && n)
+    ck(cudaMemcpyAsync(out.logits, src, n * sizeof(float), cudaMemcpyDeviceToHost, impl_->stream), "copying logits");
+  if (out.argmax) impl_->argmax_to_host(src, rows, cols, out.argmax);
+  ck(cudaStreamSynchronize(impl_->stream), "copying logits");
 }
 
 std::unique_ptr<DeviceMatrix> CudaDevice::load_matrix(const GgufTensor& t, int rows, int cols) {
@@ -563,7 +591,7 @@ double CudaDevice::attention_seconds() {
 // first step, recorded at its second, replayed from then on. The warm-up and the recording of
 // every length class run over the bucket's activations (StepActivations), so a new class adds
 // none unless the step asks for more than the set holds.
-void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model, float* logits, const StepFn& step) {
+void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model, const LogitsOut& logits, const StepFn& step) {
   auto* cc = impl_->graphs ? dynamic_cast<CudaKvCache*>(&cache) : nullptr;
   const int n = batch.size();
   bool decode = cc && cc->graphs_supported() && batch.n_logits() == n;
@@ -639,8 +667,19 @@ void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model,
   cc->cancel_bucket();  // a replay runs no attend() to take the prepared bucket
   if (g.exec) ck(cudaGraphLaunch(g.exec, I.stream), "launching a step's graph");
   const float* src = g.exec ? g.logits : I.step.logits;
-  const size_t floats = (g.exec ? g.logit_floats : I.step.logit_floats) / bucket * n;
-  const cudaError_t e = cudaMemcpyAsync(logits, src, floats * sizeof(float), cudaMemcpyDeviceToHost, I.stream);
+  const size_t row_floats = (g.exec ? g.logit_floats : I.step.logit_floats) / bucket;
+  cudaError_t e = cudaSuccess;
+  if (logits.logits)
+    e = cudaMemcpyAsync(logits.logits, src, row_floats * n * sizeof(float), cudaMemcpyDeviceToHost, I.stream);
+  if (logits.argmax && e == cudaSuccess) {
+    try {
+      I.argmax_to_host(src, n, static_cast<int>(row_floats), logits.argmax);
+    } catch (...) {
+      cudaStreamSynchronize(I.stream);
+      if (warm) I.release_step_allocs();
+      throw;
+    }
+  }
   const cudaError_t s = cudaStreamSynchronize(I.stream);
   if (warm) I.release_step_allocs();
   ck(e, "copying a step's logits");

@@ -58,6 +58,7 @@ class CudaDevice final : public Device {
   DeviceBuffer alloc(size_t n) override;
   void to_device(const float* host, size_t n, float* dst) override;
   void to_host(const float* src, size_t n, float* host) override;
+  void logits_out(const float* src, int rows, int cols, const LogitsOut& out) override;
   std::unique_ptr<DeviceMatrix> load_matrix(const GgufTensor& t, int rows, int cols) override;
   void embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) override;
   void matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) override;
@@ -82,7 +83,7 @@ class CudaDevice final : public Device {
   bool fused_ops() const override;
   void gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) override;
   std::unique_ptr<KvCache> make_cache(const CacheSpec& spec, const CacheShape& shape) override;
-  void run_step(const Batch& batch, KvCache& cache, const void* model, float* logits, const StepFn& step) override;
+  void run_step(const Batch& batch, KvCache& cache, const void* model, const LogitsOut& out, const StepFn& step) override;
   void set_step_graphs(bool on) override;
   bool step_graphs() const override;
   void set_attention_timing(bool on) override;

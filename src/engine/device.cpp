@@ -1,8 +1,10 @@
 #include "device.h"
 
 #include <string>
+#include <vector>
 
 #include "cpu_device.h"
+#include "sampler.h"
 #include "tqkv/error.h"
 #ifdef TQKV_HAS_CUDA
 #include "cuda_device.h"
@@ -14,6 +16,20 @@ DeviceBuffer Device::load_vector(const float* host, size_t n) {
   DeviceBuffer b = alloc(n);
   to_device(host, n, b.data());
   return b;
+}
+
+void Device::logits_out(const float* src, int rows, int cols, const LogitsOut& out) {
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  if (out.logits) to_host(src, n, out.logits);
+  if (!out.argmax) return;
+  std::vector<float> host;
+  const float* v = out.logits;
+  if (!v) {
+    host.resize(n);
+    to_host(src, n, host.data());
+    v = host.data();
+  }
+  for (int r = 0; r < rows; ++r) out.argmax[r] = argmax(v + static_cast<size_t>(r) * cols, cols);
 }
 
 void Device::matmul_runs(const float* x, const RowRun* runs, int n_runs, const DeviceMatrix& w, float* y,

@@ -76,6 +76,28 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
+// Where a step's logits rows go: to the host as they are (logits: [rows, n_vocab] floats), or
+// only each row's greedy token (argmax: [rows] ids, engine::argmax's rule: ties to the lowest
+// id, NaN never wins), which a GPU picks on the device so that only the ids cross to the host.
+struct LogitsOut {
+  float* logits = nullptr;
+  int32_t* argmax = nullptr;
+  LogitsOut() = default;
+  LogitsOut(float* l) : logits(l) {}  // NOLINT(google-explicit-constructor): logits are the usual ask
+  static LogitsOut greedy(int32_t* ids) {
+    LogitsOut o;
+    o.argmax = ids;
+    return o;
+  }
+  // Rows r0.. of the same output (a batch run in pieces).
+  LogitsOut from_row(size_t r0, int n_vocab) const {
+    LogitsOut o;
+    if (logits) o.logits = logits + r0 * static_cast<size_t>(n_vocab);
+    if (argmax) o.argmax = argmax + r0;
+    return o;
+  }
+};
+
 // Sizes of a cache to make: positions per sequence and how many sequences it serves at once.
 struct CacheShape {
   int capacity = 0;
@@ -91,6 +113,9 @@ class Device {
   virtual DeviceBuffer alloc(size_t n) = 0;  // uninitialised
   virtual void to_device(const float* host, size_t n, float* dst) = 0;
   virtual void to_host(const float* src, size_t n, float* host) = 0;
+  // A step's logits [rows, cols] (device memory) to where `out` asks. The default copies them
+  // to the host and, for argmax, picks there.
+  virtual void logits_out(const float* src, int rows, int cols, const LogitsOut& out);
 
   // Weights: a GGUF tensor of shape [cols (contiguous), rows], any type the GGUF reader
   // dequantizes (the device chooses how to hold it). Throws tqkv::Error(Format) on a shape
@@ -166,15 +191,15 @@ class Device {
   // A KV cache of this device for a resolved cache spec (cache_spec.h).
   virtual std::unique_ptr<KvCache> make_cache(const CacheSpec& spec, const CacheShape& shape) = 0;
 
-  // One forward step of a batch the cache has checked: step(b, logits) issues the step's
-  // operations for batch b and writes b's logits rows to the host. The default calls it once. The
+  // One forward step of a batch the cache has checked: step(b, out) issues the step's
+  // operations for batch b and writes b's logits rows (or their argmax) to the host. The default calls it once. The
   // CUDA device records decode steps (one token per sequence) as CUDA graphs, one per batch-size
   // bucket and model (`model` identifies it), and replays them (cuda_graphs.h); a replayed step
   // gives the logits the recorded one would.
-  using StepFn = std::function<void(const Batch& b, float* logits)>;
-  virtual void run_step(const Batch& batch, KvCache& cache, const void* model, float* logits, const StepFn& step) {
+  using StepFn = std::function<void(const Batch& b, const LogitsOut& out)>;
+  virtual void run_step(const Batch& batch, KvCache& cache, const void* model, const LogitsOut& out, const StepFn& step) {
     (void)cache, (void)model;
-    step(batch, logits);
+    step(batch, out);
   }
   // Whether run_step may replay recorded steps (on by default where the device has them; a
   // device without them ignores the setting and answers false).

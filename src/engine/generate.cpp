@@ -34,23 +34,27 @@ GenerateStats generate(const Model& model, const Tokenizer& tok, KvCache& cache,
   const int V = model.config().n_vocab;
   std::vector<float> logits(V);
   Sampler sampler(opt.sampler);
+  // Greedy decoding asks the device for each step's argmax (one id, not the logits, leaves a GPU).
+  const bool greedy = opt.sampler.temperature == 0.0f;
+  int32_t picked = 0;
+  const LogitsOut out = greedy ? LogitsOut::greedy(&picked) : LogitsOut(logits.data());
 
   auto t0 = clock::now();
   double c0 = cpu_seconds();
-  model.forward(seq, prompt.data(), n_prompt, cache, logits.data(), false);
+  model.forward(seq, prompt.data(), n_prompt, cache, out, false);
   st.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   st.prompt_cpu_seconds = cpu_seconds() - c0;
 
   int64_t pos = n_prompt;
   for (int i = 0; i < opt.n_predict; ++i) {
-    const int32_t id = sampler.sample(logits.data(), V);
+    const int32_t id = greedy ? picked : sampler.sample(logits.data(), V);
     if (opt.stop_at_end_of_generation && tok.is_end_of_generation(id)) break;
     ++st.n_decoded;
     on_token(id);
     if (i + 1 == opt.n_predict || pos >= cache.capacity()) break;  // no need to run the last token
     t0 = clock::now();
     c0 = cpu_seconds();
-    model.forward(seq, &id, 1, cache, logits.data(), false);
+    model.forward(seq, &id, 1, cache, out, false);
     st.decode_seconds += std::chrono::duration<double>(clock::now() - t0).count();
     st.decode_cpu_seconds += cpu_seconds() - c0;
     ++pos;

@@ -71,14 +71,14 @@ std::unique_ptr<KvCache> Model::make_cache(const CacheSpec& spec, int capacity, 
   return device_->make_cache(spec, CacheShape{capacity, max_seqs});
 }
 
-void Model::forward(int64_t seq, const int32_t* tokens, int n, KvCache& cache, float* logits, bool all_logits) const {
+void Model::forward(int64_t seq, const int32_t* tokens, int n, KvCache& cache, const LogitsOut& logits, bool all_logits) const {
   if (n <= 0) throw Error(ErrorCode::InvalidArgument, "forward: no tokens");
   Batch b;
   b.add(seq, tokens, n, cache.seq_len(seq), all_logits);
   forward(b, cache, logits);
 }
 
-void Model::forward(const Batch& batch, KvCache& cache, float* logits) const {
+void Model::forward(const Batch& batch, KvCache& cache, const LogitsOut& logits) const {
   const int n = batch.size();
   if (n <= 0) throw Error(ErrorCode::InvalidArgument, "forward: no tokens");
   for (int t = 0; t < n; ++t)
@@ -90,7 +90,7 @@ void Model::forward(const Batch& batch, KvCache& cache, float* logits) const {
   int longest = 0;
   for (const Batch::Run& r : runs) longest = std::max(longest, r.count);
   if (longest <= step) {
-    device_->run_step(batch, cache, &weights_, logits, [&](const Batch& b, float* out) {
+    device_->run_step(batch, cache, &weights_, logits, [&](const Batch& b, const LogitsOut& out) {
       arch_->forward(cfg_, weights_, *device_, b, cache, out);
     });
     return;
@@ -106,7 +106,7 @@ void Model::forward(const Batch& batch, KvCache& cache, float* logits) const {
     piece.positions.assign(batch.positions.begin() + t0, batch.positions.begin() + t0 + m);
     piece.seqs.assign(batch.seqs.begin() + t0, batch.seqs.begin() + t0 + m);
     piece.logits.assign(batch.logits.begin() + t0, batch.logits.begin() + t0 + m);
-    arch_->forward(cfg_, weights_, *device_, piece, cache, logits + logit_row * cfg_.n_vocab);
+    arch_->forward(cfg_, weights_, *device_, piece, cache, logits.from_row(logit_row, cfg_.n_vocab));
     logit_row += piece.n_logits();
   }
 }

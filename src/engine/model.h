@@ -43,14 +43,15 @@ class Model {
   }
 
   // Runs a batch (batch.h) and appends its tokens' keys and values to the cache.
-  // logits: [batch.n_logits(), n_vocab] host floats, rows in batch order of the tokens whose
-  // logits flag is set. Checks the whole batch (token ids, positions, capacity) before
+  // out: logits [batch.n_logits(), n_vocab] host floats, rows in batch order of the tokens whose
+  // logits flag is set, or (LogitsOut::greedy) only each such row's argmax — on a GPU picked
+  // there, so that a decode step copies one id per sequence rather than its logits. Checks the whole batch (token ids, positions, capacity) before
   // anything changes; batches longer than the cache's max_step_tokens() run in pieces.
-  void forward(const Batch& batch, KvCache& cache, float* logits) const;
+  void forward(const Batch& batch, KvCache& cache, const LogitsOut& out) const;
 
   // One sequence: n tokens appended at its end; logits [n, n_vocab] when all_logits, else
-  // [n_vocab] for the last token.
-  void forward(int64_t seq, const int32_t* tokens, int n, KvCache& cache, float* logits, bool all_logits) const;
+  // [n_vocab] for the last token (or their argmax: LogitsOut::greedy).
+  void forward(int64_t seq, const int32_t* tokens, int n, KvCache& cache, const LogitsOut& out, bool all_logits) const;
 
  private:
   ModelConfig cfg_;

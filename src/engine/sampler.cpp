@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "tqkv/error.h"
 
@@ -9,8 +10,12 @@ namespace tqkv::engine {
 
 int32_t argmax(const float* v, int n) {
   int32_t best = 0;
+  float top = n > 0 && !std::isnan(v[0]) ? v[0] : -std::numeric_limits<float>::infinity();
   for (int i = 1; i < n; ++i)
-    if (v[i] > v[best]) best = i;
+    if (v[i] > top) {  // false for NaN
+      top = v[i];
+      best = i;
+    }
   return best;
 }
 

@@ -24,6 +24,8 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> cand_;
 };
 
+// The index of the largest of v[0..n): ties to the lowest index, NaN never wins (a row of NaN
+// and -inf gives 0). The GPU's cuda::argmax_rows picks the same.
 int32_t argmax(const float* v, int n);
 
 }  // namespace tqkv::engine

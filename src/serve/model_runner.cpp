@@ -144,8 +144,20 @@ std::vector<TokenEvent> ModelRunner::step(const StepPlan& plan, Scheduler& sched
     else batch.logits.back() = 0;
   }
   const int V = model_.config().n_vocab;
-  logits_.resize(sampled.size() * static_cast<size_t>(V));
-  model_.forward(batch, *cache_, logits_.data());
+  // A step whose sampled requests are all greedy without logprobs asks the device for argmax ids
+  // only: on a GPU one id per request crosses to the host instead of its row of logits.
+  bool greedy_only = !sampled.empty();
+  for (const int64_t id : sampled) {
+    const RequestOptions& o = reqs_.at(id).opt;
+    greedy_only = greedy_only && o.sampler.temperature == 0.0f && o.logprobs < 0;
+  }
+  std::vector<int32_t> picks(greedy_only ? sampled.size() : 0);
+  if (greedy_only) {
+    model_.forward(batch, *cache_, engine::LogitsOut::greedy(picks.data()));
+  } else {
+    logits_.resize(sampled.size() * static_cast<size_t>(V));
+    model_.forward(batch, *cache_, logits_.data());
+  }
 
   std::vector<TokenEvent> events;
   for (size_t i = 0; i < sampled.size(); ++i) {
@@ -154,8 +166,8 @@ std::vector<TokenEvent> ModelRunner::step(const StepPlan& plan, Scheduler& sched
     TokenEvent ev;
     ev.request = id;
     ev.n_prompt = s.n_prompt;
-    const float* logits = logits_.data() + i * V;
-    const int32_t token = s.sampler->sample(logits, V);
+    const float* logits = greedy_only ? nullptr : logits_.data() + i * V;
+    const int32_t token = greedy_only ? picks[i] : s.sampler->sample(logits, V);
     if (!s.opt.ignore_eos && tok_.is_end_of_generation(token)) {
       ev.finish = FinishReason::Stop;
     } else {

@@ -63,6 +63,43 @@ void expect_near_rel(const std::vector<float>& got, const std::vector<float>& wa
     ASSERT_NEAR(got[i], want[i], tol * (1.0 + std::fabs(want[i]))) << "at " << i;
 }
 
+// The argmax picked on the device equals the host's rule (ties to the lowest index, NaN never
+// wins, nothing above -inf gives 0) for row widths around the block size and a real vocabulary.
+TEST(CudaOps, ArgmaxRowsPicksAsTheHostDoes) {
+  SKIP_WITHOUT_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto host_argmax = [](const float* v, int n) {
+    int best = 0;
+    float top = std::isnan(v[0]) ? -std::numeric_limits<float>::infinity() : v[0];
+    for (int i = 1; i < n; ++i)
+      if (v[i] > top) top = v[i], best = i;
+    return best;
+  };
+  std::mt19937_64 rng(7);
+  for (const int cols : {1, 31, 1024, 1025, 4099, 151936}) {
+    const int rows = 9;
+    std::vector<float> x = randn(static_cast<size_t>(rows) * cols, rng);
+    auto row = [&](int r) { return x.data() + static_cast<size_t>(r) * cols; };
+    // row 1: a tie at two far-apart places; row 2: NaN everywhere but one value; row 3: all NaN;
+    // row 4: all -inf; row 5: +inf twice; row 6: NaN first; row 7: the max in the last column.
+    if (cols > 1) {
+      row(1)[cols - 1] = row(1)[cols / 3] = 100.0f;
+      for (int c = 0; c < cols; ++c) row(2)[c] = nan;
+      row(2)[cols / 2] = -5.0f;
+      for (int c = 0; c < cols; ++c) row(3)[c] = nan, row(4)[c] = -inf;
+      row(5)[cols / 2] = row(5)[cols - 1] = inf;
+      row(6)[0] = nan;
+      row(7)[cols - 1] = 50.0f;
+    }
+    Dev<float> dx(x);
+    Dev<int32_t> out(static_cast<size_t>(rows), -1);
+    cuda::argmax_rows(dx.p, rows, cols, out.p);
+    const std::vector<int32_t> got = out.host();
+    for (int r = 0; r < rows; ++r) EXPECT_EQ(got[r], host_argmax(row(r), cols)) << "cols " << cols << " row " << r;
+  }
+  EXPECT_THROW(cuda::argmax_rows(nullptr, 1, 4, nullptr), Error);
+}
+
 TEST(CudaOps, EmbedRows) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(1);

@@ -23,6 +23,7 @@
 #include "engine/cuda_device.h"
 #include "engine/cuda_kv_cache.h"
 #include "engine/generate.h"
+#include "engine/sampler.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/qgemv.h"
@@ -397,6 +398,51 @@ std::vector<std::vector<int32_t>> batched_greedy(const Model& m, const std::vect
   for (int b = 0; b < B; ++b) EXPECT_EQ(cache->seq_len(seqs[b]), static_cast<int64_t>(prompts[b].size()) + steps);
   *graphs = recorded(*cache);
   return out;
+}
+
+// A step that asks for argmax ids (LogitsOut::greedy, picked on the GPU) gives each row's argmax
+// of the logits the same step gives, replayed from graphs (bucket 8, 5 rows of it) and op by op.
+TEST_F(CudaSmol, GreedyIdsAreTheArgmaxOfTheStepsLogits) {
+  const std::vector<std::string> qs = {"Name three rivers.", "What is two plus two?", "Say hello.", "Count to five.",
+                                       "Why is the sky blue?"};
+  const int V = gpu_->config().n_vocab, B = static_cast<int>(qs.size());
+  Device& dev = gpu_->device();
+  const bool graphs_at_start = dev.step_graphs();
+  for (const bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "graphs" : "op by op");
+    dev.set_step_graphs(graphs);
+    auto with_logits = gpu_->make_cache("turboquant_4bit_nc", 256, B), with_ids = gpu_->make_cache("turboquant_4bit_nc", 256, B);
+    std::vector<int64_t> a, b;
+    std::vector<int32_t> next(B), ids(B, -1);
+    std::vector<float> logits(static_cast<size_t>(B) * V);
+    for (int i = 0; i < B; ++i) {
+      const std::vector<int32_t> p = chat(qs[i]);
+      a.push_back(with_logits->add_sequence());
+      b.push_back(with_ids->add_sequence());
+      gpu_->forward(a[i], p.data(), static_cast<int>(p.size()), *with_logits, logits.data(), false);
+      gpu_->forward(b[i], p.data(), static_cast<int>(p.size()), *with_ids, LogitsOut::greedy(&ids[i]), false);
+      next[i] = argmax(logits.data(), V);
+      ASSERT_EQ(ids[i], next[i]) << "prefill of sequence " << i;
+    }
+    for (int s = 0; s < 6; ++s) {
+      Batch sa, sb;
+      for (int i = 0; i < B; ++i) {
+        sa.add(a[i], &next[i], 1, with_logits->seq_len(a[i]), false);
+        sb.add(b[i], &next[i], 1, with_ids->seq_len(b[i]), false);
+      }
+      std::fill(ids.begin(), ids.end(), -1);
+      gpu_->forward(sa, *with_logits, logits.data());
+      gpu_->forward(sb, *with_ids, LogitsOut::greedy(ids.data()));
+      for (int i = 0; i < B; ++i) {
+        next[i] = argmax(logits.data() + static_cast<size_t>(i) * V, V);
+        ASSERT_EQ(ids[i], next[i]) << "step " << s << " sequence " << i;
+      }
+    }
+    if (graphs) {
+      EXPECT_GE(recorded(*with_ids), 1);
+    }
+  }
+  dev.set_step_graphs(graphs_at_start);
 }
 
 TEST_F(CudaSmol, GraphsGiveTheSameTokensForBatchesOfDifferentLengths) {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine/generate.h"
+#include "engine/sampler.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "eval/perplexity.h"
@@ -311,6 +312,25 @@ TEST_F(Smol, BatchedDecodeStepEqualsAloneBitForBit) {
       EXPECT_EQ(std::memcmp(&got[static_cast<size_t>(i) * V], &want[static_cast<size_t>(i) * V], V * sizeof(float)), 0)
           << "sequence " << i;
   }
+}
+
+// A step that asks for argmax ids (LogitsOut::greedy) gives the argmax of the logits the same
+// step gives, for a batch of decode rows and a prefill run.
+TEST_F(Smol, GreedyIdsAreTheArgmaxOfTheStepsLogits) {
+  const std::vector<std::string> qs = {"Name three rivers.", "Say hello.", "Count to five."};
+  const int V = model_->config().n_vocab, B = static_cast<int>(qs.size());
+  auto with_logits = model_->make_cache("tq-4.375", 128, B), with_ids = model_->make_cache("tq-4.375", 128, B);
+  Batch sa, sb;
+  for (int i = 0; i < B; ++i) {
+    const std::vector<int32_t> p = chat(qs[i]);
+    sa.add(with_logits->add_sequence(), p.data(), static_cast<int>(p.size()), 0, false);
+    sb.add(with_ids->add_sequence(), p.data(), static_cast<int>(p.size()), 0, false);
+  }
+  std::vector<float> logits(static_cast<size_t>(B) * V);
+  std::vector<int32_t> ids(B, -1);
+  model_->forward(sa, *with_logits, logits.data());
+  model_->forward(sb, *with_ids, LogitsOut::greedy(ids.data()));
+  for (int i = 0; i < B; ++i) EXPECT_EQ(ids[i], argmax(logits.data() + static_cast<size_t>(i) * V, V)) << "sequence " << i;
 }
 
 // Q, K, V and gate, up multiplied as groups give the logits of the products one by one, bit

@@ -16,6 +16,18 @@ TEST(Sampler, GreedyIsArgmaxWithLowestIdOnTies) {
   EXPECT_EQ(s.sample(l.data(), 4), 1);
 }
 
+TEST(Sampler, ArgmaxSkipsNaNAndKeepsTheLowestIdOnTies) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  const std::vector<float> lead_nan = {nan, 1.0f, 3.0f, nan, 3.0f};
+  EXPECT_EQ(argmax(lead_nan.data(), 5), 2);  // a NaN first does not block the rest
+  const std::vector<float> all_nan = {nan, nan, nan};
+  EXPECT_EQ(argmax(all_nan.data(), 3), 0);
+  const std::vector<float> all_neg_inf = {-inf, -inf};
+  EXPECT_EQ(argmax(all_neg_inf.data(), 2), 0);
+  const std::vector<float> pos_inf = {1.0f, inf, inf, nan};
+  EXPECT_EQ(argmax(pos_inf.data(), 4), 1);
+}
+
 TEST(Sampler, TopKAndTopPLimitTheChoice) {
   const std::vector<float> l = {3.0f, 2.9f, 2.8f, -5.0f, -6.0f};
   std::map<int, int> seen;
