@@ -128,11 +128,20 @@ constexpr size_t kBlasWorkspace = size_t{32} << 20;
 
 // Products of up to this many rows (a decode step's batch) run as skinny products by default:
 // on the H200 the skinny Q/K/V group beat cuBLAS at every row count to 64, the rest of a layer's
-// products to about 16 rows on Qwen2.5-1.5B (docs/RESULTS.md, "Skinny products").
+// products to about 16 rows on SmolLM2 and 4-8 on Qwen2.5-1.5B (docs/RESULTS.md, "Skinny
+// products"; the large products' own limit is below).
 constexpr int kSkinnyDefault = 16;
 // Single products beyond these sizes stay with cuBLAS (CudaDevice::skinny_single).
 constexpr int kSkinnyLongCols = 4096;
 constexpr int kSkinnyWideRows = 16384;
+// A large single product or gate/up pair (at least this many weights) goes skinny only up to
+// kSkinnyLargeMaxRows rows: every block of the skinny kernel reads the input rows again, which
+// cost it the race from ~8 rows on Qwen2.5-1.5B's output projection (1,536 x 1,536: 0.179 vs
+// cuBLAS 0.221 ms a step at 1 row, 0.185 vs 0.188 at 8, 0.223 vs 0.189 at 16) and gate/up pair
+// (2 x 8,960 x 1,536: 0.603 vs 0.661, 0.703 vs 0.675, 0.815 vs 0.677). Groups with biases
+// (Q/K/V) won at every row count; SmolLM2's matrices (< 1.8M weights) won to 16 rows.
+constexpr size_t kSkinnyLargeWeights = size_t{1} << 21;
+constexpr int kSkinnyLargeMaxRows = 4;
 
 struct CudaDevice::Impl {
   std::shared_ptr<CUstream_st> owner;  // shared with the caches, which may outlive the device
@@ -363,7 +372,8 @@ bool CudaDevice::skinny(int n, int cols) const {
 // clusters' 1.8) nor for very many rows (the output head, where cuBLAS was 5-10% faster); the
 // H200 figures are in docs/RESULTS.md ("Skinny products").
 bool CudaDevice::skinny_single(int n, int rows, int cols) const {
-  return skinny(n, cols) && cols <= kSkinnyLongCols && rows <= kSkinnyWideRows;
+  return skinny(n, cols) && cols <= kSkinnyLongCols && rows <= kSkinnyWideRows &&
+         (n <= kSkinnyLargeMaxRows || static_cast<size_t>(rows) * static_cast<size_t>(cols) < kSkinnyLargeWeights);
 }
 
 void CudaDevice::matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) {
@@ -425,6 +435,13 @@ void CudaDevice::matmul_glu(Glu kind, const float* x, int n, const DeviceMatrix&
   if (!impl_->fused || n <= 0 || w_up.cols() != in || w_up.rows() != w_gate.rows() || !skinny(n, in))
     return Device::matmul_glu(kind, x, n, w_gate, w_up, gate, up, product_input);
   const size_t nx = static_cast<size_t>(n) * in, ny = static_cast<size_t>(n) * w_gate.rows();
+  if (2 * static_cast<size_t>(w_gate.rows()) * static_cast<size_t>(in) >= kSkinnyLargeWeights &&
+      n > kSkinnyLargeMaxRows) {  // a large pair at more rows: cuBLAS's two products, then the GLU
+    stage_input(x, nx);
+    gemm_staged(n, w_gate, gate, nullptr);
+    gemm_staged(n, w_up, up, nullptr);
+    return glu(kind, gate, up, ny, product_input);
+  }
   const bool staged = impl_->staged == x && impl_->staged_n == nx;
   impl_->unstage();
   // The output's bf16 copy goes to the input buffer the next product reads: it may not be the
