@@ -142,6 +142,8 @@ constexpr int kSkinnyWideRows = 16384;
 // (Q/K/V) won at every row count; SmolLM2's matrices (< 1.8M weights) won to 16 rows.
 constexpr size_t kSkinnyLargeWeights = size_t{1} << 21;
 constexpr int kSkinnyLargeMaxRows = 4;
+// Whether n rows of products holding `weights` weights in all are within that limit.
+constexpr bool skinny_size_allows(int n, size_t weights) { return n <= kSkinnyLargeMaxRows || weights < kSkinnyLargeWeights; }
 
 struct CudaDevice::Impl {
   std::shared_ptr<CUstream_st> owner;  // shared with the caches, which may outlive the device
@@ -373,7 +375,7 @@ bool CudaDevice::skinny(int n, int cols) const {
 // H200 figures are in docs/RESULTS.md ("Skinny products").
 bool CudaDevice::skinny_single(int n, int rows, int cols) const {
   return skinny(n, cols) && cols <= kSkinnyLongCols && rows <= kSkinnyWideRows &&
-         (n <= kSkinnyLargeMaxRows || static_cast<size_t>(rows) * static_cast<size_t>(cols) < kSkinnyLargeWeights);
+         skinny_size_allows(n, static_cast<size_t>(rows) * static_cast<size_t>(cols));
 }
 
 void CudaDevice::matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) {
@@ -435,8 +437,8 @@ void CudaDevice::matmul_glu(Glu kind, const float* x, int n, const DeviceMatrix&
   if (!impl_->fused || n <= 0 || w_up.cols() != in || w_up.rows() != w_gate.rows() || !skinny(n, in))
     return Device::matmul_glu(kind, x, n, w_gate, w_up, gate, up, product_input);
   const size_t nx = static_cast<size_t>(n) * in, ny = static_cast<size_t>(n) * w_gate.rows();
-  if (2 * static_cast<size_t>(w_gate.rows()) * static_cast<size_t>(in) >= kSkinnyLargeWeights &&
-      n > kSkinnyLargeMaxRows) {  // a large pair at more rows: cuBLAS's two products, then the GLU
+  if (!skinny_size_allows(n, 2 * static_cast<size_t>(w_gate.rows()) * static_cast<size_t>(in))) {
+    // a large pair at more rows: cuBLAS's two products, then the GLU
     stage_input(x, nx);
     gemm_staged(n, w_gate, gate, nullptr);
     gemm_staged(n, w_up, up, nullptr);
