@@ -6,6 +6,10 @@
 #
 #   scripts/peer_llamacpp.sh build
 #   scripts/peer_llamacpp.sh run CTX TOKENS OUT_JSON   (e.g. 512 20480 /tmp/llamacpp_512.json)
+#
+# Environment: MODEL, TEXT, THREADS, LOGDIR (the logs and the base logits), LLAMA_PERPLEXITY (the
+# binary), LLAMA_ARGS (more arguments for every pass, e.g. "-ngl 99" with a CUDA build from
+# scripts/peer_llamacpp_gpu.sh build).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEER=${PEER:-/work/peer}
@@ -43,11 +47,13 @@ run() {
   local help; help=$("$bin" --help 2>&1 || true)
   grep -q -- "--flash-attn \[on" <<< "$help" || fa="-fa"
   local log="${LOGDIR:-$PEER}/llamacpp_${ctx}"
-  nice -n 10 "$bin" -m "$MODEL" -f "$TEXT" -c "$ctx" -b "$ctx" --chunks "$chunks" -t "$THREADS" \
+  # shellcheck disable=SC2086
+  nice -n 10 "$bin" -m "$MODEL" -f "$TEXT" -c "$ctx" -b "$ctx" --chunks "$chunks" -t "$THREADS" ${LLAMA_ARGS:-} \
      $fa -ctk f16 -ctv f16 --kl-divergence-base "$base" > "${log}_base.log" 2>&1
   # the f16 row is the base run itself (KL 0 against itself): no second f16 pass
   for t in q8_0 q4_0; do
-    nice -n 10 "$bin" -m "$MODEL" -c "$ctx" -b "$ctx" --chunks "$chunks" -t "$THREADS" \
+    # shellcheck disable=SC2086
+    nice -n 10 "$bin" -m "$MODEL" -c "$ctx" -b "$ctx" --chunks "$chunks" -t "$THREADS" ${LLAMA_ARGS:-} \
       $fa -ctk "$t" -ctv "$t" --kl-divergence-base "$base" --kl-divergence > "${log}_${t}.log" 2>&1
   done
   python3 - "$ctx" "$chunks" "$out" "$log" <<'PY'

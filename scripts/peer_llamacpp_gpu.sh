@@ -4,7 +4,8 @@
 # as a .tgz (top folder llama.cpp/), unpacked and built outside the repository.
 #
 #   scripts/peer_llamacpp_gpu.sh build SRC_TGZ [DIR]
-#       unpack into DIR (default /tmp/llama) and build llama-batched-bench and llama-bench with
+#       unpack into DIR (default /tmp/llama) and build llama-batched-bench, llama-bench and
+#       llama-perplexity (scripts/peer_llamacpp.sh run with LLAMA_ARGS="-ngl 99": the KL rows) with
 #       CUDA for sm_90 only, shared libraries, JOBS (default 16) jobs. Flash attention kernels are
 #       built for same-type K/V pairs only (GGML_CUDA_FA_ALL_QUANTS=OFF: f16, q8_0, q4_0 ... with
 #       themselves), which is all the caches below need. Binaries land in DIR/build/bin.
@@ -35,7 +36,7 @@ build() {
     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
     -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_CUDA_NCCL=OFF -DBUILD_SHARED_LIBS=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
-  cmake --build "$dir/build" -j "${JOBS:-16}" --target llama-batched-bench llama-bench
+  cmake --build "$dir/build" -j "${JOBS:-16}" --target llama-batched-bench llama-bench llama-perplexity
 }
 
 run() {

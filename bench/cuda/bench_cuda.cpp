@@ -5,7 +5,7 @@
 // sdpa_bench.py) and to tqkv's own bf16 paged decode.
 //
 //   tqkv_cuda_bench [--sdpa FILE] [--reps N] [--formats a,b] [--d D] [--batch B] [--ctx T]
-//                   [--splits N] [--decode-only] [--no-flush] [--no-cluster] [--variants V,V]
+//                   [--splits N] [--decode-only] [--no-flush] [--no-cluster] [--variants V,V] [--heads HQ:HKV]
 // --splits forces the decode's split count (warps per (sequence, kv head)); --decode-only skips
 // the store and dequantize timings (quick decode sweeps); --no-flush times with warm caches;
 // --no-cluster merges the CTAs of a (sequence, kv head) through the workspace, not DSMEM;
@@ -121,6 +121,7 @@ std::string ctx_str(int ctx) { return ctx % 1024 ? std::to_string(ctx) : std::to
 
 int main(int argc, char** argv) {
   std::string sdpa_path, only_formats;
+  int heads_q = 0, heads_kv = 0;  // --heads: every shape's query:kv heads (default 32:8 at d = 128, 9:3 at 64)
   int reps = 15, only_batch = 0, only_ctx = 0, only_d = 0, splits = 0;
   bool decode_only = false, no_cluster = false;
   std::vector<std::string> variants;  // --variants smem+k128,reg+k256
@@ -134,6 +135,12 @@ int main(int argc, char** argv) {
     else if (a == "--d" && i + 1 < argc) only_d = std::atoi(argv[++i]);
     else if (a == "--splits" && i + 1 < argc) splits = std::atoi(argv[++i]);
     else if (a == "--decode-only") decode_only = true;
+    else if (a == "--heads" && i + 1 < argc) {
+      if (std::sscanf(argv[++i], "%d:%d", &heads_q, &heads_kv) != 2 || heads_q <= 0 || heads_kv <= 0 || heads_q % heads_kv) {
+        std::fprintf(stderr, "--heads wants HQ:HKV, HQ a positive multiple of HKV\n");
+        return 2;
+      }
+    }
     else if (a == "--no-flush") g_no_flush = true;
     else if (a == "--no-cluster") no_cluster = true;
     else if (a == "--variants" && i + 1 < argc) {
@@ -151,14 +158,24 @@ int main(int argc, char** argv) {
 
   std::vector<Shape> shapes;
   for (auto [d, hq, hkv] : {std::tuple{128, 32, 8}, std::tuple{64, 9, 3}})
-    for (int b : {1, 16, 64})
+    for (int b : {1, 16, 64}) {
+      if (heads_q) hq = heads_q, hkv = heads_kv;
       for (int ctx : only_ctx ? std::vector<int>{only_ctx} : std::vector<int>{4096, 32768})  // --ctx: any multiple of 16
         if ((!only_d || d == only_d) && (!only_batch || b == only_batch))
           shapes.push_back({d, hq, hkv, b, ctx});
-  const std::vector<std::string> formats = {"bf16",          "fp8",     "turboquant_k8v4", "turboquant_4bit_nc",
-                                            "turboquant_k3v4_nc", "turboquant_3bit_nc", "tq-k4v2",
-                                            "tq-k3v2",       "tq-k4v3", "tq-k4v4",
-                                            "k5v3",          "k6v3",    "k6v5",    "k6v6"};  // recipes' wide keys (k6v5: SmolLM2's tq-4.375 middle), wq6
+    }
+  // --formats names the formats (bf16 always first, the baseline), any the library parses, e.g. a
+  // recipe's per-layer pairs (k5v5); without it, this list.
+  std::vector<std::string> formats = {"bf16",          "fp8",     "turboquant_k8v4", "turboquant_4bit_nc",
+                                      "turboquant_k3v4_nc", "turboquant_3bit_nc", "tq-k4v2",
+                                      "tq-k3v2",       "tq-k4v3", "tq-k4v4",
+                                      "k5v3",          "k6v3",    "k6v5",    "k6v6"};  // recipes' wide keys (k6v5: SmolLM2's tq-4.375 middle), wq6
+  if (!only_formats.empty()) {
+    formats = {"bf16"};
+    std::stringstream names(only_formats.substr(1));
+    for (std::string name; std::getline(names, name, ',');)
+      if (!name.empty() && name != "bf16") formats.push_back(name);
+  }
   const int bs = 16, chunk = 4096;
 
   size_t pool_bytes = 0;
@@ -215,7 +232,6 @@ int main(int argc, char** argv) {
     const auto it = sdpa.find({s.d, s.hq, s.hkv, s.batch, s.ctx});
     const double sdpa_us = it == sdpa.end() ? 0 : it->second;
     for (const auto& name : formats) {
-      if (!only_formats.empty() && name != "bf16" && only_formats.find("," + name + ",") == std::string::npos) continue;
       const tqkv::Format f = tqkv::Format::parse(name);
       const tqkv::cuda::CacheCodec codec(f, s.d);
       tqkv::cuda::PagedKv kv{pool, num_blocks, bs, s.hkv, PageLayout::Page};
