@@ -59,7 +59,7 @@ def llama_rows(d, ctx, f16_bytes):
     for r in (doc or {}).get("rows", []):
         if r.get("ppl") is None:
             continue
-        r = dict(r)
+        r = dict(r, device=doc.get("device", "cpu"))  # "device": where its llama-perplexity ran
         r["bits_all_layers"] = r["bits_per_element"]
         # the same layers and heads as our f16 cache, at the cache type's bits
         r["bytes_per_token"] = f16_bytes * r["bits_per_element"] / 16 if f16_bytes else None
@@ -102,7 +102,7 @@ def ctx_table(ctx, ours, llama):
         kl = fmt_kl(r)
         out.append(f"| {r['format']} | {r['bits_per_element']:.4g} | {r['bits_per_element']:.4g} | {bpt} | "
                    f"{r['ppl']:.4f} | {d} | {kl + ' (vs its f16)' if kl else ''} | {t1} | "
-                   f"{r.get('chunks', 0)} chunk{'s' if r.get('chunks', 0) > 1 else ''} (llama.cpp, cpu) |")
+                   f"{r.get('chunks', 0)} chunk{'s' if r.get('chunks', 0) > 1 else ''} (llama.cpp, {r['device']}) |")
     return out
 
 
