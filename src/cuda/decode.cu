@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <iterator>
 #include <string>
 
@@ -235,6 +236,16 @@ FusedKernel find_fused_kernel(const CacheCodec& main, const CacheCodec* window) 
 
 bool CacheCodec::decode_supported() const { return detail::find_kernel(*this).fn != nullptr; }
 
+namespace {
+
+int short_min_tiles() {
+  const char* e = std::getenv("TQKV_DECODE_MIN_TILES");
+  const int v = e ? std::atoi(e) : 0;
+  return v >= 1 && v <= 8 ? v : 2;
+}
+
+}  // namespace
+
 DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, int n_q_heads, int max_seq_len,
                        int num_splits) {
   using namespace detail;
@@ -252,8 +263,11 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     const int64_t slots = static_cast<int64_t>(sms) * std::max(per_sm, 1);
     const int64_t units = static_cast<int64_t>(batch) * kv.n_kv_heads;
     const int64_t tiles = (std::max(max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
-    // At least 2 tiles per warp for short contexts, 8 for long ones (the merge reads every CTA's partial).
-    const int64_t min_tiles = tiles <= 512 ? 2 : 8;
+    // At least 2 tiles per warp for short contexts, 8 for long ones (the merge reads every CTA's
+    // partial). TQKV_DECODE_MIN_TILES (1 to 8) sets the short contexts' minimum instead, to time
+    // other choices: at batch 1 a warp's tiles are one dependent chain, so fewer per warp means
+    // a shorter kernel where the device has idle SMs.
+    const int64_t min_tiles = tiles <= 512 ? short_min_tiles() : 8;
     // Short contexts: at most one cluster of CTAs per (sequence, kv head), merged in DSMEM.
     const int64_t cap = tiles > 512 ? kMaxSplits / k.warps
                         : use_cluster(k, units, kMaxClusterCtasNonPortable) ? kMaxClusterCtasNonPortable
