@@ -784,6 +784,46 @@ __device__ __forceinline__ void write_head(const DecodeParams& p, float (&x)[D /
   write_out<D>(p.out, p.out_dtype, p.lse, x, lane, qhead, lse2);
 }
 
+// Word of element e of query head g in the rotated queries' shared-memory copy ([kMaxGroup][D]
+// floats). Lane (g, c) of the query fragment reads head g's quarter c (d/4 contiguous dims), 16
+// bytes per k-step. In a plain row-major copy every quarter starts on the same bank, so the 32
+// lanes' reads of one k-step were 24- to 32-way conflicts (their scalar loads were the largest
+// stall of a batch-1 decode after the cluster barrier, Nsight Compute, docs/RESULTS.md). Each
+// quarter is therefore rotated by r 16-byte units, r chosen so that the 8 lanes of each phase
+// of a 16-byte load (g in {2p, 2p+1}, c in 0..3) read 8 different 16-byte bank groups.
+template <int D>
+__host__ __device__ constexpr int qs_word(int g, int e) {
+  constexpr int Q = D / 4;  // words of a quarter (16, 32 or 64)
+  const int c = e / Q, w = e % Q;
+  const int r = D == 64 ? (c >> 1) + 2 * g : c + 4 * g;
+  return g * D + c * Q + ((w + 4 * r) & (Q - 1));
+}
+
+// Checked when this header compiles: every row is a permutation of its D words, and every phase
+// of every k-step's 16-byte loads is free of bank conflicts.
+template <int D>
+constexpr bool qs_layout_ok() {
+  for (int g = 0; g < kMaxGroup; ++g) {
+    bool seen[D] = {};
+    for (int e = 0; e < D; ++e) {
+      const int w = qs_word<D>(g, e) - g * D;
+      if (w < 0 || w >= D || seen[w]) return false;
+      seen[w] = true;
+    }
+  }
+  for (int s = 0; s < D / 16; ++s)
+    for (int phase = 0; phase < 4; ++phase) {
+      bool used[8] = {};
+      for (int lane = 8 * phase; lane < 8 * phase + 8; ++lane) {
+        const int word = qs_word<D>(lane >> 2, (D / 4) * (lane & 3) + 4 * s);
+        if (word % 4 || used[(word / 4) % 8]) return false;
+        used[(word / 4) % 8] = true;
+      }
+    }
+  return true;
+}
+static_assert(qs_layout_ok<64>() && qs_layout_ok<128>() && qs_layout_ok<256>(), "qs_word: conflicts");
+
 // The epilogue's shared memory (after the tile loop, over the queries and the ring, which are no
 // longer needed), from the end of the lookup tables: every warp's unnormalised output, the merged
 // output, per-(warp, head) max and sum, per-head max and sum, per-CTA weights of the cross-CTA
@@ -815,7 +855,7 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T, and m-tiles of O^T
   uint32_t* klut_all = smem;
   uint32_t* vlut_all = shared_lut(KK, VK) ? smem : smem + T::KLUT;
-  float* qs = reinterpret_cast<float*>(smem + T::KLUT + T::VLUT);  // [kMaxGroup][D]
+  float* qs = reinterpret_cast<float*>(smem + T::KLUT + T::VLUT);  // [kMaxGroup][D], quarters rotated (qs_word)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -963,7 +1003,7 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
         warp_fwht<E>(qx[jj], lane);
       }
 #pragma unroll
-      for (int i = 0; i < E; ++i) qs[j * D + E * lane + i] = qx[jj][i];
+      for (int i = 0; i < E; ++i) qs[qs_word<D>(j, E * lane + i)] = qx[jj][i];
     }
   }
   __syncthreads();
@@ -974,10 +1014,14 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
   [[maybe_unused]] uint32_t qlo[KBF ? KSTEPS : 1][2];
 #pragma unroll
   for (int s = 0; s < KSTEPS; ++s) {
-    const float* qr = qs + g * D + (D / 4) * c + 4 * s;
-    float x[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = g < group ? qr[i] * qscale : 0.0f;
+    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (g < group) {
+      const float4 q4 = *reinterpret_cast<const float4*>(qs + qs_word<D>(g, (D / 4) * c + 4 * s));
+      x[0] = q4.x * qscale;
+      x[1] = q4.y * qscale;
+      x[2] = q4.z * qscale;
+      x[3] = q4.w * qscale;
+    }
     qa[s][0] = pack2<KBF>(x[0], x[1]);
     qa[s][1] = pack2<KBF>(x[2], x[3]);
     if constexpr (KBF) {
