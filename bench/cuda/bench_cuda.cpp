@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -175,6 +176,14 @@ int main(int argc, char** argv) {
     std::stringstream names(only_formats.substr(1));
     for (std::string name; std::getline(names, name, ',');)
       if (!name.empty() && name != "bf16") formats.push_back(name);
+  }
+  for (const auto& name : formats) {  // every name parses, before any timing
+    try {
+      (void)tqkv::Format::parse(name);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "--formats: %s\n", e.what());
+      return 2;
+    }
   }
   const int bs = 16, chunk = 4096;
 

@@ -240,8 +240,11 @@ namespace {
 
 int short_min_tiles() {
   const char* e = std::getenv("TQKV_DECODE_MIN_TILES");
-  const int v = e ? std::atoi(e) : 0;
-  return v >= 1 && v <= 8 ? v : 2;
+  if (!e || !*e) return 2;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  if (*end || v < 1 || v > 8) detail::throw_arg(std::string("TQKV_DECODE_MIN_TILES=") + e + ": give 1 to 8");
+  return static_cast<int>(v);
 }
 
 }  // namespace
