@@ -1,6 +1,7 @@
 #include "cuda_device.h"
 
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -570,6 +571,10 @@ bool CudaDevice::step_graphs() const { return impl_->graphs; }
 void CudaDevice::set_attention_timing(bool on) {
   impl_->timing = on;
   impl_->timed = 0;
+}
+
+void CudaDevice::profile_range(bool on) {
+  ck(on ? cudaProfilerStart() : cudaProfilerStop(), "marking the profiled range");
 }
 
 void CudaDevice::attention_begin() {

@@ -87,6 +87,7 @@ class CudaDevice final : public Device {
   void set_step_graphs(bool on) override;
   bool step_graphs() const override;
   void set_attention_timing(bool on) override;
+  void profile_range(bool on) override;
   double attention_seconds() override;
   void attention_begin() override;
   void attention_end() override;

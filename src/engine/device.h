@@ -216,6 +216,10 @@ class Device {
   virtual double attention_seconds() { return 0; }
   virtual void attention_begin() {}
   virtual void attention_end() {}
+  // Marks the steps a profiler started with its collection off should see (CUDA:
+  // cudaProfilerStart/Stop, so `ncu --profile-from-start off` skips the prefill's launches).
+  // Without a profiler, and on the CPU, it does nothing.
+  virtual void profile_range(bool on) { (void)on; }
 };
 
 // "cpu" (the default), "cuda", or "auto" (the GPU where one is built and present, else the
