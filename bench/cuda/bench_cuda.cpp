@@ -6,6 +6,7 @@
 //
 //   tqkv_cuda_bench [--sdpa FILE] [--reps N] [--formats a,b] [--d D] [--batch B] [--ctx T]
 //                   [--splits N] [--decode-only] [--no-flush] [--no-cluster] [--variants V,V] [--heads HQ:HKV]
+//                   [--fused W:S [--window-format F]]
 // --splits forces the decode's split count (warps per (sequence, kv head)); --decode-only skips
 // the store and dequantize timings (quick decode sweeps); --no-flush times with warm caches;
 // --no-cluster merges the CTAs of a (sequence, kv head) through the workspace, not DSMEM;
@@ -14,6 +15,13 @@
 // or in registers) and k128|k256 (TQKV_DECODE_KEY_LUT: 4-bit MSE keys at d = 64, table entries
 // 128 or 256 bytes apart), e.g. --variants smem+k128,reg+k256; parts that do not apply to a format
 // are dropped.
+// --fused W:S also times each format as the compressed middle of a layer with copies, as the
+// engine keeps them (tq-4.375's sinks and recent window): W recent positions in a ring of
+// --window-format codes (default k6v6, recipes' wq6) and S f16 sinks. One row per format: the
+// fused three-part launch (cuda::run_fused_decode), the same three parts as three launches and
+// two merges on one stream, then with the window's and the sinks' launches on side streams
+// (as a recorded engine step runs them), and each of those launches alone (queries and outputs in f32, as
+// the engine passes them; the window and sink pools hold a constant byte pattern).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -22,7 +30,9 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <initializer_list>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -32,6 +42,7 @@
 
 #include "check.h"
 #include "tqkv/cuda.h"
+#include "tqkv/cuda_ops.h"
 #include "tqkv/format.h"
 #include "tqkv/half.h"
 
@@ -118,6 +129,162 @@ std::map<std::tuple<int, int, int, int, int>, double> read_sdpa(const std::strin
 
 std::string ctx_str(int ctx) { return ctx % 1024 ? std::to_string(ctx) : std::to_string(ctx / 1024) + "K"; }
 
+struct FusedRow {
+  Shape s;
+  std::string middle, window;
+  int w = 0, sinks = 0;
+  double fused_us = 0, fused_other_us = 0, three_us = 0, forked_us = 0, middle_us = 0, window_us = 0, sinks_us = 0, merges_us = 0;
+};
+
+// A decode plan with its prepared workspace.
+struct PlannedDecode {
+  tqkv::cuda::DecodePlan plan;
+  void* ws = nullptr;
+  PlannedDecode(const tqkv::cuda::CacheCodec& c, const tqkv::cuda::PagedKv& kv, int batch, int hq, int max_len) {
+    plan = tqkv::cuda::plan_decode(c, kv, batch, hq, max_len);
+    CK(cudaMalloc(&ws, std::max<size_t>(plan.workspace_bytes, 256)));
+    tqkv::cuda::init_decode_workspace(c, kv, plan, ws);
+  }
+  ~PlannedDecode() { cudaFree(ws); }
+  PlannedDecode(const PlannedDecode&) = delete;
+  PlannedDecode& operator=(const PlannedDecode&) = delete;
+};
+
+// --fused: `codec` (its pool `kv`, block tables `bt`, lengths `lens` = ctx) as the middle of a
+// layer whose last W positions also sit in a ring of window-format copies and whose first S in
+// f16 copies, laid out as engine::CudaKvCache lays them out (the ring's block table maps each
+// logical page to ring block page % ring_blocks of its sequence).
+FusedRow time_fused(const tqkv::cuda::CacheCodec& codec, const tqkv::cuda::PagedKv& kv, const Shape& s,
+                    const int32_t* bt, const int32_t* lens, const float* q, float* out, const std::string& window_format,
+                    int W, int S, int reps) {
+  namespace tc = tqkv::cuda;
+  const int bs = kv.block_size, pages = s.ctx / bs;
+  FusedRow r;
+  r.s = s;
+  r.middle = codec.format().name();
+  r.window = window_format;
+  r.w = W;
+  r.sinks = S;
+  const tc::CacheCodec wcodec(tqkv::Format::parse(window_format), s.d);
+  const tc::CacheCodec scodec(tqkv::Format::parse("f16"), s.d);
+  const int ring_blocks = W > 0 ? (W + 16 + bs - 1) / bs + 1 : 0;
+  auto pool = [&](const tc::CacheCodec& c, int blocks) {
+    uint8_t* p = nullptr;
+    const size_t bytes = static_cast<size_t>(blocks) * bs * s.hkv * c.format().slot_bytes(s.d);
+    CK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(bytes, 256)));
+    CK(cudaMemset(p, 0x3c, bytes));  // fp16 norms 0x3c3c = 1.06, every code 0x3c: finite everywhere
+    return p;
+  };
+  tc::PagedKv wkv{pool(wcodec, std::max(1, ring_blocks * s.batch)), std::max(1, ring_blocks * s.batch), bs, s.hkv,
+                  PageLayout::Page};
+  tc::PagedKv skv{pool(scodec, s.batch), s.batch, bs, s.hkv, PageLayout::Page};
+  std::vector<int32_t> wt(static_cast<size_t>(s.batch) * pages), st(s.batch), sl(s.batch, S);
+  for (int b = 0; b < s.batch; ++b) {
+    for (int p = 0; p < pages; ++p) wt[static_cast<size_t>(b) * pages + p] = ring_blocks ? b * ring_blocks + p % ring_blocks : 0;
+    st[b] = b;
+  }
+  int32_t *dwt, *dst, *dsl;
+  CK(cudaMalloc(reinterpret_cast<void**>(&dwt), wt.size() * 4));
+  CK(cudaMalloc(reinterpret_cast<void**>(&dst), st.size() * 4));
+  CK(cudaMalloc(reinterpret_cast<void**>(&dsl), sl.size() * 4));
+  CK(cudaMemcpy(dwt, wt.data(), wt.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dst, st.data(), st.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dsl, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice));
+
+  tc::DecodePart parts[3];
+  parts[tc::kFusedMain] = {&codec, kv, bt, pages, lens, s.ctx, S, 0, W};
+  if (W > 0) parts[tc::kFusedWindow] = {&wcodec, wkv, dwt, pages, lens, W + 16, S, W, 0};
+  if (S > 0) parts[tc::kFusedSinks] = {&scodec, skv, dst, 1, dsl, S, 0, 0, 0};
+  tc::DecodeArgs a;
+  a.q = q;
+  a.q_dtype = DType::F32;
+  a.out = out;
+  a.out_dtype = DType::F32;
+  a.batch = s.batch;
+  a.params.n_q_heads = s.hq;
+  a.params.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  const tc::FusedDecodePlan fplan = tc::plan_fused_decode(parts, s.batch, s.hq);
+  void* fws = nullptr;
+  CK(cudaMalloc(&fws, std::max<size_t>(fplan.workspace_bytes, 256)));
+  tc::init_fused_decode_workspace(fplan, s.hkv, fws);
+  std::fprintf(stderr, "# fused %s + %s(%d) + %d sinks, d=%d b=%d ctx=%d: CTAs %d/%d/%d, %s merge%s\n", r.middle.c_str(),
+               window_format.c_str(), W, S, s.d, s.batch, s.ctx, fplan.ctas[0], fplan.ctas[1], fplan.ctas[2],
+               fplan.cluster_merge ? "cluster" : "workspace", fplan.short_first ? ", short parts first" : "");
+  r.fused_us = time_us([&] { tc::run_fused_decode(parts, a, fplan, fws); }, reps);
+  if (!fplan.cluster_merge) {  // the other dispatch order of the same plan
+    tc::FusedDecodePlan other = fplan;
+    other.short_first = !fplan.short_first;
+    r.fused_other_us = time_us([&] { tc::run_fused_decode(parts, a, other, fws); }, reps);
+  }
+  CK(cudaFree(fws));
+
+  // The three launches and two merges of the engine's unfused path, one stream.
+  const size_t rows = static_cast<size_t>(s.batch) * s.hq;
+  float *pw, *ps, *lse_m, *lse_w, *lse_s;
+  CK(cudaMalloc(reinterpret_cast<void**>(&pw), rows * s.d * 4));
+  CK(cudaMalloc(reinterpret_cast<void**>(&ps), rows * s.d * 4));
+  CK(cudaMalloc(reinterpret_cast<void**>(&lse_m), rows * 3 * 4));
+  lse_w = lse_m + rows;
+  lse_s = lse_w + rows;
+  // One part alone, as the engine's unfused path launches it: the part's tables, lengths and cuts.
+  auto part_args = [&](const tc::DecodePart& part, float* o, float* lse) {
+    tc::DecodeArgs pa = a;
+    pa.block_tables = part.block_tables;
+    pa.block_table_stride = part.block_table_stride;
+    pa.seq_lens = part.seq_lens;
+    pa.out = o;
+    pa.params.min_key_pos = part.min_key_pos;
+    pa.params.window = part.window;
+    pa.params.exclude_recent = part.exclude_recent;
+    pa.params.lse = lse;
+    return pa;
+  };
+  PlannedDecode pm(codec, kv, s.batch, s.hq, s.ctx);
+  const tc::DecodeArgs am = part_args(parts[tc::kFusedMain], out, lse_m);
+  const tc::DecodeArgs aw = part_args(parts[tc::kFusedWindow], pw, lse_w);
+  const tc::DecodeArgs as = part_args(parts[tc::kFusedSinks], ps, lse_s);
+  std::unique_ptr<PlannedDecode> pwin, psink;
+  if (W > 0) pwin = std::make_unique<PlannedDecode>(wcodec, wkv, s.batch, s.hq, W + 16);
+  if (S > 0) psink = std::make_unique<PlannedDecode>(scodec, skv, s.batch, s.hq, S);
+  auto middle = [&] { tc::run_decode(codec, kv, am, pm.plan, pm.ws); };
+  auto window = [&] { if (pwin) tc::run_decode(wcodec, wkv, aw, pwin->plan, pwin->ws); };
+  auto sinks = [&] { if (psink) tc::run_decode(scodec, skv, as, psink->plan, psink->ws); };
+  auto merges = [&] {
+    if (pwin) tc::merge_attention(out, lse_m, pw, lse_w, static_cast<int>(rows), s.d);
+    if (psink) tc::merge_attention(out, lse_m, ps, lse_s, static_cast<int>(rows), s.d);
+  };
+  r.three_us = time_us([&] { middle(), window(), sinks(), merges(); }, reps);
+  // The same launches with the window's and the sinks' decodes on side streams beside the
+  // middle's, as a recorded engine step runs them (its graph's parallel branches).
+  cudaStream_t sm, s1, s2;
+  cudaEvent_t fork, j0, j1, j2;
+  for (cudaStream_t* st : {&sm, &s1, &s2}) CK(cudaStreamCreateWithFlags(st, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&fork, &j0, &j1, &j2}) CK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  r.forked_us = time_us([&] {
+    CK(cudaEventRecord(fork, nullptr));
+    for (cudaStream_t st : {sm, s1, s2}) CK(cudaStreamWaitEvent(st, fork, 0));
+    if (pwin) tc::run_decode(wcodec, wkv, aw, pwin->plan, pwin->ws, s1);
+    CK(cudaEventRecord(j1, s1));
+    if (psink) tc::run_decode(scodec, skv, as, psink->plan, psink->ws, s2);
+    CK(cudaEventRecord(j2, s2));
+    tc::run_decode(codec, kv, am, pm.plan, pm.ws, sm);
+    CK(cudaStreamWaitEvent(sm, j1, 0));
+    if (pwin) tc::merge_attention(out, lse_m, pw, lse_w, static_cast<int>(rows), s.d, sm);
+    CK(cudaStreamWaitEvent(sm, j2, 0));
+    if (psink) tc::merge_attention(out, lse_m, ps, lse_s, static_cast<int>(rows), s.d, sm);
+    CK(cudaEventRecord(j0, sm));
+    CK(cudaStreamWaitEvent(nullptr, j0, 0));
+  }, reps);
+  for (cudaStream_t st : {sm, s1, s2}) CK(cudaStreamDestroy(st));
+  for (cudaEvent_t e : {fork, j0, j1, j2}) CK(cudaEventDestroy(e));
+  r.middle_us = time_us(middle, reps);
+  r.window_us = pwin ? time_us(window, reps) : 0;
+  r.sinks_us = psink ? time_us(sinks, reps) : 0;
+  r.merges_us = time_us(merges, reps);
+  for (void* p : std::initializer_list<void*>{pw, ps, lse_m, dwt, dst, dsl, wkv.pages, skv.pages}) CK(cudaFree(p));
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,6 +292,8 @@ int main(int argc, char** argv) {
   int heads_q = 0, heads_kv = 0;  // --heads: every shape's query:kv heads (default 32:8 at d = 128, 9:3 at 64)
   int reps = 15, only_batch = 0, only_ctx = 0, only_d = 0, splits = 0;
   bool decode_only = false, no_cluster = false;
+  int fused_window = 0, fused_sinks = 0;  // --fused W:S
+  std::string window_format = "k6v6";
   std::vector<std::string> variants;  // --variants smem+k128,reg+k256
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -142,6 +311,14 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    else if (a == "--fused" && i + 1 < argc) {
+      if (std::sscanf(argv[++i], "%d:%d", &fused_window, &fused_sinks) != 2 || fused_window < 0 || fused_sinks < 0 ||
+          fused_sinks > 16 || fused_window + fused_sinks == 0) {
+        std::fprintf(stderr, "--fused wants W:S, W >= 0 recent positions and 0 <= S <= 16 sinks, not both 0\n");
+        return 2;
+      }
+    }
+    else if (a == "--window-format" && i + 1 < argc) window_format = argv[++i];
     else if (a == "--no-flush") g_no_flush = true;
     else if (a == "--no-cluster") no_cluster = true;
     else if (a == "--variants" && i + 1 < argc) {
@@ -186,6 +363,7 @@ int main(int argc, char** argv) {
     }
   }
   const int bs = 16, chunk = 4096;
+  std::vector<FusedRow> fused_rows;
 
   size_t pool_bytes = 0;
   for (const auto& s : shapes)
@@ -237,6 +415,14 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&dq, qh.size() * 2));
     CK(cudaMalloc(&dout, qh.size() * 2));
     CK(cudaMemcpy(dq, qh.data(), qh.size() * 2, cudaMemcpyHostToDevice));
+    float *dq_f32 = nullptr, *dout_f32 = nullptr;  // --fused: f32 queries and outputs, as the engine's
+    if (fused_window > 0 || fused_sinks > 0) {
+      std::vector<float> qf(qh.size());
+      for (size_t i = 0; i < qh.size(); ++i) qf[i] = tqkv::bf16_to_float(qh[i]);
+      CK(cudaMalloc(reinterpret_cast<void**>(&dq_f32), qf.size() * 4));
+      CK(cudaMalloc(reinterpret_cast<void**>(&dout_f32), qf.size() * 4));
+      CK(cudaMemcpy(dq_f32, qf.data(), qf.size() * 4, cudaMemcpyHostToDevice));
+    }
     double bf16_us = 0;
     const auto it = sdpa.find({s.d, s.hq, s.hkv, s.batch, s.ctx});
     const double sdpa_us = it == sdpa.end() ? 0 : it->second;
@@ -332,6 +518,9 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
       CK(cudaFree(ws));
+      if ((fused_window > 0 || fused_sinks > 0) && name != "bf16" && fused_window + fused_sinks < s.ctx)
+        fused_rows.push_back(time_fused(codec, kv, s, dbt, dlens, dq_f32, dout_f32, window_format, fused_window,
+                                        fused_sinks, reps));
     }
     if (sdpa_us > 0) {
       const double bytes = 2.0 * s.batch * s.ctx * s.hkv * s.d * 2;
@@ -344,6 +533,17 @@ int main(int argc, char** argv) {
     CK(cudaFree(dslots));
     CK(cudaFree(dq));
     CK(cudaFree(dout));
+    if (dq_f32) CK(cudaFree(dq_f32));
+    if (dout_f32) CK(cudaFree(dout_f32));
+  }
+  if (!fused_rows.empty()) {
+    std::printf("\n| d | Hq:Hkv | batch | ctx | middle | window (W) | sinks | fused us | other order us | three launches us | forked us | middle us | window us | sinks us | 2 merges us | fused / forked |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const FusedRow& r : fused_rows)
+      std::printf("| %d | %d:%d | %d | %s | %s | %s (%d) | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx |\n",
+                  r.s.d, r.s.hq, r.s.hkv, r.s.batch, ctx_str(r.s.ctx).c_str(), r.middle.c_str(), r.window.c_str(), r.w,
+                  r.sinks, r.fused_us, r.fused_other_us, r.three_us, r.forked_us, r.middle_us, r.window_us, r.sinks_us, r.merges_us,
+                  r.fused_us / r.forked_us);
   }
   return 0;
 }

@@ -176,9 +176,10 @@ struct FusedDecodePlan {
   size_t workspace_bytes = 0;
   bool cluster_merge = false;  // the CTAs of a (sequence, kv head) merge as one cluster, in DSMEM
   bool spread = false;         // each part's splits share its own key range, not max_seq_len's tiles
+  bool short_first = false;    // without a cluster merge: the window's and sinks' CTAs start first
 };
 // The choices of plan_fused_decode; the defaults are the measured ones (docs/RESULTS.md, "Batch 1,
-// kernel by kernel"), the others stay selectable to compare (engine: TQKV_FUSED_SPREAD,
+// kernel by kernel"), the others stay selectable to compare (engine: TQKV_FUSED_SPREAD, TQKV_FUSED_SHORT_FIRST,
 // TQKV_FUSED_CLUSTER, TQKV_FUSED_CLUSTER_FIT).
 struct FusedDecodeOptions {
   // Each part's splits share the tiles of its own key range (known before its first page id is
@@ -196,6 +197,9 @@ struct FusedDecodeOptions {
   // (fewer, longer CTAs: fewer prologues and a smaller merge for a short middle); 0: as many as
   // plan_decode gives it.
   int main_tiles_per_warp = 0;
+  // Without a cluster merge, the grid starts every (sequence, kv head)'s window and sink CTAs
+  // before any middle CTA (the longest), instead of one (sequence, kv head) after another.
+  bool short_first = true;
 };
 // True where a fused kernel exists for the middle's and the window's pairs at this head dim
 // (src/cuda/decode_pairs.cmake: the recipes' pairs with their windows); window null: no window part.

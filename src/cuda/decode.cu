@@ -417,6 +417,8 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
       plan.ctas[kFusedMain] = room;
     plan.cluster_merge = use_cluster(k, units, plan.ctas[kFusedMain] + others);
   }
+  plan.short_first = options.short_first && !plan.cluster_merge && others > 0 &&
+                     units * (plan.ctas[kFusedMain] + others) <= INT_MAX;
   // The workspace stays allocated with a cluster merge (unused), so the plan's size is the same.
   const Workspace w = workspace_layout(units, plan.ctas[0] + others, n_q_heads / parts[kFusedMain].kv.n_kv_heads,
                                        main.head_dim(), true);
@@ -479,8 +481,12 @@ void run_fused_decode(const DecodePart (&parts)[3], const DecodeArgs& a, const F
   fp.out_dtype = a.out_dtype;
   fp.lse = ap.lse;
   fp.cluster = plan.cluster_merge;
+  fp.short_first = plan.short_first && !plan.cluster_merge;
+  if (fp.short_first && (ctas == fp.cta_end[0] || units * ctas > INT_MAX))
+    throw_arg("fused decode: a short-first plan needs window or sink CTAs and fewer than 2^31 CTAs");
   TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-  const dim3 grid(ctas, parts[kFusedMain].kv.n_kv_heads, a.batch);
+  const dim3 grid = fp.short_first ? dim3(static_cast<unsigned>(units * ctas))
+                                   : dim3(ctas, parts[kFusedMain].kv.n_kv_heads, a.batch);
   if (!fp.cluster) {
     k.fn<<<grid, k.warps * 32, k.smem, stream>>>(fp);
     TQKV_CUDA_CHECK(cudaGetLastError());

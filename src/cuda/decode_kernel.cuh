@@ -845,11 +845,11 @@ struct Epilogue {
         flag(reinterpret_cast<int*>(cw + (kMaxSplits / W) * kMaxGroup)) {}
 };
 
-// The tile loop of CTA `cta` of the (sequence, kv head) (blockIdx.z, blockIdx.y): warp w runs
-// split cta * W + w of the key range p describes and leaves its unnormalised output and its max
-// and sum in the Epilogue at smem + KLUT + VLUT (wo, wml), the CTA synchronised.
+// The tile loop of CTA `cta` of the (sequence, kv head) (b, hkv): warp w runs split cta * W + w
+// of the key range p describes and leaves its unnormalised output and its max and sum in the
+// Epilogue at smem + KLUT + VLUT (wo, wml), the CTA synchronised.
 template <int D, int KK, int VK, int W, int VA = va_default(D, KK, VK)>
-__device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, uint32_t* smem) {
+__device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, int hkv, int b, uint32_t* smem) {
   using T = Traits<D, KK, VK, W, VA>;
   constexpr bool KBF = T::KBF, VBF = T::VBF;
   constexpr int KSTEPS = D / 16;  // k-steps of S = Q K^T, and m-tiles of O^T
@@ -859,7 +859,6 @@ __device__ __forceinline__ void decode_splits(const DecodeParams& p, int cta, ui
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
-  const int hkv = blockIdx.y, b = blockIdx.z;
   const int split = cta * T::WARPS + warp;
   const int group = p.group;
 
@@ -1525,7 +1524,7 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   using T = Traits<D, KK, VK, 0, VA>;
   constexpr int W = T::WARPS, E = D / 32;
   extern __shared__ __align__(16) uint32_t smem[];
-  decode_splits<D, KK, VK, W, VA>(p, blockIdx.x, smem);
+  decode_splits<D, KK, VK, W, VA>(p, blockIdx.x, blockIdx.y, blockIdx.z, smem);
   const Epilogue<D, W> ep(smem + T::KLUT + T::VLUT);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int hkv = blockIdx.y, b = blockIdx.z, group = p.group, ctas = gridDim.x;
@@ -1585,6 +1584,12 @@ struct FusedParams {
   // The CTAs of a (sequence, kv head) form one thread-block cluster and merge in distributed
   // shared memory (the workspace is then unused).
   bool cluster;
+  // Without a cluster: a one-dimensional grid whose first CTAs are every (sequence, kv head)'s
+  // window and sink CTAs, then every middle CTA. The scheduler starts CTAs in grid order, so the
+  // short parts run first and the middle's CTAs, the long ones, all start in the wave they
+  // leave; in the (CTA, kv head, sequence) grid the later sequences' middle CTAs waited behind
+  // the earlier ones' short CTAs.
+  bool short_first;
 };
 
 // The fused kernel's warps per CTA (every part's) and shared memory (the largest part's).
@@ -1602,25 +1607,40 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
   constexpr int W = FusedTraits<D, KK, VK, WK, WV>::W, E = D / 32;
   static_assert(W >= 2, "the cluster merge's exchange area stays below every part's merged output");
   extern __shared__ __align__(16) uint32_t smem[];
-  const int x = blockIdx.x;
+  const int ctas = fp.cta_end[2];  // per (sequence, kv head)
+  int x = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z;
+  if (fp.short_first) {
+    const int nkv = fp.part[0].n_kv_heads, mid = fp.cta_end[0], others = ctas - mid;
+    const int64_t i = blockIdx.x, units = static_cast<int64_t>(gridDim.x) / ctas;
+    int64_t u;
+    if (i < units * others) {
+      u = i / others;
+      x = mid + static_cast<int>(i % others);
+    } else {
+      u = (i - units * others) / mid;
+      x = static_cast<int>((i - units * others) % mid);
+    }
+    hkv = static_cast<int>(u % nkv);
+    b = static_cast<int>(u / nkv);
+  }
   const DecodeParams* p;
   uint32_t* base;
   if (x < fp.cta_end[0]) {
     p = &fp.part[0];
-    decode_splits<D, KK, VK, W>(*p, x, smem);
+    decode_splits<D, KK, VK, W>(*p, x, hkv, b, smem);
     base = smem + Traits<D, KK, VK>::KLUT + Traits<D, KK, VK>::VLUT;
   } else if (x < fp.cta_end[1]) {
     p = &fp.part[1];
-    decode_splits<D, WK, WV, W>(*p, x - fp.cta_end[0], smem);
+    decode_splits<D, WK, WV, W>(*p, x - fp.cta_end[0], hkv, b, smem);
     base = smem + Traits<D, WK, WV>::KLUT + Traits<D, WK, WV>::VLUT;
   } else {
     p = &fp.part[2];
-    decode_splits<D, K_F16, V_F16, W>(*p, x - fp.cta_end[1], smem);
+    decode_splits<D, K_F16, V_F16, W>(*p, x - fp.cta_end[1], hkv, b, smem);
     base = smem;
   }
   const Epilogue<D, W> ep(base);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int hkv = blockIdx.y, b = blockIdx.z, group = fp.part[0].group, ctas = gridDim.x;
+  const int group = fp.part[0].group;
   const int64_t unit = static_cast<int64_t>(b) * fp.part[0].n_kv_heads + hkv;
   combine_warps<D, W>(ep, group, [&](int j, int i, float v) { ep.fin[j * D + i] = v; });
   __syncthreads();

@@ -73,6 +73,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   if (const char* e = std::getenv("TQKV_FUSED_SPREAD")) fused_options_.spread = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_FUSED_CLUSTER")) fused_options_.cluster = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_FUSED_CLUSTER_FIT")) fused_options_.cluster_fit = std::string(e) != "0";
+  if (const char* e = std::getenv("TQKV_FUSED_SHORT_FIRST")) fused_options_.short_first = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_PLAN_BY_LEN")) plan_by_len_ = std::string(e) != "0";
   fused_options_.main_tiles_per_warp =
       static_cast<int>(env_count("TQKV_FUSED_MAIN_TILES", "tiles per warp", 0, 0, 1 << 20));

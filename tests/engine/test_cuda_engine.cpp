@@ -928,6 +928,42 @@ TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
   }
 }
 
+// Without the cluster merge (many rows), the fused grid runs in either dispatch order: every
+// window and sink CTA first (TQKV_FUSED_SHORT_FIRST, the default) or (sequence, kv head) by
+// (sequence, kv head); both against the three launches.
+TEST(CudaCacheLayer, FusedDecodeInEitherDispatchOrderMatchesThreeLaunches) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  const std::vector<std::pair<ModelConfig, std::string>> cases = {
+      {cache_test_model(30, 9, 3),
+       "k5v4+skip0+L11.29=k3v2+L0.1=k3v4+L27=k4v2+L2.7.10.28=k4v3+L3.4=k4v4+L9.13.16.19.22.25.26=k5v3+L23=k6v5+sink1+wq6+fill4.375"},
+      {cache_test_model(28, 12, 2, 128), kQwen15bRecipes[0]},
+      {cache_test_model(2, 6, 2), "k5v3+sink2+w9+skip0"},
+  };
+  for (const auto& [m, name] : cases)
+    for (const char* order : {"1", "0"}) {
+      SCOPED_TRACE(name + " short-first " + order);
+      const CacheSpec spec = resolve_cache_spec(name, m);
+      std::unique_ptr<KvCache> fused, three;
+      {
+        ScopedEnv no_cluster("TQKV_FUSED_CLUSTER", "0");
+        ScopedEnv first("TQKV_FUSED_SHORT_FIRST", order);
+        fused = dev->make_cache(spec, CacheShape{512, 2});
+      }
+      {
+        ScopedEnv off("TQKV_FUSED_DECODE", "0");
+        three = dev->make_cache(spec, CacheShape{512, 2});
+      }
+      const auto* fc = dynamic_cast<const CudaKvCache*>(fused.get());
+      ASSERT_TRUE(fc);
+      EXPECT_EQ(fc->fused_layers(), m.n_layers);
+      TwinCaches twin{*dev, m, *fused, *three};
+      prefill_then_decode(twin);
+      EXPECT_LT(twin.worst, 5e-3);
+      EXPECT_GT(twin.scale, 0.0);
+    }
+}
+
 // Every fused kernel (src/cuda/decode_pairs.cmake: each recipe's pairs with its window, at its
 // head dim) against the three launches, one layer each: the Mse pairs of 2..8 bits with a wq6
 // window at d = 64 and 128 (those without a fused kernel are skipped; the recipes' must have one).
