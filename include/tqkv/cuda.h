@@ -197,9 +197,12 @@ struct FusedDecodeOptions {
   // (fewer, longer CTAs: fewer prologues and a smaller merge for a short middle); 0: as many as
   // plan_decode gives it.
   int main_tiles_per_warp = 0;
+  // The window's and the sinks' parts take one CTA per this many tiles a warp (at most 8 CTAs).
+  int copy_tiles_per_warp = 4;
   // Without a cluster merge, the grid starts every (sequence, kv head)'s window and sink CTAs
-  // before any middle CTA (the longest), instead of one (sequence, kv head) after another.
-  bool short_first = true;
+  // before any middle CTA (the longest), instead of one (sequence, kv head) after another:
+  // 1 always, 0 never, -1 (the default) where the grid takes more than one wave.
+  int short_first = -1;
 };
 // True where a fused kernel exists for the middle's and the window's pairs at this head dim
 // (src/cuda/decode_pairs.cmake: the recipes' pairs with their windows); window null: no window part.

@@ -73,10 +73,17 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   if (const char* e = std::getenv("TQKV_FUSED_SPREAD")) fused_options_.spread = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_FUSED_CLUSTER")) fused_options_.cluster = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_FUSED_CLUSTER_FIT")) fused_options_.cluster_fit = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_FUSED_SHORT_FIRST")) fused_options_.short_first = std::string(e) != "0";
+  if (const char* e = std::getenv("TQKV_FUSED_SHORT_FIRST")) {
+    const std::string v = e;
+    if (v != "0" && v != "1" && v != "auto" && !v.empty())
+      throw Error(ErrorCode::InvalidArgument, "TQKV_FUSED_SHORT_FIRST=" + v + ": give 0, 1 or auto");
+    fused_options_.short_first = v == "0" ? 0 : v == "1" ? 1 : -1;
+  }
   if (const char* e = std::getenv("TQKV_PLAN_BY_LEN")) plan_by_len_ = std::string(e) != "0";
   fused_options_.main_tiles_per_warp =
       static_cast<int>(env_count("TQKV_FUSED_MAIN_TILES", "tiles per warp", 0, 0, 1 << 20));
+  fused_options_.copy_tiles_per_warp = static_cast<int>(
+      env_count("TQKV_FUSED_COPY_TILES", "tiles per warp", fused_options_.copy_tiles_per_warp, 1, 1 << 20));
   if (const char* e = std::getenv("TQKV_PREFILL_PATH")) {
     const std::string path = e;
     if (path == "tiled")

@@ -929,8 +929,8 @@ TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
 }
 
 // Without the cluster merge (many rows), the fused grid runs in either dispatch order: every
-// window and sink CTA first (TQKV_FUSED_SHORT_FIRST, the default) or (sequence, kv head) by
-// (sequence, kv head); both against the three launches.
+// window and sink CTA first (TQKV_FUSED_SHORT_FIRST=1; the default where the grid takes more
+// than one wave) or (sequence, kv head) by (sequence, kv head); both against the three launches.
 TEST(CudaCacheLayer, FusedDecodeInEitherDispatchOrderMatchesThreeLaunches) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   auto dev = std::make_shared<CudaDevice>();
