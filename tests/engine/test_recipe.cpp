@@ -136,7 +136,7 @@ TEST(RecipeFile, ShippedFileHoldsTheEngineRecipes) {
        "k5v4+c+skip0+L11.29=k3v2+L0.1=k3v4+L27=k4v2+L2.7.10.28=k4v3+L3.4=k4v4+L9.13.16.19.22.25.26=k5v3+L23=k6v5+sink1+wq6+"
        "fill4.375"},
       {"tq-3.375",
-       "k4v3+c+skip0+L11.29=k2v2+L0.1=k2v3+L2.4.7.10.27.28=k3v2+L3.6=k3v3+L9.12.13.16.19.22.25.26=k4v2+L23=k5v4+sink1+wq6+"
+       "k4v2+c+skip0+L11.29=k2v2+L0.1=k2v3+L2.12.19.25.27.28=k3v2+L4.8.14.15.17.18.20.21.24=k4v3+L23=k5v4+sink1+wq6+"
        "fill3.375"},
   };
   SpecSources sources;
