@@ -114,6 +114,19 @@ void store_many(const StoreTarget* targets, int n_targets, const StoreArgs& args
 // at position p = seq_lens[b] - 1 and reads keys [lo, hi) with lo = max(min_key_pos, p + 1 -
 // window if window > 0), hi = seq_lens[b] - exclude_recent (the CPU attention's semantics, so
 // sinks, a recent window and the compressed middle merge by their log-sum-exps).
+// Each decode row's own position given apart (run_fused_decode, merge_newest): its key and value
+// as the layer computed them, attended exactly and folded into the parts' merge by its score,
+// where the parts stop at p - 1 (engine::CudaKvCache; the CPU's RecentWindow::attention). Then a
+// decode reads nothing its step's store writes, and the store may run beside it.
+struct NewestKv {
+  const float* k = nullptr;  // [tokens, n_kv_heads, head_dim] f32; null: no fold
+  const float* v = nullptr;  // [tokens, n_kv_heads, head_dim] f32
+  const int32_t* rows = nullptr;  // [batch]: the token of decode row b (null: token b)
+  // [n_kv_heads, head_dim]: subtracted from k first, where the store centres the keys itself
+  // (null: k is as stored, centred or not).
+  const float* key_mean = nullptr;
+};
+
 struct DecodeArgs {
   const void* q = nullptr;  // [batch, n_q_heads, head_dim], original domain
   DType q_dtype = DType::BF16;
@@ -213,9 +226,11 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
 void init_fused_decode_workspace(const FusedDecodePlan& plan, int n_kv_heads, void* workspace,
                                  cudaStream_t stream = nullptr);
 // args: q, out, their dtypes, batch and params (n_q_heads, head_dim, scale, lse); its block
-// tables, lengths and cuts are unused (each part has its own).
+// tables, lengths and cuts are unused (each part has its own). newest.k given (f32 queries only):
+// each row's own position is folded in after the parts merge (the parts' cuts must then leave
+// it out), by the CTA that writes the row.
 void run_fused_decode(const DecodePart (&parts)[3], const DecodeArgs& args, const FusedDecodePlan& plan,
-                      void* workspace, cudaStream_t stream = nullptr);
+                      void* workspace, cudaStream_t stream = nullptr, const NewestKv& newest = {});
 
 // Dequantize tokens [start, start + n_tokens) of one sequence into contiguous
 // k_out, v_out: [n_tokens, n_kv_heads, head_dim] in the original domain (fp16/bf16/f32).

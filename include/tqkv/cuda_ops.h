@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tqkv/cuda.h"  // NewestKv
+
 namespace tqkv::cuda {
 
 // x[t, :] = table[tokens[t], :] * scale. table: [rows, cols] bf16; tokens: [n]; x: [n, cols].
@@ -98,6 +100,12 @@ void skinny_gemm_glu(bool gelu, const uint16_t* x_bf16, const float* x_f32, int 
 // (e^lse + e^part_lse), lse = log(e^lse + e^part_lse).
 void merge_attention(float* out, float* lse, const float* part, const float* part_lse, int rows, int d,
                      cudaStream_t stream = nullptr);
+// Folds each decode row's own position (NewestKv, tqkv/cuda.h) into its merged attention: row
+// b's query head h scores its key (scale * q . k) and merges its value by that score, as
+// merge_attention merges a part of one key. q, out: [batch, n_q_heads, d] f32; lse: [batch,
+// n_q_heads], natural log (-inf: nothing merged yet).
+void merge_newest(float* out, float* lse, const float* q, const NewestKv& newest, int batch, int n_q_heads,
+                  int n_kv_heads, int d, float scale, cudaStream_t stream = nullptr);
 
 // Key centring and channel scales (src/engine/key_centring.h): k [n, n_kv_heads, head_dim] ->
 // (k - mean) / scale; q [n, n_kv_heads * group, head_dim] *= scale of its kv head when

@@ -448,7 +448,7 @@ void init_fused_decode_workspace(const FusedDecodePlan& plan, int n_kv_heads, vo
 }
 
 void run_fused_decode(const DecodePart (&parts)[3], const DecodeArgs& a, const FusedDecodePlan& plan, void* workspace,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const NewestKv& newest) {
   using namespace detail;
   const FusedKernel k = fused_kernel(parts);
   const CacheCodec& main = *parts[kFusedMain].codec;
@@ -493,6 +493,9 @@ void run_fused_decode(const DecodePart (&parts)[3], const DecodeArgs& a, const F
   fp.lse = ap.lse;
   fp.cluster = plan.cluster_merge;
   fp.short_first = plan.short_first && !plan.cluster_merge;
+  if (newest.k && (!newest.v || a.q_dtype != DType::F32))
+    throw_arg("fused decode: folding the newest position needs its values and f32 queries");
+  fp.newest = newest;
   if (fp.short_first && (ctas == fp.cta_end[0] || units * ctas > INT_MAX))
     throw_arg("fused decode: a short-first plan needs window or sink CTAs and fewer than 2^31 CTAs");
   TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));

@@ -1590,7 +1590,35 @@ struct FusedParams {
   // leave; in the (CTA, kv head, sequence) grid the later sequences' middle CTAs waited behind
   // the earlier ones' short CTAs.
   bool short_first;
+  // Each row's own position, folded in after the parts' merge (newest.k null: none; f32 queries).
+  NewestKv newest;
 };
+
+// Folds decode row b's own position into query head j's merged output x (lane l: dims [E l,
+// E l + E)) and log2-sum-exp: its key and value as computed (NewestKv), one key scored like the
+// parts' (scale_log2). A NaN log-sum-exp (an unprepared workspace) stays NaN.
+template <int D>
+__device__ __forceinline__ void fold_newest(const NewestKv& nk, const DecodeParams& p, int64_t b, int hkv, int j,
+                                            float (&x)[D / 32], float& lse2, int lane) {
+  constexpr int E = D / 32;
+  const int64_t tok = nk.rows ? nk.rows[b] : b;
+  const int64_t kv = (tok * p.n_kv_heads + hkv) * D + E * lane;
+  const float* q = static_cast<const float*>(p.q) + (b * p.n_q_heads + hkv * p.group + j) * D + E * lane;
+  float dot = 0.0f;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const float k = nk.key_mean ? nk.k[kv + i] - nk.key_mean[hkv * D + E * lane + i] : nk.k[kv + i];
+    dot += q[i] * k;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  if (lse2 != lse2) return;
+  const float s2 = dot * p.scale_log2, m = fmaxf(lse2, s2);
+  const float wo = lse2 == -INFINITY ? 0.0f : exp2f(lse2 - m), wn = exp2f(s2 - m), inv = 1.0f / (wo + wn);
+#pragma unroll
+  for (int i = 0; i < E; ++i) x[i] = (wo * x[i] + wn * nk.v[kv + i]) * inv;
+  lse2 = m + log2f(wo + wn);
+}
 
 // The fused kernel's warps per CTA (every part's) and shared memory (the largest part's).
 template <int D, int KK, int VK, int WK, int WV>
@@ -1665,6 +1693,7 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     if (tid < group) xlse[tid] = cta_lse2(ep, tid);
     cl.sync();
     merge_cluster<D, W>(cl, xo, xlse, 1, ctas, x, group, [&](int j, float(&v)[E], float lse2) {
+      if (fp.newest.k) fold_newest<D>(fp.newest, fp.part[0], b, hkv, j, v, lse2, lane);
       write_out<D>(fp.out, fp.out_dtype, fp.lse, v, lane, static_cast<int64_t>(b) * fp.part[0].n_q_heads + hkv * group + j,
                    lse2);
     });
@@ -1677,8 +1706,10 @@ __global__ void __launch_bounds__(Traits<D, KK, VK>::WARPS * 32, Traits<D, KK, V
     float v[E];
 #pragma unroll
     for (int i = 0; i < E; ++i) v[i] = ep.fin[j * D + E * lane + i];
+    float lse2 = ep.hml[2 * j];
+    if (fp.newest.k) fold_newest<D>(fp.newest, fp.part[0], b, hkv, j, v, lse2, lane);
     write_out<D>(fp.out, fp.out_dtype, fp.lse, v, lane,
-                 static_cast<int64_t>(b) * fp.part[0].n_q_heads + hkv * group + j, ep.hml[2 * j]);
+                 static_cast<int64_t>(b) * fp.part[0].n_q_heads + hkv * group + j, lse2);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tqkv/attention.h"
+#include "tqkv/env.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -37,6 +38,8 @@ CpuKvCache::CpuKvCache(const CacheSpec& spec, const CacheShape& shape)
   config_.n_layers = static_cast<int>(config_.layer_formats.size());
   ring_config_.n_layers = static_cast<int>(ring_config_.layer_formats.size());
   window_ = spec.window_at(shape.capacity);
+  stored_.resize(spec.model.n_layers);
+  fold_newest_ = env_count("TQKV_FOLD_NEWEST", "(0 or 1: fold each query's own position in exactly)", 1, 0, 1) != 0;
 }
 
 int64_t CpuKvCache::add_sequence() {
@@ -100,15 +103,21 @@ void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const
   centring_.apply(layer, batch.size(), k, q);
   if (key_hook()) key_hook()(layer, batch.size(), k, q);
   // The new keys and values go into the (possibly compressed) cache first; attention then
-  // reads every position, the new ones included, from the cache, exactly as decode will.
+  // reads every earlier position from the cache, exactly as decode will, and (layers with
+  // copies) each query's own key and value as computed.
   write(layer, batch, k, v);
-  attention(layer, batch, q, out);
+  attention(layer, batch, q, out, k, v);
 }
 
 void CpuKvCache::store(int layer, const Batch& batch, float* k, const float* v) {
   check_step(batch.runs(), max_step_tokens());
   centring_.apply(layer, batch.size(), k, nullptr);
   write(layer, batch, k, v);
+  Stored& st = stored_.at(layer);
+  st.runs = batch.runs();
+  const size_t floats = static_cast<size_t>(batch.size()) * spec().model.n_kv_heads * spec().model.head_dim;
+  st.k.assign(k, k + floats);
+  st.v.assign(v, v + floats);
 }
 
 void CpuKvCache::attend_stored(int layer, const Batch& batch, float* q, float* out) {
@@ -116,7 +125,14 @@ void CpuKvCache::attend_stored(int layer, const Batch& batch, float* q, float* o
     if (r.pos0 + r.count > at(r.seq).main.seq_len())
       throw Error(ErrorCode::OutOfRange, "cache: attention at positions not stored yet");
   centring_.apply(layer, batch.size(), nullptr, q);
-  attention(layer, batch, q, out);
+  // The layer's last store() gives each query's own key and value where it wrote this batch.
+  const Stored& st = stored_.at(layer);
+  const std::vector<Batch::Run> runs = batch.runs();
+  const bool same = std::equal(st.runs.begin(), st.runs.end(), runs.begin(), runs.end(),
+                               [](const Batch::Run& a, const Batch::Run& b) {
+                                 return a.seq == b.seq && a.pos0 == b.pos0 && a.count == b.count && a.begin == b.begin;
+                               });
+  attention(layer, batch, q, out, same ? st.k.data() : nullptr, same ? st.v.data() : nullptr);
 }
 
 void CpuKvCache::write(int layer, const Batch& batch, const float* k, const float* v) {
@@ -133,7 +149,10 @@ void CpuKvCache::write(int layer, const Batch& batch, const float* k, const floa
   }
 }
 
-void CpuKvCache::attention(int layer, const Batch& batch, const float* q, float* out) {
+void CpuKvCache::attention(int layer, const Batch& batch, const float* q, float* out, const float* k_new,
+                           const float* v_new) {
+  if (!fold_newest_) k_new = v_new = nullptr;
+  const size_t kv_row = static_cast<size_t>(spec().model.n_kv_heads) * spec().model.head_dim;
   const ModelConfig& m = spec().model;
   AttentionParams ap;
   ap.n_q_heads = m.n_heads;
@@ -146,7 +165,8 @@ void CpuKvCache::attention(int layer, const Batch& batch, const float* q, float*
     if (in_ring_[layer])
       tqkv::attention(*s.ring, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
     else if (s.copies && s.copies->covers(layer))
-      s.copies->attention(s.main, layer, q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
+      s.copies->attention(s.main, layer, q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row,
+                          k_new ? k_new + t0 * kv_row : nullptr, v_new ? v_new + t0 * kv_row : nullptr);
     else
       tqkv::attention(s.main, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
   }

@@ -7,6 +7,7 @@
 #pragma once
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "key_centring.h"
 #include "kv_cache.h"
@@ -34,6 +35,8 @@ class CpuKvCache final : public KvCache {
   // positions; attend_stored() scales q in place and computes the attention of the batch's
   // queries over what is stored, those positions included. attend() = store + attend_stored
   // (no key hook here). A sequence may take at most max_step_tokens() positions between the two.
+  // The layer's last store() is kept (its keys and values as given), so that attend_stored()
+  // folds each query's own position in from it as attend() does (RecentWindow::attention).
   void store(int layer, const Batch& batch, float* k, const float* v);
   void attend_stored(int layer, const Batch& batch, float* q, float* out);
 
@@ -49,7 +52,17 @@ class CpuKvCache final : public KvCache {
   };
   const Sequence& at(int64_t seq) const;
   void write(int layer, const Batch& batch, const float* k, const float* v);
-  void attention(int layer, const Batch& batch, const float* q, float* out);
+  // k_new, v_new: the batch's keys and values as written, folded in exactly at each query's own
+  // position (layers with copies; null: every position read back from the cache).
+  void attention(int layer, const Batch& batch, const float* q, float* out, const float* k_new, const float* v_new);
+
+  // A layer's last store(): the batch it wrote and its keys (centred) and values.
+  struct Stored {
+    std::vector<Batch::Run> runs;
+    std::vector<float> k, v;
+  };
+  std::vector<Stored> stored_;  // [n_layers]
+  bool fold_newest_ = true;     // TQKV_FOLD_NEWEST=0: every position read back from the cache
 
   KeyCentring centring_;
   ContiguousCacheConfig config_, ring_config_;

@@ -68,6 +68,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   sinks_ = spec.sinks;
   window_ = spec.window_at(shape.capacity);
   if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
+  fold_newest_ = env_count("TQKV_FOLD_NEWEST", "(0 or 1: fold each query's own position in exactly)", 1, 0, 1) != 0;
   if (const char* e = std::getenv("TQKV_FUSED_STORE")) fused_store_ = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_STORE_SPLIT_KV")) store_split_kv_ = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_FUSED_SPREAD")) fused_options_.spread = std::string(e) != "0";
@@ -187,7 +188,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   }
   if (copies()) {
     for (cudaStream_t& side : side_) ck(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "creating a stream");
-    ck(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "creating an event");
+    for (cudaEvent_t* e : {&fork_, &fork_store_}) ck(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "creating an event");
     for (cudaEvent_t& e : join_) ck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an event");
   }
   free_.reserve(num_blocks);
@@ -212,7 +213,7 @@ CudaKvCache::~CudaKvCache() {
       cudaStreamSynchronize(side);
       cudaStreamDestroy(side);
     }
-  for (cudaEvent_t e : {fork_, join_[0], join_[1]})
+  for (cudaEvent_t e : {fork_, fork_store_, join_[0], join_[1], join_[2]})
     if (e) cudaEventDestroy(e);
   for (auto& [key, p] : plans_) cudaFree(p.workspace);
   for (auto& [key, p] : fused_plans_) cudaFree(p.workspace);
@@ -365,7 +366,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
     if (R > 0)
       for (int b = 0; b < bps; ++b) ints[win_at + i * bps + b] = slot * R + b % R;
     for (int b = 0; b < SB; ++b) ints[sink_at + i * SB + b] = slot * SB + b;
-    ints[sink_lens_at + i] = std::min(row_len[i], sinks_);
+    ints[sink_lens_at + i] = std::min(row_len[i] - (fold_newest_ ? 1 : 0), sinks_);
   }
   const size_t slot_bytes = slots.size() * sizeof(int64_t), int_bytes = ints.size() * sizeof(int32_t);
   void* slot_buf = nullptr;
@@ -555,13 +556,17 @@ void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv,
   cuda::run_decode(codec, kv, da, p.plan, p.workspace, stream);
 }
 
-void CudaKvCache::fused_decode(const Layer& L, const AttentionParams& ap, const float* q, float* o) {
+void CudaKvCache::fused_decode(const Layer& L, const AttentionParams& ap, const float* q, float* o,
+                               const cuda::NewestKv& nk) {
   // The old path's three ranges: the window's (p - N, p] of the ring, the middle [S, p - N], the sinks [0, S).
   cuda::DecodePart parts[3];
-  parts[cuda::kFusedMain] = {&L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, sinks_, 0, window_};
+  // With the fold, every part stops at p - 1 (the sinks by their lengths) and p comes from k, v.
+  const int newest = fold_newest_ ? 1 : 0;
+  parts[cuda::kFusedMain] = {&L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, sinks_, 0,
+                             std::max(window_, newest)};
   if (window_ > 0)
     parts[cuda::kFusedWindow] = {&*L.window_codec, L.window_kv, win_tables_, blocks_per_seq_, dec_lens_,
-                                 window_plan_len(), sinks_, window_, 0};
+                                 window_plan_len(), sinks_, window_, newest};
   if (sinks_ > 0) parts[cuda::kFusedSinks] = {&*L.sink_codec, L.sink_kv, sink_tables_, sink_blocks_, sink_lens_, sinks_, 0, 0, 0};
   const int rows = step_.n_rows;
   const auto key = std::make_tuple(L.codec.format().name(), L.window_codec->format().name(), rows, step_plan_len_);
@@ -578,7 +583,7 @@ void CudaKvCache::fused_decode(const Layer& L, const AttentionParams& ap, const 
     }
     it = fused_plans_.emplace(key, p).first;
   }
-  cuda::run_fused_decode(parts, step_args(q, o, ap), it->second.plan, it->second.workspace, stream_);
+  cuda::run_fused_decode(parts, step_args(q, o, ap), it->second.plan, it->second.workspace, stream_, nk);
 }
 
 void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
@@ -609,6 +614,29 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   Layer& L = layers_[layer];
   cuda::StoreArgs sa = store_args(k, v, step_slots_, n);
   const bool covered = L.window_codec.has_value();  // the layer keeps copies (same centred keys)
+  const int window = m.window(layer);
+  const bool rows = (L.decode || L.generic) && window == 0 && step_.n_rows > 0;
+  // The fold: each row's own position from k and v as computed (the keys centred as stored).
+  const bool fold = fold_newest_ && covered && rows;
+  cuda::NewestKv nk;
+  if (fold) {
+    nk.k = k;
+    nk.v = v;
+    nk.rows = step_.decode_contiguous ? nullptr : dec_rows_;
+    nk.key_mean = centre_in_store ? mean_ + centring_off : nullptr;
+  }
+  // While a step of one token per sequence is recorded, a folded layer's store runs on a side
+  // branch of the graph beside its decode (which reads none of what it writes), joined after.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  ck(cudaStreamIsCapturing(stream_, &capture), "querying the stream");
+  const bool capturing = capture == cudaStreamCaptureStatusActive;
+  bool store_aside = capturing && fold && fused_store_ && !L.generic && !L.generic_window && step_.n_rows == n;
+  for (const Batch::Run& r : step_.runs) store_aside = store_aside && r.count == 1;
+  const cudaStream_t store_stream = store_aside ? side_[2] : stream_;
+  if (store_aside) {
+    ck(cudaEventRecord(fork_store_, stream_), "forking the store");
+    ck(cudaStreamWaitEvent(store_stream, fork_store_, 0), "forking the store");
+  }
   if (fused_store_) {  // the compressed pages and the copies in one launch
     cuda::StoreTarget targets[cuda::kMaxStoreTargets];
     int n_targets = 0;
@@ -616,7 +644,8 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     if (covered && window_ > 0) targets[n_targets++] = {&*L.window_codec, L.window_kv, win_slots_};
     if (covered && sinks_ > 0) targets[n_targets++] = {&*L.sink_codec, L.sink_kv, sink_slots_};
     cuda::store_many(targets, n_targets, sa, centre_in_store ? mean_ + centring_off : nullptr,
-                     centre_in_store ? scale_ + centring_off : nullptr, stream_);
+                     centre_in_store ? scale_ + centring_off : nullptr, store_stream);
+    if (store_aside) ck(cudaEventRecord(join_[2], store_stream), "joining the store");
   } else {
     cuda::store(L.codec, L.kv, sa, stream_);
     if (covered && window_ > 0) {
@@ -629,9 +658,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     }
   }
 
-  const int window = m.window(layer);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const bool rows = (L.decode || L.generic) && window == 0 && step_.n_rows > 0;
   if (rows) {
     const int n_dec = step_.n_rows;
     const size_t out_floats = static_cast<size_t>(n_dec) * q_row;
@@ -650,7 +677,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, ap, q_in, o, nullptr,
              stream_);
     } else if (L.fused && n_dec <= fused_max_rows_) {
-      fused_decode(L, ap, q_in, o);
+      fused_decode(L, ap, q_in, o, nk);
     } else {
       // Parts: the compressed [S, p - N] into o, the window's (p - N, p] and the sinks' [0, S)
       // into the parts buffer, merged into o by their log-sum-exps (the CPU's RecentWindow), the
@@ -658,9 +685,8 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       // side streams (parallel branches of the graph); op by op they stay on the step's stream,
       // where the events cost more than the overlap gains (tq-4.375, batch 1: 150 against ~196
       // tokens/s). Either way the same kernels write the same buffers.
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      ck(cudaStreamIsCapturing(stream_, &capture), "querying the stream");
-      const bool fork = capture == cudaStreamCaptureStatusActive;
+      const bool fork = capturing;
+      const int newest = fold ? 1 : 0;  // the parts stop at p - 1; p is merged last
       cudaStream_t window_stream = fork ? side_[0] : stream_, sink_stream = fork ? side_[1] : stream_;
       const size_t rows_h = static_cast<size_t>(n_dec) * hq;
       float* part = step_parts_ ? step_parts_
@@ -683,6 +709,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
         AttentionParams recent = ap;
         recent.min_key_pos = sinks_;
         recent.window = window_;
+        recent.exclude_recent = newest;
         if (fork) ck(cudaStreamWaitEvent(window_stream, fork_, 0), "forking the window's decode");
         decode(window_codec, window_kv, Part::Window, win_tables_, blocks_per_seq_, dec_lens_, window_plan_len(),
                recent, q_in, part_w, lse_w, window_stream);
@@ -696,7 +723,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       }
       AttentionParams older = ap;
       older.min_key_pos = sinks_;
-      older.exclude_recent = window_;
+      older.exclude_recent = std::max(window_, newest);
       decode(main_codec, main_kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, older, q_in, o,
              lse_main, stream_);
       if (window_ > 0) {
@@ -707,9 +734,11 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
         if (fork) ck(cudaStreamWaitEvent(stream_, join_[1], 0), "joining the sinks' decode");
         cuda::merge_attention(o, lse_main, part_s, lse_s, static_cast<int>(rows_h), D, stream_);
       }
+      if (fold) cuda::merge_newest(o, lse_main, q_in, nk, n_dec, hq, hkv, D, scale, stream_);
     }
     if (!step_.decode_contiguous) cuda::scatter_rows(o, static_cast<int>(q_row), dec_rows_, n_dec, out, stream_);
   }
+  if (store_aside) ck(cudaStreamWaitEvent(stream_, join_[2], 0), "joining the store");
   for (size_t j = 0; j < step_.runs.size(); ++j) {
     const Batch::Run& r = step_.runs[j];
     if (rows && step_.as_rows[j]) continue;  // attended as decode rows

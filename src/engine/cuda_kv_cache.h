@@ -209,7 +209,7 @@ class CudaKvCache final : public KvCache {
   // The step's decode rows: q and o [n_rows, n_heads, head_dim] f32, attention parameters ap.
   cuda::DecodeArgs step_args(const float* q, float* o, const AttentionParams& ap) const;
   // The sinks, the compressed middle and the window of a layer with copies in one launch into o.
-  void fused_decode(const Layer& L, const AttentionParams& ap, const float* q, float* o);
+  void fused_decode(const Layer& L, const AttentionParams& ap, const float* q, float* o, const cuda::NewestKv& nk);
   // A store of n_tokens f32 rows k, v to `slots` (the cache's store settings).
   cuda::StoreArgs store_args(const void* k, const void* v, const int64_t* slots, int n_tokens) const;
   // Positions [0, n_tokens) of the pages in `table` dequantized into kws_ / vws_ (grown).
@@ -262,10 +262,16 @@ class CudaKvCache final : public KvCache {
   int fused_max_rows_ = kFusedMaxRows;
   std::map<std::tuple<std::string, std::string, int, int>, FusedPlan> fused_plans_;
   // Copies, while a step is recorded: the window's and the sinks' decodes go to side streams,
-  // forked from and joined back into the step's stream (parallel branches of the graph).
-  cudaStream_t side_[2] = {nullptr, nullptr};
-  cudaEvent_t fork_ = nullptr;
-  cudaEvent_t join_[2] = {nullptr, nullptr};
+  // forked from and joined back into the step's stream (parallel branches of the graph), and so
+  // does a covered layer's store where no decode reads it (fold_newest_: side_[2], join_[2]).
+  cudaStream_t side_[3] = {nullptr, nullptr, nullptr};
+  cudaEvent_t fork_ = nullptr, fork_store_ = nullptr;
+  cudaEvent_t join_[3] = {nullptr, nullptr, nullptr};
+  // Each decode row's own position is folded in from the layer's k and v as computed (f32), and
+  // the copies' parts and the middle stop at p - 1 (cuda::NewestKv; the CPU's RecentWindow), so a
+  // layer with copies reads nothing its step's store writes. TQKV_FOLD_NEWEST=0: every position
+  // read back from the pools, as before (both devices).
+  bool fold_newest_ = true;
   // Device buffers of the step (grown, never shrunk).
   void* slots_ = nullptr;  // int64 [n]
   size_t slots_bytes_ = 0;
@@ -278,7 +284,7 @@ class CudaKvCache final : public KvCache {
   int32_t* dec_rows_ = nullptr;
   int32_t* win_tables_ = nullptr;  // copies: [n_rows, blocks_per_seq] ring tables
   int32_t* sink_tables_ = nullptr;  // [n_rows, sink_blocks]
-  int32_t* sink_lens_ = nullptr;    // [n_rows]: min(S, len)
+  int32_t* sink_lens_ = nullptr;    // [n_rows]: min(S, len), or min(S, len - 1) with fold_newest_
   int64_t* win_slots_ = nullptr;    // [n]: the new tokens' ring slots
   int64_t* sink_slots_ = nullptr;   // [n]: their sink slots (-1 past S)
   void* parts_ = nullptr;           // copies: the window and sink parts' outputs and the lses

@@ -102,7 +102,7 @@ void RecentWindow::write(int layer, int64_t pos0, int n, const float* k, const f
 }
 
 void RecentWindow::sink_attention(int layer, const float* q, int n, int64_t pos0, const AttentionParams& params,
-                                  float* out, float* lse) const {
+                                  float* out, float* lse, bool newest_out) const {
   const int Hq = params.n_q_heads, H = n_kv_heads_, d = head_dim_, group = Hq / H;
   const float scale = params.scale != 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(d));
   float score[kMaxSinks];
@@ -110,7 +110,7 @@ void RecentWindow::sink_attention(int layer, const float* q, int n, int64_t pos0
     const int64_t p = pos0 + t;
     int64_t begin = params.min_key_pos;
     if (params.window > 0) begin = std::max<int64_t>(begin, p - params.window + 1);
-    const int64_t end = std::min<int64_t>(sinks_ - 1, p);
+    const int64_t end = std::min<int64_t>(sinks_ - 1, newest_out ? p - 1 : p);
     for (int hq = 0; hq < Hq; ++hq) {
       const size_t r = static_cast<size_t>(t) * Hq + hq;
       float* o = out + r * d;
@@ -140,14 +140,32 @@ void RecentWindow::sink_attention(int layer, const float* q, int n, int64_t pos0
   }
 }
 
+void RecentWindow::newest_attention(const float* q, int n, int64_t pos0, const AttentionParams& params,
+                                    const float* k_new, const float* v_new, float* out, float* lse) const {
+  const int Hq = params.n_q_heads, H = n_kv_heads_, d = head_dim_, group = Hq / H;
+  const float scale = params.scale != 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  for (int t = 0; t < n; ++t) {
+    const bool seen = pos0 + t >= params.min_key_pos;  // a query always sits inside its own window
+    for (int hq = 0; hq < Hq; ++hq) {
+      const size_t r = static_cast<size_t>(t) * Hq + hq, kv = (static_cast<size_t>(t) * H + hq / group) * d;
+      const float* qr = q + r * d;
+      float s = 0;
+      for (int i = 0; i < d; ++i) s += qr[i] * k_new[kv + i];
+      lse[r] = seen ? s * scale : kNone;  // one key: its log-sum-exp is its score, its output its value
+      for (int i = 0; i < d; ++i) out[r * d + i] = v_new[kv + i];
+    }
+  }
+}
+
 void RecentWindow::attention(const ContiguousCache& main, int layer, const float* q, int n, int64_t pos0,
-                             const AttentionParams& params, float* out) {
+                             const AttentionParams& params, float* out, const float* k_new, const float* v_new) {
   const int Hq = params.n_q_heads, d = main.head_dim();
   const size_t rows = static_cast<size_t>(n) * Hq;
+  const bool fold = k_new && v_new;
   lse_main_.resize(rows);
   AttentionParams older = params;
   older.min_key_pos = std::max<int64_t>(params.min_key_pos, sinks_);
-  older.exclude_recent = window_;
+  older.exclude_recent = fold ? std::max(window_, 1) : window_;
   older.lse = lse_main_.data();
   tqkv::attention(main, layer, q, n, pos0, older, out);
   if (window_ > 0) {
@@ -156,6 +174,7 @@ void RecentWindow::attention(const ContiguousCache& main, int layer, const float
     AttentionParams recent = params;
     recent.min_key_pos = older.min_key_pos;
     recent.window = params.window > 0 ? std::min(params.window, window_) : window_;
+    recent.exclude_recent = fold ? 1 : 0;
     recent.lse = lse_recent_.data();
     tqkv::attention(copies_, layer, q, n, pos0, recent, out_recent_.data());
     merge_part(rows, d, out, lse_main_.data(), out_recent_.data(), lse_recent_.data());
@@ -163,8 +182,14 @@ void RecentWindow::attention(const ContiguousCache& main, int layer, const float
   if (sinks_ > 0 && pos0 + n > params.min_key_pos) {
     out_sink_.resize(rows * d);
     lse_sink_.resize(rows);
-    sink_attention(layer, q, n, pos0, params, out_sink_.data(), lse_sink_.data());
+    sink_attention(layer, q, n, pos0, params, out_sink_.data(), lse_sink_.data(), fold);
     merge_part(rows, d, out, lse_main_.data(), out_sink_.data(), lse_sink_.data());
+  }
+  if (fold) {
+    out_new_.resize(rows * d);
+    lse_new_.resize(rows);
+    newest_attention(q, n, pos0, params, k_new, v_new, out_new_.data(), lse_new_.data());
+    merge_part(rows, d, out, lse_main_.data(), out_new_.data(), lse_new_.data());
   }
 }
 

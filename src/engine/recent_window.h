@@ -50,8 +50,16 @@ class RecentWindow {
 
   // Attention of n queries at pos0.. for one covered layer: the sinks' [0, S), the main cache's
   // positions [S, p - window], the window's (p - window, p], merged.
+  //
+  // With k_new and v_new ([n, n_kv_heads, head_dim], the keys and values just written, as the
+  // layer computed them): the query at p reads its own key and value from them, exactly, and
+  // every part stops at p - 1 (the main cache at p - max(window, 1)); its own position is folded
+  // into the merge by its score. The query's own token is the one it attends to most sharply,
+  // and a decode step then reads nothing the same step's store writes (the GPU runs the store
+  // beside the decode, docs/ENGINE.md "The newest position").
   void attention(const ContiguousCache& main, int layer, const float* q, int n, int64_t pos0,
-                 const AttentionParams& params, float* out);
+                 const AttentionParams& params, float* out, const float* k_new = nullptr,
+                 const float* v_new = nullptr);
 
   // Makes this (empty) window hold what src holds for a sequence of its first n positions:
   // the sinks and the window copies of [n - window, n). Returns false, changing nothing, when
@@ -67,8 +75,12 @@ class RecentWindow {
 
  private:
   // The sink part of attention for rows [n, n_q_heads] into out/lse (scalar: S is a handful).
+  // newest_out: the sinks stop at p - 1 (the query's own position is folded in apart).
   void sink_attention(int layer, const float* q, int n, int64_t pos0, const AttentionParams& params, float* out,
-                      float* lse) const;
+                      float* lse, bool newest_out) const;
+  // The part of each query's own position: its key and value as computed, one key.
+  void newest_attention(const float* q, int n, int64_t pos0, const AttentionParams& params, const float* k_new,
+                        const float* v_new, float* out, float* lse) const;
 
   int window_, max_batch_, sinks_;
   int n_kv_heads_, head_dim_;
@@ -76,7 +88,7 @@ class RecentWindow {
   std::vector<float> out_sink_, lse_sink_;
   std::vector<uint8_t> covered_;  // [n_layers]
   ContiguousCache copies_;        // f16, capacity window + max_batch (unused when window is 0)
-  std::vector<float> out_recent_, lse_main_, lse_recent_;
+  std::vector<float> out_recent_, lse_main_, lse_recent_, out_new_, lse_new_;
 };
 
 }  // namespace tqkv::engine

@@ -29,6 +29,7 @@
 #include "engine/qgemv.h"
 #include "engine/recipe.h"
 #include "engine/tokenizer.h"
+#include "../common/scoped_env.h"
 #include "gguf_builder.h"
 #include "tqkv/cuda_ops.h"
 #include "tqkv/error.h"
@@ -814,12 +815,14 @@ TEST(CudaCacheLayer, RecordedDecodeStepsMatchOpByOp) {
   }
 }
 
-// An environment variable set for the caches made in its scope (read by CudaKvCache's constructor).
-struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  const char* name_;
-};
+using tqkv::testing_util::ScopedEnv;
+
+// A cache made while the environment variable `name` is `value` (a cache reads its knobs once).
+std::unique_ptr<KvCache> make_cache_with(Device& dev, const CacheSpec& spec, CacheShape shape, const char* name,
+                                         const char* value) {
+  ScopedEnv env(name, value);
+  return dev.make_cache(spec, shape);
+}
 
 // Two caches of one model shape attend the same random inputs, layer by layer: the largest
 // difference of their outputs (worst) and the largest output of the second (scale).
@@ -925,6 +928,55 @@ TEST(CudaCacheLayer, FusedDecodeMatchesThreeLaunches) {
                 twin.worst, twin.scale);
     EXPECT_LT(twin.worst, 5e-3);
     EXPECT_GT(twin.scale, 0.0);
+  }
+}
+
+// Each decode row's own position is folded in from the layer's k and v (cuda::NewestKv), fused
+// and in three launches: a sequence's first token attends to itself alone, so its output is its
+// value bit for bit; later rows differ from reading the position's copy back (TQKV_FOLD_NEWEST=0).
+// (That the fold agrees with the CPU's is compare_cache_layers'; that a recorded step, whose store
+// runs beside the decode, replays the op-by-op outputs is RecordedDecodeStepsMatchOpByOp's.)
+TEST(CudaCacheLayer, OwnPositionFoldedInExactly) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  const ModelConfig m = cache_test_model(2, 6, 2);
+  const int qd = m.n_heads * m.head_dim, kd = m.n_kv_heads * m.head_dim, group = m.n_heads / m.n_kv_heads;
+  for (const char* fused : {"1", "0"}) {
+    for (const std::string name : {"k2v2+sink1+w4+skip0", "k3v2+sink2+skip0", "k3v2+w3+skip0"}) {
+      SCOPED_TRACE(name + " fused " + fused);
+      ScopedEnv mode("TQKV_FUSED_DECODE", fused);
+      const CacheSpec spec = resolve_cache_spec(name, m);
+      auto cache = dev->make_cache(spec, CacheShape{64, 2});
+      const int64_t seq = cache->add_sequence();
+      std::vector<float> hq(qd), hk(kd), hv(kd);
+      for (size_t i = 0; i < hq.size(); ++i) hq[i] = std::sin(0.37f * static_cast<float>(i));
+      for (size_t i = 0; i < hk.size(); ++i) hk[i] = std::cos(0.11f * static_cast<float>(i)) + 0.3f;
+      for (size_t i = 0; i < hv.size(); ++i) hv[i] = std::sin(0.23f * static_cast<float>(i) + 1.0f);
+      const int32_t id = 1;
+      Batch first;
+      first.add(seq, &id, 1, 0, true);
+      for (int layer = 0; layer < m.n_layers; ++layer) {
+        DeviceBuffer q = dev->load_vector(hq.data(), hq.size()), k = dev->load_vector(hk.data(), hk.size()),
+                     v = dev->load_vector(hv.data(), hv.size()), o = dev->alloc(hq.size());
+        cache->attend(layer, first, q.data(), k.data(), v.data(), o.data());
+        std::vector<float> out(hq.size());
+        dev->to_host(o.data(), out.size(), out.data());
+        if (layer == 0) continue;  // skip0: an f16 layer without copies reads p back from its pool
+        for (int h = 0; h < m.n_heads; ++h)
+          for (int i = 0; i < m.head_dim; ++i)
+            ASSERT_EQ(out[static_cast<size_t>(h) * m.head_dim + i], hv[static_cast<size_t>(h / group) * m.head_dim + i])
+                << "layer " << layer << " head " << h << " dim " << i;
+      }
+      // Later rows: the fold against reading p back from its copy or code.
+      auto folded = dev->make_cache(spec, CacheShape{64, 2});
+      auto read_back = make_cache_with(*dev, spec, CacheShape{64, 2}, "TQKV_FOLD_NEWEST", "0");
+      TwinCaches twin{*dev, m, *folded, *read_back};
+      prefill_then_decode(twin);
+      std::printf("[ fold ] %-22s fused %s: folded vs read back max |diff| %.3g (outputs up to %.3g)\n", name.c_str(),
+                  fused, twin.worst, twin.scale);
+      EXPECT_GT(twin.worst, 1e-4);
+      EXPECT_LT(twin.worst, 0.5 * twin.scale);
+    }
   }
 }
 
@@ -1453,11 +1505,7 @@ TEST(CudaCacheLayer, OneStoreLaunchMatchesSeparateStores) {
     SCOPED_TRACE(name);
     const CacheSpec spec = resolve_cache_spec(name, m, src);
     auto one = dev->make_cache(spec, CacheShape{128, 2});
-    std::unique_ptr<KvCache> separate;
-    {
-      ScopedEnv off("TQKV_FUSED_STORE", "0");
-      separate = dev->make_cache(spec, CacheShape{128, 2});
-    }
+    auto separate = make_cache_with(*dev, spec, CacheShape{128, 2}, "TQKV_FUSED_STORE", "0");
     TwinCaches twin{*dev, m, *one, *separate};
     prefill_then_decode(twin);
     std::printf("[ store ] %-28s one launch vs separate stores: max |diff| %.3g (outputs up to %.3g)\n", name.c_str(),

@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 
+#include "../common/scoped_env.h"
 #include "engine/cpu_kv_cache.h"
 #include "engine/gguf.h"
 #include "engine/key_centring.h"
@@ -25,6 +27,7 @@ namespace tqkv::engine {
 namespace {
 
 using namespace tqkv::eval;
+using tqkv::testing_util::ScopedEnv;
 
 const std::string kRepo = TQKV_REPO_DIR;
 
@@ -363,7 +366,12 @@ TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
     return m / static_cast<double>(a.size());
   };
   const auto f16 = run("f16", n);
-  EXPECT_LT(max_diff(run("tq-k2v2+w1000", n), f16), 2e-3);
+  {  // every position read back from its f16 copy: the f16 cache's logits
+    ScopedEnv no_fold("TQKV_FOLD_NEWEST", "0");
+    EXPECT_LT(max_diff(run("tq-k2v2+w1000", n), f16), 2e-3);
+  }
+  // Each query's own position folded in exactly (f32): between the f16 and the f32 cache.
+  EXPECT_LT(max_diff(run("tq-k2v2+w1000", n), f16), 0.75 * max_diff(run("f32", n), f16));
   const auto plain = run("tq-k2v2", n), windowed = run("tq-k2v2+w8", n);
   EXPECT_GT(max_diff(plain, f16), 0.1);  // 2-bit codes do move the logits
   EXPECT_LT(mean_diff(windowed, f16), 0.8 * mean_diff(plain, f16));
@@ -372,6 +380,40 @@ TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
   EXPECT_DOUBLE_EQ(w8.bits_at(512), w8.bits + 16.0 * 8 / 512);
   EXPECT_THROW(resolve("tq-k4v4+w0", cfg), Error);
   EXPECT_THROW(resolve("tq-k4v4+w3x", cfg), Error);
+}
+
+// attend() = store() + attend_stored(), bit for bit, each query's own position folded in from
+// the stored keys and values in both (the copies' layers), over a prefill and decode steps.
+TEST_F(SmolEval, StoreThenAttendStoredEqualsAttend) {
+  const ModelConfig& cfg = model_->config();
+  const int H = cfg.n_kv_heads, Hq = cfg.n_heads, d = cfg.head_dim;
+  auto one = model_->make_cache("tq-k2v2+c+sink1+w4", 64), two = model_->make_cache("tq-k2v2+c+sink1+w4", 64);
+  auto* a = dynamic_cast<CpuKvCache*>(one.get());
+  auto* b = dynamic_cast<CpuKvCache*>(two.get());
+  ASSERT_TRUE(a && b);
+  const int64_t sa = a->add_sequence(), sb = b->add_sequence();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  int64_t pos = 0;
+  for (int m : {6, 1, 1, 1}) {
+    std::vector<int32_t> ids(m, 1);
+    Batch ba, bb;
+    ba.add(sa, ids.data(), m, pos, true);
+    bb.add(sb, ids.data(), m, pos, true);
+    for (int layer = 0; layer < cfg.n_layers; ++layer) {
+      std::vector<float> q(static_cast<size_t>(m) * Hq * d), k(static_cast<size_t>(m) * H * d), v(k.size());
+      for (float& x : q) x = g(rng);
+      for (float& x : k) x = g(rng);
+      for (float& x : v) x = g(rng);
+      auto q2 = q, k2 = k;
+      std::vector<float> out(q.size()), out2(q.size());
+      a->attend(layer, ba, q.data(), k.data(), v.data(), out.data());
+      b->store(layer, bb, k2.data(), v.data());
+      b->attend_stored(layer, bb, q2.data(), out2.data());
+      ASSERT_EQ(out, out2) << "layer " << layer << " at " << pos;
+    }
+    pos += m;
+  }
 }
 
 TEST_F(SmolEval, LockstepEvaluation) {

@@ -42,10 +42,11 @@ struct TwoLayerCache {
 };
 
 // The oracle: for a query at p, key j comes from an f16 copy when j < S or j > p - W, from
-// the compressed slot (decoded) otherwise; plain softmax attention in double.
+// the compressed slot (decoded) otherwise (own_exact: key p as given, unrounded); plain softmax
+// attention in double.
 std::vector<float> oracle(const ContiguousCache& cache, int layer, const std::vector<float>& k,
                           const std::vector<float>& v, const std::vector<float>& q, int n, int64_t pos0, int S,
-                          int W) {
+                          int W, bool own_exact = false) {
   const int H = cache.n_kv_heads(), d = cache.head_dim(), Hq = TwoLayerCache::Hq, group = Hq / H;
   const SlotCodec& codec = cache.codec(layer);
   std::vector<float> out(static_cast<size_t>(n) * Hq * d), kd(d), vd(d);
@@ -58,7 +59,9 @@ std::vector<float> oracle(const ContiguousCache& cache, int layer, const std::ve
       std::vector<std::vector<float>> vals;
       for (int64_t j = 0; j <= p; ++j) {
         const size_t src = (static_cast<size_t>(j) * H + h) * d;
-        if (j < S || j > p - W) {
+        if (own_exact && j == p) {
+          for (int i = 0; i < d; ++i) kd[i] = k[src + i], vd[i] = v[src + i];
+        } else if (j < S || j > p - W) {
           for (int i = 0; i < d; ++i) kd[i] = f16(k[src + i]), vd[i] = f16(v[src + i]);
         } else {
           const uint8_t* slot = cache.slot(layer, h, j);
@@ -89,6 +92,30 @@ double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / den);
 }
 
+// Writes n_total tokens of k, v into both layers of s and rw in batches of 3, 8, 8, 8, 8, then
+// one at a time (prefills that straddle the sinks and the window, then decode), and returns the
+// attention of layer 1's queries; fold: each query's own k, v passed in (its position folded in).
+std::vector<float> run_batches(TwoLayerCache& s, RecentWindow& rw, const std::vector<float>& k,
+                               const std::vector<float>& v, const std::vector<float>& q, bool fold) {
+  const int H = TwoLayerCache::H, Hq = TwoLayerCache::Hq, d = TwoLayerCache::d;
+  AttentionParams ap;
+  ap.n_q_heads = Hq;
+  std::vector<float> out(q.size(), NAN);
+  int64_t p = 0;
+  for (int m : {3, 8, 8, 8, 8, 1, 1, 1, 1, 1}) {
+    const size_t kv_off = static_cast<size_t>(p) * H * d, q_off = static_cast<size_t>(p) * Hq * d;
+    for (int l = 0; l < 2; ++l) {
+      s.cache.write(l, p, m, k.data() + kv_off, v.data() + kv_off);
+      rw.write(l, p, m, k.data() + kv_off, v.data() + kv_off);
+    }
+    rw.attention(s.cache, 1, q.data() + q_off, m, p, ap, out.data() + q_off, fold ? k.data() + kv_off : nullptr,
+                 fold ? v.data() + kv_off : nullptr);
+    p += m;
+  }
+  EXPECT_EQ(p * Hq * d, static_cast<int64_t>(q.size()));
+  return out;
+}
+
 // Sinks, window, both: prefill batches that straddle the sinks and the window, then decode.
 TEST(RecentWindow, SinksWindowAndCompressedPartsMergeExactly) {
   testing_util::ScoresGuard exact(KeyScores::Exact);  // the oracle scores in double
@@ -99,27 +126,34 @@ TEST(RecentWindow, SinksWindowAndCompressedPartsMergeExactly) {
     TwoLayerCache s("tq-k2v2");
     RecentWindow rw(s.cache, W, 8, S);
     EXPECT_EQ(rw.sinks(), S);
-    AttentionParams ap;
-    ap.n_q_heads = Hq;
-    std::vector<float> out(static_cast<size_t>(n_total) * Hq * d, NAN);
-    // Batches of 3, 8, 8, 8, 8, then 1 token at a time.
-    int64_t p = 0;
-    for (int m : {3, 8, 8, 8, 8, 1, 1, 1, 1, 1}) {
-      const size_t kv_off = static_cast<size_t>(p) * H * d, q_off = static_cast<size_t>(p) * Hq * d;
-      for (int l = 0; l < 2; ++l) {
-        s.cache.write(l, p, m, k.data() + kv_off, v.data() + kv_off);
-        rw.write(l, p, m, k.data() + kv_off, v.data() + kv_off);
-      }
-      rw.attention(s.cache, 1, q.data() + q_off, m, p, ap, out.data() + q_off);
-      p += m;
-    }
-    ASSERT_EQ(p, n_total);
+    const auto out = run_batches(s, rw, k, v, q, false);
     const auto want = oracle(s.cache, 1, k, v, q, n_total, 0, S, W);
     EXPECT_LT(rel_error(out, want), 1e-5) << "S=" << S << " W=" << W;
     // Memory: S sink positions and W window positions of f16 copies.
     EXPECT_EQ(rw.copy_bytes(n_total), rw.bytes_per_window_position() * static_cast<size_t>(std::min(W, n_total)) +
                                           rw.bytes_per_sink_position() * static_cast<size_t>(S));
     EXPECT_EQ(rw.bytes_per_sink_position(), rw.bytes_per_window_position());  // both f16 here
+  }
+}
+
+// With the layer's new keys and values passed in, each query reads its own position from them
+// (exact, not an f16 copy or a code) and every part stops before it; the rest is unchanged.
+TEST(RecentWindow, OwnPositionFoldedInExactly) {
+  testing_util::ScoresGuard exact(KeyScores::Exact);
+  const int n_total = 40, H = TwoLayerCache::H, Hq = TwoLayerCache::Hq, d = TwoLayerCache::d;
+  const auto k = gaussian(static_cast<size_t>(n_total) * H * d, 11), v = gaussian(k.size(), 12);
+  const auto q = gaussian(static_cast<size_t>(n_total) * Hq * d, 13);
+  for (auto [S, W] : {std::pair{1, 0}, std::pair{3, 0}, std::pair{0, 5}, std::pair{2, 5}, std::pair{4, 1}}) {
+    TwoLayerCache s("tq-k2v2");
+    RecentWindow rw(s.cache, W, 8, S);
+    const auto out = run_batches(s, rw, k, v, q, true);
+    const auto want = oracle(s.cache, 1, k, v, q, n_total, 0, S, W, true);
+    EXPECT_LT(rel_error(out, want), 1e-5) << "S=" << S << " W=" << W;
+    // The oracle with key p read from its copy differs: the fold is not a no-op.
+    EXPECT_GT(rel_error(out, oracle(s.cache, 1, k, v, q, n_total, 0, S, W)), 1e-5) << "S=" << S << " W=" << W;
+    // The first token attends to itself alone: its output is its value, bit for bit.
+    for (int hq = 0; hq < Hq; ++hq)
+      for (int i = 0; i < d; ++i) ASSERT_EQ(out[static_cast<size_t>(hq) * d + i], v[static_cast<size_t>(hq / (Hq / H)) * d + i]);
   }
 }
 
