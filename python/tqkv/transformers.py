@@ -248,6 +248,14 @@ class _Store:
 _DEVICE_PATH_ON_CPU = False
 
 
+def _fold_newest() -> bool:
+    """TQKV_FOLD_NEWEST as the engine reads it: each query's own position folded in exactly (default)."""
+    v = os.environ.get("TQKV_FOLD_NEWEST", "")
+    if v not in ("", "0", "1"):
+        raise ValueError(f"TQKV_FOLD_NEWEST={v}: give 0 or 1")
+    return v != "0"
+
+
 def _device_path(device: torch.device) -> bool:
     return device.type == "cuda" or _DEVICE_PATH_ON_CPU
 
@@ -265,7 +273,9 @@ class _CudaStore:
     tqkv.torch.store, read back with tqkv.torch.dequantize), ``window + STEP`` positions per row so
     that every query of a piece of up to STEP tokens finds its ``window`` predecessors (the engine's
     ring). A query at p attends over the sinks' [0, S), the compressed (S, p - window] and the
-    window's (p - window, p] (SDPA with that mask over the three parts)."""
+    window's (p - window, p] (SDPA with that mask over the three parts); as the engine does, its own
+    position p comes from the chunk's keys and values as given, not from a copy (TQKV_FOLD_NEWEST=0:
+    from the copy)."""
 
     BLOCK = 16
     STEP = 512  # tokens of one attention piece (the engine's kCopyStepTokens)
@@ -411,11 +421,16 @@ class _CudaStore:
             part.append(torch.full((end - first,), 2, dtype=torch.int8, device=dev))
         return self.restore(layer, torch.cat(ks, 1)), torch.cat(vs, 1), torch.cat(pos), torch.cat(part)
 
-    def copies_mask(self, pos: torch.Tensor, part: torch.Tensor, start: int, n: int, window: int) -> torch.Tensor:
+    def copies_mask(self, pos: torch.Tensor, part: torch.Tensor, start: int, n: int, window: int,
+                    fold: bool = False) -> torch.Tensor:
         """[n, L] bool: the query at start + i reads key j (the engine's split: sinks [0, S), compressed
-        [S, p - window], window copies (p - window, p]; causal; the layer's sliding window)."""
+        [S, p - window], window copies (p - window, p]; causal; the layer's sliding window). fold:
+        position p itself only from part 3 (the chunk's own keys), every other part stops at p - 1."""
         qpos = torch.arange(start, start + n, device=pos.device)[:, None]
         kpos = pos[None, :]
+        if fold:
+            own = (part == 3)[None, :] & (kpos == qpos)
+            return own | (self.copies_mask(pos, part, start, n, window) & (kpos < qpos))
         seen = kpos <= qpos
         if window:
             seen &= kpos > qpos - window
@@ -517,19 +532,23 @@ class TQLayer(_LayerBase):
         self.seq_len += n_new
         if self.attention_on_codes:
             pending = (k, v) if defer else None
-            return self._tag(key_states, start, raw_prefill, pending), self._tag(value_states, start, raw_prefill, None)
+            # The engine's fold: each query of a layer with copies reads its own key and value from
+            # these, exactly, not from their copies (docs/FORMAT.md, "Recent-token window").
+            fresh = (k, v) if st.covered[self.index] and _fold_newest() else None
+            return (self._tag(key_states, start, raw_prefill, pending, fresh),
+                    self._tag(value_states, start, raw_prefill, None))
         if raw_prefill:
             return key_states, value_states
         return self.decoded(keys=True), self.decoded(keys=False)
 
     def _attention_cuda(self, query: torch.Tensor, start: int, scale: float, window: int,
-                        pending=None) -> torch.Tensor:
+                        pending=None, fresh=None) -> torch.Tensor:
         """The CUDA path of attention(): one token per row through tqkv.torch's decode kernel; a
         chunk of several, or a format without a decode kernel, through SDPA over the decoded history;
         a layer with sinks or a recent window through SDPA over [sinks | compressed | window]."""
         st, n = self.cuda_store(), query.shape[2]
         if st.covered[self.index]:
-            return self._attention_copies(query, start, scale, window, pending)
+            return self._attention_copies(query, start, scale, window, pending, fresh)
         if n > 1 or not st.kernel[self.index]:
             return _sdpa(query, self.decoded(keys=True), self.decoded(keys=False), None, scale, window)
         q = query[:, :, 0]
@@ -541,10 +560,11 @@ class TQLayer(_LayerBase):
         return out[:, None]
 
     def _attention_copies(self, query: torch.Tensor, start: int, scale: float, window: int,
-                          pending) -> torch.Tensor:
+                          pending, fresh=None) -> torch.Tensor:
         """The engine's attention with sinks and a recent window (RecentWindow::attention): pieces of
         at most STEP queries, each writing its window copies (pending) first, then SDPA over the
-        compressed history, the sinks and the window copies with the engine's split as the mask."""
+        compressed history, the sinks and the window copies with the engine's split as the mask;
+        with fresh, each query's own position from the chunk's keys and values instead."""
         st, n, out = self.cuda_store(), query.shape[2], []
         inv = None if self.key_order_inv is None else self.key_order_inv.to(query.device)
         for p in range(0, n, st.STEP):
@@ -552,16 +572,21 @@ class TQLayer(_LayerBase):
             if pending is not None:
                 st.ring_store(self.index, start + p, pending[0][:, p:p + m], pending[1][:, p:p + m])
             k, v, pos, part = st.with_copies(self.index, start + p, m)
+            if fresh is not None:  # part 3: the piece's own keys and values, each read by its query alone
+                k = torch.cat([k, fresh[0][:, p:p + m].float()], 1)
+                v = torch.cat([v, fresh[1][:, p:p + m].float()], 1)
+                pos = torch.cat([pos, torch.arange(start + p, start + p + m, device=pos.device)])
+                part = torch.cat([part, torch.full((m,), 3, dtype=torch.int8, device=part.device)])
             if inv is not None:
                 k = k[..., inv]
-            mask = st.copies_mask(pos, part, start + p, m, window)
+            mask = st.copies_mask(pos, part, start + p, m, window, fold=fresh is not None)
             out.append(_sdpa(query[:, :, p:p + m], k.transpose(1, 2).to(self.dtype), v.transpose(1, 2).to(self.dtype),
                              mask[None, None], scale, window))
         return torch.cat(out, 1)
 
-    def _tag(self, x: torch.Tensor, start: int, raw: bool, pending) -> torch.Tensor:
+    def _tag(self, x: torch.Tensor, start: int, raw: bool, pending, fresh=None) -> torch.Tensor:
         t = x.view_as(x)
-        setattr(t, _TAG, (self, start, raw, pending))
+        setattr(t, _TAG, (self, start, raw, pending, fresh))
         return t
 
     def decoded(self, keys: bool = True) -> torch.Tensor:
@@ -578,12 +603,15 @@ class TQLayer(_LayerBase):
             rows = rows[..., self.key_order_inv]
         return rows.transpose(1, 2).to(device=self.device, dtype=self.dtype)
 
-    def attention(self, query: torch.Tensor, start: int, scale: float, window: int, pending=None) -> torch.Tensor:
+    def attention(self, query: torch.Tensor, start: int, scale: float, window: int, pending=None,
+                  fresh=None) -> torch.Tensor:
         """Queries [B, n_q_heads, T, D] at positions start.. over the compressed cache -> [B, T, n_q_heads, D]
         (the engine's attention: sinks, recent window, compressed part, the layer's sliding window).
-        pending: the (keys, values) [B, T, H, D] update() left for this call to store."""
+        pending: the (keys, values) [B, T, H, D] update() left for this call to store; fresh: the
+        chunk's own keys and values (a layer with copies), each query's own position read from
+        them (the CPU path has the engine do it from what it stored)."""
         if _device_path(query.device):
-            return self._attention_cuda(query, start, scale, window, pending)
+            return self._attention_cuda(query, start, scale, window, pending, fresh)
         q = query.detach().transpose(1, 2).to("cpu", torch.float32)
         if self.key_order is not None:
             q = q[..., self.key_order]
@@ -800,8 +828,8 @@ def tqkv_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.
     tag = getattr(key, _TAG, None)
     if tag is None or tag[2]:
         return _sdpa(query, key, value, None if tag else attention_mask, scale, window), None
-    layer, start, _, pending = tag
-    return layer.attention(query, start, scale, window, pending), None
+    layer, start, _, pending, fresh = tag
+    return layer.attention(query, start, scale, window, pending, fresh), None
 
 
 _registered: set[str] = set()

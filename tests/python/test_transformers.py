@@ -102,8 +102,8 @@ def test_attention_on_codes_equals_attention_on_decoded_history(smol, monkeypatc
     worst, calls = [], []
     on_codes = tt.TQLayer.attention
 
-    def checked(layer, query, start, scale, window, pending=None):
-        out = on_codes(layer, query, start, scale, window, pending)
+    def checked(layer, query, start, scale, window, pending=None, fresh=None):
+        out = on_codes(layer, query, start, scale, window, pending, fresh)
         group = query.shape[1] // layer.n_kv_heads
         k = layer.decoded(keys=True).repeat_interleave(group, 1).double()
         v = layer.decoded(keys=False).repeat_interleave(group, 1).double()
@@ -188,9 +188,23 @@ def test_compressed_cache_near_the_engine(smol, tmp_path, spec):
 def test_sinks_and_window_are_the_engines(rng):
     """tqkv.ModelCache (what TQCache stores into) with sinks and a recent window: attention equals
     float attention over the sinks' f16 copies for positions [0, S), the window's f16 copies for
-    (p - N, p] and the compressed slots' decoded keys and values in between."""
+    (p - N, p), the compressed slots' decoded keys and values in between, and the query's own key
+    and value as stored (exact: the fold); with TQKV_FOLD_NEWEST=0 position p from its copy too."""
+    for fold in (True, False):
+        _check_copies(rng, fold)
+
+
+def _check_copies(rng, fold):
     n_heads, n_kv, d, S, N, T = 4, 2, 64, 2, 5, 24
-    c = tqkv.ModelCache(f"k4v4+skip0+sink{S}+w{N}", 1, n_heads, n_kv, d, capacity=T)
+    old = os.environ.get("TQKV_FOLD_NEWEST")
+    os.environ["TQKV_FOLD_NEWEST"] = "1" if fold else "0"  # read when the cache is made
+    try:
+        c = tqkv.ModelCache(f"k4v4+skip0+sink{S}+w{N}", 1, n_heads, n_kv, d, capacity=T)
+    finally:
+        if old is None:
+            del os.environ["TQKV_FOLD_NEWEST"]
+        else:
+            os.environ["TQKV_FOLD_NEWEST"] = old
     seq = c.add_sequence()
     k = rng.standard_normal((1, T, n_kv, d)).astype(np.float32)
     v = rng.standard_normal((1, T, n_kv, d)).astype(np.float32)
@@ -205,6 +219,8 @@ def test_sinks_and_window_are_the_engines(rng):
             kk, vv = dk[:pos + 1].copy(), dv[:pos + 1].copy()
             copies = [j for j in range(pos + 1) if j < S or j > pos - N]
             kk[copies], vv[copies] = f16(k[0, copies]), f16(v[0, copies])
+            if fold:
+                kk[pos], vv[pos] = k[0, pos], v[0, pos]
             want, _ = softmax_attention(q[0, pos:pos + 1], kk, vv, pos)
             np.testing.assert_allclose(out[0, i], want[0], atol=2e-5)
     assert c.bytes(seq)[1] == (S + N) * 2 * n_kv * d * 2  # f16 copies: sinks and window

@@ -56,8 +56,8 @@ def test_cuda_decode_equals_float_attention_over_the_decoded_history():
     worst = []
     on_codes = tt.TQLayer.attention
 
-    def checked(layer, query, start, scale, window, pending=None):
-        out = on_codes(layer, query, start, scale, window, pending)
+    def checked(layer, query, start, scale, window, pending=None, fresh=None):
+        out = on_codes(layer, query, start, scale, window, pending, fresh)
         if query.shape[2] == 1:
             group = query.shape[1] // layer.n_kv_heads
             k = layer.decoded(keys=True).repeat_interleave(group, 1).float()
