@@ -627,11 +627,13 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   }
   // While a step of one token per sequence is recorded, a folded layer's store runs on a side
   // branch of the graph beside its decode (which reads none of what it writes), joined after.
+  // (Only layers with copies ask: the others neither fork the store nor the copies' decodes.)
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  ck(cudaStreamIsCapturing(stream_, &capture), "querying the stream");
+  if (covered && rows) ck(cudaStreamIsCapturing(stream_, &capture), "querying the stream");
   const bool capturing = capture == cudaStreamCaptureStatusActive;
-  bool store_aside = capturing && fold && fused_store_ && !L.generic && !L.generic_window && step_.n_rows == n;
-  for (const Batch::Run& r : step_.runs) store_aside = store_aside && r.count == 1;
+  // One token per sequence: as many runs as tokens, every token a decode row.
+  const bool store_aside = capturing && fold && fused_store_ && !L.generic && !L.generic_window &&
+                           step_.n_rows == n && static_cast<int>(step_.runs.size()) == n;
   const cudaStream_t store_stream = store_aside ? side_[2] : stream_;
   if (store_aside) {
     ck(cudaEventRecord(fork_store_, stream_), "forking the store");
