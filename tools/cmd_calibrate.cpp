@@ -14,10 +14,12 @@
 #include "engine/cpu_device.h"
 #include "engine/gguf.h"
 #include "engine/model_recipes.h"
+#include "engine/recipe.h"
 #include "engine/paths.h"
 #include "engine/recipe_fit.h"
 #include "engine/tokenizer.h"
 #include "eval/calibrate.h"
+#include "eval/scan_file.h"
 #include "tqkv/error.h"
 #include "tqkv/threads.h"
 
@@ -49,7 +51,8 @@ void register_calibrate(CLI::App& app) {
     std::string device = "cpu";
     std::string model, text, out, name;
     std::vector<std::string> budgets;
-    int ctx = 256, tokens = 4096, scan_tokens = 256, threads = 0;
+    std::string save_scan, load_scan;
+    int ctx = 256, tokens = 4096, scan_tokens = 256, threads = 0, max_pairs = 0;
     bool boundary_in_budget = false, balance = false;
   };
   static Opts o;
@@ -72,6 +75,15 @@ void register_calibrate(CLI::App& app) {
                   "text tokens for the sensitivity scan (it costs 1 + 2 x compressed layers forward passes per chunk)")
       ->check(CLI::Range(16, 1 << 30))
       ->capture_default_str();
+  cmd->add_option("--max-pairs", o.max_pairs,
+                  "at most this many distinct key/value bit pairs per recipe (each is its own decode kernel on the "
+                  "GPU; few kernels are faster at batch 1), the best such widths under the same model of KL")
+      ->check(CLI::Range(1, tqkv::engine::kMaxPairsCap));
+  auto* save = cmd->add_option("--save-scan", o.save_scan, "write the sensitivity scan to this JSON file (for --load-scan)");
+  auto* load = cmd->add_option("--load-scan", o.load_scan,
+                  "take the sensitivity scan from a --save-scan file of the same model and options instead of "
+                  "running it");
+  load->excludes(save);
   cmd->add_flag("--boundary-in-budget", o.boundary_in_budget,
                "compress the boundary layers too (first and last 2, f16 otherwise): the scan covers every layer "
                "and the budget counts the whole cache (+skip0 in the spec)");
@@ -110,25 +122,37 @@ void register_calibrate(CLI::App& app) {
       so.suffix = recipe_uses_copies(cfg) ? "+sink1+w8" : "";
       so.all_layers = o.boundary_in_budget;
       so.balance = o.balance;
-      const std::vector<LayerSensitivity> scan =
-          scan_layers(model, tokens, so, [](int64_t done, int64_t total) { bar("scan", done, total); });
       const int chunks = std::max(1, std::min(o.scan_tokens / so.ctx, static_cast<int>(tokens.size() / so.ctx)));
+      const ScanHeader header{weights_hash(file), cfg.n_layers, tname,      c.ctx,          chunks, so.key_bits,
+                              so.value_bits,      so.suffix,    so.all_layers, so.balance};
+      std::vector<LayerSensitivity> scan;
+      if (!o.load_scan.empty()) {
+        scan = load_scan(o.load_scan, header);
+      } else {
+        scan = scan_layers(model, tokens, so, [](int64_t done, int64_t total) { bar("scan", done, total); });
+        if (!o.save_scan.empty()) save_scan(o.save_scan, header, scan);
+      }
       const std::string only = std::string(so.balance ? "+s" : "+c") + (so.all_layers ? "+skip0+only<l>" : "+only<l>");
       std::ostringstream fitted;
-      fitted << "tqkv calibrate" << (so.all_layers ? " --boundary-in-budget" : "") << (so.balance ? " --balance" : "") << " on " << tname
+      fitted << "tqkv calibrate" << (so.all_layers ? " --boundary-in-budget" : "") << (so.balance ? " --balance" : "")
+             << (o.max_pairs > 0 ? " --max-pairs " + std::to_string(o.max_pairs) : "") << " on " << tname
              << ": per-layer scan k" << so.key_bits << "v8" << only << so.suffix << ", k8v" << so.value_bits << only
              << so.suffix << " (" << chunks << " chunk" << (chunks > 1 ? "s" : "") << " of " << so.ctx << ")";
       std::printf("layer  KL keys at %d bits  KL values at %d bits\n", so.key_bits, so.value_bits);
       for (const LayerSensitivity& s : scan) std::printf("%5d  %18.5f  %20.5f\n", s.layer, s.key_kl, s.value_kl);
       for (const BudgetRequest& b : budgets) {
-        const FitResult r = allocate_bits(cfg, scan, so.key_bits, so.value_bits, b.bits, true, so.balance);
+        const FitResult r = allocate_bits(cfg, scan, so.key_bits, so.value_bits, b.bits, true, so.balance, o.max_pairs);
         model.resolve(r.spec);  // resolvable, with the statistics
         std::ostringstream note;
-        note << "Greedy allocation under " << number_text(b.bits) << " bits per element at head_dim " << cfg.head_dim
+        note << (o.max_pairs > 0 ? "Allocation (at most " + std::to_string(o.max_pairs) + " distinct key/value pairs) under "
+                                 : std::string("Greedy allocation under "))
+             << number_text(b.bits) << " bits per element at head_dim " << cfg.head_dim
              << (so.all_layers ? " over every layer" : " over the compressed layers (the first and last 2 stay f16)")
              << " (slots" << (recipe_uses_copies(cfg) ? " + f16 sink + 6-bit recent window" : "")
              << ", CacheSpec::bytes at every context): " << r.bits << " bits; predicted KL " << r.predicted_kl
-             << " (additive model).";
+             << " (additive model)";
+        if (o.max_pairs > 0) note << "; " << distinct_pairs(r.widths) << " pairs used";
+        note << ".";
         recipes.push_back(Recipe{b.name, r.spec, fitted.str() + "; budget " + number_text(b.bits), note.str()});
         std::printf("%s = %s  (%.4f bits, predicted KL %.4f)\n", b.name.c_str(), r.spec.c_str(), r.bits, r.predicted_kl);
         // The rule's recipe for the same budget, to compare against (tqkv eval --formats SPEC).

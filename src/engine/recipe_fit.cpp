@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "tqkv/codebook.h"
@@ -90,6 +93,80 @@ std::optional<FitResult> finish(const ModelConfig& cfg, double budget, bool cent
   r.predicted_kl = predicted;
   r.widths = std::move(widths);
   return r;
+}
+
+// The best widths with at most max_pairs distinct (key, value) pairs under the additive model:
+// every set of pairs is tried, the layers assigned to its pairs exactly by a knapsack over their
+// bit sums. A slot's bits grow by half a bit per element with each key or value bit (the codes;
+// the norms are the same at every width), so the budget is a cap on the sum of k + v over the
+// layers. Writes the widths into w (its layers kept) and returns their predicted KL.
+template <class Term>
+double capped_widths(LayerWidths& w, const Term& term, int d, double target, int max_pairs) {
+  const size_t n = w.size();
+  std::vector<std::pair<int, int>> pairs;
+  for (int k = kMinBits; k <= kMaxBits; ++k)
+    for (int v = kMinBits; v <= kMaxBits; ++v) pairs.push_back({k, v});
+  const double base = kv_slot_bits(kMinBits, kMinBits, d) - kMinBits;
+  for (const auto& [k, v] : pairs)
+    if (std::abs(kv_slot_bits(k, v, d) - (base + 0.5 * (k + v))) > 1e-9)
+      throw Error(ErrorCode::InvalidArgument, "allocate_bits: at head_dim " + std::to_string(d) +
+                                                  " the slots do not grow by half a bit per code bit; cannot cap the pairs");
+  const double room = 2.0 * static_cast<double>(n) * (target - base) + 1e-9;
+  if (room < 2.0 * kMinBits * static_cast<double>(n)) return 0;  // not even 2/2 bits fit: finish() says why
+  const int cap = static_cast<int>(std::min(room, 2.0 * kMaxBits * static_cast<double>(n)));
+  const size_t np = pairs.size();
+  std::vector<double> cost(n * np);  // cost[i * np + j]: layer i's predicted KL at pairs[j]
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < np; ++j) cost[i * np + j] = term(i, 0, pairs[j].first) + term(i, 1, pairs[j].second);
+
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const size_t width = static_cast<size_t>(cap) + 1;
+  std::vector<double> dp((n + 1) * width), best_dp;
+  std::vector<uint8_t> pick(n * width), best_pick;
+  std::vector<size_t> set, best_set;
+  double best = kInf;
+  // The knapsack for one set of pairs: dp[i][u] is the least KL of the first i layers at u bits.
+  auto solve = [&] {
+    std::fill(dp.begin(), dp.end(), kInf);
+    dp[0] = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double* from = &dp[i * width];
+      double* to = &dp[(i + 1) * width];
+      for (size_t u = 0; u < width; ++u) {
+        if (from[u] == kInf) continue;
+        for (size_t s = 0; s < set.size(); ++s) {
+          const size_t j = set[s];
+          const size_t v = u + static_cast<size_t>(pairs[j].first + pairs[j].second);
+          if (v >= width) continue;
+          const double c = from[u] + cost[i * np + j];
+          if (c < to[v]) to[v] = c, pick[i * width + v] = static_cast<uint8_t>(s);
+        }
+      }
+    }
+    const double* last = &dp[n * width];
+    const double m = *std::min_element(last, last + width);
+    if (m < best) best = m, best_dp = dp, best_pick = pick, best_set = set;
+  };
+  // Every set of 1 .. max_pairs pairs, in lexicographic order (ties keep the first).
+  std::function<void(size_t)> sets = [&](size_t from) {
+    if (!set.empty()) solve();
+    if (static_cast<int>(set.size()) == max_pairs) return;
+    for (size_t j = from; j < np; ++j) {
+      set.push_back(j);
+      sets(j + 1);
+      set.pop_back();
+    }
+  };
+  sets(0);
+  if (best == kInf) return 0;
+  const double* last = &best_dp[n * width];
+  size_t u = static_cast<size_t>(std::min_element(last, last + width) - last);
+  for (size_t i = n; i-- > 0;) {
+    const size_t j = best_set[best_pick[i * width + u]];
+    w[i].second = pairs[j];
+    u -= static_cast<size_t>(pairs[j].first + pairs[j].second);
+  }
+  return best;
 }
 
 }  // namespace
@@ -212,9 +289,18 @@ std::string widths_spec(const LayerWidths& widths, bool centre, const std::strin
   return spec + suffix;
 }
 
+int distinct_pairs(const LayerWidths& widths) {
+  std::set<std::pair<int, int>> pairs;
+  for (const auto& [l, kv] : widths) pairs.insert(kv);
+  return static_cast<int>(pairs.size());
+}
+
 FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivity>& scan, int scan_key_bits,
-                        int scan_value_bits, double budget, bool centre, bool balance) {
+                        int scan_value_bits, double budget, bool centre, bool balance, int max_pairs) {
   if (scan.empty()) throw Error(ErrorCode::InvalidArgument, "allocate_bits: the scan has no layers");
+  if (max_pairs < 0 || max_pairs > kMaxPairsCap)
+    throw Error(ErrorCode::InvalidArgument, "allocate_bits: at most " + std::to_string(kMaxPairsCap) +
+                                                " distinct key/value pairs can be asked for, not " + std::to_string(max_pairs));
   const int d = cfg.head_dim;
   // Lloyd-Max distortion per width, solved only for the widths the greedy reaches (the wide
   // codebooks are the slow ones to solve).
@@ -253,6 +339,7 @@ FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivi
   }
   double kl = 0;
   for (size_t i = 0; i < w.size(); ++i) kl += term(i, 0, w[i].second.first) + term(i, 1, w[i].second.second);
+  if (max_pairs > 0 && distinct_pairs(w) > max_pairs) kl = capped_widths(w, term, d, target, max_pairs);
   std::string why;
   std::optional<FitResult> r = finish(cfg, budget, centre, std::move(w), kl, &why, balance);
   if (!r) throw Error(ErrorCode::InvalidArgument, why);

@@ -91,8 +91,18 @@ struct FitResult {
 // with one line when the budget cannot hold 2/2 bits everywhere, or when the scan names a
 // boundary layer without naming every layer, or a layer twice or out of range. With balance
 // (and centre) the spec says +s instead of +c (the scan should have used +s too).
+//
+// max_pairs > 0 caps the distinct (key bits, value bits) pairs among the layers: each pair is its
+// own decode kernel on the GPU, and at batch 1 a step's kernels compete for the instruction cache
+// (docs/RESULTS.md, "What the nine pairs cost"). The capped answer is the best under the same
+// additive model: every set of at most max_pairs pairs is tried, each with an exact assignment of
+// the layers to its pairs under the budget (a knapsack over the layers' bit sums). The greedy's
+// answer is kept where it already has few enough pairs. 1 <= max_pairs <= kMaxPairsCap.
+constexpr int kMaxPairsCap = 4;
 FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivity>& scan, int scan_key_bits,
-                        int scan_value_bits, double budget, bool centre, bool balance = false);
+                        int scan_value_bits, double budget, bool centre, bool balance = false, int max_pairs = 0);
+// The number of distinct (key bits, value bits) pairs in widths.
+int distinct_pairs(const LayerWidths& widths);
 
 // The rule for a model without a scan: every compressed layer at 2/2 bits, then sweeps of one
 // more bit — keys before values, the layers nearest the f16 boundary first — while the slots

@@ -135,6 +135,10 @@ TEST(RecipeFile, ShippedFileHoldsTheEngineRecipes) {
       {"tq-4.375",
        "k5v4+c+skip0+L11.29=k3v2+L0.1=k3v4+L27=k4v2+L2.7.10.28=k4v3+L3.4=k4v4+L9.13.16.19.22.25.26=k5v3+L23=k6v5+sink1+wq6+"
        "fill4.375"},
+      // The same scan with --max-pairs 1, 2, 3 (fewer fused decode kernels at batch 1).
+      {"tq-4.375-p1", "k5v3+c+skip0+sink1+wq6+fill4.375"},
+      {"tq-4.375-p2", "k4v3+c+skip0+L0.5.6.8.9.14.15.16.17.18.20.21.22.23.24=k5v4+sink1+wq6+fill4.375"},
+      {"tq-4.375-p3", "k5v4+c+skip0+L0.1=k3v4+L2.3.4.7.10.11.13.19.25.26.27.28.29=k4v3+sink1+wq6+fill4.375"},
       {"tq-3.375",
        "k4v2+c+skip0+L11.29=k2v2+L0.1=k2v3+L2.12.19.25.27.28=k3v2+L4.8.14.15.17.18.20.21.24=k4v3+L23=k5v4+sink1+wq6+"
        "fill3.375"},
@@ -438,7 +442,7 @@ TEST_F(RecipeBookTest, FindsOnlyExactModels) {
     EXPECT_FALSE(book.find(k, "tq-4.36").has_value()) << field;
   }
   const std::vector<std::string> names = book.names();
-  EXPECT_EQ(names.size(), 10u + 2);  // the shipped file's and the test file's
+  EXPECT_EQ(names.size(), 13u + 2);  // the shipped file's and the test file's
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
   EXPECT_NE(std::find(names.begin(), names.end(), "tq-3.5"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "tq-2.5"), names.end());

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include "engine/recipe.h"
 #include "engine/recipe_fit.h"
 #include "real_models.h"
+#include "tqkv/codebook.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -131,6 +134,64 @@ TEST(RecipeFit, AllocatorFollowsTheScanWithinTheBudget) {
     EXPECT_GT(v7, vmax) << r.spec;
     EXPECT_GT(r.predicted_kl, 0);
   }
+}
+
+// A cap on the distinct (key, value) pairs: the capped answer keeps to the cap and the budget, is
+// never predicted better than the uncapped greedy (optimal without a cap), improves as the cap
+// loosens, and is the best assignment there is: checked by brute force over every assignment of
+// the 49 pairs to four layers.
+TEST(RecipeFit, AllocatorCapsTheDistinctPairs) {
+  const ModelConfig c = config(8, 64);
+  std::vector<LayerSensitivity> scan;
+  const double key_kl[] = {0.4, 0.02, 0.05, 0.01}, value_kl[] = {0.01, 0.2, 0.03, 0.005};
+  for (int l : compressed_layers(c)) scan.push_back({l, key_kl[scan.size()], value_kl[scan.size()]});
+  ASSERT_EQ(scan.size(), 4u);
+  const double budget = *named_budget_bits("tq-4.375", 64);
+  const FitResult free = allocate_bits(c, scan, 4, 3, budget, true);
+  ASSERT_GT(distinct_pairs(free.widths), 2) << free.spec;  // else the cap has nothing to do
+  double previous = std::numeric_limits<double>::infinity();
+  for (int cap = 1; cap <= 3; ++cap) {
+    const FitResult r = allocate_bits(c, scan, 4, 3, budget, true, false, cap);
+    EXPECT_LE(distinct_pairs(r.widths), cap) << r.spec;
+    EXPECT_LE(r.bits, budget + 1e-9) << r.spec;
+    EXPECT_GE(r.predicted_kl, free.predicted_kl - 1e-12) << r.spec;
+    EXPECT_LE(r.predicted_kl, previous + 1e-12) << r.spec;
+    previous = r.predicted_kl;
+    // Brute force: every assignment of pairs within the cap and the budget, by the additive model.
+    std::vector<double> D(9);
+    for (int b = 2; b <= 8; ++b) D[b] = get_codebook(Law::Sphere, 64, b).mse;
+    double slot[9][9];
+    for (int k = 2; k <= 8; ++k)
+      for (int v = 2; v <= 8; ++v) slot[k][v] = kv_slot_bits(k, v, 64);
+    const double target = budget - kCopyReserve;
+    double brute = std::numeric_limits<double>::infinity();
+    int ks[4], vs[4];
+    std::function<void(size_t)> walk = [&](size_t i) {
+      if (i == 4) {
+        int distinct = 0;
+        double bits = 0, kl = 0;
+        for (size_t j = 0; j < 4; ++j) {
+          bool seen = false;
+          for (size_t m = 0; m < j; ++m) seen = seen || (ks[m] == ks[j] && vs[m] == vs[j]);
+          distinct += seen ? 0 : 1;
+          bits += slot[ks[j]][vs[j]] / 4;
+          kl += scan[j].key_kl * D[ks[j]] / D[4] + scan[j].value_kl * D[vs[j]] / D[3];
+        }
+        if (distinct <= cap && bits <= target + 1e-9) brute = std::min(brute, kl);
+        return;
+      }
+      for (ks[i] = 2; ks[i] <= 8; ++ks[i])
+        for (vs[i] = 2; vs[i] <= 8; ++vs[i]) walk(i + 1);
+    };
+    walk(0);
+    EXPECT_NEAR(r.predicted_kl, brute, 1e-12) << "cap " << cap << ": " << r.spec;
+  }
+  // A cap the greedy already meets changes nothing; a cap out of range says so.
+  const FitResult same = allocate_bits(c, scan, 4, 3, budget, true, false, kMaxPairsCap);
+  if (distinct_pairs(free.widths) <= kMaxPairsCap) {
+    EXPECT_EQ(same.spec, free.spec);
+  }
+  EXPECT_THROW(allocate_bits(c, scan, 4, 3, budget, true, false, kMaxPairsCap + 1), Error);
 }
 
 TEST(RecipeFit, BudgetRequests) {
