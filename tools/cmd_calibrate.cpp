@@ -119,7 +119,7 @@ void register_calibrate(CLI::App& app) {
       so.ctx = c.ctx;
       so.max_tokens = o.scan_tokens;
       so.bos = c.bos;
-      so.suffix = recipe_uses_copies(cfg) ? "+sink1+w8" : "";
+      so.suffix = "+sink1+w8";
       so.all_layers = o.boundary_in_budget;
       so.balance = o.balance;
       const int chunks = std::max(1, std::min(o.scan_tokens / so.ctx, static_cast<int>(tokens.size() / so.ctx)));
@@ -148,7 +148,7 @@ void register_calibrate(CLI::App& app) {
                                  : std::string("Greedy allocation under "))
              << number_text(b.bits) << " bits per element at head_dim " << cfg.head_dim
              << (so.all_layers ? " over every layer" : " over the compressed layers (the first and last 2 stay f16)")
-             << " (slots" << (recipe_uses_copies(cfg) ? " + f16 sink + 6-bit recent window" : "")
+             << " (slots + f16 sink + 6-bit recent window"
              << ", CacheSpec::bytes at every context): " << r.bits << " bits; predicted KL " << r.predicted_kl
              << " (additive model)";
         if (o.max_pairs > 0) note << "; " << distinct_pairs(r.widths) << " pairs used";

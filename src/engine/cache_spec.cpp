@@ -230,10 +230,17 @@ double copy_bits(const CacheSpec& s) {  // bits per element of one window positi
 }  // namespace
 
 int CacheSpec::window_at(int ctx) const {
-  if (fill_bits <= 0 || ctx <= 0) return recent_window;
-  // Whole window positions that fit next to the slots and the f16 sinks, over ctx positions.
-  const double room = (fill_bits - bits) * ctx - 16.0 * sinks;
-  return std::max(0, static_cast<int>(std::floor(room / copy_bits(*this) + 1e-9)));
+  int w = recent_window;
+  if (fill_bits > 0 && ctx > 0) {
+    // Whole window positions that fit next to the slots and the f16 sinks, over ctx positions.
+    const double room = (fill_bits - bits) * ctx - 16.0 * sinks;
+    w = std::max(0, static_cast<int>(std::floor(room / copy_bits(*this) + 1e-9)));
+  }
+  // A model with sliding-window layers: no longer than the shortest of their windows (a longer
+  // copy buys nothing there, and their rings hold only that much of the cache).
+  for (int l = 0; l < model.n_layers; ++l)
+    if (model.window(l) > 0) w = std::min(w, model.window(l));
+  return w;
 }
 
 double CacheSpec::window_bits(int ctx) const {
@@ -250,7 +257,7 @@ double CacheSpec::bits_all_at(int ctx) const {
 
 int64_t CacheSpec::ring_positions(int layer, int capacity) const {
   const int w = model.window(layer);
-  if (w <= 0 || has_copies(capacity)) return 0;
+  if (w <= 0) return 0;
   bool any_full = false;
   for (int l = 0; l < model.n_layers; ++l) any_full = any_full || model.window(l) <= 0;
   const int64_t ring = static_cast<int64_t>(w) + kWindowStepTokens - 1;

@@ -85,14 +85,16 @@ struct CacheSpec {
   double bits_at(int ctx) const { return bits + window_bits(ctx); }
   double bits_all_at(int ctx) const;
   double window_bits(int ctx) const;
-  // The recent window of a cache of ctx positions: w<N>'s N, or what fill<B> leaves room for.
+  // The recent window of a cache of ctx positions: w<N>'s N, or what fill<B> leaves room for;
+  // at most the shortest sliding window of the model's layers.
   int window_at(int ctx) const;
   bool has_copies(int ctx) const { return sinks > 0 || window_at(ctx) > 0; }
   // Positions a sliding-window layer (ModelConfig::layer_window) keeps in a cache of
   // `capacity` positions: a ring of its window plus the most tokens one step may append
-  // (kWindowStepTokens - 1), or 0 for all positions — full-attention layers, specs with copies
-  // (whose merge reads the whole history), models without a full-attention layer, rings no
-  // smaller than the capacity. Every device's cache keeps this many; bytes() counts it.
+  // (kWindowStepTokens - 1), or 0 for all positions — full-attention layers, models without a
+  // full-attention layer, rings no smaller than the capacity. Copies (sinks, recent window) keep
+  // the rings: the window copy is no longer than the layer's window (window_at) and a sink is
+  // read only while it is inside it. bytes() counts this many.
   static constexpr int kWindowStepTokens = 256;
   int64_t ring_positions(int layer, int capacity) const;
   // Bytes of a sequence holding `held` positions in a cache of `capacity` positions.

@@ -47,9 +47,11 @@ int64_t CpuKvCache::add_sequence() {
     throw Error(ErrorCode::Capacity, "cache: all " + std::to_string(max_seqs()) + " sequences are in use");
   Sequence s{ContiguousCache(config_), nullptr, nullptr};
   if (ring_config_.n_layers > 0) s.ring = std::make_unique<ContiguousCache>(ring_config_);
-  if (window_ > 0 || spec().sinks > 0)
-    s.copies = std::make_unique<RecentWindow>(s.main, window_, kCopyStepTokens, spec().sinks,
-                                              spec().window_format ? &*spec().window_format : nullptr);
+  if (window_ > 0 || spec().sinks > 0) {
+    const Format* wf = spec().window_format ? &*spec().window_format : nullptr;
+    if (config_.n_layers > 0) s.copies = std::make_unique<RecentWindow>(s.main, window_, kCopyStepTokens, spec().sinks, wf);
+    if (s.ring) s.ring_copies = std::make_unique<RecentWindow>(*s.ring, window_, kCopyStepTokens, spec().sinks, wf);
+  }
   const int64_t id = next_id_++;
   seqs_.emplace(id, std::move(s));
   return id;
@@ -69,8 +71,15 @@ const CpuKvCache::Sequence& CpuKvCache::at(int64_t seq) const {
 int64_t CpuKvCache::seq_len(int64_t seq) const { return at(seq).main.seq_len(); }
 
 int CpuKvCache::max_step_tokens() const {
-  if (window_ > 0 || spec().sinks > 0) return kCopyStepTokens;
-  return ring_config_.n_layers > 0 ? CacheSpec::kWindowStepTokens : INT_MAX;
+  int n = INT_MAX;
+  if (window_ > 0 || spec().sinks > 0) n = kCopyStepTokens;
+  if (ring_config_.n_layers > 0) n = std::min(n, CacheSpec::kWindowStepTokens);
+  return n;
+}
+
+RecentWindow* CpuKvCache::copies_of(Sequence& s, int layer) const {
+  RecentWindow* c = in_ring_[layer] ? s.ring_copies.get() : s.copies.get();
+  return c && c->covers(index_[layer]) ? c : nullptr;
 }
 
 void CpuKvCache::check(const Batch& batch) const {
@@ -140,12 +149,10 @@ void CpuKvCache::write(int layer, const Batch& batch, const float* k, const floa
   for (const Batch::Run& r : batch.runs()) {
     Sequence& s = seqs_.at(r.seq);
     const size_t t0 = static_cast<size_t>(r.begin);
-    if (in_ring_[layer]) {  // the window's positions only; the step appends at most max_step_tokens
-      s.ring->write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
-      continue;
-    }
-    s.main.write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
-    if (s.copies && s.copies->covers(layer)) s.copies->write(layer, r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+    // A ring layer keeps the window's positions only; the step appends at most max_step_tokens.
+    ContiguousCache& c = in_ring_[layer] ? *s.ring : s.main;
+    c.write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+    if (RecentWindow* w = copies_of(s, layer)) w->write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
   }
 }
 
@@ -162,13 +169,12 @@ void CpuKvCache::attention(int layer, const Batch& batch, const float* q, float*
   for (const Batch::Run& r : batch.runs()) {
     Sequence& s = seqs_.at(r.seq);
     const size_t t0 = static_cast<size_t>(r.begin);
-    if (in_ring_[layer])
-      tqkv::attention(*s.ring, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
-    else if (s.copies && s.copies->covers(layer))
-      s.copies->attention(s.main, layer, q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row,
-                          k_new ? k_new + t0 * kv_row : nullptr, v_new ? v_new + t0 * kv_row : nullptr);
+    const ContiguousCache& c = in_ring_[layer] ? *s.ring : s.main;
+    if (RecentWindow* w = copies_of(s, layer))
+      w->attention(c, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row,
+                   k_new ? k_new + t0 * kv_row : nullptr, v_new ? v_new + t0 * kv_row : nullptr);
     else
-      tqkv::attention(s.main, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
+      tqkv::attention(c, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
   }
 }
 
@@ -184,13 +190,17 @@ bool CpuKvCache::copy_prefix(int64_t src, int64_t dst, int64_t n) {
   if (a.main.first_pos() != 0) return false;
   if (a.ring && a.ring->first_pos() != 0) return false;  // sliding-window layers: only before their ring wraps
   if (a.copies && !b.copies->copy_prefix(*a.copies, n)) return false;  // checks before it copies
+  if (a.ring_copies && !b.ring_copies->copy_prefix(*a.ring_copies, n)) return false;
   b.main.copy_positions(a.main, 0, n);
   if (a.ring) b.ring->copy_positions(*a.ring, 0, n);
   return true;
 }
 
 void CpuKvCache::read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const {
-  at(seq).main.decode(layer, start, count, keys, out);
+  if (layer < 0 || layer >= spec().model.n_layers)
+    throw Error(ErrorCode::OutOfRange, "cache: layer " + std::to_string(layer) + " out of range");
+  const Sequence& s = at(seq);
+  (in_ring_[layer] ? *s.ring : s.main).decode(index_[layer], start, count, keys, out);
   if (keys) centring_.restore(layer, count, out);
 }
 

@@ -2,7 +2,7 @@
 // formats (a ring of `capacity` positions) and, when the spec asks for copies, a RecentWindow
 // (sinks and recent window, merged with the compressed part by log-sum-exp). Sliding-window
 // layers (Gemma 3's local layers) live in a second ContiguousCache whose ring holds only
-// CacheSpec::ring_positions (the window plus one step) when the spec allows it. Attention
+// CacheSpec::ring_positions (the window plus one step), with copies of their own. Attention
 // runs on the compressed slots through tqkv::attention (SIMD, threads).
 #pragma once
 #include <memory>
@@ -48,8 +48,11 @@ class CpuKvCache final : public KvCache {
   struct Sequence {
     ContiguousCache main;                   // full-attention layers (every layer without a ring)
     std::unique_ptr<ContiguousCache> ring;  // sliding-window layers, when they keep a ring
-    std::unique_ptr<RecentWindow> copies;
+    std::unique_ptr<RecentWindow> copies;       // the copies of main's layers
+    std::unique_ptr<RecentWindow> ring_copies;  // the copies of ring's layers
   };
+  // The copies of a layer of seq (null when it has none), by its index in main or ring.
+  RecentWindow* copies_of(Sequence& s, int layer) const;
   const Sequence& at(int64_t seq) const;
   void write(int layer, const Batch& batch, const float* k, const float* v);
   // k_new, v_new: the batch's keys and values as written, folded in exactly at each query's own

@@ -97,8 +97,15 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   fused_max_rows_ = static_cast<int>(env_count("TQKV_FUSED_MAX_ROWS", "rows", kFusedMaxRows, 0, INT_MAX));
   rows_from_ = env_count("TQKV_PREFILL_ROWS_FROM", "positions", kPrefillRowsFrom, 0, LLONG_MAX);
   if (copies()) {
-    for (int l = 0; l < m.n_layers; ++l)
-      if (m.window(l) > 0) not_yet("attention sinks or a recent window with sliding-window layers");
+    // Sliding-window layers take the copies with their window as a cut of every part; a sink is
+    // read while it is inside the window (one sink: all or nothing, so one per-row length).
+    for (int l = 0; l < m.n_layers; ++l) {
+      if (m.window(l) <= 0) continue;
+      if (slide_ > 0 && m.window(l) != slide_)
+        not_yet("attention sinks or a recent window with sliding-window layers of different windows");
+      slide_ = m.window(l);
+    }
+    if (slide_ > 0 && sinks_ > 1) not_yet("more than one attention sink with sliding-window layers");
     if (m.n_heads / m.n_kv_heads > 8) not_yet("attention sinks or a recent window with more than 8 query heads per kv head");
     ring_blocks_ = window_ > 0 ? (window_ + kCopyStepTokens + kBlockSize - 1) / kBlockSize + 1 : 0;
     sink_blocks_ = (sinks_ + kBlockSize - 1) / kBlockSize;
@@ -348,7 +355,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   // Int32 block tables: [n_runs, bps] for every run, [n_dec, bps] for the rows, then the rows'
   // lengths [n_dec] and batch rows [n_dec]; with copies the rows' ring tables [n_dec, bps], sink
   // tables [n_dec, SB] and sink lengths [n_dec].
-  const size_t copy_ints = copies() ? n_dec * (bps + SB + 1) : 0;
+  const size_t copy_ints = copies() ? n_dec * (bps + SB + (slide_ > 0 ? 2 : 1)) : 0;
   std::vector<int32_t> ints((n_runs + n_dec) * bps + 2 * n_dec + copy_ints, 0);
   for (size_t j = 0; j < n_runs; ++j) {
     if (step_.runs[j].seq == kPadSeq) continue;
@@ -367,6 +374,8 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
       for (int b = 0; b < bps; ++b) ints[win_at + i * bps + b] = slot * R + b % R;
     for (int b = 0; b < SB; ++b) ints[sink_at + i * SB + b] = slot * SB + b;
     ints[sink_lens_at + i] = std::min(row_len[i] - (fold_newest_ ? 1 : 0), sinks_);
+    // Position 0 is inside a sliding window of W while the query's position p = len - 1 < W.
+    if (slide_ > 0) ints[sink_lens_at + n_dec + i] = row_len[i] <= slide_ ? ints[sink_lens_at + i] : 0;
   }
   const size_t slot_bytes = slots.size() * sizeof(int64_t), int_bytes = ints.size() * sizeof(int32_t);
   void* slot_buf = nullptr;
@@ -398,6 +407,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   win_tables_ = base + win_at;
   sink_tables_ = base + sink_at;
   sink_lens_ = base + sink_lens_at;
+  slide_sink_lens_ = slide_ > 0 ? sink_lens_ + n_dec : nullptr;
   win_slots_ = step_slots_ + n;
   sink_slots_ = step_slots_ + 2 * static_cast<size_t>(n);
   for (const Batch::Run& r : step_.runs)
@@ -556,18 +566,20 @@ void CudaKvCache::decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv,
   cuda::run_decode(codec, kv, da, p.plan, p.workspace, stream);
 }
 
-void CudaKvCache::fused_decode(const Layer& L, const AttentionParams& ap, const float* q, float* o,
+void CudaKvCache::fused_decode(const Layer& L, int layer_window, const AttentionParams& ap, const float* q, float* o,
                                const cuda::NewestKv& nk) {
   // The old path's three ranges: the window's (p - N, p] of the ring, the middle [S, p - N], the sinks [0, S).
   cuda::DecodePart parts[3];
   // With the fold, every part stops at p - 1 (the sinks by their lengths) and p comes from k, v.
   const int newest = fold_newest_ ? 1 : 0;
-  parts[cuda::kFusedMain] = {&L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, sinks_, 0,
-                             std::max(window_, newest)};
+  parts[cuda::kFusedMain] = {&L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, sinks_,
+                             layer_window, std::max(window_, newest)};
   if (window_ > 0)
     parts[cuda::kFusedWindow] = {&*L.window_codec, L.window_kv, win_tables_, blocks_per_seq_, dec_lens_,
                                  window_plan_len(), sinks_, window_, newest};
-  if (sinks_ > 0) parts[cuda::kFusedSinks] = {&*L.sink_codec, L.sink_kv, sink_tables_, sink_blocks_, sink_lens_, sinks_, 0, 0, 0};
+  if (sinks_ > 0)
+    parts[cuda::kFusedSinks] = {&*L.sink_codec, L.sink_kv,  sink_tables_, sink_blocks_,
+                                layer_window > 0 ? slide_sink_lens_ : sink_lens_, sinks_, 0, 0, 0};
   const int rows = step_.n_rows;
   const auto key = std::make_tuple(L.codec.format().name(), L.window_codec->format().name(), rows, step_plan_len_);
   auto it = fused_plans_.find(key);
@@ -615,7 +627,8 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   cuda::StoreArgs sa = store_args(k, v, step_slots_, n);
   const bool covered = L.window_codec.has_value();  // the layer keeps copies (same centred keys)
   const int window = m.window(layer);
-  const bool rows = (L.decode || L.generic) && window == 0 && step_.n_rows > 0;
+  // A sliding-window layer with copies attends as rows too, its window a cut of every part.
+  const bool rows = (L.decode || L.generic) && (window == 0 || covered) && step_.n_rows > 0;
   // The fold: each row's own position from k and v as computed (the keys centred as stored).
   const bool fold = fold_newest_ && covered && rows;
   cuda::NewestKv nk;
@@ -679,7 +692,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, ap, q_in, o, nullptr,
              stream_);
     } else if (L.fused && n_dec <= fused_max_rows_) {
-      fused_decode(L, ap, q_in, o, nk);
+      fused_decode(L, window, ap, q_in, o, nk);
     } else {
       // Parts: the compressed [S, p - N] into o, the window's (p - N, p] and the sinks' [0, S)
       // into the parts buffer, merged into o by their log-sum-exps (the CPU's RecentWindow), the
@@ -719,12 +732,14 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       }
       if (sinks_ > 0) {
         if (fork) ck(cudaStreamWaitEvent(sink_stream, fork_, 0), "forking the sinks' decode");
-        decode(*L.sink_codec, L.sink_kv, Part::Sinks, sink_tables_, sink_blocks_, sink_lens_, sinks_, ap, q_in, part_s,
+        decode(*L.sink_codec, L.sink_kv, Part::Sinks, sink_tables_, sink_blocks_,
+               window > 0 ? slide_sink_lens_ : sink_lens_, sinks_, ap, q_in, part_s,
                lse_s, sink_stream);
         if (fork) ck(cudaEventRecord(join_[1], sink_stream), "joining the sinks' decode");
       }
       AttentionParams older = ap;
       older.min_key_pos = sinks_;
+      older.window = window;
       older.exclude_recent = std::max(window_, newest);
       decode(main_codec, main_kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, older, q_in, o,
              lse_main, stream_);

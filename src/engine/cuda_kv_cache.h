@@ -209,7 +209,9 @@ class CudaKvCache final : public KvCache {
   // The step's decode rows: q and o [n_rows, n_heads, head_dim] f32, attention parameters ap.
   cuda::DecodeArgs step_args(const float* q, float* o, const AttentionParams& ap) const;
   // The sinks, the compressed middle and the window of a layer with copies in one launch into o.
-  void fused_decode(const Layer& L, const AttentionParams& ap, const float* q, float* o, const cuda::NewestKv& nk);
+  // layer_window: the layer's sliding window (0: full attention), a cut of every part.
+  void fused_decode(const Layer& L, int layer_window, const AttentionParams& ap, const float* q, float* o,
+                    const cuda::NewestKv& nk);
   // A store of n_tokens f32 rows k, v to `slots` (the cache's store settings).
   cuda::StoreArgs store_args(const void* k, const void* v, const int64_t* slots, int n_tokens) const;
   // Positions [0, n_tokens) of the pages in `table` dequantized into kws_ / vws_ (grown).
@@ -227,6 +229,7 @@ class CudaKvCache final : public KvCache {
   float* scale_ = nullptr;
   int blocks_per_seq_ = 0;
   int sinks_ = 0, window_ = 0;            // the spec's S and N (0: none)
+  int slide_ = 0;  // with copies: the sliding window of the model's sliding-window layers (one size)
   int ring_blocks_ = 0, sink_blocks_ = 0;  // per sequence
   std::vector<Layer> layers_;
   std::vector<int32_t> free_;
@@ -285,6 +288,7 @@ class CudaKvCache final : public KvCache {
   int32_t* win_tables_ = nullptr;  // copies: [n_rows, blocks_per_seq] ring tables
   int32_t* sink_tables_ = nullptr;  // [n_rows, sink_blocks]
   int32_t* sink_lens_ = nullptr;    // [n_rows]: min(S, len), or min(S, len - 1) with fold_newest_
+  int32_t* slide_sink_lens_ = nullptr;  // [n_rows], slide_ > 0: sink_lens_ while the sink is in the window, else 0
   int64_t* win_slots_ = nullptr;    // [n]: the new tokens' ring slots
   int64_t* sink_slots_ = nullptr;   // [n]: their sink slots (-1 past S)
   void* parts_ = nullptr;           // copies: the window and sink parts' outputs and the lses

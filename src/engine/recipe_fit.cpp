@@ -44,16 +44,10 @@ bool covers_all_layers(const ModelConfig& cfg, const LayerWidths& w) {
                   ") or every layer, each once in order; it names " + std::to_string(layers.size()));
 }
 
-std::string copies_suffix(const ModelConfig& cfg, double budget) {
-  std::string s;
-  if (recipe_uses_copies(cfg)) s.append("+sink1+wq6+fill").append(number_text(budget));
-  return s;
-}
+std::string copies_suffix(double budget) { return "+sink1+wq6+fill" + number_text(budget); }
 
-// The slots' share of the budget: all of it, or all but the copies' reserve.
-double slot_target(const ModelConfig& cfg, double budget) {
-  return recipe_uses_copies(cfg) ? budget - kCopyReserve : budget;
-}
+// The slots' share of the budget: all but the copies' reserve.
+double slot_target(double budget) { return budget - kCopyReserve; }
 
 double mean_slot_bits(const LayerWidths& w, int d) {
   double s = 0;
@@ -69,12 +63,11 @@ double mean_slot_bits(const LayerWidths& w, int d) {
 // Checks that 2/2 bits fit and fills the result's spec and bits; one line in *why otherwise.
 std::optional<FitResult> finish(const ModelConfig& cfg, double budget, bool centre, LayerWidths widths,
                                 double predicted, std::string* why, bool balance = false) {
-  const std::string suffix = copies_suffix(cfg, budget);
-  const bool copies = !suffix.empty();
+  const std::string suffix = copies_suffix(budget);
   const bool all_layers = covers_all_layers(cfg, widths);
   FitResult r;
   // fill<B> needs room for its window: slots of B bits or more do not even resolve.
-  const bool fits = mean_slot_bits(widths, cfg.head_dim) < slot_target(cfg, budget) + 1e-9 &&
+  const bool fits = mean_slot_bits(widths, cfg.head_dim) < slot_target(budget) + 1e-9 &&
                     (r.bits = widths_bits(cfg, widths, suffix, all_layers)) <= budget + 1e-9;
   if (!fits) {
     if (why) {
@@ -84,7 +77,7 @@ std::optional<FitResult> finish(const ModelConfig& cfg, double budget, bool cent
       os << "a " << budget << "-bit budget cannot apply to this model: with every layer's keys and values at " << kMinBits
          << " bits its slots take " << mean_slot_bits(narrowest, cfg.head_dim) << " bits per element at head_dim "
          << cfg.head_dim;
-      if (copies) os << ", and its f16 sink and recent window need " << kCopyReserve << " more";
+      os << ", and its f16 sink and recent window need " << kCopyReserve << " more";
       *why = os.str();
     }
     return std::nullopt;
@@ -251,12 +244,6 @@ std::vector<int> compressed_layers(const ModelConfig& cfg, bool all_layers) {
   return out;
 }
 
-bool recipe_uses_copies(const ModelConfig& cfg) {
-  for (int l = 0; l < cfg.n_layers; ++l)
-    if (cfg.window(l) > 0) return false;
-  return true;
-}
-
 double kv_slot_bits(int key_bits, int value_bits, int head_dim) {
   // The format's own slot bytes (codes are padded at small head_dims), through the spec grammar.
   ModelConfig one;
@@ -315,7 +302,7 @@ FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivi
     return side == 0 ? std::max(scan[i].key_kl, 1e-6) * D(b) / D(scan_key_bits)
                      : std::max(scan[i].value_kl, 1e-6) * D(b) / D(scan_value_bits);
   };
-  const double target = slot_target(cfg, budget);
+  const double target = slot_target(budget);
   // One more bit costs the same bytes anywhere (head_dim / 8 per slot), so the best gain per
   // bit is the best gain; stop at the first step that does not fit.
   while (true) {
@@ -361,7 +348,7 @@ std::optional<FitResult> rule_recipe(const ModelConfig& cfg, double budget, bool
   }
   LayerWidths w;
   for (int l : layers) w.push_back({l, {kMinBits, kMinBits}});
-  const double target = slot_target(cfg, budget);
+  const double target = slot_target(budget);
   for (bool grew = true; grew;) {
     grew = false;
     for (int side = 0; side < 2; ++side)

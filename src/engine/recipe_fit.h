@@ -54,10 +54,10 @@ using LayerWidths = std::vector<std::pair<int, std::pair<int, int>>>;
 // layer but the first and last 2), or every layer when all_layers (a recipe whose budget counts
 // the boundary layers too: they get widths of their own, and its spec says +skip0).
 std::vector<int> compressed_layers(const ModelConfig& cfg, bool all_layers = false);
-// Whether a recipe for cfg may keep copies next to the cache (sinks, recent window): not on a
-// model with sliding-window layers, whose rings the copies would disable (CacheSpec::ring_positions).
-bool recipe_uses_copies(const ModelConfig& cfg);
-// Copies' share of a budget (sink1+wq6+fill<B>): the slots get budget - kCopyReserve bits.
+// Every fitted recipe keeps copies next to the cache (an f16 sink and a 6-bit recent window,
+// sink1+wq6+fill<B>; on a model with sliding-window layers the window is no longer than theirs
+// and their rings stay, CacheSpec::ring_positions). Their share of a budget: the slots get
+// budget - kCopyReserve bits.
 constexpr double kCopyReserve = 0.125;
 // Bits per element of one k<K>v<V> slot (Mse keys and values, two fp16 norms) at head_dim d.
 double kv_slot_bits(int key_bits, int value_bits, int head_dim);

@@ -607,6 +607,25 @@ TEST(CudaCacheLayer, SameInputsSameCodesAsCpu) {
   }
 }
 
+// Copies with sliding-window layers (Gemma 3's local layers: here a window of 64): every part
+// cut by the layer's window, the sink read only while it is inside it. The CPU keeps rings of
+// 64 + 255 positions, the GPU every position; 402 positions run past the window and wrap the
+// rings. d = 64 with a fused kernel (k5v3 + wq6), d = 256 by three launches; read back from the
+// full-attention layer.
+TEST(CudaCacheLayer, CopiesWithSlidingWindowLayersMatchCpu) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  for (int d : {64, 256}) {
+    ModelConfig m = cache_test_model(4, 4, 1, d);
+    m.layer_window = {64, 64, 0, 64};
+    for (const std::string name : {"k5v3+sink1+wq6+w16+skip0", "k3v2+sink1+w8+skip0", "k4v4+wq6+w64+skip0"}) {
+      const CacheSpec spec = resolve_cache_spec(name, m);
+      ASSERT_GT(spec.ring_positions(0, 1024), 0) << name;  // the CPU keeps its rings
+      compare_cache_layers(m, name, 1024, {200, 200, 1, 1}, 2);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 // The recipes' layers and copies on SmolLM2's shape (30 layers, 9:3 heads, d = 64) without the
 // key centring (no key statistics here): tq-4.375's 5/6-bit keys, tq-3.375's and tq-2.5's 2-bit
 // codes, the sink and the wq6 window of fill<B> at capacity 512 (7, 18 and 8 positions); then a

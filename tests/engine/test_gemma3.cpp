@@ -194,7 +194,7 @@ TEST_F(Gemma3, EveryCacheFormatRuns) {
 }
 
 // The local layers keep a ring of their window plus one step; the byte accounting counts it,
-// and a spec with copies (whose merge reads the whole history) keeps every position.
+// with copies too (their window no longer than the layers').
 TEST_F(Gemma3, WindowLayersKeepARing) {
   const ModelConfig& c = model_->config();
   const CacheSpec spec = model_->resolve("tq-k4v4");
@@ -207,7 +207,8 @@ TEST_F(Gemma3, WindowLayersKeepARing) {
   EXPECT_EQ(spec.bytes(300, 4096).slots, (row_full + row_ring) * 300);
   EXPECT_EQ(spec.bytes(3000, 4096).slots, row_full * 3000 + row_ring * ring);
   EXPECT_EQ(spec.ring_positions(0, 512), 0) << "a ring no smaller than the cache";
-  EXPECT_EQ(model_->resolve("tq-k4v4+w8").ring_positions(0, 4096), 0) << "copies read every position";
+  EXPECT_EQ(model_->resolve("tq-k4v4+w8").ring_positions(0, 4096), ring) << "copies keep the rings";
+  EXPECT_EQ(model_->resolve("tq-k4v4+w1000").window_at(4096), 512) << "no longer than the local layers' window";
 
   auto cache = model_->make_cache(spec, 4096);
   const int64_t s = cache->add_sequence();
@@ -217,6 +218,43 @@ TEST_F(Gemma3, WindowLayersKeepARing) {
   model_->forward(s, ids.data(), static_cast<int>(ids.size()), *cache, logits.data(), false);
   EXPECT_EQ(cache->bytes(s).slots, row_full * 900 + row_ring * ring);
   EXPECT_LT(cache->bytes(s).slots, (row_full + row_ring) * 900);
+}
+
+}  // namespace
+}  // namespace tqkv::engine
+
+namespace tqkv::engine {
+namespace {
+
+// Copies (f16 sinks, a 6-bit recent window) in layers that keep a ring give the logits of the
+// same spec in a cache too small for rings (every position kept, the window cut at attention):
+// past the local window the sinks drop out of the local layers. The same steps both ways and no
+// key centring (whose centred channels depend on the capacity), so the codes are the same.
+TEST_F(Gemma3, CopiesWithRingsMatchEveryPositionKept) {
+  testing_util::QdotModeScope f32(QdotMode::F32);  // the same products however the steps are cut
+  if (!std::filesystem::exists(kLongText)) GTEST_SKIP() << "no real text at " << kLongText;
+  const ModelConfig& c = model_->config();
+  std::vector<int32_t> ids = prompt(read_text(kLongText));
+  ids.resize(620);
+  const int tail = 2, n = static_cast<int>(ids.size()), V = c.n_vocab;
+  const CacheSpec spec = model_->resolve("k3v2+skip0+sink2+wq6+w64");
+  std::vector<float> logits[2];
+  for (int ringed = 0; ringed < 2; ++ringed) {
+    const int capacity = ringed ? 4096 : n;  // 767-position rings only where they are smaller
+    ASSERT_EQ(spec.ring_positions(0, capacity) > 0, ringed == 1);
+    auto cache = model_->make_cache(spec, capacity);
+    const int64_t seq = cache->add_sequence();
+    logits[ringed].resize(static_cast<size_t>(tail) * V);
+    for (int p = 0; p < n - tail; p += CacheSpec::kWindowStepTokens)
+      model_->forward(seq, ids.data() + p, std::min(CacheSpec::kWindowStepTokens, n - tail - p), *cache, nullptr, false);
+    for (int t = 0; t < tail; ++t)
+      model_->forward(seq, &ids[n - tail + t], 1, *cache, logits[ringed].data() + static_cast<size_t>(t) * V, false);
+  }
+  for (int t = 0; t < tail; ++t) {
+    const auto e = testing_util::max_err(logits[1].data() + static_cast<size_t>(t) * V,
+                                         logits[0].data() + static_cast<size_t>(t) * V, V);
+    EXPECT_LE(e.err, 1e-4 * e.mag) << "position " << n - tail + t << ": max |diff| " << e.err;
+  }
 }
 
 }  // namespace

@@ -81,10 +81,14 @@ TEST(RecipeFit, RuleRespectsEveryBudgetAtEveryHeadDimAndContext) {
         }
         // Not far under either: the rule spends the budget (to within one bit of one layer,
         // plus the copies' reserve).
-        const double slack = recipe_uses_copies(c) ? kCopyReserve : 0.0;
-        EXPECT_GE(s.bits, budget - slack - 1.0 / (c.n_layers - 4) - 1e-9) << r->spec;
-        // Copies only where they do not cost the sliding-window layers their rings.
-        EXPECT_EQ(s.sinks > 0, !sliding) << r->spec;
+        EXPECT_GE(s.bits, budget - kCopyReserve - 1.0 / (c.n_layers - 4) - 1e-9) << r->spec;
+        // Copies everywhere; with sliding-window layers the window copy is no longer than
+        // theirs, and they keep their rings.
+        EXPECT_EQ(s.sinks, 1) << r->spec;
+        if (sliding) {
+          EXPECT_LE(s.window_at(32768), 512) << r->spec;
+          EXPECT_GT(s.ring_positions(0, 32768), 0) << r->spec;
+        }
         EXPECT_EQ(r->spec.find("+c"), std::string::npos);
         // Keys lead values by at most one bit, and the outer layers are never narrower.
         for (const auto& [l, kv] : r->widths) {
@@ -394,7 +398,9 @@ TEST_F(NamedBudgetResolution, FittedRecipesRoundTripThroughTheFile) {
   EXPECT_FALSE(src.is_rule_based("tq-4.375"));
   EXPECT_TRUE(src.is_rule_based("tq-3.375"));
   const CacheSpec s = resolve_cache_spec("tq-4.375", c, src);
-  EXPECT_EQ(s.sinks, 0);  // a model with sliding-window layers keeps its rings
+  EXPECT_EQ(s.sinks, 1);  // copies on a model with sliding-window layers too, which keeps its rings
+  EXPECT_LE(s.window_at(32768), 512);
+  EXPECT_GT(s.ring_positions(0, 32768), 0);
   EXPECT_LE(budget_bits(s), *named_budget_bits("tq-4.375", 256) + 1e-9);
 }
 
