@@ -45,7 +45,7 @@ CpuKvCache::CpuKvCache(const CacheSpec& spec, const CacheShape& shape)
 int64_t CpuKvCache::add_sequence() {
   if (static_cast<int>(seqs_.size()) >= max_seqs())
     throw Error(ErrorCode::Capacity, "cache: all " + std::to_string(max_seqs()) + " sequences are in use");
-  Sequence s{ContiguousCache(config_), nullptr, nullptr};
+  Sequence s{ContiguousCache(config_), nullptr, nullptr, nullptr};
   if (ring_config_.n_layers > 0) s.ring = std::make_unique<ContiguousCache>(ring_config_);
   if (window_ > 0 || spec().sinks > 0) {
     const Format* wf = spec().window_format ? &*spec().window_format : nullptr;
