@@ -53,6 +53,7 @@ void register_calibrate(CLI::App& app) {
     std::vector<std::string> budgets;
     std::string save_scan, load_scan;
     int ctx = 256, tokens = 4096, scan_tokens = 256, threads = 0, max_pairs = 0;
+    double copy_reserve = tqkv::engine::kCopyReserve;
     bool boundary_in_budget = false, balance = false;
   };
   static Opts o;
@@ -79,6 +80,11 @@ void register_calibrate(CLI::App& app) {
                   "at most this many distinct key/value bit pairs per recipe (each is its own decode kernel on the "
                   "GPU; few kernels are faster at batch 1), the best such widths under the same model of KL")
       ->check(CLI::Range(1, tqkv::engine::kMaxPairsCap));
+  cmd->add_option("--copy-reserve", o.copy_reserve,
+                  "bits per element the slots leave to the f16 sink and the 6-bit recent window (fill<B> sizes the "
+                  "window from what is left)")
+      ->check(CLI::Range(0.01, 8.0))
+      ->capture_default_str();
   auto* save = cmd->add_option("--save-scan", o.save_scan, "write the sensitivity scan to this JSON file (for --load-scan)");
   auto* load = cmd->add_option("--load-scan", o.load_scan,
                   "take the sensitivity scan from a --save-scan file of the same model and options instead of "
@@ -135,13 +141,16 @@ void register_calibrate(CLI::App& app) {
       const std::string only = std::string(so.balance ? "+s" : "+c") + (so.all_layers ? "+skip0+only<l>" : "+only<l>");
       std::ostringstream fitted;
       fitted << "tqkv calibrate" << (so.all_layers ? " --boundary-in-budget" : "") << (so.balance ? " --balance" : "")
-             << (o.max_pairs > 0 ? " --max-pairs " + std::to_string(o.max_pairs) : "") << " on " << tname
+             << (o.max_pairs > 0 ? " --max-pairs " + std::to_string(o.max_pairs) : "")
+             << (o.copy_reserve != tqkv::engine::kCopyReserve ? " --copy-reserve " + number_text(o.copy_reserve) : "")
+             << " on " << tname
              << ": per-layer scan k" << so.key_bits << "v8" << only << so.suffix << ", k8v" << so.value_bits << only
              << so.suffix << " (" << chunks << " chunk" << (chunks > 1 ? "s" : "") << " of " << so.ctx << ")";
       std::printf("layer  KL keys at %d bits  KL values at %d bits\n", so.key_bits, so.value_bits);
       for (const LayerSensitivity& s : scan) std::printf("%5d  %18.5f  %20.5f\n", s.layer, s.key_kl, s.value_kl);
       for (const BudgetRequest& b : budgets) {
-        const FitResult r = allocate_bits(cfg, scan, so.key_bits, so.value_bits, b.bits, true, so.balance, o.max_pairs);
+        const FitResult r = allocate_bits(cfg, scan, so.key_bits, so.value_bits, b.bits, true, so.balance, o.max_pairs,
+                                          o.copy_reserve);
         model.resolve(r.spec);  // resolvable, with the statistics
         std::ostringstream note;
         note << (o.max_pairs > 0 ? "Allocation (at most " + std::to_string(o.max_pairs) + " distinct key/value pairs) under "

@@ -47,7 +47,7 @@ bool covers_all_layers(const ModelConfig& cfg, const LayerWidths& w) {
 std::string copies_suffix(double budget) { return "+sink1+wq6+fill" + number_text(budget); }
 
 // The slots' share of the budget: all but the copies' reserve.
-double slot_target(double budget) { return budget - kCopyReserve; }
+double slot_target(double budget, double reserve = kCopyReserve) { return budget - reserve; }
 
 double mean_slot_bits(const LayerWidths& w, int d) {
   double s = 0;
@@ -62,12 +62,13 @@ double mean_slot_bits(const LayerWidths& w, int d) {
 
 // Checks that 2/2 bits fit and fills the result's spec and bits; one line in *why otherwise.
 std::optional<FitResult> finish(const ModelConfig& cfg, double budget, bool centre, LayerWidths widths,
-                                double predicted, std::string* why, bool balance = false) {
+                                double predicted, std::string* why, bool balance = false,
+                                double reserve = kCopyReserve) {
   const std::string suffix = copies_suffix(budget);
   const bool all_layers = covers_all_layers(cfg, widths);
   FitResult r;
   // fill<B> needs room for its window: slots of B bits or more do not even resolve.
-  const bool fits = mean_slot_bits(widths, cfg.head_dim) < slot_target(budget) + 1e-9 &&
+  const bool fits = mean_slot_bits(widths, cfg.head_dim) < slot_target(budget, reserve) + 1e-9 &&
                     (r.bits = widths_bits(cfg, widths, suffix, all_layers)) <= budget + 1e-9;
   if (!fits) {
     if (why) {
@@ -77,7 +78,7 @@ std::optional<FitResult> finish(const ModelConfig& cfg, double budget, bool cent
       os << "a " << budget << "-bit budget cannot apply to this model: with every layer's keys and values at " << kMinBits
          << " bits its slots take " << mean_slot_bits(narrowest, cfg.head_dim) << " bits per element at head_dim "
          << cfg.head_dim;
-      os << ", and its f16 sink and recent window need " << kCopyReserve << " more";
+      os << ", and its f16 sink and recent window need " << reserve << " more";
       *why = os.str();
     }
     return std::nullopt;
@@ -283,8 +284,11 @@ int distinct_pairs(const LayerWidths& widths) {
 }
 
 FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivity>& scan, int scan_key_bits,
-                        int scan_value_bits, double budget, bool centre, bool balance, int max_pairs) {
+                        int scan_value_bits, double budget, bool centre, bool balance, int max_pairs,
+                        double copy_reserve) {
   if (scan.empty()) throw Error(ErrorCode::InvalidArgument, "allocate_bits: the scan has no layers");
+  if (!(copy_reserve > 0 && copy_reserve < budget))
+    throw Error(ErrorCode::InvalidArgument, "allocate_bits: the copies' reserve must be more than 0 and less than the budget");
   if (max_pairs < 0 || max_pairs > kMaxPairsCap)
     throw Error(ErrorCode::InvalidArgument, "allocate_bits: at most " + std::to_string(kMaxPairsCap) +
                                                 " distinct key/value pairs can be asked for, not " + std::to_string(max_pairs));
@@ -302,7 +306,7 @@ FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivi
     return side == 0 ? std::max(scan[i].key_kl, 1e-6) * D(b) / D(scan_key_bits)
                      : std::max(scan[i].value_kl, 1e-6) * D(b) / D(scan_value_bits);
   };
-  const double target = slot_target(budget);
+  const double target = slot_target(budget, copy_reserve);
   // One more bit costs the same bytes anywhere (head_dim / 8 per slot), so the best gain per
   // bit is the best gain; stop at the first step that does not fit.
   while (true) {
@@ -328,7 +332,7 @@ FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivi
   for (size_t i = 0; i < w.size(); ++i) kl += term(i, 0, w[i].second.first) + term(i, 1, w[i].second.second);
   if (max_pairs > 0 && distinct_pairs(w) > max_pairs) kl = capped_widths(w, term, d, target, max_pairs);
   std::string why;
-  std::optional<FitResult> r = finish(cfg, budget, centre, std::move(w), kl, &why, balance);
+  std::optional<FitResult> r = finish(cfg, budget, centre, std::move(w), kl, &why, balance, copy_reserve);
   if (!r) throw Error(ErrorCode::InvalidArgument, why);
   return *r;
 }

@@ -99,8 +99,13 @@ struct FitResult {
 // the layers to its pairs under the budget (a knapsack over the layers' bit sums). The greedy's
 // answer is kept where it already has few enough pairs. 1 <= max_pairs <= kMaxPairsCap.
 constexpr int kMaxPairsCap = 4;
+//
+// copy_reserve: the bits per element the slots leave to the copies (the sink and the window that
+// fill<B> sizes); kCopyReserve by default. A model whose recent tokens matter most (Gemma 3's
+// local layers) may do better with a longer window and narrower slots.
 FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivity>& scan, int scan_key_bits,
-                        int scan_value_bits, double budget, bool centre, bool balance = false, int max_pairs = 0);
+                        int scan_value_bits, double budget, bool centre, bool balance = false, int max_pairs = 0,
+                        double copy_reserve = kCopyReserve);
 // The number of distinct (key bits, value bits) pairs in widths.
 int distinct_pairs(const LayerWidths& widths);
 

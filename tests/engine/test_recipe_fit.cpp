@@ -198,6 +198,29 @@ TEST(RecipeFit, AllocatorCapsTheDistinctPairs) {
   EXPECT_THROW(allocate_bits(c, scan, 4, 3, budget, true, false, kMaxPairsCap + 1), Error);
 }
 
+// The copies' reserve: a larger one leaves the slots fewer bits and fill<B> a longer window,
+// within the same budget; one outside (0, budget) is refused.
+TEST(RecipeFit, CopyReserveTradesSlotsForWindow) {
+  const ModelConfig c = config(18, 256, 1, true);
+  std::vector<LayerSensitivity> scan;
+  for (int l : compressed_layers(c, true)) scan.push_back({l, 0.001 * (l % 4 + 1), 0.002});
+  const double budget = *named_budget_bits("tq-3.375", 256);
+  int last_window = -1;
+  double last_slots = 1e9;
+  for (double reserve : {kCopyReserve, 0.375, 0.625}) {
+    const FitResult r = allocate_bits(c, scan, 4, 3, budget, false, false, 0, reserve);
+    const CacheSpec s = resolve_cache_spec(r.spec, c);
+    EXPECT_LE(budget_bits(s), budget + 1e-9) << r.spec;
+    EXPECT_LE(s.bits, budget - reserve + 1e-9) << r.spec;
+    EXPECT_LT(s.bits, last_slots) << r.spec;
+    EXPECT_GT(s.window_at(512), last_window) << r.spec;
+    last_slots = s.bits;
+    last_window = s.window_at(512);
+  }
+  EXPECT_THROW(allocate_bits(c, scan, 4, 3, budget, false, false, 0, 0.0), Error);
+  EXPECT_THROW(allocate_bits(c, scan, 4, 3, budget, false, false, 0, budget), Error);
+}
+
 TEST(RecipeFit, BudgetRequests) {
   const std::vector<BudgetRequest> b = parse_budgets({"tq-4.375", "3.2", "tq-2.5"}, "", 256);
   ASSERT_EQ(b.size(), 3u);
