@@ -88,7 +88,6 @@ struct CacheSpec {
   // The recent window of a cache of ctx positions: w<N>'s N, or what fill<B> leaves room for;
   // at most the shortest sliding window of the model's layers.
   int window_at(int ctx) const;
-  bool has_copies(int ctx) const { return sinks > 0 || window_at(ctx) > 0; }
   // Positions a sliding-window layer (ModelConfig::layer_window) keeps in a cache of
   // `capacity` positions: a ring of its window plus the most tokens one step may append
   // (kWindowStepTokens - 1), or 0 for all positions — full-attention layers, models without a

@@ -354,7 +354,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   for (size_t i = 0; i < n_dec && step_.decode_contiguous; ++i) step_.decode_contiguous = row_tok[i] == static_cast<int32_t>(i);
   // Int32 block tables: [n_runs, bps] for every run, [n_dec, bps] for the rows, then the rows'
   // lengths [n_dec] and batch rows [n_dec]; with copies the rows' ring tables [n_dec, bps], sink
-  // tables [n_dec, SB] and sink lengths [n_dec].
+  // tables [n_dec, SB] and sink lengths [n_dec] (with sliding-window layers twice: theirs after).
   const size_t copy_ints = copies() ? n_dec * (bps + SB + (slide_ > 0 ? 2 : 1)) : 0;
   std::vector<int32_t> ints((n_runs + n_dec) * bps + 2 * n_dec + copy_ints, 0);
   for (size_t j = 0; j < n_runs; ++j) {

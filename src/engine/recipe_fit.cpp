@@ -115,10 +115,11 @@ double capped_widths(LayerWidths& w, const Term& term, int d, double target, int
 
   constexpr double kInf = std::numeric_limits<double>::infinity();
   const size_t width = static_cast<size_t>(cap) + 1;
-  std::vector<double> dp((n + 1) * width), best_dp;
+  std::vector<double> dp((n + 1) * width);
   std::vector<uint8_t> pick(n * width), best_pick;
   std::vector<size_t> set, best_set;
   double best = kInf;
+  size_t best_u = 0;  // the best set's bit sum
   // The knapsack for one set of pairs: dp[i][u] is the least KL of the first i layers at u bits.
   auto solve = [&] {
     std::fill(dp.begin(), dp.end(), kInf);
@@ -138,8 +139,8 @@ double capped_widths(LayerWidths& w, const Term& term, int d, double target, int
       }
     }
     const double* last = &dp[n * width];
-    const double m = *std::min_element(last, last + width);
-    if (m < best) best = m, best_dp = dp, best_pick = pick, best_set = set;
+    const size_t u = static_cast<size_t>(std::min_element(last, last + width) - last);
+    if (last[u] < best) best = last[u], best_u = u, best_pick = pick, best_set = set;
   };
   // Every set of 1 .. max_pairs pairs, in lexicographic order (ties keep the first).
   std::function<void(size_t)> sets = [&](size_t from) {
@@ -153,9 +154,7 @@ double capped_widths(LayerWidths& w, const Term& term, int d, double target, int
   };
   sets(0);
   if (best == kInf) return 0;
-  const double* last = &best_dp[n * width];
-  size_t u = static_cast<size_t>(std::min_element(last, last + width) - last);
-  for (size_t i = n; i-- > 0;) {
+  for (size_t i = n, u = best_u; i-- > 0;) {
     const size_t j = best_set[best_pick[i * width + u]];
     w[i].second = pairs[j];
     u -= static_cast<size_t>(pairs[j].first + pairs[j].second);
