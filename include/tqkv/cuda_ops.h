@@ -129,6 +129,9 @@ struct PrefillArgs {
   int n_q = 0;
   int64_t pos0 = 0;          // position of query 0; n_kv >= pos0 + n_q
   int n_kv = 0;
+  // k and v hold the keys [kv_start, n_kv) only (row 0 is position kv_start): a sliding window
+  // must then exclude every earlier key of every query (pos0 - window + 1 >= kv_start).
+  int64_t kv_start = 0;
   int n_q_heads = 0;
   int n_kv_heads = 0;
   int head_dim = 0;          // 64, 128 or 256

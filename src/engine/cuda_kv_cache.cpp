@@ -68,6 +68,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   sinks_ = spec.sinks;
   window_ = spec.window_at(shape.capacity);
   if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
+  sliding_rows_ = env_count("TQKV_SLIDING_ROWS", "(0 or 1: sliding-window layers attend as decode rows)", 1, 0, 1) != 0;
   fold_newest_ = env_count("TQKV_FOLD_NEWEST", "(0 or 1: fold each query's own position in exactly)", 1, 0, 1) != 0;
   if (const char* e = std::getenv("TQKV_FUSED_STORE")) fused_store_ = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_STORE_SPLIT_KV")) store_split_kv_ = std::string(e) != "0";
@@ -116,6 +117,14 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
     throw Error(ErrorCode::InvalidArgument, "cache: the spec has no format for every layer");
   blocks_per_seq_ = (shape.capacity + kBlockSize - 1) / kBlockSize;
   const int num_blocks = blocks_per_seq_ * shape.max_seqs;
+  // Sliding-window layers keep a ring where the CPU keeps one (Layer::ring): blocks for the
+  // longest ring, plus one for a ring that does not start at a block's first position.
+  int64_t longest_ring = 0;
+  for (int l = 0; l < m.n_layers; ++l) longest_ring = std::max(longest_ring, spec.ring_positions(l, shape.capacity));
+  if (longest_ring > 0) slide_ring_blocks_ = static_cast<int>((longest_ring + kBlockSize - 1) / kBlockSize) + 1;
+  if (slide_ring_blocks_ >= blocks_per_seq_) slide_ring_blocks_ = 0;  // no smaller than the whole sequence
+  // TQKV_GPU_RINGS=0: every position of every layer kept, as before (before/after runs in one binary).
+  if (env_count("TQKV_GPU_RINGS", "(0 or 1: sliding-window layers keep rings)", 1, 0, 1) == 0) slide_ring_blocks_ = 0;
   layers_.reserve(m.n_layers);
   try {
     for (int l = 0; l < m.n_layers; ++l) {
@@ -127,7 +136,9 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
         not_yet("layer " + std::to_string(l) + "'s format " + f.name() + " (" + e.what() + ")");
       }
       Layer L{*codec, {}, false, false, std::nullopt, std::nullopt, {}, {}, false};
-      L.kv = cuda::PagedKv{nullptr, num_blocks, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
+      L.ring = slide_ring_blocks_ > 0 && spec.ring_positions(l, shape.capacity) > 0;
+      L.kv = cuda::PagedKv{nullptr, L.ring ? slide_ring_blocks_ * shape.max_seqs : num_blocks, kBlockSize,
+                           m.n_kv_heads, cuda::PageLayout::Page};
       L.decode = L.codec.decode_supported() && m.n_heads / m.n_kv_heads <= 8;
       L.f32_workspace = !f.compressed() && (f.value == ValueCodec::F32 || f.value == ValueCodec::F16 ||
                                             f.value == ValueCodec::BF16);
@@ -152,7 +163,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
       }
       layers_.push_back(L);
       Layer& P = layers_.back();  // pools allocated once the layer is listed (freed on a throw below)
-      P.kv.pages = alloc_pool(f, m.head_dim, m.n_kv_heads, num_blocks);
+      P.kv.pages = alloc_pool(f, m.head_dim, m.n_kv_heads, P.kv.num_blocks);
       if (P.window_codec && window_ > 0)
         P.window_kv.pages = alloc_pool(P.window_codec->format(), m.head_dim, m.n_kv_heads, P.window_kv.num_blocks);
       if (P.sink_codec && sinks_ > 0)
@@ -230,6 +241,19 @@ CudaKvCache::~CudaKvCache() {
     cudaFree(p);
 }
 
+size_t CudaKvCache::pool_bytes() const {
+  const ModelConfig& m = spec().model;
+  size_t n = 0;
+  for (const Layer& L : layers_) {
+    n += ::tqkv::engine::pool_bytes(L.codec.format(), m.head_dim, m.n_kv_heads, L.kv.num_blocks);
+    if (L.window_codec && window_ > 0)
+      n += ::tqkv::engine::pool_bytes(L.window_codec->format(), m.head_dim, m.n_kv_heads, L.window_kv.num_blocks);
+    if (L.sink_codec && sinks_ > 0)
+      n += ::tqkv::engine::pool_bytes(L.sink_codec->format(), m.head_dim, m.n_kv_heads, L.sink_kv.num_blocks);
+  }
+  return n;
+}
+
 int64_t CudaKvCache::add_sequence() {
   if (static_cast<int>(seqs_.size()) >= max_seqs())
     throw Error(ErrorCode::Capacity, "cache: all " + std::to_string(max_seqs()) + " sequences are in use");
@@ -267,7 +291,12 @@ bool CudaKvCache::prefill_rows(int count, int64_t n_kv) const {
   return n_kv >= rows_from_;
 }
 
-int CudaKvCache::max_step_tokens() const { return copies() ? kCopyStepTokens : INT_MAX; }
+int CudaKvCache::max_step_tokens() const {
+  int n = copies() ? kCopyStepTokens : INT_MAX;
+  // A ring holds the window and one step: its query at pos0 reads back to pos0 - window + 1.
+  if (slide_ring_blocks_ > 0) n = std::min(n, CacheSpec::kWindowStepTokens);
+  return n;
+}
 
 void CudaKvCache::check(const Batch& batch) const {
   for (const Batch::Run& r : batch.runs()) {
@@ -317,9 +346,12 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
       free_.pop_back();
     }
   }
-  // Slots of the new tokens: the main pool's, then (copies) the window ring's and the sinks'.
+  // Slots of the new tokens: the main pool's, then (copies) the window ring's and the sinks',
+  // then (ring layers) the sliding-window layers' ring's.
   const int n_slot_sets = copies() ? 3 : 1;
-  std::vector<int64_t> slots(static_cast<size_t>(n) * n_slot_sets, -1);
+  const int RS = slide_ring_blocks_;
+  const size_t slide_at = static_cast<size_t>(n) * n_slot_sets;
+  std::vector<int64_t> slots(slide_at + (RS > 0 ? n : 0), -1);
   // Decode rows: the tokens of the runs prefill_rows() picks (single tokens, with copies every
   // token, else prefill chunks by their length of history), each query a row of its own.
   std::vector<int> row_run;
@@ -339,6 +371,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
         slots[r.begin + i] = static_cast<int64_t>(s->blocks[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
         if (R > 0) slots[n + r.begin + i] = (slot * R + (pos / kBlockSize) % R) * kBlockSize + pos % kBlockSize;
         if (pos < sinks_) slots[2 * n + r.begin + i] = (slot * SB + pos / kBlockSize) * kBlockSize + pos % kBlockSize;
+        if (RS > 0) slots[slide_at + r.begin + i] = (slot * RS + (pos / kBlockSize) % RS) * kBlockSize + pos % kBlockSize;
       }
       if (as_rows) {
         row_run.push_back(static_cast<int>(j));
@@ -355,15 +388,24 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   // Int32 block tables: [n_runs, bps] for every run, [n_dec, bps] for the rows, then the rows'
   // lengths [n_dec] and batch rows [n_dec]; with copies the rows' ring tables [n_dec, bps], sink
   // tables [n_dec, SB] and sink lengths [n_dec] (with sliding-window layers twice: theirs after).
+  // Then (ring layers) the runs' and the rows' ring tables [n_runs + n_dec, bps].
   const size_t copy_ints = copies() ? n_dec * (bps + SB + (slide_ > 0 ? 2 : 1)) : 0;
-  std::vector<int32_t> ints((n_runs + n_dec) * bps + 2 * n_dec + copy_ints, 0);
+  const size_t slide_ints = RS > 0 ? (n_runs + n_dec) * bps : 0;
+  std::vector<int32_t> ints((n_runs + n_dec) * bps + 2 * n_dec + copy_ints + slide_ints, 0);
   for (size_t j = 0; j < n_runs; ++j) {
     if (step_.runs[j].seq == kPadSeq) continue;
     const Sequence& s = seqs_.at(step_.runs[j].seq);
     std::copy(s.blocks.begin(), s.blocks.end(), ints.begin() + j * bps);
   }
   const size_t lens_at = (n_runs + n_dec) * bps, win_at = lens_at + 2 * n_dec, sink_at = win_at + n_dec * bps,
-               sink_lens_at = sink_at + n_dec * SB;
+               sink_lens_at = sink_at + n_dec * SB, slide_tables_at = lens_at + 2 * n_dec + copy_ints;
+  if (RS > 0) {
+    for (size_t j = 0; j < n_runs; ++j)
+      for (int b = 0; b < bps; ++b) ints[slide_tables_at + j * bps + b] = slot_of(step_.runs[j]) * RS + b % RS;
+    for (size_t i = 0; i < n_dec; ++i)
+      std::copy_n(ints.begin() + slide_tables_at + row_run[i] * bps, bps,
+                  ints.begin() + slide_tables_at + (n_runs + i) * bps);
+  }
   for (size_t i = 0; i < n_dec; ++i) {
     std::copy(ints.begin() + row_run[i] * bps, ints.begin() + (row_run[i] + 1) * bps, ints.begin() + (n_runs + i) * bps);
     ints[lens_at + i] = row_len[i];
@@ -410,25 +452,32 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   slide_sink_lens_ = slide_ > 0 ? sink_lens_ + n_dec : nullptr;
   win_slots_ = step_slots_ + n;
   sink_slots_ = step_slots_ + 2 * static_cast<size_t>(n);
+  slide_slots_ = RS > 0 ? step_slots_ + slide_at : nullptr;
+  slide_run_tables_ = RS > 0 ? base + slide_tables_at : nullptr;
+  slide_dec_tables_ = RS > 0 ? base + slide_tables_at + n_runs * bps : nullptr;
   for (const Batch::Run& r : step_.runs)
     if (r.seq != kPadSeq) seqs_.at(r.seq).len = r.pos0 + r.count;
   if (shadow_codec_) {  // the generic path's blocks to convert (graphs are off: no bucket here)
-    std::vector<int32_t> blocks, ring;
+    std::vector<int32_t> blocks, ring, slide;
     for (const Batch::Run& r : step_.runs) {
       if (r.seq == kPadSeq) continue;
       const Sequence& s = seqs_.at(r.seq);
       blocks.insert(blocks.end(), s.blocks.begin(), s.blocks.end());
       for (int b = 0; b < R; ++b) ring.push_back(s.slot * R + b);
+      for (int b = 0; b < RS; ++b) slide.push_back(s.slot * RS + b);
     }
     conv_n_ = static_cast<int>(blocks.size());
     conv_ring_n_ = static_cast<int>(ring.size());
-    const size_t n_ints = (blocks.size() + ring.size() + 1) & ~size_t{1};  // the slots 8-byte aligned
-    std::vector<int64_t> conv(n_ints / 2 + (blocks.size() + ring.size()) * kBlockSize);
+    conv_slide_n_ = static_cast<int>(slide.size());
+    const size_t n_blocks = blocks.size() + ring.size() + slide.size();
+    const size_t n_ints = (n_blocks + 1) & ~size_t{1};  // the slots 8-byte aligned
+    std::vector<int64_t> conv(n_ints / 2 + n_blocks * kBlockSize);
     auto* ints = reinterpret_cast<int32_t*>(conv.data());
     std::copy(blocks.begin(), blocks.end(), ints);
     std::copy(ring.begin(), ring.end(), ints + blocks.size());
+    std::copy(slide.begin(), slide.end(), ints + blocks.size() + ring.size());
     int64_t* slot = conv.data() + n_ints / 2;
-    for (const std::vector<int32_t>* list : {&blocks, &ring})
+    for (const std::vector<int32_t>* list : {&blocks, &ring, &slide})
       for (int32_t b : *list)
         for (int i = 0; i < kBlockSize; ++i) *slot++ = static_cast<int64_t>(b) * kBlockSize + i;
     void* buf = grow(conv_, conv_bytes_, conv.size() * sizeof(int64_t));
@@ -436,8 +485,10 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
        "uploading the blocks to convert");
     conv_blocks_ = static_cast<int32_t*>(buf);
     conv_ring_blocks_ = conv_blocks_ + blocks.size();
+    conv_slide_blocks_ = conv_ring_blocks_ + ring.size();
     conv_slots_ = static_cast<int64_t*>(buf) + n_ints / 2;
     conv_ring_slots_ = conv_slots_ + blocks.size() * kBlockSize;
+    conv_slide_slots_ = conv_ring_slots_ + ring.size() * kBlockSize;
   }
 }
 
@@ -453,13 +504,13 @@ cuda::StoreArgs CudaKvCache::store_args(const void* k, const void* v, const int6
 }
 
 void CudaKvCache::dequantize_to_workspace(const cuda::CacheCodec& codec, const cuda::PagedKv& kv,
-                                          const int32_t* table, int n_tokens, cuda::DType dtype) {
+                                          const int32_t* table, int start, int n_tokens, cuda::DType dtype) {
   const ModelConfig& m = spec().model;
   const size_t bytes =
       static_cast<size_t>(n_tokens) * m.n_kv_heads * m.head_dim * (dtype == cuda::DType::F32 ? sizeof(float) : 2);
   cuda::DequantArgs dq;
   dq.block_table = table;
-  dq.start = 0;
+  dq.start = start;
   dq.n_tokens = n_tokens;
   dq.k_out = grow(kws_, kws_bytes_, bytes);
   dq.v_out = grow(vws_, vws_bytes_, bytes);
@@ -471,7 +522,7 @@ void CudaKvCache::to_f16(const cuda::CacheCodec& codec, const cuda::PagedKv& fro
                          const int32_t* blocks, const int64_t* slots, int n_blocks) {
   if (n_blocks == 0) return;
   const int n_tokens = n_blocks * kBlockSize;
-  dequantize_to_workspace(codec, from, blocks, n_tokens, cuda::DType::F32);
+  dequantize_to_workspace(codec, from, blocks, 0, n_tokens, cuda::DType::F32);
   cuda::store(*shadow_codec_, to, store_args(kws_, vws_, slots, n_tokens), stream_);
 }
 
@@ -572,7 +623,7 @@ void CudaKvCache::fused_decode(const Layer& L, int layer_window, const Attention
   cuda::DecodePart parts[3];
   // With the fold, every part stops at p - 1 (the sinks by their lengths) and p comes from k, v.
   const int newest = fold_newest_ ? 1 : 0;
-  parts[cuda::kFusedMain] = {&L.codec, L.kv, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, sinks_,
+  parts[cuda::kFusedMain] = {&L.codec, L.kv, L.ring ? slide_dec_tables_ : dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, sinks_,
                              layer_window, std::max(window_, newest)};
   if (window_ > 0)
     parts[cuda::kFusedWindow] = {&*L.window_codec, L.window_kv, win_tables_, blocks_per_seq_, dec_lens_,
@@ -624,11 +675,13 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
                       stream_);
   if (key_hook()) key_hook()(layer, n, k, q);
   Layer& L = layers_[layer];
-  cuda::StoreArgs sa = store_args(k, v, step_slots_, n);
+  const int64_t* main_slots = L.ring ? slide_slots_ : step_slots_;
+  cuda::StoreArgs sa = store_args(k, v, main_slots, n);
   const bool covered = L.window_codec.has_value();  // the layer keeps copies (same centred keys)
   const int window = m.window(layer);
-  // A sliding-window layer with copies attends as rows too, its window a cut of every part.
-  const bool rows = (L.decode || L.generic) && (window == 0 || covered) && step_.n_rows > 0;
+  // A sliding-window layer attends as rows too, its window a cut of every part (the tiled path
+  // stays for layers without a decode kernel and, by TQKV_SLIDING_ROWS=0, for sliding layers).
+  const bool rows = (L.decode || L.generic) && (window == 0 || covered || sliding_rows_) && step_.n_rows > 0;
   // The fold: each row's own position from k and v as computed (the keys centred as stored).
   const bool fold = fold_newest_ && covered && rows;
   cuda::NewestKv nk;
@@ -655,7 +708,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   if (fused_store_) {  // the compressed pages and the copies in one launch
     cuda::StoreTarget targets[cuda::kMaxStoreTargets];
     int n_targets = 0;
-    targets[n_targets++] = {&L.codec, L.kv, step_slots_};
+    targets[n_targets++] = {&L.codec, L.kv, main_slots};
     if (covered && window_ > 0) targets[n_targets++] = {&*L.window_codec, L.window_kv, win_slots_};
     if (covered && sinks_ > 0) targets[n_targets++] = {&*L.sink_codec, L.sink_kv, sink_slots_};
     cuda::store_many(targets, n_targets, sa, centre_in_store ? mean_ + centring_off : nullptr,
@@ -689,8 +742,10 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     ap.head_dim = D;
     ap.scale = scale;
     if (!covered) {
-      decode(L.codec, L.kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, ap, q_in, o, nullptr,
-             stream_);
+      AttentionParams cut = ap;
+      cut.window = window;
+      decode(L.codec, L.kv, Part::Main, L.ring ? slide_dec_tables_ : dec_tables_, blocks_per_seq_, dec_lens_,
+             step_plan_len_, cut, q_in, o, nullptr, stream_);
     } else if (L.fused && n_dec <= fused_max_rows_) {
       fused_decode(L, window, ap, q_in, o, nk);
     } else {
@@ -717,7 +772,10 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       const cuda::CacheCodec& window_codec = L.generic_window ? *shadow_codec_ : *L.window_codec;
       const cuda::PagedKv& main_kv = L.generic ? shadow_kv_ : L.kv;
       const cuda::PagedKv& window_kv = L.generic_window ? shadow_ring_kv_ : L.window_kv;
-      if (L.generic) to_f16(L.codec, L.kv, shadow_kv_, conv_blocks_, conv_slots_, conv_n_);
+      if (L.generic && L.ring)
+        to_f16(L.codec, L.kv, shadow_kv_, conv_slide_blocks_, conv_slide_slots_, conv_slide_n_);
+      else if (L.generic)
+        to_f16(L.codec, L.kv, shadow_kv_, conv_blocks_, conv_slots_, conv_n_);
       if (L.generic_window)
         to_f16(*L.window_codec, L.window_kv, shadow_ring_kv_, conv_ring_blocks_, conv_ring_slots_, conv_ring_n_);
       if (window_ > 0) {
@@ -741,8 +799,8 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       older.min_key_pos = sinks_;
       older.window = window;
       older.exclude_recent = std::max(window_, newest);
-      decode(main_codec, main_kv, Part::Main, dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, older, q_in, o,
-             lse_main, stream_);
+      decode(main_codec, main_kv, Part::Main, L.ring ? slide_dec_tables_ : dec_tables_, blocks_per_seq_, dec_lens_,
+             step_plan_len_, older, q_in, o, lse_main, stream_);
       if (window_ > 0) {
         if (fork) ck(cudaStreamWaitEvent(stream_, join_[0], 0), "joining the window's decode");
         cuda::merge_attention(o, lse_main, part_w, lse_w, static_cast<int>(rows_h), D, stream_);
@@ -760,7 +818,10 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     const Batch::Run& r = step_.runs[j];
     if (rows && step_.as_rows[j]) continue;  // attended as decode rows
     const int n_kv = static_cast<int>(r.pos0 + r.count);
-    dequantize_to_workspace(L.codec, L.kv, step_tables_ + j * blocks_per_seq_, n_kv,
+    // A sliding window's queries read nothing before pos0 - window + 1 (a ring holds no more).
+    const int kv_start = window > 0 ? static_cast<int>(std::max<int64_t>(0, r.pos0 - window + 1)) : 0;
+    const int32_t* table = (L.ring ? slide_run_tables_ : step_tables_) + j * blocks_per_seq_;
+    dequantize_to_workspace(L.codec, L.kv, table, kv_start, n_kv - kv_start,
                             L.f32_workspace ? cuda::DType::F32 : cuda::DType::BF16);
     cuda::PrefillArgs pa;
     pa.q = q + static_cast<size_t>(r.begin) * q_row;
@@ -771,6 +832,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     pa.n_q = r.count;
     pa.pos0 = r.pos0;
     pa.n_kv = n_kv;
+    pa.kv_start = kv_start;
     pa.n_q_heads = hq;
     pa.n_kv_heads = hkv;
     pa.head_dim = D;
@@ -791,17 +853,26 @@ void CudaKvCache::read(int layer, int64_t seq, int64_t start, int count, bool ke
                                            " are not held (" + std::to_string(s.len) + " held)");
   if (count == 0) return;
   const Layer& L = layers_[layer];
+  const int64_t ring = L.ring ? spec().ring_positions(layer, capacity()) : 0;
+  if (ring > 0 && start < s.len - ring)
+    throw Error(ErrorCode::OutOfRange, "cache: positions [" + std::to_string(start) + ", " +
+                                           std::to_string(s.len - ring) + ") of sequence " + std::to_string(seq) +
+                                           " have left layer " + std::to_string(layer) + "'s sliding window (its ring holds the last " +
+                                           std::to_string(ring) + ")");
+  std::vector<int32_t> blocks = s.blocks;
+  if (L.ring)
+    for (size_t b = 0; b < blocks.size(); ++b) blocks[b] = s.slot * slide_ring_blocks_ + static_cast<int>(b % slide_ring_blocks_);
   const size_t n = static_cast<size_t>(count) * spec().model.n_kv_heads * spec().model.head_dim;
   int32_t* table = nullptr;
   float* kd = nullptr;
   float* vd = nullptr;
-  ck(cudaMalloc(reinterpret_cast<void**>(&table), s.blocks.size() * sizeof(int32_t)), "cudaMalloc");
+  ck(cudaMalloc(reinterpret_cast<void**>(&table), blocks.size() * sizeof(int32_t)), "cudaMalloc");
   ck(cudaMalloc(reinterpret_cast<void**>(&kd), n * sizeof(float)), "cudaMalloc");
   ck(cudaMalloc(reinterpret_cast<void**>(&vd), n * sizeof(float)), "cudaMalloc");
   std::unique_ptr<void, void (*)(void*)> free_table(table, [](void* p) { cudaFree(p); });
   std::unique_ptr<void, void (*)(void*)> free_k(kd, [](void* p) { cudaFree(p); });
   std::unique_ptr<void, void (*)(void*)> free_v(vd, [](void* p) { cudaFree(p); });
-  ck(cudaMemcpyAsync(table, s.blocks.data(), s.blocks.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+  ck(cudaMemcpyAsync(table, blocks.data(), blocks.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
      "cudaMemcpyAsync");
   cuda::DequantArgs dq;
   dq.block_table = table;

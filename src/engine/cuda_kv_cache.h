@@ -7,8 +7,9 @@
 // decode rows (single tokens, and prefill chunks by prefill_rows(), below) in one split-KV
 // launch (cuda::run_decode; plans and workspaces kept per row count), every other run by
 // dequantizing its sequence's positions [0, pos0 + count) to a workspace (bf16; float32 for
-// uncompressed formats) and the tiled causal prefill kernel. Layers with a sliding window, and
-// formats the decode kernel lacks (f32), take the tiled path for every run, decode tokens too.
+// uncompressed formats) and the tiled causal prefill kernel. Formats the decode kernel lacks
+// (f32) take the tiled path for every run, decode tokens too; layers with a sliding window
+// attend as rows cut by it (AttentionParams::window).
 //
 // Attention sinks and the recent window (sink<S>, w<N>, fill<B>, wq<B>; docs/FORMAT.md), as the
 // CPU's RecentWindow: every compressed layer keeps, next to its pool, a pool of f16 copies of
@@ -52,7 +53,14 @@
 // (Layer::generic). Not on the GPU yet (refused at creation with tqkv::Error(InvalidArgument)):
 // 1-bit codes or f32 beside copies, copies with sliding-window layers, the CPU's Overflow check of a
 // sink element beyond the fp16 range, head dims other than 64/128/256. A sequence holds at most
-// `capacity` positions (the pool has no ring): a step past it throws Error(Capacity) in check().
+// `capacity` positions: a step past it throws Error(Capacity) in check().
+//
+// Sliding-window layers keep a ring of pages as on the CPU (CacheSpec::ring_positions: the
+// window + 255 positions, where the model has full-attention layers too and the ring is shorter
+// than the capacity): each such layer's pool holds a ring of blocks per sequence slot instead of
+// blocks from the shared free list, steps take at most CacheSpec::kWindowStepTokens tokens, and
+// every read of it is cut by its window (the decode rows by AttentionParams::window, the tiled
+// path by dequantizing only the window's positions: PrefillArgs::kv_start).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -89,11 +97,15 @@ class CudaKvCache final : public KvCache {
   void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
 
   int free_blocks() const { return static_cast<int>(free_.size()); }
+  // Device bytes of every layer's page pools (compressed pages, copies' rings and sinks): what
+  // the cache holds on the GPU for max_seqs sequences of `capacity` positions.
+  size_t pool_bytes() const;
   // Whether a run of `count` queries whose sequence then holds n_kv positions attends as decode
   // rows (else: dequantize + tiled kernel). Always with copies or for one token; else by the
   // environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for auto, the measured crossover
-  // (kPrefillRowsFrom; TQKV_PREFILL_ROWS_FROM overrides it). Layers without a decode kernel or
-  // with a sliding window take the tiled path whatever this says.
+  // (kPrefillRowsFrom; TQKV_PREFILL_ROWS_FROM overrides it). Layers without a decode kernel
+  // take the tiled path whatever this says (and, with TQKV_SLIDING_ROWS=0, those with a sliding
+  // window).
   bool prefill_rows(int count, int64_t n_kv) const;
   // Layers whose copies attend in one fused launch (tests).
   int fused_layers() const {
@@ -153,6 +165,11 @@ class CudaKvCache final : public KvCache {
     // ring) into an f16 pool of the same blocks (shadow_kv_, shadow_ring_kv_), which the f16
     // kernel then reads like the pool itself; the parts merge as in the three launches.
     bool generic = false, generic_window = false;
+    // A sliding-window layer that keeps only its window (CacheSpec::ring_positions > 0, as the
+    // CPU): a pool of slide_ring_blocks_ blocks per sequence slot, position p in block
+    // slot * slide_ring_blocks_ + (p / 16) % slide_ring_blocks_, read through ring tables that
+    // repeat them (every read of such a layer is cut by its window).
+    bool ring = false;
   };
   struct Sequence {
     std::vector<int32_t> blocks;
@@ -214,9 +231,10 @@ class CudaKvCache final : public KvCache {
                     const cuda::NewestKv& nk);
   // A store of n_tokens f32 rows k, v to `slots` (the cache's store settings).
   cuda::StoreArgs store_args(const void* k, const void* v, const int64_t* slots, int n_tokens) const;
-  // Positions [0, n_tokens) of the pages in `table` dequantized into kws_ / vws_ (grown).
+  // Positions [start, start + n_tokens) of the pages in `table` dequantized into kws_ / vws_
+  // (grown; row 0 is position start).
   void dequantize_to_workspace(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, const int32_t* table,
-                               int n_tokens, cuda::DType dtype);
+                               int start, int n_tokens, cuda::DType dtype);
   // The generic path's conversion: blocks [n_blocks] of `from` (read through `codec`) dequantized
   // and stored in f16 into the same blocks of `to` (slots [16 n_blocks]: block * 16 + i).
   void to_f16(const cuda::CacheCodec& codec, const cuda::PagedKv& from, const cuda::PagedKv& to, const int32_t* blocks,
@@ -231,6 +249,7 @@ class CudaKvCache final : public KvCache {
   int sinks_ = 0, window_ = 0;            // the spec's S and N (0: none)
   int slide_ = 0;  // with copies: the sliding window of the model's sliding-window layers (one size)
   int ring_blocks_ = 0, sink_blocks_ = 0;  // per sequence
+  int slide_ring_blocks_ = 0;  // per sequence: the ring of each sliding-window layer (Layer::ring)
   std::vector<Layer> layers_;
   std::vector<int32_t> free_;
   std::vector<int> free_slots_;
@@ -275,6 +294,10 @@ class CudaKvCache final : public KvCache {
   // layer with copies reads nothing its step's store writes. TQKV_FOLD_NEWEST=0: every position
   // read back from the pools, as before (both devices).
   bool fold_newest_ = true;
+  // Sliding-window layers without copies attend as decode rows cut by their window, as the
+  // layers with copies do (on the H200, Gemma-3-270m f16 at batch 1: the tiled path per token
+  // took 88% of a step); TQKV_SLIDING_ROWS=0: the tiled path, as before (before/after runs).
+  bool sliding_rows_ = true;
   // Device buffers of the step (grown, never shrunk).
   void* slots_ = nullptr;  // int64 [n]
   size_t slots_bytes_ = 0;
@@ -291,6 +314,11 @@ class CudaKvCache final : public KvCache {
   int32_t* slide_sink_lens_ = nullptr;  // [n_rows], slide_ > 0: sink_lens_ while the sink is in the window, else 0
   int64_t* win_slots_ = nullptr;    // [n]: the new tokens' ring slots
   int64_t* sink_slots_ = nullptr;   // [n]: their sink slots (-1 past S)
+  // Ring layers (Layer::ring): the new tokens' slots [n], the runs' ring tables [runs,
+  // blocks_per_seq] and the decode rows' [n_rows, blocks_per_seq].
+  int64_t* slide_slots_ = nullptr;
+  int32_t* slide_run_tables_ = nullptr;
+  int32_t* slide_dec_tables_ = nullptr;
   void* parts_ = nullptr;           // copies: the window and sink parts' outputs and the lses
   size_t parts_bytes_ = 0;
   float* step_parts_ = nullptr;     // the bucket's parts buffer (null: parts_)
@@ -312,7 +340,9 @@ class CudaKvCache final : public KvCache {
   int32_t* conv_ring_blocks_ = nullptr;
   int64_t* conv_slots_ = nullptr;
   int64_t* conv_ring_slots_ = nullptr;
-  int conv_n_ = 0, conv_ring_n_ = 0;
+  int32_t* conv_slide_blocks_ = nullptr;  // the ring layers' blocks of the step's sequences
+  int64_t* conv_slide_slots_ = nullptr;
+  int conv_n_ = 0, conv_ring_n_ = 0, conv_slide_n_ = 0;
   void* kws_ = nullptr;  // dequantized K, V
   size_t kws_bytes_ = 0;
   void* vws_ = nullptr;

@@ -306,7 +306,7 @@ TEST(CudaOps, PrefillAttentionMatchesReference) {
     bool bf16;
   };
   for (const Case& c : {Case{64, 9, 3, 37, 0, 0, false}, Case{64, 9, 3, 5, 100, 0, true}, Case{128, 8, 8, 50, 13, 0, true},
-                        Case{128, 32, 8, 20, 70, 24, false}, Case{256, 4, 1, 17, 3, 0, true}, Case{64, 2, 1, 1, 300, 0, false}}) {
+                        Case{128, 32, 8, 20, 70, 24, false}, Case{64, 8, 2, 40, 90, 32, true}, Case{256, 4, 1, 17, 3, 0, true}, Case{64, 2, 1, 1, 300, 0, false}}) {
     const int n_kv = static_cast<int>(c.pos0) + c.n_q;
     const std::vector<float> q = randn(static_cast<size_t>(c.n_q) * c.hq * c.d, rng);
     std::vector<float> k = randn(static_cast<size_t>(n_kv) * c.hkv * c.d, rng), v = randn(k.size(), rng);
@@ -336,6 +336,23 @@ TEST(CudaOps, PrefillAttentionMatchesReference) {
     const std::vector<float> got = out.host();
     for (size_t i = 0; i < got.size(); ++i)
       ASSERT_NEAR(got[i], want[i], 2e-5f) << "d " << c.d << " n_q " << c.n_q << " pos0 " << c.pos0 << " at " << i;
+    if (c.window <= 0 || c.pos0 - c.window + 1 <= 0) continue;
+    // The same queries with only the keys of their windows held (kv_start: a ring's dequantization).
+    const int64_t start = c.pos0 - c.window + 1;
+    const size_t row = static_cast<size_t>(c.hkv) * c.d;
+    const std::vector<float> kw(k.begin() + start * row, k.end()), vw(v.begin() + start * row, v.end());
+    Dev<float> dkw(kw), dvw(vw), out_w(want.size(), NAN);
+    a.k = dkw.p;
+    a.v = dvw.p;
+    a.kv_bf16 = false;
+    a.out = out_w.p;
+    a.kv_start = start;
+    cuda::prefill_attention(a);
+    const std::vector<float> got_w = out_w.host();
+    for (size_t i = 0; i < got_w.size(); ++i)
+      ASSERT_NEAR(got_w[i], want[i], 2e-5f) << "kv_start " << start << " at " << i;
+    a.kv_start = start + 1;  // a key inside the first query's window left out
+    EXPECT_THROW(cuda::prefill_attention(a), tqkv::Error);
   }
 }
 

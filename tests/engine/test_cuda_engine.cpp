@@ -527,8 +527,9 @@ TEST_F(CudaSmol, ReadMatchesCpu) {
 // The cache layer alone, the same inputs on both devices: the GPU stores the bytes the CPU
 // stores (so reads agree to float rounding), and attention agrees closely, layer by layer.
 // steps: the tokens of each step (a prefill chunk, then single tokens).
+// read_layer's positions [read_from, end) are read back (a ring layer holds only its last ones).
 void compare_cache_layers(const ModelConfig& m, const std::string& name, int capacity, const std::vector<int>& steps,
-                          int read_layer) {
+                          int read_layer, int read_from = 0) {
   SCOPED_TRACE(name);
   std::shared_ptr<Device> gpu = make_device("cuda");
   std::shared_ptr<Device> cpu = make_device("cpu");
@@ -569,10 +570,10 @@ void compare_cache_layers(const ModelConfig& m, const std::string& name, int cap
     }
     t0 += cnt;
   }
-  std::vector<float> rc(k.size()), rg(k.size());
+  std::vector<float> rc(static_cast<size_t>(n - read_from) * kd), rg(rc.size());
   for (bool keys : {true, false}) {
-    cc->read(read_layer, 0, 0, n, keys, rc.data());
-    gc->read(read_layer, 0, 0, n, keys, rg.data());
+    cc->read(read_layer, 0, read_from, n - read_from, keys, rc.data());
+    gc->read(read_layer, 0, read_from, n - read_from, keys, rg.data());
     double worst = 0;
     for (size_t i = 0; i < rc.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(rc[i]) - rg[i]));
     std::printf("[ cache ] %-20s %s: max |cpu - gpu| read %.3g\n", name.c_str(), keys ? "keys" : "values", worst);
@@ -608,9 +609,8 @@ TEST(CudaCacheLayer, SameInputsSameCodesAsCpu) {
 }
 
 // Copies with sliding-window layers (Gemma 3's local layers: here a window of 64): every part
-// cut by the layer's window, the sink read only while it is inside it. The CPU keeps rings of
-// 64 + 255 positions, the GPU every position; 402 positions run past the window and wrap the
-// rings. d = 64 with a fused kernel (k5v3 + wq6), d = 256 by three launches; read back from the
+// cut by the layer's window, the sink read only while it is inside it. Both devices keep rings
+// of 64 + 255 positions; 402 positions run past the window and wrap the rings. d = 64 with a fused kernel (k5v3 + wq6), d = 256 by three launches; read back from the
 // full-attention layer.
 TEST(CudaCacheLayer, CopiesWithSlidingWindowLayersMatchCpu) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
@@ -623,6 +623,76 @@ TEST(CudaCacheLayer, CopiesWithSlidingWindowLayersMatchCpu) {
       compare_cache_layers(m, name, 1024, {200, 200, 1, 1}, 2);
       if (HasFatalFailure()) return;
     }
+  }
+}
+
+// Sliding-window layers keep rings on the GPU as on the CPU (CacheSpec::ring_positions: the
+// window + 255 positions): their pools hold a ring per sequence instead of the capacity, steps
+// take at most 256 tokens, and over 803 positions (the rings wrap twice) attention agrees with the
+// CPU's and a ring layer's last positions read back the same — without copies (decode rows cut
+// by the window; and by the tiled path, which dequantizes only the window), with copies (rows
+// cut by the window in every part), and for a pair without a compiled kernel (its ring
+// converted to f16). Positions that left a ring are refused.
+TEST(CudaCacheLayer, SlidingWindowLayersKeepRingsAsCpu) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  auto dev = std::make_shared<CudaDevice>();
+  ModelConfig m = cache_test_model(4, 4, 1, 64);
+  m.layer_window = {64, 64, 0, 64};
+  const int capacity = 2048, ring = 64 + CacheSpec::kWindowStepTokens - 1;
+  const std::vector<int> steps = {256, 200, 144, 201, 1, 1};
+  const int n = 803;
+  for (const std::string name : {"f16", "tq-k4v4+skip0", "k5v3+sink1+wq6+w16+skip0", "k7v3+sink1+wq7+w5+skip0"}) {
+    SCOPED_TRACE(name);
+    const CacheSpec spec = resolve_cache_spec(name, m);
+    ASSERT_EQ(spec.ring_positions(0, capacity), ring);
+    {
+      auto cache = dev->make_cache(spec, CacheShape{capacity, 1});
+      auto* cc = dynamic_cast<CudaKvCache*>(cache.get());
+      ASSERT_TRUE(cc);
+      EXPECT_EQ(cc->max_step_tokens(), CacheSpec::kWindowStepTokens);
+      // Three ring layers of ceil(319 / 16) + 1 = 21 blocks and one of 128, against 4 x 128.
+      const CacheSpec flat = resolve_cache_spec(name, cache_test_model(4, 4, 1, 64));
+      auto whole = dev->make_cache(flat, CacheShape{capacity, 1});
+      const size_t full = dynamic_cast<CudaKvCache*>(whole.get())->pool_bytes();
+      // The copies' own rings (N + 512 positions in every layer) are the same in both.
+      EXPECT_LT(cc->pool_bytes(), spec.sinks > 0 ? full : full / 2);
+      // Filled past the ring, a read of what left it is refused.
+      std::vector<float> x(static_cast<size_t>(n) * 64 * 4, 0.5f), o(x.size());
+      const int64_t seq = cc->add_sequence();
+      DeviceBuffer xg = dev->load_vector(x.data(), x.size()), og = dev->alloc(x.size());
+      std::vector<int32_t> ids(n, 1);
+      int t0 = 0;
+      for (int c : steps) {
+        Batch b;
+        b.add(seq, ids.data(), c, t0, true);
+        for (int l = 0; l < 4; ++l) {
+          const size_t qo = static_cast<size_t>(t0) * 4 * 64, ko = static_cast<size_t>(t0) * 64;
+          cc->attend(l, b, xg.data() + qo, xg.data() + ko, xg.data() + ko, og.data() + qo);
+        }
+        t0 += c;
+      }
+      std::vector<float> r(static_cast<size_t>(ring) * 64);
+      EXPECT_NO_THROW(cc->read(0, seq, n - ring, ring, true, r.data()));
+      EXPECT_THROW(cc->read(0, seq, n - ring - 1, ring, true, r.data()), Error);
+      EXPECT_NO_THROW(cc->read(2, seq, 0, ring, true, r.data()));  // the full-attention layer keeps all
+      Batch big;
+      big.add(seq, ids.data(), CacheSpec::kWindowStepTokens + 1, n, true);
+      EXPECT_THROW(cc->attend(0, big, xg.data(), xg.data(), xg.data(), og.data()), Error);
+    }
+    compare_cache_layers(m, name, capacity, steps, 0, n - ring);  // a ring layer
+    if (HasFatalFailure()) return;
+    compare_cache_layers(m, name, capacity, steps, 2);  // the full-attention layer
+    if (HasFatalFailure()) return;
+    if (spec.sinks > 0) continue;
+    {  // prefill chunks by the tiled kernel over the window's dequantized positions
+      testing_util::ScopedEnv env("TQKV_PREFILL_PATH", "tiled");
+      compare_cache_layers(m, name, capacity, steps, 0, n - ring);
+    }
+    {  // and every token so, the sliding layers' old path
+      testing_util::ScopedEnv env("TQKV_SLIDING_ROWS", "0");
+      compare_cache_layers(m, name, capacity, steps, 0, n - ring);
+    }
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -23,7 +23,7 @@ struct Params {
   const void* k;
   const void* v;
   float* out;
-  int64_t q_stride, out_stride, pos0;
+  int64_t q_stride, out_stride, pos0, kv_start;
   int n_q, n_kv, n_q_heads, n_kv_heads, window;
   float scale;
 };
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const __grid_constant
       const int64_t key = kt + j;
       float kv = 0.0f, vv = 0.0f;
       if (key < k_end) {
-        const int64_t at = (key * p.n_kv_heads + kvh) * D + d;
+        const int64_t at = ((key - p.kv_start) * p.n_kv_heads + kvh) * D + d;
         kv = load_kv(kp, at);
         vv = load_kv(vp, at);
       }
@@ -168,6 +168,8 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   if (a.n_kv_heads <= 0 || a.n_q_heads <= 0 || a.n_q_heads % a.n_kv_heads)
     detail::throw_arg("prefill_attention: n_q_heads must be a positive multiple of n_kv_heads");
   if (a.pos0 < 0 || a.pos0 + a.n_q > a.n_kv) detail::throw_arg("prefill_attention: the keys end before the last query");
+  if (a.kv_start < 0 || (a.kv_start > 0 && (a.window <= 0 || a.pos0 - a.window + 1 < a.kv_start)))
+    detail::throw_arg("prefill_attention: kv_start leaves out keys inside a query's window");
   Params p{};
   p.q = a.q;
   p.k = a.k;
@@ -177,6 +179,7 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   p.q_stride = a.q_stride ? a.q_stride : row;
   p.out_stride = a.out_stride ? a.out_stride : row;
   p.pos0 = a.pos0;
+  p.kv_start = a.kv_start;
   p.n_q = a.n_q;
   p.n_kv = a.n_kv;
   p.n_q_heads = a.n_q_heads;
