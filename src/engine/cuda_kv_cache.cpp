@@ -528,8 +528,12 @@ void CudaKvCache::to_f16(const cuda::CacheCodec& codec, const cuda::PagedKv& fro
 
 bool CudaKvCache::graphs_supported() const {
   if (key_hook()) return false;  // host code between the layers
-  for (size_t l = 0; l < layers_.size(); ++l)
-    if (!layers_[l].decode || layers_[l].generic_window || spec().model.window(static_cast<int>(l)) != 0) return false;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    // A sliding-window layer attends as rows (replayable) with copies, or by sliding_rows_.
+    const bool tiled = spec().model.window(static_cast<int>(l)) != 0 && !sliding_rows_ && !L.window_codec;
+    if (!L.decode || L.generic_window || tiled) return false;
+  }
   return true;
 }
 

@@ -126,8 +126,8 @@ class CudaKvCache final : public KvCache {
     return n;
   }
 
-  // CUDA graphs. True where every layer attends through the split-KV decode kernel (no
-  // sliding-window layers, no format without a decode kernel) and no key hook is set.
+  // CUDA graphs. True where every layer attends through the split-KV decode kernel (no format
+  // without a decode kernel; sliding-window layers as rows) and no key hook is set.
   bool graphs_supported() const;
   // Prepares the decode step `batch` (every run one token, at most `bucket` runs; checked)
   // padded to `bucket` rows, in the bucket's fixed buffers; the step's attend() calls then take

@@ -904,6 +904,38 @@ TEST(CudaCacheLayer, RecordedDecodeStepsMatchOpByOp) {
   }
 }
 
+// The same with a sliding-window layer (a window of 16 that every step's rows cut; at capacity
+// 512 its ring of 271 positions is shorter than the sequence's pages): its rows replay as
+// recorded, with and without copies.
+TEST(CudaCacheLayer, RecordedDecodeStepsWithSlidingWindowMatchOpByOp) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  ModelConfig m = cache_test_model(2, 6, 2);
+  m.layer_window = {16, 0};
+  auto dev = std::make_shared<CudaDevice>();
+  const int steps = 12;
+  for (const std::string name : {"f16+skip0", "tq-k4v4+skip0", "k5v3+sink1+wq6+w5+skip0"}) {
+    SCOPED_TRACE(name);
+    RecordedTwins t(m, dev, name, 512, 20 + 13, 778);
+    ASSERT_NE(t.g, nullptr);
+    ASSERT_TRUE(t.g->graphs_supported());
+    std::vector<int32_t> ids(20, 1);
+    Batch prefill;
+    prefill.add(t.a, ids.data(), 20, 0, true);
+    prefill.add(t.b, ids.data(), 13, 0, true);
+    t.both(prefill);
+    double worst = 0, scale = 0;
+    for (int s = 0; s < steps; ++s) {
+      worst = std::max(worst, t.step(s, 20 + s, 13 + s, scale));
+      if (HasFailure()) return;
+    }
+    std::printf("[ graphs ] %-28s sliding window: max |diff| %.3g over %d steps\n", name.c_str(), worst, steps);
+    EXPECT_EQ(worst, 0.0);
+  }
+  testing_util::ScopedEnv env("TQKV_SLIDING_ROWS", "0");
+  auto tiled = dev->make_cache(resolve_cache_spec("f16+skip0", m), CacheShape{512, 2});
+  EXPECT_FALSE(dynamic_cast<CudaKvCache*>(tiled.get())->graphs_supported());
+}
+
 using tqkv::testing_util::ScopedEnv;
 
 // A cache made while the environment variable `name` is `value` (a cache reads its knobs once).
