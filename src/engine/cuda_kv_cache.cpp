@@ -371,7 +371,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
         slots[r.begin + i] = static_cast<int64_t>(s->blocks[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
         if (R > 0) slots[n + r.begin + i] = (slot * R + (pos / kBlockSize) % R) * kBlockSize + pos % kBlockSize;
         if (pos < sinks_) slots[2 * n + r.begin + i] = (slot * SB + pos / kBlockSize) * kBlockSize + pos % kBlockSize;
-        if (RS > 0) slots[slide_at + r.begin + i] = (slot * RS + (pos / kBlockSize) % RS) * kBlockSize + pos % kBlockSize;
+        if (RS > 0) slots[slide_at + r.begin + i] = int64_t{slide_block(s->slot, pos / kBlockSize)} * kBlockSize + pos % kBlockSize;
       }
       if (as_rows) {
         row_run.push_back(static_cast<int>(j));
@@ -401,7 +401,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
                sink_lens_at = sink_at + n_dec * SB, slide_tables_at = lens_at + 2 * n_dec + copy_ints;
   if (RS > 0) {
     for (size_t j = 0; j < n_runs; ++j)
-      for (int b = 0; b < bps; ++b) ints[slide_tables_at + j * bps + b] = slot_of(step_.runs[j]) * RS + b % RS;
+      for (int b = 0; b < bps; ++b) ints[slide_tables_at + j * bps + b] = slide_block(slot_of(step_.runs[j]), b);
     for (size_t i = 0; i < n_dec; ++i)
       std::copy_n(ints.begin() + slide_tables_at + row_run[i] * bps, bps,
                   ints.begin() + slide_tables_at + (n_runs + i) * bps);
@@ -464,7 +464,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
       const Sequence& s = seqs_.at(r.seq);
       blocks.insert(blocks.end(), s.blocks.begin(), s.blocks.end());
       for (int b = 0; b < R; ++b) ring.push_back(s.slot * R + b);
-      for (int b = 0; b < RS; ++b) slide.push_back(s.slot * RS + b);
+      for (int b = 0; b < RS; ++b) slide.push_back(slide_block(s.slot, b));
     }
     conv_n_ = static_cast<int>(blocks.size());
     conv_ring_n_ = static_cast<int>(ring.size());
@@ -627,7 +627,7 @@ void CudaKvCache::fused_decode(const Layer& L, int layer_window, const Attention
   cuda::DecodePart parts[3];
   // With the fold, every part stops at p - 1 (the sinks by their lengths) and p comes from k, v.
   const int newest = fold_newest_ ? 1 : 0;
-  parts[cuda::kFusedMain] = {&L.codec, L.kv, L.ring ? slide_dec_tables_ : dec_tables_, blocks_per_seq_, dec_lens_, step_plan_len_, sinks_,
+  parts[cuda::kFusedMain] = {&L.codec, L.kv, row_tables(L), blocks_per_seq_, dec_lens_, step_plan_len_, sinks_,
                              layer_window, std::max(window_, newest)};
   if (window_ > 0)
     parts[cuda::kFusedWindow] = {&*L.window_codec, L.window_kv, win_tables_, blocks_per_seq_, dec_lens_,
@@ -748,7 +748,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     if (!covered) {
       AttentionParams cut = ap;
       cut.window = window;
-      decode(L.codec, L.kv, Part::Main, L.ring ? slide_dec_tables_ : dec_tables_, blocks_per_seq_, dec_lens_,
+      decode(L.codec, L.kv, Part::Main, row_tables(L), blocks_per_seq_, dec_lens_,
              step_plan_len_, cut, q_in, o, nullptr, stream_);
     } else if (L.fused && n_dec <= fused_max_rows_) {
       fused_decode(L, window, ap, q_in, o, nk);
@@ -803,7 +803,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       older.min_key_pos = sinks_;
       older.window = window;
       older.exclude_recent = std::max(window_, newest);
-      decode(main_codec, main_kv, Part::Main, L.ring ? slide_dec_tables_ : dec_tables_, blocks_per_seq_, dec_lens_,
+      decode(main_codec, main_kv, Part::Main, row_tables(L), blocks_per_seq_, dec_lens_,
              step_plan_len_, older, q_in, o, lse_main, stream_);
       if (window_ > 0) {
         if (fork) ck(cudaStreamWaitEvent(stream_, join_[0], 0), "joining the window's decode");
@@ -865,7 +865,7 @@ void CudaKvCache::read(int layer, int64_t seq, int64_t start, int count, bool ke
                                            std::to_string(ring) + ")");
   std::vector<int32_t> blocks = s.blocks;
   if (L.ring)
-    for (size_t b = 0; b < blocks.size(); ++b) blocks[b] = s.slot * slide_ring_blocks_ + static_cast<int>(b % slide_ring_blocks_);
+    for (size_t b = 0; b < blocks.size(); ++b) blocks[b] = slide_block(s.slot, static_cast<int64_t>(b));
   const size_t n = static_cast<size_t>(count) * spec().model.n_kv_heads * spec().model.head_dim;
   int32_t* table = nullptr;
   float* kd = nullptr;

@@ -209,6 +209,12 @@ class CudaKvCache final : public KvCache {
   Plan& plan_for(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, int batch, int max_len,
                  cudaStream_t stream);
   bool copies() const { return sinks_ > 0 || window_ > 0; }
+  // A ring layer's (Layer::ring) block holding the sequence's block b (positions 16b..16b+15).
+  int32_t slide_block(int slot, int64_t b) const {
+    return static_cast<int32_t>(slot * slide_ring_blocks_ + b % slide_ring_blocks_);
+  }
+  // The decode rows' block tables of layer L's own pool: its ring's, or the shared blocks'.
+  const int32_t* row_tables(const Layer& L) const { return L.ring ? slide_dec_tables_ : dec_tables_; }
   // The window part's plan length: its positions, or fewer where every sequence is shorter.
   int window_plan_len() const {
     return plan_by_len_ ? std::min(window_ + kBlockSize, step_plan_len_) : window_ + kBlockSize;

@@ -872,6 +872,24 @@ TEST(CudaCacheLayer, PairsWithoutKernelsWithCopiesMatchCpu) {
   }
 }
 
+// A prefill of 20 and 13 tokens into both caches of `t`, then `steps` decode steps of both
+// sequences, recorded and replayed in t.graphed, op by op in t.plain: worst is the largest
+// difference of their outputs.
+void replay_steps(RecordedTwins& t, int steps, double& worst) {
+  ASSERT_NE(t.g, nullptr);
+  ASSERT_TRUE(t.g->graphs_supported());
+  std::vector<int32_t> ids(20, 1);
+  Batch prefill;
+  prefill.add(t.a, ids.data(), 20, 0, true);
+  prefill.add(t.b, ids.data(), 13, 0, true);
+  t.both(prefill);
+  double scale = 0;
+  for (int s = 0; s < steps; ++s) {
+    worst = std::max(worst, t.step(s, 20 + s, 13 + s, scale));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 // The cache layer's part of a CUDA graph (CudaDevice::run_step records the rest): decode steps of
 // two sequences of different lengths prepared into a bucket, recorded once and replayed, give
 // the outputs of the same steps run op by op on a twin cache, bit for bit, with sinks and a
@@ -885,18 +903,9 @@ TEST(CudaCacheLayer, RecordedDecodeStepsMatchOpByOp) {
   for (const std::string name : {"f16+skip0", "k5v3+sink1+w5+skip0", "k6v3+sink2+wq6+w11+skip0"}) {
     SCOPED_TRACE(name);
     RecordedTwins t(m, dev, name, 64, 20 + 13, 777);  // the prefill's rows; decode steps use the first 2
-    ASSERT_NE(t.g, nullptr);
-    ASSERT_TRUE(t.g->graphs_supported());
-    std::vector<int32_t> ids(20, 1);
-    Batch prefill;
-    prefill.add(t.a, ids.data(), 20, 0, true);
-    prefill.add(t.b, ids.data(), 13, 0, true);
-    t.both(prefill);
-    double worst = 0, scale = 0;
-    for (int s = 0; s < steps; ++s) {
-      worst = std::max(worst, t.step(s, 20 + s, 13 + s, scale));
-      if (HasFailure()) return;
-    }
+    double worst = 0;
+    replay_steps(t, steps, worst);
+    if (HasFailure()) return;
     EXPECT_EQ(t.plain->seq_len(t.a), 20 + steps);
     EXPECT_EQ(t.graphed->seq_len(t.b), 13 + steps);
     std::printf("[ graphs ] %-28s replayed vs op by op: max |diff| %.3g over %d steps\n", name.c_str(), worst, steps);
@@ -916,18 +925,9 @@ TEST(CudaCacheLayer, RecordedDecodeStepsWithSlidingWindowMatchOpByOp) {
   for (const std::string name : {"f16+skip0", "tq-k4v4+skip0", "k5v3+sink1+wq6+w5+skip0"}) {
     SCOPED_TRACE(name);
     RecordedTwins t(m, dev, name, 512, 20 + 13, 778);
-    ASSERT_NE(t.g, nullptr);
-    ASSERT_TRUE(t.g->graphs_supported());
-    std::vector<int32_t> ids(20, 1);
-    Batch prefill;
-    prefill.add(t.a, ids.data(), 20, 0, true);
-    prefill.add(t.b, ids.data(), 13, 0, true);
-    t.both(prefill);
-    double worst = 0, scale = 0;
-    for (int s = 0; s < steps; ++s) {
-      worst = std::max(worst, t.step(s, 20 + s, 13 + s, scale));
-      if (HasFailure()) return;
-    }
+    double worst = 0;
+    replay_steps(t, steps, worst);
+    if (HasFailure()) return;
     std::printf("[ graphs ] %-28s sliding window: max |diff| %.3g over %d steps\n", name.c_str(), worst, steps);
     EXPECT_EQ(worst, 0.0);
   }
