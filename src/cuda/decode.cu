@@ -249,12 +249,13 @@ bool CacheCodec::decode_supported() const { return detail::find_kernel(*this).fn
 
 namespace {
 
-int short_min_tiles() {
-  const char* e = std::getenv("TQKV_DECODE_MIN_TILES");
-  if (!e || !*e) return 2;
+// A minimum of tiles per warp from the environment variable `name` (1 to 8), else `fallback`.
+int min_tiles_env(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
   char* end = nullptr;
   const long v = std::strtol(e, &end, 10);
-  if (*end || v < 1 || v > 8) detail::throw_arg(std::string("TQKV_DECODE_MIN_TILES=") + e + ": give 1 to 8");
+  if (*end || v < 1 || v > 8) detail::throw_arg(std::string(name) + "=" + e + ": give 1 to 8");
   return static_cast<int>(v);
 }
 
@@ -273,10 +274,11 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     const int64_t units = static_cast<int64_t>(batch) * kv.n_kv_heads;
     const int64_t tiles = (std::max(max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
     // At least 2 tiles per warp for short contexts, 8 for long ones (the merge reads every CTA's
-    // partial). TQKV_DECODE_MIN_TILES (1 to 8) sets the short contexts' minimum instead, to time
-    // other choices: at batch 1 a warp's tiles are one dependent chain, so fewer per warp means
+    // partial). TQKV_DECODE_MIN_TILES and TQKV_DECODE_LONG_MIN_TILES (1 to 8) set the short and
+    // the long contexts' minimum instead, to time other choices: at batch 1 a warp's tiles are one dependent chain, so fewer per warp means
     // a shorter kernel where the device has idle SMs.
-    const int64_t min_tiles = tiles <= 512 ? short_min_tiles() : 8;
+    const int64_t min_tiles =
+        tiles <= 512 ? min_tiles_env("TQKV_DECODE_MIN_TILES", 2) : min_tiles_env("TQKV_DECODE_LONG_MIN_TILES", 8);
     // Short contexts: at most one cluster of CTAs per (sequence, kv head), merged in DSMEM.
     const int64_t cap = tiles > 512 ? kMaxSplits / k.warps
                         : use_cluster(k, units, kMaxClusterCtasNonPortable) ? kMaxClusterCtasNonPortable

@@ -69,6 +69,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   window_ = spec.window_at(shape.capacity);
   if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
   sliding_rows_ = env_count("TQKV_SLIDING_ROWS", "(0 or 1: sliding-window layers attend as decode rows)", 1, 0, 1) != 0;
+  sliding_plan_ = env_count("TQKV_SLIDING_PLAN", "(0 or 1: sliding layers plan their decode for their window)", 1, 0, 1) != 0;
   fold_newest_ = env_count("TQKV_FOLD_NEWEST", "(0 or 1: fold each query's own position in exactly)", 1, 0, 1) != 0;
   if (const char* e = std::getenv("TQKV_FUSED_STORE")) fused_store_ = std::string(e) != "0";
   if (const char* e = std::getenv("TQKV_STORE_SPLIT_KV")) store_split_kv_ = std::string(e) != "0";
@@ -627,7 +628,8 @@ void CudaKvCache::fused_decode(const Layer& L, int layer_window, const Attention
   cuda::DecodePart parts[3];
   // With the fold, every part stops at p - 1 (the sinks by their lengths) and p comes from k, v.
   const int newest = fold_newest_ ? 1 : 0;
-  parts[cuda::kFusedMain] = {&L.codec, L.kv, row_tables(L), blocks_per_seq_, dec_lens_, step_plan_len_, sinks_,
+  const int main_len = layer_plan_len(layer_window);
+  parts[cuda::kFusedMain] = {&L.codec, L.kv, row_tables(L), blocks_per_seq_, dec_lens_, main_len, sinks_,
                              layer_window, std::max(window_, newest)};
   if (window_ > 0)
     parts[cuda::kFusedWindow] = {&*L.window_codec, L.window_kv, win_tables_, blocks_per_seq_, dec_lens_,
@@ -636,7 +638,7 @@ void CudaKvCache::fused_decode(const Layer& L, int layer_window, const Attention
     parts[cuda::kFusedSinks] = {&*L.sink_codec, L.sink_kv,  sink_tables_, sink_blocks_,
                                 layer_window > 0 ? slide_sink_lens_ : sink_lens_, sinks_, 0, 0, 0};
   const int rows = step_.n_rows;
-  const auto key = std::make_tuple(L.codec.format().name(), L.window_codec->format().name(), rows, step_plan_len_);
+  const auto key = std::make_tuple(L.codec.format().name(), L.window_codec->format().name(), rows, main_len);
   auto it = fused_plans_.find(key);
   if (it == fused_plans_.end()) {
     FusedPlan p;
@@ -749,7 +751,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       AttentionParams cut = ap;
       cut.window = window;
       decode(L.codec, L.kv, Part::Main, row_tables(L), blocks_per_seq_, dec_lens_,
-             step_plan_len_, cut, q_in, o, nullptr, stream_);
+             layer_plan_len(window), cut, q_in, o, nullptr, stream_);
     } else if (L.fused && n_dec <= fused_max_rows_) {
       fused_decode(L, window, ap, q_in, o, nk);
     } else {
@@ -804,7 +806,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
       older.window = window;
       older.exclude_recent = std::max(window_, newest);
       decode(main_codec, main_kv, Part::Main, row_tables(L), blocks_per_seq_, dec_lens_,
-             step_plan_len_, older, q_in, o, lse_main, stream_);
+             layer_plan_len(window), older, q_in, o, lse_main, stream_);
       if (window_ > 0) {
         if (fork) ck(cudaStreamWaitEvent(stream_, join_[0], 0), "joining the window's decode");
         cuda::merge_attention(o, lse_main, part_w, lse_w, static_cast<int>(rows_h), D, stream_);

@@ -215,6 +215,13 @@ class CudaKvCache final : public KvCache {
   }
   // The decode rows' block tables of layer L's own pool: its ring's, or the shared blocks'.
   const int32_t* row_tables(const Layer& L) const { return L.ring ? slide_dec_tables_ : dec_tables_; }
+  // The compressed (or only) part's plan length in a layer with sliding window `layer_window`
+  // (0: full attention): the step's, or the window's where that is shorter, so that the splits
+  // cover the positions the layer reads, not the longest sequence (TQKV_SLIDING_PLAN=0: the
+  // step's always, as before).
+  int layer_plan_len(int layer_window) const {
+    return layer_window > 0 && sliding_plan_ ? std::min(layer_window + kBlockSize, step_plan_len_) : step_plan_len_;
+  }
   // The window part's plan length: its positions, or fewer where every sequence is shorter.
   int window_plan_len() const {
     return plan_by_len_ ? std::min(window_ + kBlockSize, step_plan_len_) : window_ + kBlockSize;
@@ -304,6 +311,7 @@ class CudaKvCache final : public KvCache {
   // layers with copies do (on the H200, Gemma-3-270m f16 at batch 1: the tiled path per token
   // took 88% of a step); TQKV_SLIDING_ROWS=0: the tiled path, as before (before/after runs).
   bool sliding_rows_ = true;
+  bool sliding_plan_ = true;  // layer_plan_len
   // Device buffers of the step (grown, never shrunk).
   void* slots_ = nullptr;  // int64 [n]
   size_t slots_bytes_ = 0;
