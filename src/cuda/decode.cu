@@ -400,7 +400,10 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
     others += plan.ctas[i];
   }
   plan.ctas[kFusedMain] = std::max(1, std::min(mp.num_splits / pick(main).warps, kMaxSplits / k.warps - others));
-  if (options.main_tiles_per_warp > 0) {
+  // A middle with no positions (max_seq_len 0: the window covers every position a row may read,
+  // as in a sliding-window layer whose copy spans its whole window) takes no CTA at all.
+  if (parts[kFusedMain].max_seq_len == 0 && others > 0) plan.ctas[kFusedMain] = 0;
+  if (options.main_tiles_per_warp > 0 && plan.ctas[kFusedMain] > 0) {
     const int64_t tiles = (std::max(parts[kFusedMain].max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
     const int64_t per_cta = static_cast<int64_t>(options.main_tiles_per_warp) * k.warps;
     plan.ctas[kFusedMain] =
@@ -411,7 +414,7 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
   // middle one CTA each, and a fixed share of up to 8 for the window left most CTAs nearly idle.
   // Only above 256 rows (the largest decode bucket) until the H200 has measured it for decode
   // steps too, so today's decode plans are unchanged.
-  if (batch > 256)
+  if (batch > 256 && plan.ctas[kFusedMain] > 0)
     for (int i : {kFusedWindow, kFusedSinks})
       if (parts[i].codec) {
         others -= plan.ctas[i] - std::min(plan.ctas[i], plan.ctas[kFusedMain]);
@@ -430,7 +433,8 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
   // starts at once whatever the order, and on the H200 the grid order was then 9% faster (batch
   // 1 x 32K, 35 CTAs).
   const int64_t grid_ctas = units * (plan.ctas[kFusedMain] + others);
-  plan.short_first = options.short_first != 0 && !plan.cluster_merge && others > 0 && grid_ctas <= INT_MAX &&
+  plan.short_first = options.short_first != 0 && !plan.cluster_merge && others > 0 && plan.ctas[kFusedMain] > 0 &&
+                     grid_ctas <= INT_MAX &&
                      (options.short_first > 0 || grid_ctas > resident_ctas(k));
   // The workspace stays allocated with a cluster merge (unused), so the plan's size is the same.
   const Workspace w = workspace_layout(units, plan.ctas[0] + others, n_q_heads / parts[kFusedMain].kv.n_kv_heads,
@@ -464,7 +468,9 @@ void run_fused_decode(const DecodePart (&parts)[3], const DecodeArgs& a, const F
   int end = 0;
   for (int i = 0; i < 3; ++i) {
     const DecodePart& part = parts[i];
-    if (part.codec && plan.ctas[i] > 0) {
+    // The middle's parameters are read by every CTA (heads, scale, the newest position's fold),
+    // so they are filled even where the plan gives it no CTA.
+    if (part.codec && (plan.ctas[i] > 0 || i == kFusedMain)) {
       DecodeArgs pa = a;
       pa.block_tables = part.block_tables;
       pa.block_table_stride = part.block_table_stride;

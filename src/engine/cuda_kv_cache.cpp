@@ -69,6 +69,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   window_ = spec.window_at(shape.capacity);
   if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
   sliding_rows_ = env_count("TQKV_SLIDING_ROWS", "(0 or 1: sliding-window layers attend as decode rows)", 1, 0, 1) != 0;
+  empty_middles_ = env_count("TQKV_EMPTY_MIDDLES", "(0 or 1: no CTA for a middle the window covers)", 1, 0, 1) != 0;
   sliding_plan_ = env_count("TQKV_SLIDING_PLAN", "(0 or 1: sliding layers plan their decode for their window)", 1, 0, 1) != 0;
   fold_newest_ = env_count("TQKV_FOLD_NEWEST", "(0 or 1: fold each query's own position in exactly)", 1, 0, 1) != 0;
   if (const char* e = std::getenv("TQKV_FUSED_STORE")) fused_store_ = std::string(e) != "0";
@@ -628,7 +629,10 @@ void CudaKvCache::fused_decode(const Layer& L, int layer_window, const Attention
   cuda::DecodePart parts[3];
   // With the fold, every part stops at p - 1 (the sinks by their lengths) and p comes from k, v.
   const int newest = fold_newest_ ? 1 : 0;
-  const int main_len = layer_plan_len(layer_window);
+  // In a sliding-window layer whose recent copy spans the whole window (Gemma's tq-3.375 from a
+  // capacity of ~4K), the middle [S, p - N] never meets the window (p - W, p]: no CTA for it.
+  const bool middle_empty = layer_window > 0 && std::max(window_, newest) >= layer_window && empty_middles_;
+  const int main_len = middle_empty ? 0 : layer_plan_len(layer_window);
   parts[cuda::kFusedMain] = {&L.codec, L.kv, row_tables(L), blocks_per_seq_, dec_lens_, main_len, sinks_,
                              layer_window, std::max(window_, newest)};
   if (window_ > 0)

@@ -312,6 +312,7 @@ class CudaKvCache final : public KvCache {
   // took 88% of a step); TQKV_SLIDING_ROWS=0: the tiled path, as before (before/after runs).
   bool sliding_rows_ = true;
   bool sliding_plan_ = true;  // layer_plan_len
+  bool empty_middles_ = true;  // fused_decode: no CTA for a middle that the window covers
   // Device buffers of the step (grown, never shrunk).
   void* slots_ = nullptr;  // int64 [n]
   size_t slots_bytes_ = 0;
