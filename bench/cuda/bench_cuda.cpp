@@ -291,7 +291,7 @@ FusedRow time_fused(const tqkv::cuda::CacheCodec& codec, const tqkv::cuda::Paged
 
 int main(int argc, char** argv) {
   std::string sdpa_path, only_formats;
-  int heads_q = 0, heads_kv = 0;  // --heads: every shape's query:kv heads (default 32:8 at d = 128, 9:3 at 64)
+  int heads_q = 0, heads_kv = 0;  // --heads: every shape's query:kv heads (default 32:8 at d = 128, 9:3 at 64, 4:1 at 256)
   int reps = 15, only_batch = 0, only_ctx = 0, only_d = 0, splits = 0;
   bool decode_only = false, no_cluster = false;
   int fused_window = 0, fused_sinks = 0;  // --fused W:S
@@ -337,7 +337,8 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, copy_gbs);
 
   std::vector<Shape> shapes;
-  for (auto [d, hq, hkv] : {std::tuple{128, 32, 8}, std::tuple{64, 9, 3}})
+  // d = 256 with Gemma-3-270m's heads (4 query heads per kv head, 1 kv head).
+  for (auto [d, hq, hkv] : {std::tuple{128, 32, 8}, std::tuple{64, 9, 3}, std::tuple{256, 4, 1}})
     for (int b : {1, 16, 64}) {
       if (heads_q) hq = heads_q, hkv = heads_kv;
       for (int ctx : only_ctx ? std::vector<int>{only_ctx} : std::vector<int>{4096, 32768})  // --ctx: any multiple of 16

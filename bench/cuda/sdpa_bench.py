@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 
 def shapes():
-    for d, hq, hkv in ((128, 32, 8), (64, 9, 3)):
+    for d, hq, hkv in ((128, 32, 8), (64, 9, 3), (256, 4, 1)):
         for batch in (1, 16, 64):
             for ctx in (4096, 32768):
                 yield d, hq, hkv, batch, ctx
