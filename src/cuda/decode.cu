@@ -275,8 +275,8 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     const int64_t tiles = (std::max(max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
     // At least 2 tiles per warp for short contexts, 8 for long ones (the merge reads every CTA's
     // partial). TQKV_DECODE_MIN_TILES and TQKV_DECODE_LONG_MIN_TILES (1 to 8) set the short and
-    // the long contexts' minimum instead, to time other choices: at batch 1 a warp's tiles are one dependent chain, so fewer per warp means
-    // a shorter kernel where the device has idle SMs.
+    // the long contexts' minimum instead, to time other choices: at batch 1 a warp's tiles are
+    // one dependent chain, so fewer per warp means a shorter kernel where the device has idle SMs.
     const int64_t min_tiles =
         tiles <= 512 ? min_tiles_env("TQKV_DECODE_MIN_TILES", 2) : min_tiles_env("TQKV_DECODE_LONG_MIN_TILES", 8);
     // Short contexts: at most one cluster of CTAs per (sequence, kv head), merged in DSMEM.

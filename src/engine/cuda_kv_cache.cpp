@@ -630,8 +630,8 @@ void CudaKvCache::fused_decode(const Layer& L, int layer_window, const Attention
   // With the fold, every part stops at p - 1 (the sinks by their lengths) and p comes from k, v.
   const int newest = fold_newest_ ? 1 : 0;
   // In a sliding-window layer whose recent copy spans the whole window (Gemma's tq-3.375 from a
-  // capacity of ~4K), the middle [S, p - N] never meets the window (p - W, p]: no CTA for it.
-  const bool middle_empty = layer_window > 0 && std::max(window_, newest) >= layer_window && empty_middles_;
+  // capacity of ~5.9K), the middle [S, p - N] never meets the window (p - W, p]: no CTA for it.
+  const bool middle_empty = empty_middles_ && layer_window > 0 && std::max(window_, newest) >= layer_window;
   const int main_len = middle_empty ? 0 : layer_plan_len(layer_window);
   parts[cuda::kFusedMain] = {&L.codec, L.kv, row_tables(L), blocks_per_seq_, dec_lens_, main_len, sinks_,
                              layer_window, std::max(window_, newest)};
