@@ -116,15 +116,21 @@ int resident_clusters(const K& k, int ctas) {
   return n;
 }
 
+// The current device's SMs.
+int64_t device_sms() {
+  int dev = 0, sms = 0;
+  TQKV_CUDA_CHECK(cudaGetDevice(&dev));
+  TQKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
 // How many CTAs of this kernel (Kernel or FusedKernel) the device holds at once.
 template <typename K>
 int64_t resident_ctas(const K& k) {
-  int dev = 0, sms = 0, per_sm = 0;
-  TQKV_CUDA_CHECK(cudaGetDevice(&dev));
-  TQKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  int per_sm = 0;
   TQKV_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
   TQKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, k.warps * 32, k.smem));
-  return static_cast<int64_t>(sms) * std::max(per_sm, 1);
+  return device_sms() * std::max(per_sm, 1);
 }
 
 // Whether `units` (sequence, kv head) pairs of `ctas` CTAs each should merge as clusters in
@@ -135,12 +141,7 @@ int64_t resident_ctas(const K& k) {
 template <typename K>
 bool use_cluster(const K& k, int64_t units, int ctas) {
   if (ctas < 2 || ctas > kMaxClusterCtasNonPortable) return false;
-  if (ctas > kMaxClusterCtas) {
-    int dev = 0, sms = 0;
-    TQKV_CUDA_CHECK(cudaGetDevice(&dev));
-    TQKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    if (units * ctas * 2 > sms) return false;
-  }
+  if (ctas > kMaxClusterCtas && units * ctas * 2 > device_sms()) return false;
   return resident_clusters(k, ctas) >= units;
 }
 
@@ -249,14 +250,24 @@ bool CacheCodec::decode_supported() const { return detail::find_kernel(*this).fn
 
 namespace {
 
-// A minimum of tiles per warp from the environment variable `name` (1 to 8), else `fallback`.
+// A minimum of tiles per warp from the environment variable `name` (1 to 32), else `fallback`.
 int min_tiles_env(const char* name, int fallback) {
   const char* e = std::getenv(name);
   if (!e || !*e) return fallback;
   char* end = nullptr;
   const long v = std::strtol(e, &end, 10);
-  if (*end || v < 1 || v > 8) detail::throw_arg(std::string(name) + "=" + e + ": give 1 to 8");
+  if (*end || v < 1 || v > 32) detail::throw_arg(std::string(name) + "=" + e + ": give 1 to 32");
   return static_cast<int>(v);
+}
+
+// Whether the short contexts' grid fills one CTA an SM ("sms") rather than every resident CTA
+// slot ("slots"): TQKV_DECODE_FILL, else `fallback`.
+bool fill_sms_env(bool fallback) {
+  const char* e = std::getenv("TQKV_DECODE_FILL");
+  if (!e || !*e) return fallback;
+  const std::string v = e;
+  if (v != "slots" && v != "sms") detail::throw_arg("TQKV_DECODE_FILL=" + v + ": give slots or sms");
+  return v == "sms";
 }
 
 }  // namespace
@@ -270,15 +281,28 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
   if (group > kMaxGroup) throw_arg("decode: at most 8 query heads per kv head");
   const Kernel k = pick(codec);
   if (num_splits <= 0) {
-    const int64_t slots = resident_ctas(k);
     const int64_t units = static_cast<int64_t>(batch) * kv.n_kv_heads;
     const int64_t tiles = (std::max(max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
-    // At least 2 tiles per warp for short contexts, 8 for long ones (the merge reads every CTA's
-    // partial). TQKV_DECODE_MIN_TILES and TQKV_DECODE_LONG_MIN_TILES (1 to 8) set the short and
-    // the long contexts' minimum instead, to time other choices: at batch 1 a warp's tiles are
-    // one dependent chain, so fewer per warp means a shorter kernel where the device has idle SMs.
+    // Compressed kernels stream their tiles through shared-memory rings (two CTAs an SM at every
+    // head_dim); the 16-bit ones load tiles into registers.
+    const int key_kind = kind_of_key(codec.format());
+    const bool compressed = key_kind != K_F16 && key_kind != K_BF16;
+    // Short contexts fill the resident CTA slots, except compressed kernels at d = 256 (4 warps a
+    // CTA): there one CTA an SM with fewer splits merged in a cluster was faster on the H200
+    // than two an SM (b64 x 4K: 46.7 against 53.3 us for turboquant_k8v4, 42.2 against 45.5 for
+    // turboquant_4bit_nc), and for 16-bit kernels it was slower at every head_dim.
+    // TQKV_DECODE_FILL=slots|sms sets it for every kernel.
+    const bool fill_sms = fill_sms_env(compressed && codec.head_dim() == 256);
+    const int64_t slots = tiles <= 512 && fill_sms ? device_sms() : resident_ctas(k);
+    // At least 2 tiles per warp for short contexts and 8 for long ones (the merge reads every
+    // CTA's partial), 16 for the compressed kernels at d = 256: where the grid cannot fill the
+    // device (batch 1) their merge of 256-dim partials made 64 CTAs slower than 32 (b1 x 32K:
+    // 53 against 44 us on the H200), while at d = 128 with 2 kv heads and d = 64 with 3, 16 tiles
+    // were 11-20% slower than 8 (too few CTAs for the SMs). TQKV_DECODE_MIN_TILES and
+    // TQKV_DECODE_LONG_MIN_TILES (1 to 32) set the short and the long contexts' minimum instead.
     const int64_t min_tiles =
-        tiles <= 512 ? min_tiles_env("TQKV_DECODE_MIN_TILES", 2) : min_tiles_env("TQKV_DECODE_LONG_MIN_TILES", 8);
+        tiles <= 512 ? min_tiles_env("TQKV_DECODE_MIN_TILES", 2)
+                     : min_tiles_env("TQKV_DECODE_LONG_MIN_TILES", compressed && codec.head_dim() == 256 ? 16 : 8);
     // Short contexts: at most one cluster of CTAs per (sequence, kv head), merged in DSMEM.
     const int64_t cap = tiles > 512 ? kMaxSplits / k.warps
                         : use_cluster(k, units, kMaxClusterCtasNonPortable) ? kMaxClusterCtasNonPortable
