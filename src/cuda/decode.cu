@@ -260,13 +260,13 @@ int min_tiles_env(const char* name, int fallback) {
   return static_cast<int>(v);
 }
 
-// Whether the short contexts' grid fills one CTA an SM ("sms") rather than every resident CTA
-// slot ("slots"): TQKV_DECODE_FILL, else `fallback`.
-bool fill_sms_env(bool fallback) {
-  const char* e = std::getenv("TQKV_DECODE_FILL");
+// Whether a grid fills one CTA an SM ("sms") rather than every resident CTA slot ("slots"): the
+// environment variable `name`, else `fallback`.
+bool fill_sms_env(const char* name, bool fallback) {
+  const char* e = std::getenv(name);
   if (!e || !*e) return fallback;
   const std::string v = e;
-  if (v != "slots" && v != "sms") detail::throw_arg("TQKV_DECODE_FILL=" + v + ": give slots or sms");
+  if (v != "slots" && v != "sms") detail::throw_arg(std::string(name) + "=" + v + ": give slots or sms");
   return v == "sms";
 }
 
@@ -290,10 +290,13 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     // Short contexts fill the resident CTA slots, except compressed kernels at d = 256 (4 warps a
     // CTA): there one CTA an SM with fewer splits merged in a cluster was faster on the H200
     // than two an SM (b64 x 4K: 46.7 against 53.3 us for turboquant_k8v4, 42.2 against 45.5 for
-    // turboquant_4bit_nc), and for 16-bit kernels it was slower at every head_dim.
-    // TQKV_DECODE_FILL=slots|sms sets it for every kernel.
-    const bool fill_sms = fill_sms_env(compressed && codec.head_dim() == 256);
-    const int64_t slots = tiles <= 512 && fill_sms ? device_sms() : resident_ctas(k);
+    // turboquant_4bit_nc); for bf16 it was 13-21% slower at d = 128 and 256.
+    // TQKV_DECODE_FILL=slots|sms sets it for every kernel; TQKV_DECODE_FILL_LONG (default slots)
+    // the long contexts' rule, to time one CTA an SM there (at batch 1 x 32K, d = 128 with 8 kv
+    // heads, 16 CTAs per kv head, one an SM, were 10-18% faster than 30; not yet timed at batch >= 16).
+    const bool fill_sms = tiles <= 512 ? fill_sms_env("TQKV_DECODE_FILL", compressed && codec.head_dim() == 256)
+                                       : fill_sms_env("TQKV_DECODE_FILL_LONG", false);
+    const int64_t slots = fill_sms ? device_sms() : resident_ctas(k);
     // At least 2 tiles per warp for short contexts and 8 for long ones (the merge reads every
     // CTA's partial), 16 for the compressed kernels at d = 256: where the grid cannot fill the
     // device (batch 1) their merge of 256-dim partials made 64 CTAs slower than 32 (b1 x 32K:
