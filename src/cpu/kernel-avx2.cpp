@@ -195,11 +195,12 @@ struct IsaAvx2 {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
+  // E4M3 -> the fp16 with its sign at bit 15 and its other 7 bits at bits 13..7: each byte
+  // into the high byte of a 16-bit lane (one unpack against zero), one arithmetic shift right
+  // (which also copies the sign into bit 14) and the AND that clears bit 14.
   static V fp8(const uint8_t* p, int i) {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i)));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
-                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7));
-    return _mm256_cvtph_ps(h);
+    const __m128i b8 = _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i)));
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(b8, 1), _mm_set1_epi16(static_cast<short>(0xBFFF))));
   }
   // Codes i .. i+7 (i a multiple of 8): one group of 8 codes in B bytes, read as a 32-bit word
   // (up to 2 bytes past the codes, inside the slot or page: metadata follows). Lanes keep the
