@@ -207,7 +207,10 @@ struct IsaAvx2 {
   // code in their low B bits; lut() tables are replicated so higher bits do not matter.
   template <int B>
   static __m256i code_ints(const uint8_t* p, int i) {
-    if constexpr (B >= 5) {
+    if constexpr (B == 8) {
+      // Whole bytes: one widening load, nothing to shift or mask.
+      return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i)));
+    } else if constexpr (B >= 5) {
       // 8 codes in exactly B bytes (no read past them) in both 128-bit lanes, then one byte
       // shuffle and one shift (wide_codes.h). lut() and codes() mask the neighbours' bits.
       static constexpr auto tables = wide_code_tables<B, 8>();
@@ -270,7 +273,7 @@ struct IsaAvx2 {
   static V lut(const uint8_t* p, int i, const float* table16) {
     const __m256i c = code_ints<B>(p, i);
     if constexpr (B >= 7) {  // table16 is the full 2^B-entry level table here
-      return _mm256_i32gather_ps(table16, _mm256_and_si256(c, _mm256_set1_epi32((1 << B) - 1)), 4);
+      return _mm256_i32gather_ps(table16, B == 8 ? c : _mm256_and_si256(c, _mm256_set1_epi32((1 << B) - 1)), 4);
     } else {
       return lut_regs<B>(c, table16);
     }
