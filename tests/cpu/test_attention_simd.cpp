@@ -32,6 +32,7 @@ std::vector<Format> test_formats() {
       {KeyCodec::Mse, 6, ValueCodec::Mse, 2, true, Law::Sphere, RotationKind::Srht},
       {KeyCodec::Mse, 7, ValueCodec::Mse, 5, true, Law::Gauss, RotationKind::Hadamard},
       {KeyCodec::Mse, 8, ValueCodec::Mse, 6, false, Law::Sphere, RotationKind::Srht},
+      {KeyCodec::Mse, 6, ValueCodec::Mse, 8, true, Law::Sphere, RotationKind::Srht},  // 8-bit values
   };
   for (const Format& f : wide) out.push_back(f);
   return out;
