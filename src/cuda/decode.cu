@@ -287,6 +287,7 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     // head_dim); the 16-bit ones load tiles into registers.
     const int key_kind = kind_of_key(codec.format());
     const bool compressed = key_kind != K_F16 && key_kind != K_BF16;
+    const bool compressed_d256 = compressed && codec.head_dim() == 256;
     // Short contexts fill the resident CTA slots, except compressed kernels at d = 256 (4 warps a
     // CTA): there one CTA an SM with fewer splits merged in a cluster was faster on the H200
     // than two an SM (b64 x 4K: 46.7 against 53.3 us for turboquant_k8v4, 42.2 against 45.5 for
@@ -294,7 +295,7 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     // TQKV_DECODE_FILL=slots|sms sets it for every kernel; TQKV_DECODE_FILL_LONG (default slots)
     // the long contexts' rule, to time one CTA an SM there (at batch 1 x 32K, d = 128 with 8 kv
     // heads, 16 CTAs per kv head, one an SM, were 10-18% faster than 30; not yet timed at batch >= 16).
-    const bool fill_sms = tiles <= 512 ? fill_sms_env("TQKV_DECODE_FILL", compressed && codec.head_dim() == 256)
+    const bool fill_sms = tiles <= 512 ? fill_sms_env("TQKV_DECODE_FILL", compressed_d256)
                                        : fill_sms_env("TQKV_DECODE_FILL_LONG", false);
     const int64_t slots = fill_sms ? device_sms() : resident_ctas(k);
     // At least 2 tiles per warp for short contexts and 8 for long ones (the merge reads every
@@ -305,7 +306,7 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     // TQKV_DECODE_LONG_MIN_TILES (1 to 32) set the short and the long contexts' minimum instead.
     const int64_t min_tiles =
         tiles <= 512 ? min_tiles_env("TQKV_DECODE_MIN_TILES", 2)
-                     : min_tiles_env("TQKV_DECODE_LONG_MIN_TILES", compressed && codec.head_dim() == 256 ? 16 : 8);
+                     : min_tiles_env("TQKV_DECODE_LONG_MIN_TILES", compressed_d256 ? 16 : 8);
     // Short contexts: at most one cluster of CTAs per (sequence, kv head), merged in DSMEM.
     const int64_t cap = tiles > 512 ? kMaxSplits / k.warps
                         : use_cluster(k, units, kMaxClusterCtasNonPortable) ? kMaxClusterCtasNonPortable
