@@ -46,14 +46,14 @@ KernelFormat kernel_format(const SlotCodec& codec) {
     for (int i = 0; i < 16; ++i) k.value_lut[i] = static_cast<float>(i % n) - 0.5f * static_cast<float>(n - 1);
   }
   const KeyScores mode = active_key_scores();
-  k.int8_keys = f.key == KeyCodec::Mse && f.key_bits >= 2 && f.key_bits <= 4 && mode != KeyScores::Exact;
+  k.int8_keys = f.key == KeyCodec::Mse && f.key_bits >= 2 && f.key_bits <= kI8MaxBits && mode != KeyScores::Exact;
   if (k.int8_keys) {
     int8_t l8[64];
     k.key_i8_step = int8_levels(*codec.key_codebook(), l8);
     for (int j = 0; j < 64; ++j) k.key_u8[j] = static_cast<uint8_t>(l8[j] + kI8Offset);
   }
-  k.int8_values = (f.value == ValueCodec::Mse || f.value == ValueCodec::Uniform) && f.value_bits >= 2 &&
-                  f.value_bits <= 4 && mode == KeyScores::Int8;
+  k.int8_values = f.value_bits >= 2 && mode == KeyScores::Int8 &&
+                  ((f.value == ValueCodec::Mse && f.value_bits <= kI8MaxBits) || (f.value == ValueCodec::Uniform && f.value_bits <= 4));
   if (k.int8_values) {
     const int n = 1 << f.value_bits;
     if (f.value == ValueCodec::Uniform) {  // code - mid = (2 code - (n - 1)) / 2: exact

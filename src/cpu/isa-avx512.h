@@ -4,7 +4,7 @@
 //
 // 16 floats per vector. fp16 via vcvtph2ps, bf16 by a 16-bit shift, fp8 E4M3 by moving its bits
 // into an fp16 (value / 256), packed 2/3/4-bit codes by variable shifts of broadcast 32-bit
-// words, Lloyd-Max levels by a 16-entry in-register table (vpermps). With VNNI + VBMI, 2-4-bit
+// words, Lloyd-Max levels by a 16-entry in-register table (vpermps). With VNNI + VBMI, 2-5-bit
 // key codes become bytes (vpsrlvw / vpmultishiftqb), their int8 levels come from a 64-entry
 // byte table (vpermb) and scores from vpdpbusd.
 #pragma once
@@ -24,11 +24,11 @@ struct IsaAvx512 {
   static constexpr int kAccRegs = 16;
   static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : b == 3 ? 4 : 1; }
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
-  // Int8 key scores (kernel_impl.h): 64 channels (one byte each) per vector for 2-4 bits.
+  // Int8 key scores (kernel_impl.h): 64 channels (one byte each) per vector for 2-5 bits.
   static constexpr bool kHasI8 = true;
   using IV = __m512i;
   using IT = __m512i;
-  static constexpr int i8_block(int b) { return b >= 2 && b <= 4 ? 64 : 0; }
+  static constexpr int i8_block(int b) { return b >= 2 && b <= 5 ? 64 : 0; }
   static IT i8_table(const uint8_t* t) { return _mm512_loadu_si512(t); }
   static IV izero() { return _mm512_setzero_si512(); }
   static V i2f(IV a) { return _mm512_cvtepi32_ps(a); }
@@ -37,8 +37,9 @@ struct IsaAvx512 {
   // the 64-entry table, replicated every 2^B entries, ignores) -> vpermb.
   //   4 bits: 32 bytes in both 256-bit halves, the upper one shifted by 4 (high nibbles);
   //   2 bits: 16 bytes in the four 128-bit lanes, shifted by 0, 2, 4, 6;
-  //   3 bits: 24 bytes, qword g gets bytes 3g .. 3g+3 (vpermb), byte m of it the 8 bits from
-  //   bit 3m (vpmultishiftqb): channel order.
+  //   3 and 5 bits: 8B bytes, qword g gets bytes Bg .. Bg+7 (vpermb; those past the 8B are
+  //   the masked load's zeros), byte m of it the 8 bits from bit Bm (vpmultishiftqb): channel
+  //   order.
   template <int B>
   static IV levels_u8(const uint8_t* p, int i, IT table) {
     __m512i x;
@@ -51,14 +52,23 @@ struct IsaAvx512 {
       x = _mm512_srlv_epi16(x, _mm512_set_epi64(0x0006000600060006, 0x0006000600060006, 0x0004000400040004,
                                                 0x0004000400040004, 0x0002000200020002, 0x0002000200020002, 0, 0));
     } else {
-      static_assert(B == 3, "int8 scores take 2-4-bit codes");
-      alignas(64) static constexpr uint8_t ctl[64] = {
-          0,  1,  2,  3,  4,  5,  6,  7,  3,  4,  5,  6,  7,  8,  9,  10, 6,  7,  8,  9,  10, 11,
-          12, 13, 9,  10, 11, 12, 13, 14, 15, 16, 12, 13, 14, 15, 16, 17, 18, 19, 15, 16, 17, 18,
-          19, 20, 21, 22, 18, 19, 20, 21, 22, 23, 24, 25, 21, 22, 23, 24, 25, 26, 27, 28};
-      const __m512i raw = _mm512_maskz_loadu_epi8(0xffffff, p + i * 3 / 8);
-      x = _mm512_permutexvar_epi8(_mm512_load_si512(ctl), raw);
-      x = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x15120f0c09060300), x);
+      static_assert(B == 3 || B == 5, "int8 scores take 2-5-bit codes");
+      alignas(64) static constexpr auto ctl = [] {
+        struct {
+          uint8_t v[64];
+        } x{};
+        for (int g = 0; g < 8; ++g)
+          for (int k = 0; k < 8; ++k) x.v[8 * g + k] = static_cast<uint8_t>(B * g + k);
+        return x;
+      }();
+      constexpr long long shifts = [] {
+        unsigned long long v = 0;
+        for (int m = 0; m < 8; ++m) v |= static_cast<unsigned long long>(B * m) << (8 * m);
+        return static_cast<long long>(v);
+      }();
+      const __m512i raw = _mm512_maskz_loadu_epi8(~0ull >> (64 - 8 * B), p + i * B / 8);
+      x = _mm512_permutexvar_epi8(_mm512_load_si512(ctl.v), raw);
+      x = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(shifts), x);
     }
     return _mm512_permutexvar_epi8(x, table);
   }
@@ -184,10 +194,10 @@ struct IsaAvx512 {
   // first (one vpermt2b / vpermb), then each code position of the byte is shifted down and
   // looked up (vpermb on the signed table value_i8, replicated every 2^B entries): vector q
   // lane j holds channel 2j + q (4 bits: q = 0, 1 from bytes 0-15, + 32 for q = 2, 3 from
-  // bytes 16-31) or 4j + q (2 bits). 3 bits: levels_u8 per key, interleaved by 8 unpacks:
+  // bytes 16-31) or 4j + q (2 bits). 3 and 5 bits: levels_u8 per key, interleaved by 8 unpacks:
   // position 16q + 4l + e (vector q, 128-bit lane l) holds channel 16l + 4q + e.
   static constexpr bool kI8Values = true;
-  static constexpr int i8v_block(int b) { return b >= 2 && b <= 4 ? 64 : 0; }
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= 5 ? 64 : 0; }
   static IT i8v_table(const int8_t* t) { return _mm512_loadu_si512(t); }
   static int i8v_channel(int bits, int t) {
     const int q = t / 16, j = t % 16;

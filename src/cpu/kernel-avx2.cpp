@@ -17,16 +17,23 @@ struct IsaAvx2 {
   // 3-bit codes keep the per-vector decode: 8 vectors of a split block and 8 row accumulators
   // would not fit in 16 registers.
   static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : 1; }
-  // Int8 key scores (kernel_impl.h) of 2-4-bit codes, 32 channels per vector: bytes of codes
+  // Int8 key scores (kernel_impl.h) of 2-5-bit codes, 32 channels per vector: bytes of codes
   // (4 bits: the 16 bytes and their high nibbles; 2 bits: the 8 bytes shifted by 0, 2, 4, 6 in
-  // the four qwords, both masked to 4 bits; 3 bits: one code per byte, channel order), looked
-  // up by vpshufb in the 16-entry table that both 128-bit lanes hold; products by vpmaddubsw
-  // (pairs within int16: kernel.h) + vpmaddwd.
+  // the four qwords, both masked to 4 bits; 3 and 5 bits: one code per byte, channel order),
+  // looked up by vpshufb in 16-entry tables that both 128-bit lanes hold (5 bits: two tables,
+  // the code's bit 4 picking one by a byte blend); products by vpmaddubsw (pairs within int16:
+  // kernel.h) + vpmaddwd.
   static constexpr bool kHasI8 = true;
   using IV = __m256i;
-  using IT = __m256i;
-  static constexpr int i8_block(int b) { return b >= 2 && b <= 4 ? 32 : 0; }
-  static IT i8_table(const uint8_t* t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)); }
+  // Entries 0-15 and 16-31 of the level table in both lanes (2-4 bits use the first).
+  struct IT {
+    __m256i lo, hi;
+  };
+  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8MaxBits ? 32 : 0; }
+  static IT i8_table(const void* table) {
+    const auto* t = static_cast<const __m128i*>(table);
+    return {_mm256_broadcastsi128_si256(_mm_loadu_si128(t)), _mm256_broadcastsi128_si256(_mm_loadu_si128(t + 1))};
+  }
   static IV izero() { return _mm256_setzero_si256(); }
   static V i2f(IV a) { return _mm256_cvtepi32_ps(a); }
   static IV dot_u8i8(IV acc, IV u, const int8_t* q) {
@@ -34,20 +41,41 @@ struct IsaAvx2 {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
   template <int B>
-  static IV levels_u8(const uint8_t* p, int i, IT table) {
-    __m256i x;
+  static IV levels_u8(const uint8_t* p, int i, const IT& table) {
+    const __m256i x = code_bytes<B>(p, i);
+    if constexpr (B <= 4) {
+      return _mm256_shuffle_epi8(table.lo, x);
+    } else {
+      static_assert(B == 5, "AVX2 int8 levels take 2-5-bit codes");
+      // vpblendvb picks by each byte's bit 7: the code's bit 4, moved there by a 16-bit shift
+      // (codes are below 32, so no bit crosses into the neighbouring byte's bit 7).
+      return _mm256_blendv_epi8(_mm256_shuffle_epi8(table.lo, x), _mm256_shuffle_epi8(table.hi, x),
+                                _mm256_slli_epi16(x, 3));
+    }
+  }
+  // The codes of channels i .. i + 31 as bytes (2 and 4 bits: in the order above, only the low
+  // 4 bits meaningful; 3 and 5 bits: channel order, nothing above the code).
+  template <int B>
+  static __m256i code_bytes(const uint8_t* p, int i) {
     if constexpr (B == 4) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i / 2));
-      x = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
+      return _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1),
+                              _mm256_set1_epi8(0x0f));
     } else if constexpr (B == 2) {
       long long a;
       std::memcpy(&a, p + i / 4, 8);
-      x = _mm256_srlv_epi64(_mm256_set1_epi64x(a), _mm256_set_epi64x(6, 4, 2, 0));
+      return _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(a), _mm256_set_epi64x(6, 4, 2, 0)),
+                              _mm256_set1_epi8(0x0f));
     } else {
-      static_assert(B == 3, "AVX2 int8 levels take 2-4-bit codes");
-      // 12 bytes; word w of lane h takes the two bytes holding the code of channel 16h + w
-      // (first vector) or 16h + 8 + w (second), code at bit s = 3c mod 8 <= 7: a multiply by
-      // 2^(13 - s) moves it to bits 13-15, a shift to 0-2, and a saturating pack to bytes.
+      static_assert(B == 3 || B == 5, "AVX2 int8 codes are 2-5 bits");
+      // The 4B bytes of the block; lane h holds the bytes of channels 16h .. 16h + 15 (3 bits:
+      // 12 bytes in both lanes; 5 bits: bytes [0, 16) and [4, 20)). Word w of lane
+      // h takes the two bytes holding the code of channel 16h + w (first vector) or 16h + 8 + w
+      // (second), code at bit s = Bc mod 8: a multiply by 2^(16 - B - s) moves it to the top
+      // bits, a shift to the bottom, and a pack to bytes. Where the second byte would lie past
+      // the block the code ends in the first (4B bytes hold 32 codes exactly), so its index
+      // repeats the first's.
+      constexpr int off1 = B == 3 ? 0 : 4 * B - 16;
       alignas(32) static constexpr auto t = [] {
         struct {
           uint8_t ctl[2][32];
@@ -56,27 +84,31 @@ struct IsaAvx2 {
         for (int v = 0; v < 2; ++v)
           for (int h = 0; h < 2; ++h)
             for (int w = 0; w < 8; ++w) {
-              const int c = 16 * h + 8 * v + w;
-              x.ctl[v][16 * h + 2 * w] = static_cast<uint8_t>(3 * c / 8);
-              x.ctl[v][16 * h + 2 * w + 1] = static_cast<uint8_t>(3 * c / 8 + 1);
-              x.mul[v][8 * h + w] = static_cast<uint16_t>(1u << (13 - 3 * c % 8));
+              const int c = 16 * h + 8 * v + w, at = B * c / 8 - (h ? off1 : 0);
+              x.ctl[v][16 * h + 2 * w] = static_cast<uint8_t>(at);
+              x.ctl[v][16 * h + 2 * w + 1] = static_cast<uint8_t>(at + 1 < 16 ? at + 1 : at);
+              x.mul[v][8 * h + w] = static_cast<uint16_t>(1u << (16 - B - B * c % 8));
             }
         return x;
       }();
-      uint32_t hi;
-      std::memcpy(&hi, p + i * 3 / 8 + 8, 4);
-      const __m128i raw =
-          _mm_insert_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i * 3 / 8)), static_cast<int>(hi), 2);
-      const __m256i b = _mm256_broadcastsi128_si256(raw);
+      const uint8_t* q = p + i * B / 8;
+      __m256i b;
+      if constexpr (B == 3) {
+        uint32_t hi;
+        std::memcpy(&hi, q + 8, 4);
+        b = _mm256_broadcastsi128_si256(
+            _mm_insert_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)), static_cast<int>(hi), 2));
+      } else {
+        b = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + off1)), 1);
+      }
       const auto half = [&](int v) {
         const __m256i w = _mm256_shuffle_epi8(b, _mm256_load_si256(reinterpret_cast<const __m256i*>(t.ctl[v])));
         return _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_load_si256(reinterpret_cast<const __m256i*>(t.mul[v]))),
-                                 13);
+                                 16 - B);
       };
-      x = _mm256_packus_epi16(half(0), half(1));
+      return _mm256_packus_epi16(half(0), half(1));
     }
-    if constexpr (B != 3) x = _mm256_and_si256(x, _mm256_set1_epi8(0x0f));
-    return _mm256_shuffle_epi8(table, x);
   }
 
   // Int8 value sums (kernel_impl.h, "Int8 values"), 32 channels per block: the same layout as
@@ -89,16 +121,16 @@ struct IsaAvx2 {
   // fit in the 16 registers.
   static constexpr bool kI8Values = true;
   static constexpr int kI8vRows = 2;
-  static constexpr int i8v_block(int b) { return b >= 2 && b <= 4 ? 32 : 0; }
-  static IT i8v_table(const int8_t* t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)); }
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= kI8MaxBits ? 32 : 0; }
+  static IT i8v_table(const int8_t* t) { return i8_table(t); }
   static int i8v_channel(int bits, int t) {
     const int x = 4 * (t / 8) + t % 4, h = (t % 8) / 4;
     if (bits == 4) return 2 * x + h;                // lane 0: low nibbles, lane 1: high nibbles
     if (bits == 2) return 4 * (x % 8) + 2 * h + x / 8;  // qword m of the 8 bytes shifted by 2m
-    return 16 * h + x;                              // 3 bits: channel order
+    return 16 * h + x;                              // 3 and 5 bits: channel order
   }
   template <int B>
-  static void levels_i8v(const uint8_t* const* p, int i, IT table, __m256i* t) {
+  static void levels_i8v(const uint8_t* const* p, int i, const IT& table, __m256i* t) {
     const __m256i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
     const __m256i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
     const __m256i lo01 = _mm256_unpacklo_epi8(l0, l1), hi01 = _mm256_unpackhi_epi8(l0, l1);

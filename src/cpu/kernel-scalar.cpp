@@ -20,7 +20,7 @@ struct IsaScalar {
   static constexpr bool kHasI8 = true;
   using IV = int32_t;
   using IT = const uint8_t*;
-  static constexpr int i8_block(int b) { return b >= 2 && b <= 4 ? 1 : 0; }
+  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8MaxBits ? 1 : 0; }
   static IT i8_table(const uint8_t* t) { return t; }
   static IV izero() { return 0; }
   static V i2f(IV a) { return static_cast<float>(a); }
@@ -31,7 +31,7 @@ struct IsaScalar {
   }
   // Int8 value sums (kernel_impl.h) one channel at a time, in channel order.
   static constexpr bool kI8Values = true;
-  static constexpr int i8v_block(int b) { return b >= 2 && b <= 4 ? 1 : 0; }
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= kI8MaxBits ? 1 : 0; }
   static const int8_t* i8v_table(const int8_t* t) { return t; }
   static int i8v_channel(int, int t) { return t; }
   static void store_u8(uint8_t* p, V x) {

@@ -38,7 +38,7 @@ struct KernelFormat {
   // of <= 4 bits: entry j = (j mod 2^bits) - (2^bits - 1)/2, the centred code.
   float key_lut[16];
   float value_lut[16];
-  // Int8 key scores (tqkv/simd.h KeyScores): on for 2-4-bit Mse keys unless exact scoring is
+  // Int8 key scores (tqkv/simd.h KeyScores): on for 2-5-bit Mse keys unless exact scoring is
   // asked for; a kernel without the int8 path for these bits and head dim scores exactly.
   // Every kernel that has it computes the same integers (kernel_impl.h, "Int8 scores"):
   //   L8[j] = round(level[j] / key_i8_step), key_i8_step = max_j |level[j]| / kI8LevelMax,
@@ -46,8 +46,8 @@ struct KernelFormat {
   bool int8_keys;
   float key_i8_step;
   uint8_t key_u8[64];
-  // Int8 value sums (KeyScores::Int8; kernel_impl.h "Int8 values"): on for 2-4-bit Mse and
-  // Uniform values; a kernel without the path for these bits and head dim sums in fp32.
+  // Int8 value sums (KeyScores::Int8; kernel_impl.h "Int8 values"): on for 2-5-bit Mse and
+  // 2-4-bit Uniform values; a kernel without the path for these bits and head dim sums in fp32.
   //   value_i8[j] = round(level[j mod 2^bits] / value_i8_step), |.| <= kI8LevelMax (Mse:
   //   value_i8_step = max_j |level[j]| / kI8LevelMax; Uniform: 2 (j mod 2^bits) - (2^bits - 1),
   //   value_i8_step = 1/2, so that value_i8_step * value_i8[code] = code - mid exactly).
@@ -74,6 +74,12 @@ inline constexpr int kI8WeightMax = 255;
 inline constexpr float kExpWLog2e = 1.44269504088896341f;
 inline constexpr float kExpWPoly[5] = {1.0f, 0.6931241750717163f, 0.24024099111557007f, 0.05590646713972092f,
                                       0.009582855738699436f};
+
+// The widest Mse codes that take the int8 paths (keys and values). Past 5 bits the 7-bit level
+// grid (step max|level| / 63) is about as coarse as the codebook itself near zero: with 6-bit
+// codes int8 (SmolLM2-135M tq-4.375, whose recent window is 6-bit, and one k6v5 layer) moved the
+// mean KL from 0.0129 to 0.0142, where 5-bit codes in int8 left it at 0.0128 (docs/RESULTS.md).
+inline constexpr int kI8MaxBits = 5;
 
 // Int8 scores: |q8| <= 127 (per query row, step max|q| / 127) and |L8| <= 63, so that the
 // unsigned level u8 = L8 + 64 <= 127 and a pair of products u8 * q8 fits in int16 (vpmaddubsw

@@ -36,7 +36,7 @@ namespace {
 using testing_util::gaussian;
 using testing_util::rel_error;
 
-// Whether the kernel at `level` scores 2-4-bit keys in int8 (kernel-*.cpp: i8_block).
+// Whether the kernel at `level` scores 2-5-bit keys in int8 (kernel-*.cpp: i8_block).
 bool level_has_int8(SimdLevel level, int d) {
   switch (level) {
     case SimdLevel::Scalar: return true;
@@ -203,13 +203,13 @@ void check_contract(const char* name, int d, int G, int T) {
 }
 
 TEST(Int8Scores, EveryLevelComputesTheContract) {
-  for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k2v2"})
+  for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k2v2", "k5v3", "k5v5"})
     for (int d : {64, 128, 256})
       for (int G : {1, 4, 9}) check_contract(name, d, G, 203);  // 203: a tile tail of 11 keys
 }
 
 TEST(Int8Scores, WithinTheQuantizationBoundAtEveryLevel) {
-  for (const char* name : {"turboquant_4bit_nc", "tq-k4v2", "turboquant_3bit_nc", "tq-k3v2", "tq-k2v2"})
+  for (const char* name : {"turboquant_4bit_nc", "tq-k4v2", "turboquant_3bit_nc", "tq-k3v2", "tq-k2v2", "k5v4", "k5v2"})
     for (int d : {64, 128, 256}) {
       check({name, d, 2, 8, 300, 1, 1.0f});   // decode, GQA 4:1
       check({name, d, 1, 3, 200, 7, 2.0f});   // causal chunk, GQA 3:1, larger scores
@@ -242,6 +242,25 @@ TEST(Int8Scores, ExactSwitchRestoresReferenceParity) {
   EXPECT_EQ(parse_key_scores("exact"), KeyScores::Exact);
   EXPECT_EQ(parse_key_scores("int8"), KeyScores::Int8);
   EXPECT_THROW(parse_key_scores("fp8"), Error);
+}
+
+// 6-bit codes stay exact in every mode (kernel.h kI8MaxBits): the int8 level grid is too coarse
+// for them. At every level, Int8 gives Exact's output bit for bit.
+TEST(Int8Scores, SixBitCodesStayExact) {
+  const ContiguousCache cache = filled_cache("k6v6", 2, 128, 200, 5, nullptr);
+  const auto q = gaussian(8 * 128, 7);
+  AttentionParams p;
+  p.n_q_heads = 8;
+  testing_util::LevelGuard levels;
+  for (SimdLevel level : testing_util::supported_levels()) {
+    set_simd_level(level);
+    std::vector<float> exact(q.size()), int8(q.size());
+    testing_util::ScoresGuard guard(KeyScores::Exact);
+    attention(cache, 0, q.data(), 1, 199, p, exact.data());
+    set_key_scores(KeyScores::Int8);
+    attention(cache, 0, q.data(), 1, 199, p, int8.data());
+    EXPECT_EQ(int8, exact) << simd_level_name(level);
+  }
 }
 
 }  // namespace

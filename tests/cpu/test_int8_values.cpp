@@ -30,7 +30,7 @@ namespace {
 using testing_util::gaussian;
 using testing_util::rel_error;
 
-// Whether the kernel at `level` sums these values in int8 (kernel-*.cpp: i8v_block).
+// Whether the kernel at `level` sums 2-5-bit values in int8 (kernel-*.cpp: i8v_block).
 bool level_has_int8_values(SimdLevel level, int d) {
   switch (level) {
     case SimdLevel::Scalar: return true;
@@ -163,12 +163,12 @@ void check_contract(const char* name, int d, int G, int T, int n_q) {
 }
 
 TEST(Int8Values, EveryLevelComputesTheContract) {
-  for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k4v2", "tq-k2v3", "tq-k3v4"})
+  for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k4v2", "tq-k2v3", "tq-k3v4", "k2v5", "k6v5"})
     for (int d : {64, 128, 256})
       for (int G : {1, 4, 6}) check_contract(name, d, G, 203, 3);  // 203: tile tails of 9-11 keys
 }
 
-// Random queries on keys scored exactly (fp8, 5-6-bit Mse): every level within the bound above
+// Random queries on keys scored exactly (fp8, 6-8-bit Mse): every level within the bound above
 // of the exact reference, the int8 levels equal to the scalar kernel's.
 void check_bound(const char* name, int d, int H, int Hq, int T, int n_q, float sigma_q) {
   const Format f = find_format(name);
@@ -257,12 +257,12 @@ void check_bound(const char* name, int d, int H, int Hq, int T, int n_q, float s
 }
 
 TEST(Int8Values, WithinTheRoundingBoundAtEveryLevel) {
-  for (const char* name : {"turboquant_k8v4", "tq-k5v2", "tq-k6v3", "tq-k5v4"})
+  for (const char* name : {"turboquant_k8v4", "k6v2", "k8v3", "k7v5", "k6v5"})
     for (int d : {64, 128, 256}) {
       check_bound(name, d, 2, 8, 300, 1, 1.0f);  // decode, GQA 4:1
       check_bound(name, d, 1, 3, 200, 7, 2.0f);  // causal chunk, GQA 3:1, sharper weights
     }
-  check_bound("tq-k5v2", 96, 2, 4, 150, 2, 1.0f);  // 96: no int8 block on AVX-512 (scalar, AVX2)
+  check_bound("k7v2", 96, 2, 4, 150, 2, 1.0f);  // 96: no int8 block on AVX-512 (scalar, AVX2)
 }
 
 // The switch: Int8Keys keeps fp32 value sums (equal to Exact on exactly scored keys), Int8 not.
