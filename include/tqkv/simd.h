@@ -23,21 +23,21 @@ SimdLevel active_simd_level();
 // Forces a level for the whole process; throws tqkv::Error(InvalidArgument) if unsupported.
 void set_simd_level(SimdLevel level);
 
-// How the SIMD kernels score keys stored as 2-4-bit Mse codes (turboquant_4bit_nc, tq-k4v2,
-// turboquant_3bit_nc, ...) and sum 2-4-bit values (Mse or Uniform). Int8 (the default): the
-// rotated query is rounded once per row to int8 (scale max|q| / 127) and the codebook levels to
-// 7-bit integers (scale max|level| / 63), and each score is an integer dot product (VNNI
-// vpdpbusd, or vpmaddubsw + vpmaddwd on AVX2) times the two scales and the key's norm: about 2x
-// fewer instructions than fp32 products, with a score error below norm * (s_q/2 * sum|level| +
-// s_k/2 * s_q * sum|q8|) (docs/RESULTS.md, issue 16). The values' softmax weights (times the
-// value's scale) are rounded per tile of keys and query row to u8 (step max weight / 255), the
-// value levels to 7-bit integers (Mse: max|level| / 63; Uniform: 2 * code - (2^bits - 1),
-// exact), and each tile's sums are integer products (vpdpbusd) in int32. Int8Keys: int8 key
-// scores, fp32 value sums. Exact: fp32 products, equal to the scalar reference within 1e-5 (the
-// reference tests use it). TQKV_SCORES=int8|int8-keys|exact (read once, at first use) or
-// set_key_scores(). Kernels without an int8 path (AVX-512 without VNNI + VBMI, 3-bit keys on
-// AVX2, int8 values on AVX2, head dims that are not a multiple of 64 (AVX-512) or 32 (AVX2))
-// compute exactly.
+// How the SIMD kernels score keys stored as 2-5-bit Mse codes (turboquant_4bit_nc, tq-k4v2,
+// turboquant_3bit_nc, the recipes' k5 layers, ...) and sum 2-5-bit Mse or 2-4-bit Uniform values.
+// Int8 (the default): the rotated query is rounded once per row to int8 (scale max|q| / 127)
+// and the codebook levels to 7-bit integers (scale max|level| / 63), and each score is an
+// integer dot product (VNNI vpdpbusd, or vpmaddubsw + vpmaddwd on AVX2) times the two scales
+// and the key's norm: about 2x fewer instructions than fp32 products, with a score error below
+// norm * (s_q/2 * sum|level| + s_k/2 * s_q * sum|q8|) (docs/RESULTS.md, issue 16). The values'
+// softmax weights (times the value's scale) are rounded per tile of keys and query row to u8
+// (step max weight / 255), the value levels to 7-bit integers (Mse: max|level| / 63; Uniform:
+// 2 * code - (2^bits - 1), exact), and each tile's sums are integer products in int32. Codes of
+// 6 bits and more stay exact (that grid is too coarse for them: kernel.h kI8MaxBits). Int8Keys:
+// int8 key scores, fp32 value sums. Exact: fp32 products, equal to the scalar reference within
+// 1e-5 (the reference tests use it). TQKV_SCORES=int8|int8-keys|exact (read once, at first use)
+// or set_key_scores(). Kernels without an int8 path (AVX-512 without VNNI + VBMI, head dims
+// that are not a multiple of 64 (AVX-512) or 32 (AVX2)) compute exactly.
 enum class KeyScores : int { Int8 = 0, Exact = 1, Int8Keys = 2 };
 std::string_view key_scores_name(KeyScores s);
 KeyScores parse_key_scores(std::string_view name);  // throws tqkv::Error(InvalidArgument)
