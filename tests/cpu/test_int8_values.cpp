@@ -164,8 +164,10 @@ void check_contract(const char* name, int d, int G, int T, int n_q) {
 
 TEST(Int8Values, EveryLevelComputesTheContract) {
   for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k4v2", "tq-k2v3", "tq-k3v4", "k2v5", "k6v5"})
-    for (int d : {64, 128, 256})
+    for (int d : {64, 128, 256}) {
       for (int G : {1, 4, 6}) check_contract(name, d, G, 203, 3);  // 203: tile tails of 9-11 keys
+      check_contract(name, d, 7, 203, 1);  // 7 rows: passes of 3, 2, 2 (AVX2); 12, 18: of 3
+    }
 }
 
 // Random queries on keys scored exactly (fp8, 6-8-bit Mse): every level within the bound above
