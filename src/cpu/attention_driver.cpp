@@ -11,6 +11,22 @@ namespace tqkv::cpu {
 
 namespace {
 
+// 6-bit keys' levels in two bytes (kernel.h key_wide): L16 = round(level / step), step = max
+// |level| / (64 kI8LevelMax) (returned), hi[j] = floor(L16 / 64) + kI8Offset, lo[j] = L16 mod 64.
+float wide_levels(const Codebook& cb, uint8_t hi[64], uint8_t lo[64]) {
+  float amax = 0.0f;
+  for (float x : cb.levels_f32) amax = std::max(amax, std::fabs(x));
+  const float step = amax / static_cast<float>(64 * kI8LevelMax);
+  for (int j = 0; j < 64; ++j) {
+    const float x = std::nearbyint(cb.levels_f32[j % cb.size()] / step);
+    const int l16 = static_cast<int>(std::clamp(x, -float{64 * kI8LevelMax}, float{64 * kI8LevelMax}));
+    const int h = l16 >= 0 ? l16 / 64 : -((-l16 + 63) / 64);  // floor
+    hi[j] = static_cast<uint8_t>(h + kI8Offset);
+    lo[j] = static_cast<uint8_t>(l16 - 64 * h);
+  }
+  return step;
+}
+
 // The codebook's levels as 7-bit integers, replicated every size() entries: out[j] =
 // round(level[j mod size] / step), step = max |level| / kI8LevelMax (returned).
 float int8_levels(const Codebook& cb, int8_t out[64]) {
@@ -46,8 +62,11 @@ KernelFormat kernel_format(const SlotCodec& codec) {
     for (int i = 0; i < 16; ++i) k.value_lut[i] = static_cast<float>(i % n) - 0.5f * static_cast<float>(n - 1);
   }
   const KeyScores mode = active_key_scores();
-  k.int8_keys = f.key == KeyCodec::Mse && f.key_bits >= 2 && f.key_bits <= kI8MaxBits && mode != KeyScores::Exact;
-  if (k.int8_keys) {
+  k.int8_keys = f.key == KeyCodec::Mse && f.key_bits >= 2 && f.key_bits <= kI8WideBits && mode != KeyScores::Exact;
+  k.key_wide = k.int8_keys && f.key_bits == kI8WideBits;
+  if (k.key_wide) {
+    k.key_i8_step = wide_levels(*codec.key_codebook(), k.key_u8, k.key_lo);
+  } else if (k.int8_keys) {
     int8_t l8[64];
     k.key_i8_step = int8_levels(*codec.key_codebook(), l8);
     for (int j = 0; j < 64; ++j) k.key_u8[j] = static_cast<uint8_t>(l8[j] + kI8Offset);

@@ -29,7 +29,7 @@ struct IsaAvx2 {
   struct IT {
     __m256i lo, hi;
   };
-  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8MaxBits ? 32 : 0; }
+  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8WideBits ? 32 : 0; }
   static IT i8_table(const void* table) {
     const auto* t = static_cast<const __m128i*>(table);
     return {_mm256_broadcastsi128_si256(_mm_loadu_si128(t)), _mm256_broadcastsi128_si256(_mm_loadu_si128(t + 1))};
@@ -53,8 +53,26 @@ struct IsaAvx2 {
                                 _mm256_slli_epi16(x, 3));
     }
   }
+  // 6-bit keys' two level bytes (kernel.h key_wide), from 64-entry tables held as four 16-entry
+  // registers each (i8_table of entries 0-31 and of 32-63), picked by the code's bits 4 and 5.
+  struct IT64 {
+    IT a, b;
+  };
+  static IT64 i8_table_wide(const uint8_t* t) { return {i8_table(t), i8_table(t + 32)}; }
+  template <int B>
+  static void levels_wide(const uint8_t* p, int i, const IT64& hi, const IT64& lo, IV& h, IV& l) {
+    static_assert(B == kI8WideBits, "two-byte levels are for 6-bit codes");
+    const __m256i x = code_bytes<B>(p, i), bit4 = _mm256_slli_epi16(x, 3), bit5 = _mm256_slli_epi16(x, 2);
+    const auto look = [&](const IT64& t) {
+      return _mm256_blendv_epi8(
+          _mm256_blendv_epi8(_mm256_shuffle_epi8(t.a.lo, x), _mm256_shuffle_epi8(t.a.hi, x), bit4),
+          _mm256_blendv_epi8(_mm256_shuffle_epi8(t.b.lo, x), _mm256_shuffle_epi8(t.b.hi, x), bit4), bit5);
+    };
+    h = look(hi);
+    l = look(lo);
+  }
   // The codes of channels i .. i + 31 as bytes (2 and 4 bits: in the order above, only the low
-  // 4 bits meaningful; 3 and 5 bits: channel order, nothing above the code).
+  // 4 bits meaningful; 3, 5 and 6 bits: channel order, nothing above the code).
   template <int B>
   static __m256i code_bytes(const uint8_t* p, int i) {
     if constexpr (B == 4) {
@@ -67,9 +85,9 @@ struct IsaAvx2 {
       return _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(a), _mm256_set_epi64x(6, 4, 2, 0)),
                               _mm256_set1_epi8(0x0f));
     } else {
-      static_assert(B == 3 || B == 5, "AVX2 int8 codes are 2-5 bits");
+      static_assert(B == 3 || B == 5 || B == 6, "AVX2 int8 codes are 2-6 bits");
       // The 4B bytes of the block; lane h holds the bytes of channels 16h .. 16h + 15 (3 bits:
-      // 12 bytes in both lanes; 5 bits: bytes [0, 16) and [4, 20)). Word w of lane
+      // 12 bytes in both lanes; 5 and 6 bits: bytes [0, 16) and [4B - 16, 4B)). Word w of lane
       // h takes the two bytes holding the code of channel 16h + w (first vector) or 16h + 8 + w
       // (second), code at bit s = Bc mod 8: a multiply by 2^(16 - B - s) moves it to the top
       // bits, a shift to the bottom, and a pack to bytes. Where the second byte would lie past

@@ -20,7 +20,7 @@ struct IsaScalar {
   static constexpr bool kHasI8 = true;
   using IV = int32_t;
   using IT = const uint8_t*;
-  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8MaxBits ? 1 : 0; }
+  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8WideBits ? 1 : 0; }
   static IT i8_table(const uint8_t* t) { return t; }
   static IV izero() { return 0; }
   static V i2f(IV a) { return static_cast<float>(a); }
@@ -28,6 +28,13 @@ struct IsaScalar {
   template <int B>
   static IV levels_u8(const uint8_t* p, int i, IT table) {
     return table[unpack_one(p, i, B)];
+  }
+  static IT i8_table_wide(const uint8_t* t) { return t; }
+  template <int B>
+  static void levels_wide(const uint8_t* p, int i, IT hi, IT lo, IV& h, IV& l) {
+    const unsigned c = unpack_one(p, i, B);
+    h = hi[c];
+    l = lo[c];
   }
   // Int8 value sums (kernel_impl.h) one channel at a time, in channel order.
   static constexpr bool kI8Values = true;

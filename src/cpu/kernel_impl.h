@@ -418,9 +418,9 @@ struct Kernel {
   }
   // The channel at stored position t of an int8 block of C channels: the code bytes (nb of
   // them) are read once per code in the byte (k = 8/B), code m of every byte forming the m-th
-  // run of nb positions. 3- and 5-bit codes are unpacked in channel order.
+  // run of nb positions. 3-, 5- and 6-bit codes are unpacked in channel order.
   static int i8_channel(int bits, int C, int t) {
-    if (bits == 3 || bits == 5 || C == 1) return t;
+    if (bits == 3 || bits >= 5 || C == 1) return t;
     const int nb = C * bits / 8, k = 8 / bits;
     return k * (t % nb) + t / nb;
   }
@@ -455,7 +455,7 @@ struct Kernel {
           sum += v;
         }
       scale[r] = finite ? step * f.key_i8_step : __builtin_nanf("");
-      corr[r] = static_cast<float>(kI8Offset * sum);
+      corr[r] = static_cast<float>((f.key_wide ? 64 : 1) * kI8Offset * sum);
     }
   }
 
@@ -484,11 +484,57 @@ struct Kernel {
     }
   }
 
+  // 6-bit keys with two-byte levels (KernelFormat::key_wide): s = 64 X + Y, X and Y the integer
+  // products with the high and the low bytes (each below 2^24, so exact in float; 64 X + Y is
+  // one rounding, the same in every build).
+  template <int NR, class Pf>
+  static void scores_i8_wide(const int8_t* q, int d, const uint8_t* base, size_t stride, int nt, float* s,
+                             const uint8_t* hi, const uint8_t* lo, const Pf& pf) {
+    if constexpr (requires { I::template levels_wide<kI8WideBits>; }) {
+      const auto th = I::i8_table_wide(hi), tl = I::i8_table_wide(lo);
+      for (int j = 0; j < nt; ++j) {
+        pf(j, 1);
+        const uint8_t* p = base + static_cast<size_t>(j) * stride;
+        typename I::IV a[NR], b[NR];
+        for (int r = 0; r < NR; ++r) a[r] = b[r] = I::izero();
+        for (int i = 0; i < d; i += I::i8_block(kI8WideBits)) {
+          typename I::IV lh, ll;
+          I::template levels_wide<kI8WideBits>(p, i, th, tl, lh, ll);
+          for (int r = 0; r < NR; ++r) {
+            a[r] = I::dot_u8i8(a[r], lh, q + static_cast<size_t>(r) * d + i);
+            b[r] = I::dot_u8i8(b[r], ll, q + static_cast<size_t>(r) * d + i);
+          }
+        }
+        V fa[NR], fb[NR];
+        for (int r = 0; r < NR; ++r) {
+          fa[r] = I::i2f(a[r]);
+          fb[r] = I::i2f(b[r]);
+        }
+        float x[NR], y[NR];
+        reduce_rows<NR>(fa, x);
+        reduce_rows<NR>(fb, y);
+        for (int r = 0; r < NR; ++r) s[r * kTile + j] = 64.0f * x[r] + y[r];
+      }
+    }
+  }
+
   template <class Pf>
   static void scores_i8_rows(const KernelFormat& f, int R, const int8_t* q, const uint8_t* base, size_t stride,
                              int nt, float* s, const Pf& prefetch) {
     const auto none = [](int, int) {};
     const int d = f.dim;
+    if (f.key_wide) {  // 4 rows a pass: two accumulators each
+      for (int r0 = 0; r0 < R; r0 += 4)
+        with_rows<4>(kf_min(4, R - r0), [&](auto nr) {
+          constexpr int N = decltype(nr)::value;
+          const int8_t* qr = q + static_cast<size_t>(r0) * d;
+          if (r0 == 0)
+            scores_i8_wide<N>(qr, d, base, stride, nt, s + r0 * kTile, f.key_u8, f.key_lo, prefetch);
+          else
+            scores_i8_wide<N>(qr, d, base, stride, nt, s + r0 * kTile, f.key_u8, f.key_lo, none);
+        });
+      return;
+    }
     for (int r0 = 0; r0 < R; r0 += 8) {
       const int8_t* qr = q + static_cast<size_t>(r0) * d;
       float* sr = s + r0 * kTile;

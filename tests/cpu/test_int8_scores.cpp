@@ -36,12 +36,13 @@ namespace {
 using testing_util::gaussian;
 using testing_util::rel_error;
 
-// Whether the kernel at `level` scores 2-5-bit keys in int8 (kernel-*.cpp: i8_block).
-bool level_has_int8(SimdLevel level, int d) {
+// Whether the kernel at `level` scores keys of `bits` in int8 (kernel-*.cpp: i8_block; 6-bit
+// keys, in two-byte levels, on the scalar and AVX2 kernels only).
+bool level_has_int8(SimdLevel level, int d, int bits) {
   switch (level) {
     case SimdLevel::Scalar: return true;
     case SimdLevel::Avx2: return d % 32 == 0;
-    case SimdLevel::Avx512: return testing_util::avx512_has_int8() && d % 64 == 0;
+    case SimdLevel::Avx512: return testing_util::avx512_has_int8() && d % 64 == 0 && bits <= 5;
   }
   return false;
 }
@@ -77,7 +78,7 @@ void check(const Setup& c) {
   const Codebook& cb = *codec.key_codebook();
   float lmax = 0;
   for (float x : cb.levels_f32) lmax = std::max(lmax, std::fabs(x));
-  const double s_k = lmax / 63.0;
+  const double s_k = lmax / (f.key_bits == 6 ? 63.0 * 64 : 63.0);  // 6 bits: two-byte levels
   std::vector<double> y1(static_cast<size_t>(c.T) * c.H), norm(y1.size());
   std::vector<uint8_t> bytes(codec.key_bytes());
   std::vector<float> y(d);
@@ -133,7 +134,7 @@ void check(const Setup& c) {
                                          << row;
       err_max = std::max(err_max, err);
     }
-    if (level_has_int8(level, d)) {
+    if (level_has_int8(level, d, f.key_bits)) {
       EXPECT_GT(err_max, 1e-6) << "int8 scores not in use: " << c.format << " level " << simd_level_name(level);
       // The same integers at every level: equal to the scalar kernel's int8 scores.
       if (level == SimdLevel::Scalar)
@@ -156,7 +157,7 @@ void check_contract(const char* name, int d, int G, int T) {
   const Codebook& cb = *codec.key_codebook();
   float lmax = 0;
   for (float x : cb.levels_f32) lmax = std::max(lmax, std::fabs(x));
-  const float s_k = lmax / 63.0f;
+  const float s_k = lmax / (f.key_bits == 6 ? 63.0f * 64 : 63.0f);  // 6 bits: two-byte levels
   std::vector<float> vd(k.size());
   cache.decode(0, 0, T, false, vd.data());
   std::vector<float> want(q.size());
@@ -194,7 +195,7 @@ void check_contract(const char* name, int d, int G, int T) {
   testing_util::LevelGuard guard;
   testing_util::ScoresGuard int8(KeyScores::Int8Keys);  // fp32 value sums: the key contract alone
   for (SimdLevel level : testing_util::supported_levels()) {
-    if (!level_has_int8(level, d)) continue;
+    if (!level_has_int8(level, d, f.key_bits)) continue;
     set_simd_level(level);
     std::vector<float> out(q.size(), NAN);
     attention(cache, 0, q.data(), 1, T - 1, p, out.data());
@@ -203,13 +204,14 @@ void check_contract(const char* name, int d, int G, int T) {
 }
 
 TEST(Int8Scores, EveryLevelComputesTheContract) {
-  for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k2v2", "k5v3", "k5v5"})
+  for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k2v2", "k5v3", "k5v5", "k6v4"})
     for (int d : {64, 128, 256})
       for (int G : {1, 4, 9}) check_contract(name, d, G, 203);  // 203: a tile tail of 11 keys
 }
 
 TEST(Int8Scores, WithinTheQuantizationBoundAtEveryLevel) {
-  for (const char* name : {"turboquant_4bit_nc", "tq-k4v2", "turboquant_3bit_nc", "tq-k3v2", "tq-k2v2", "k5v4", "k5v2"})
+  for (const char* name : {"turboquant_4bit_nc", "tq-k4v2", "turboquant_3bit_nc", "tq-k3v2", "tq-k2v2", "k5v4", "k5v2",
+                           "k6v6"})
     for (int d : {64, 128, 256}) {
       check({name, d, 2, 8, 300, 1, 1.0f});   // decode, GQA 4:1
       check({name, d, 1, 3, 200, 7, 2.0f});   // causal chunk, GQA 3:1, larger scores
@@ -244,9 +246,9 @@ TEST(Int8Scores, ExactSwitchRestoresReferenceParity) {
   EXPECT_THROW(parse_key_scores("fp8"), Error);
 }
 
-// 6-bit codes stay exact in every mode (kernel.h kI8MaxBits): the int8 level grid is too coarse
-// for them. At every level, Int8 gives Exact's output bit for bit.
-TEST(Int8Scores, SixBitCodesStayExact) {
+// 6-bit values stay fp32 in every mode (kernel.h kI8MaxBits: the int8 grid is too coarse for
+// them): at every level, Int8 gives Int8Keys' output bit for bit.
+TEST(Int8Scores, SixBitValuesStayFp32) {
   const ContiguousCache cache = filled_cache("k6v6", 2, 128, 200, 5, nullptr);
   const auto q = gaussian(8 * 128, 7);
   AttentionParams p;
@@ -254,12 +256,12 @@ TEST(Int8Scores, SixBitCodesStayExact) {
   testing_util::LevelGuard levels;
   for (SimdLevel level : testing_util::supported_levels()) {
     set_simd_level(level);
-    std::vector<float> exact(q.size()), int8(q.size());
-    testing_util::ScoresGuard guard(KeyScores::Exact);
-    attention(cache, 0, q.data(), 1, 199, p, exact.data());
+    std::vector<float> keys(q.size()), int8(q.size());
+    testing_util::ScoresGuard guard(KeyScores::Int8Keys);
+    attention(cache, 0, q.data(), 1, 199, p, keys.data());
     set_key_scores(KeyScores::Int8);
     attention(cache, 0, q.data(), 1, 199, p, int8.data());
-    EXPECT_EQ(int8, exact) << simd_level_name(level);
+    EXPECT_EQ(int8, keys) << simd_level_name(level);
   }
 }
 
