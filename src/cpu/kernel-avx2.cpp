@@ -41,7 +41,7 @@ struct IsaAvx2 {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
   template <int B>
-  static IV levels_u8(const uint8_t* p, int i, const IT& table) {
+  [[gnu::always_inline]] static IV levels_u8(const uint8_t* p, int i, const IT& table) {
     const __m256i x = code_bytes<B>(p, i);
     if constexpr (B <= 4) {
       return _mm256_shuffle_epi8(table.lo, x);
@@ -60,7 +60,8 @@ struct IsaAvx2 {
   };
   static IT64 i8_table_wide(const uint8_t* t) { return {i8_table(t), i8_table(t + 32)}; }
   template <int B>
-  static void levels_wide(const uint8_t* p, int i, const IT64& hi, const IT64& lo, IV& h, IV& l) {
+  [[gnu::always_inline]] static void levels_wide(const uint8_t* p, int i, const IT64& hi, const IT64& lo, IV& h,
+                                                 IV& l) {
     static_assert(B == kI8WideBits, "two-byte levels are for 6-bit codes");
     const __m256i x = code_bytes<B>(p, i), bit4 = _mm256_slli_epi16(x, 3), bit5 = _mm256_slli_epi16(x, 2);
     const auto look = [&](const IT64& t) {
@@ -72,9 +73,11 @@ struct IsaAvx2 {
     l = look(lo);
   }
   // The codes of channels i .. i + 31 as bytes (2 and 4 bits: in the order above, only the low
-  // 4 bits meaningful; 3, 5 and 6 bits: channel order, nothing above the code).
+  // 4 bits meaningful; 3, 5 and 6 bits: channel order, nothing above the code). These helpers
+  // are forced inline: GCC left the 5- and 6-bit ones out of line, a call per 32 channels and
+  // key with the tables passed through memory.
   template <int B>
-  static __m256i code_bytes(const uint8_t* p, int i) {
+  [[gnu::always_inline]] static __m256i code_bytes(const uint8_t* p, int i) {
     if constexpr (B == 4) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i / 2));
       return _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1),
@@ -150,7 +153,7 @@ struct IsaAvx2 {
     return 16 * h + x;                              // 3 and 5 bits: channel order
   }
   template <int B>
-  static void levels_i8v(const uint8_t* const* p, int i, const IT& table, __m256i* t) {
+  [[gnu::always_inline]] static void levels_i8v(const uint8_t* const* p, int i, const IT& table, __m256i* t) {
     const __m256i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
     const __m256i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
     const __m256i lo01 = _mm256_unpacklo_epi8(l0, l1), hi01 = _mm256_unpackhi_epi8(l0, l1);
