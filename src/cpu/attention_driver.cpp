@@ -11,12 +11,16 @@ namespace tqkv::cpu {
 
 namespace {
 
+float max_abs_level(const Codebook& cb) {
+  float amax = 0.0f;
+  for (float x : cb.levels_f32) amax = std::max(amax, std::fabs(x));
+  return amax;
+}
+
 // 6-bit keys' levels in two bytes (kernel.h key_wide): L16 = round(level / step), step = max
 // |level| / (64 kI8LevelMax) (returned), hi[j] = floor(L16 / 64) + kI8Offset, lo[j] = L16 mod 64.
 float wide_levels(const Codebook& cb, uint8_t hi[64], uint8_t lo[64]) {
-  float amax = 0.0f;
-  for (float x : cb.levels_f32) amax = std::max(amax, std::fabs(x));
-  const float step = amax / static_cast<float>(64 * kI8LevelMax);
+  const float step = max_abs_level(cb) / static_cast<float>(64 * kI8LevelMax);
   for (int j = 0; j < 64; ++j) {
     const float x = std::nearbyint(cb.levels_f32[j % cb.size()] / step);
     const int l16 = static_cast<int>(std::clamp(x, -float{64 * kI8LevelMax}, float{64 * kI8LevelMax}));
@@ -30,9 +34,7 @@ float wide_levels(const Codebook& cb, uint8_t hi[64], uint8_t lo[64]) {
 // The codebook's levels as 7-bit integers, replicated every size() entries: out[j] =
 // round(level[j mod size] / step), step = max |level| / kI8LevelMax (returned).
 float int8_levels(const Codebook& cb, int8_t out[64]) {
-  float amax = 0.0f;
-  for (float x : cb.levels_f32) amax = std::max(amax, std::fabs(x));
-  const float step = amax / static_cast<float>(kI8LevelMax);
+  const float step = max_abs_level(cb) / static_cast<float>(kI8LevelMax);
   for (int j = 0; j < 64; ++j) {
     const float x = std::nearbyint(cb.levels_f32[j % cb.size()] / step);
     out[j] = static_cast<int8_t>(std::clamp(x, -float{kI8LevelMax}, float{kI8LevelMax}));

@@ -28,7 +28,7 @@ struct IsaAvx512 {
   static constexpr bool kHasI8 = true;
   using IV = __m512i;
   using IT = __m512i;
-  static constexpr int i8_block(int b) { return b >= 2 && b <= 5 ? 64 : 0; }
+  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8MaxBits ? 64 : 0; }
   static IT i8_table(const uint8_t* t) { return _mm512_loadu_si512(t); }
   static IV izero() { return _mm512_setzero_si512(); }
   static V i2f(IV a) { return _mm512_cvtepi32_ps(a); }
@@ -197,7 +197,7 @@ struct IsaAvx512 {
   // bytes 16-31) or 4j + q (2 bits). 3 and 5 bits: levels_u8 per key, interleaved by 8 unpacks:
   // position 16q + 4l + e (vector q, 128-bit lane l) holds channel 16l + 4q + e.
   static constexpr bool kI8Values = true;
-  static constexpr int i8v_block(int b) { return b >= 2 && b <= 5 ? 64 : 0; }
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= kI8MaxBits ? 64 : 0; }
   static IT i8v_table(const int8_t* t) { return _mm512_loadu_si512(t); }
   static int i8v_channel(int bits, int t) {
     const int q = t / 16, j = t % 16;

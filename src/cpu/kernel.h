@@ -81,10 +81,11 @@ inline constexpr float kExpWLog2e = 1.44269504088896341f;
 inline constexpr float kExpWPoly[5] = {1.0f, 0.6931241750717163f, 0.24024099111557007f, 0.05590646713972092f,
                                       0.009582855738699436f};
 
-// The widest Mse codes that take the int8 paths (keys and values). Past 5 bits the 7-bit level
-// grid (step max|level| / 63) is about as coarse as the codebook itself near zero: with 6-bit
-// codes int8 (SmolLM2-135M tq-4.375, whose recent window is 6-bit, and one k6v5 layer) moved the
-// mean KL from 0.0129 to 0.0142, where 5-bit codes in int8 left it at 0.0128 (docs/RESULTS.md).
+// The widest Mse codes that take the int8 paths with one-byte levels (values; keys up to here,
+// 6-bit keys in two bytes below). Past 5 bits the 7-bit level grid (step max|level| / 63) is
+// about as coarse as the codebook itself near zero: 6-bit codes in it (SmolLM2-135M tq-4.375,
+// whose recent window is 6-bit, and one k6v5 layer) moved the mean KL from 0.0129 to 0.0142,
+// where 5-bit codes in int8 left it at 0.0128 (docs/RESULTS.md).
 inline constexpr int kI8MaxBits = 5;
 // 6-bit keys take the int8 scores with their levels in two bytes (KernelFormat::key_wide): the
 // same query rounding, a level grid 64 times finer, two products instead of one.
