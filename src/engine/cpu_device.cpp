@@ -11,12 +11,24 @@
 #include "cpu_kv_cache.h"
 #include "dequant.h"
 #include "gguf.h"
+#include "q5_0_groups.h"
 #include "qgemv.h"
 #include "sampler.h"
 #include "cpu/thread_pool.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
+namespace {
+
+// Rows [r0, r0 + n) of a blocks-only matrix as float32.
+void dequantize_rows(const CpuMatrix& m, size_t r0, int n, float* dst) {
+  const uint8_t* src = m.q.data() + r0 * m.row_bytes;
+  const int64_t count = static_cast<int64_t>(n) * m.cols();
+  if (m.qtype == kQ5_0Groups) return dequantize_q5_0_groups(src, static_cast<size_t>(n), m.cols(), dst);
+  dequantize(m.qtype, src, dst, count);
+}
+
+}  // namespace
 
 DeviceBuffer CpuDevice::alloc(size_t n) {
   float* p = n ? static_cast<float*>(std::malloc(n * sizeof(float))) : nullptr;
@@ -46,8 +58,14 @@ std::unique_ptr<DeviceMatrix> CpuDevice::load_matrix(const GgufTensor& t, int ro
   }
   check_tensor_shape(t, cols, rows);  // cols is a whole number of blocks: the GGUF reader checked ne[0]
   m->qtype = t.type;
-  m->q.assign(t.data, t.data + t.nbytes);
   m->row_bytes = t.nbytes / rows;
+  if (t.type == static_cast<uint32_t>(TensorType::Q5_0) && pack_q5_0_by_default()) {
+    m->qtype = kQ5_0Groups;
+    m->q.resize(t.nbytes);
+    pack_q5_0_rows(t.data, static_cast<size_t>(rows), cols, m->q.data());
+  } else {
+    m->q.assign(t.data, t.data + t.nbytes);
+  }
   return m;
 }
 
@@ -60,7 +78,7 @@ void CpuDevice::embed(const DeviceMatrix& table, const int32_t* tokens, int n, f
     if (m.q.empty()) {
       std::memcpy(xt, &m.f32[r * d], d * sizeof(float));
     } else {
-      dequantize(m.qtype, m.q.data() + r * m.row_bytes, xt, d);
+      dequantize_rows(m, r, 1, xt);
     }
     if (scale != 1.0f)
       for (int i = 0; i < d; ++i) xt[i] *= scale;
@@ -96,8 +114,7 @@ void CpuDevice::matmul(const float* x, int n, const DeviceMatrix& wm, float* y, 
       for (int t0 = o0; t0 < o1; t0 += tile) {
         const int tm = std::min(tile, o1 - t0);
         scratch.resize(static_cast<size_t>(tm) * in);
-        dequantize(w.qtype, w.q.data() + static_cast<size_t>(t0) * w.row_bytes, scratch.data(),
-                   static_cast<int64_t>(tm) * in);
+        dequantize_rows(w, static_cast<size_t>(t0), tm, scratch.data());
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, tm, in, 1.0f, x, in, scratch.data(), in, 0.0f, y + t0,
                     out);
       }

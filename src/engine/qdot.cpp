@@ -96,6 +96,7 @@ void quantize_rows(const float* x, int n, int cols, QdotBuffers& out, bool block
     out.x4n.clear();
     out.xd8.clear();
     out.xs.clear();
+    out.xd.clear();
     return;
   }
   const size_t nb = static_cast<size_t>(cols) / 32, total = static_cast<size_t>(n) * cols;
@@ -103,6 +104,7 @@ void quantize_rows(const float* x, int n, int cols, QdotBuffers& out, bool block
   out.x4n.resize(total / 4);
   out.xd8.resize(total / 4);
   out.xs.resize(static_cast<size_t>(n) * nb);
+  out.xd.resize(static_cast<size_t>(n) * nb);
   for (size_t b = 0; b < static_cast<size_t>(n) * nb; ++b) {
     const float* xb = x + 32 * b;
     const float d = block_scale(xb, 32);
@@ -118,6 +120,7 @@ void quantize_rows(const float* x, int n, int cols, QdotBuffers& out, bool block
       out.xd8[8 * b + l] = d;
     }
     out.xs[b] = d * static_cast<float>(sum);
+    out.xd[b] = d;
   }
 }
 

@@ -135,13 +135,14 @@ struct QdotRows {
   const float* xkd;   // [n, cols / 256]
   const int16_t* xkb; // [n, cols / 16]
   const int16_t* xku; // [n, cols / 16]
+  const float* xd;    // [n, cols / 32]: xd[b] once (Q5_0 in groups: eight blocks' scales at once)
 };
 
 // The quantized rows of one product, and quantize_rows (qdot.cpp) which fills them.
 struct QdotBuffers {
   std::vector<int8_t> xq, xk;
   std::vector<int32_t> x4n;
-  std::vector<float> xd8, xs, xkd;
+  std::vector<float> xd8, xs, xkd, xd;
   std::vector<int16_t> xkb, xku;
   QdotRows rows(int t, int cols) const {
     const size_t c = static_cast<size_t>(t) * cols;
@@ -149,10 +150,11 @@ struct QdotBuffers {
     return {q ? xq.data() + c : nullptr,      q ? x4n.data() + c / 4 : nullptr,
             q ? xd8.data() + c / 4 : nullptr, q ? xs.data() + c / 32 : nullptr,
             k ? xk.data() + c : nullptr,      k ? xkd.data() + c / 256 : nullptr,
-            k ? xkb.data() + c / 16 : nullptr, k ? xku.data() + c / 16 : nullptr};
+            k ? xkb.data() + c / 16 : nullptr, k ? xku.data() + c / 16 : nullptr,
+            q ? xd.data() + c / 32 : nullptr};
   }
 };
-// blocks32: also the per-32 rows (xq, x4n, xd8, xs; always where cols is not a multiple of 256),
+// blocks32: also the per-32 rows (xq, x4n, xd8, xs, xd; always where cols is not a multiple of 256),
 // else those are left empty.
 void quantize_rows(const float* x, int n, int cols, QdotBuffers& out, bool blocks32 = true);
 
@@ -169,6 +171,9 @@ using QdotFn = void (*)(const QdotArgs& a);
 
 struct QdotKernels {
   QdotFn q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
+  // Q5_0 in groups of eight blocks (q5_0_groups.h), where the ISA reads that layout; else
+  // nullptr, and qgemm restores the GGUF layout for q5_0.
+  QdotFn q5_0_groups = nullptr;
 };
 
 #define TQKV_QDOT_ENTRY(K) \
