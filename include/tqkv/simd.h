@@ -33,8 +33,9 @@ void set_simd_level(SimdLevel level);
 // softmax weights (times the value's scale) are rounded per tile of keys and query row to u8
 // (step max weight / 255), the value levels to 7-bit integers (Mse: max|level| / 63; Uniform:
 // 2 * code - (2^bits - 1), exact), and each tile's sums are integer products in int32. 6-bit keys
-// score in int8 with their levels in two bytes (a 64 times finer grid, two products: kernel.h
-// kI8WideBits); 6-bit values and wider codes stay fp32 (kI8MaxBits). Int8Keys:
+// and values take int8 with their levels in two bytes (a 64 times finer grid, two products:
+// kernel.h kI8WideBits; values on AVX2 and the scalar kernel, fp32 on AVX-512); wider codes
+// stay fp32 (kI8MaxBits). Int8Keys:
 // int8 key scores, fp32 value sums. Exact: fp32 products, equal to the scalar reference within
 // 1e-5 (the reference tests use it). TQKV_SCORES=int8|int8-keys|exact (read once, at first use)
 // or set_key_scores(). Kernels without an int8 path (AVX-512 without VNNI + VBMI, head dims

@@ -17,8 +17,9 @@ float max_abs_level(const Codebook& cb) {
   return amax;
 }
 
-// 6-bit keys' levels in two bytes (kernel.h key_wide): L16 = round(level / step), step = max
-// |level| / (64 kI8LevelMax) (returned), hi[j] = floor(L16 / 64) + kI8Offset, lo[j] = L16 mod 64.
+// 6-bit keys' and values' levels in two bytes (kernel.h key_wide, value_wide): L16 =
+// round(level / step), step = max |level| / (64 kI8LevelMax) (returned), hi[j] = floor(L16 /
+// 64) + kI8Offset, lo[j] = L16 mod 64.
 float wide_levels(const Codebook& cb, uint8_t hi[64], uint8_t lo[64]) {
   const float step = max_abs_level(cb) / static_cast<float>(64 * kI8LevelMax);
   for (int j = 0; j < 64; ++j) {
@@ -74,8 +75,16 @@ KernelFormat kernel_format(const SlotCodec& codec) {
     for (int j = 0; j < 64; ++j) k.key_u8[j] = static_cast<uint8_t>(l8[j] + kI8Offset);
   }
   k.int8_values = f.value_bits >= 2 && mode == KeyScores::Int8 &&
-                  ((f.value == ValueCodec::Mse && f.value_bits <= kI8MaxBits) || (f.value == ValueCodec::Uniform && f.value_bits <= 4));
-  if (k.int8_values) {
+                  ((f.value == ValueCodec::Mse && f.value_bits <= kI8WideBits) || (f.value == ValueCodec::Uniform && f.value_bits <= 4));
+  k.value_wide = k.int8_values && f.value == ValueCodec::Mse && f.value_bits == kI8WideBits;
+  if (k.value_wide) {
+    uint8_t hi[64], lo[64];
+    k.value_i8_step = wide_levels(*codec.value_codebook(), hi, lo);
+    for (int j = 0; j < 64; ++j) {
+      k.value_i8[j] = static_cast<int8_t>(hi[j] - kI8Offset);
+      k.value_lo[j] = static_cast<int8_t>(lo[j]);
+    }
+  } else if (k.int8_values) {
     const int n = 1 << f.value_bits;
     if (f.value == ValueCodec::Uniform) {  // code - mid = (2 code - (n - 1)) / 2: exact
       k.value_i8_step = 0.5f;

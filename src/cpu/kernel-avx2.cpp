@@ -144,24 +144,43 @@ struct IsaAvx2 {
   // GQA 3: 5-15% faster per step than 2 + 1).
   static constexpr bool kI8Values = true;
   static constexpr int kI8vRows = 3;
-  static constexpr int i8v_block(int b) { return b >= 2 && b <= kI8MaxBits ? 32 : 0; }
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= kI8WideBits ? 32 : 0; }
   static IT i8v_table(const int8_t* t) { return i8_table(t); }
+  // 6-bit values (kernel.h value_wide): the high and the low bytes' 64-entry tables.
+  struct IT64x2 {
+    IT64 h, lo;
+  };
+  static IT64x2 i8v_table_wide(const int8_t* h, const int8_t* lo) {
+    return {i8_table_wide(reinterpret_cast<const uint8_t*>(h)), i8_table_wide(reinterpret_cast<const uint8_t*>(lo))};
+  }
   static int i8v_channel(int bits, int t) {
     const int x = 4 * (t / 8) + t % 4, h = (t % 8) / 4;
     if (bits == 4) return 2 * x + h;                // lane 0: low nibbles, lane 1: high nibbles
     if (bits == 2) return 4 * (x % 8) + 2 * h + x / 8;  // qword m of the 8 bytes shifted by 2m
-    return 16 * h + x;                              // 3 and 5 bits: channel order
+    return 16 * h + x;                              // 3, 5 and 6 bits: channel order
   }
-  template <int B>
-  [[gnu::always_inline]] static void levels_i8v(const uint8_t* const* p, int i, const IT& table, __m256i* t) {
-    const __m256i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
-    const __m256i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
-    const __m256i lo01 = _mm256_unpacklo_epi8(l0, l1), hi01 = _mm256_unpackhi_epi8(l0, l1);
-    const __m256i lo23 = _mm256_unpacklo_epi8(l2, l3), hi23 = _mm256_unpackhi_epi8(l2, l3);
+  // Four keys' level bytes l[4] into t[4]: vector q, lane h, dword e = byte 4q + e of lane h.
+  [[gnu::always_inline]] static void interleave_i8v(const __m256i* l, __m256i* t) {
+    const __m256i lo01 = _mm256_unpacklo_epi8(l[0], l[1]), hi01 = _mm256_unpackhi_epi8(l[0], l[1]);
+    const __m256i lo23 = _mm256_unpacklo_epi8(l[2], l[3]), hi23 = _mm256_unpackhi_epi8(l[2], l[3]);
     t[0] = _mm256_unpacklo_epi16(lo01, lo23);
     t[1] = _mm256_unpackhi_epi16(lo01, lo23);
     t[2] = _mm256_unpacklo_epi16(hi01, hi23);
     t[3] = _mm256_unpackhi_epi16(hi01, hi23);
+  }
+  template <int B>
+  [[gnu::always_inline]] static void levels_i8v(const uint8_t* const* p, int i, const IT& table, __m256i* t) {
+    const __m256i l[4] = {levels_u8<B>(p[0], i, table), levels_u8<B>(p[1], i, table), levels_u8<B>(p[2], i, table),
+                          levels_u8<B>(p[3], i, table)};
+    interleave_i8v(l, t);
+  }
+  template <int B>
+  [[gnu::always_inline]] static void levels_i8v_wide(const uint8_t* const* p, int i, const IT64x2& table, __m256i* th,
+                                                     __m256i* tl) {
+    __m256i h[4], l[4];
+    for (int k = 0; k < 4; ++k) levels_wide<B>(p[k], i, table.h, table.lo, h[k], l[k]);
+    interleave_i8v(h, th);
+    interleave_i8v(l, tl);
   }
   // 8 weights to bytes: nearest-even, clamped to 0 .. 255 (as the AVX-512 build's vpmovusdb
   // after a max with 0: NaN converts to INT_MIN and becomes 0 in both).
@@ -173,6 +192,10 @@ struct IsaAvx2 {
   // acc + the sums of the four u8 weights of wb (a dword) times the four s8 levels of t.
   static IV dot_u8v(IV acc, IV wb, IV t) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wb, t), _mm256_set1_epi16(1)));
+  }
+  // The same with 64 times the products (the high bytes of two-byte levels; |pair| * 64 < 2^21).
+  static IV dot_u8v64(IV acc, IV wb, IV t) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wb, t), _mm256_set1_epi16(64)));
   }
   static IV set1_u32(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
   static V zero() { return _mm256_setzero_ps(); }

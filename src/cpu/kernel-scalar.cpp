@@ -38,23 +38,30 @@ struct IsaScalar {
   }
   // Int8 value sums (kernel_impl.h) one channel at a time, in channel order.
   static constexpr bool kI8Values = true;
-  static constexpr int i8v_block(int b) { return b >= 2 && b <= kI8MaxBits ? 1 : 0; }
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= kI8WideBits ? 1 : 0; }
   static const int8_t* i8v_table(const int8_t* t) { return t; }
+  // 6-bit values (kernel.h value_wide): level 64 H + Lo from the two tables.
+  struct WideTable {
+    const int8_t *h, *lo;
+  };
+  static WideTable i8v_table_wide(const int8_t* h, const int8_t* lo) { return {h, lo}; }
+  static int value_level(const int8_t* t, unsigned c) { return t[c]; }
+  static int value_level(const WideTable& t, unsigned c) { return 64 * t.h[c] + t.lo[c]; }
   static int i8v_channel(int, int t) { return t; }
   static void store_u8(uint8_t* p, V x) {
     const float y = std::nearbyint(x);  // nearest-even, as vcvtps2dq
     *p = static_cast<uint8_t>(y > static_cast<float>(kI8WeightMax) ? kI8WeightMax : y > 0.0f ? y : 0.0f);
   }
-  template <int NR, int B>
+  template <int NR, int B, class Table>
   static void values_i8_tile(float* acc, int d, const ValueRun* vr, int nv, const uint8_t* w8, const float* alpha,
-                             const float* scale, const int8_t* table) {
+                             const float* scale, const Table& table) {
     for (int r = 0; r < NR; ++r)
       for (int c = 0; c < d; ++c) {
         int32_t sum = 0;
         for (int g = 0; g < nv; ++g)
           for (int j = 0; j < vr[g].n; ++j)
             sum += w8[r * kTile + vr[g].off + j] *
-                   table[unpack_one(vr[g].base + static_cast<size_t>(j) * vr[g].stride, c, B)];
+                   value_level(table, unpack_one(vr[g].base + static_cast<size_t>(j) * vr[g].stride, c, B));
         float& a = acc[static_cast<size_t>(r) * d + c];
         a = std::fma(static_cast<float>(sum), scale[r], a * alpha[r]);
       }

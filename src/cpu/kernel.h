@@ -52,14 +52,20 @@ struct KernelFormat {
   // 64 X + Y (X, Y the int8 dot products with the two bytes), its offset 64 kI8Offset sum q8.
   bool key_wide;
   uint8_t key_lo[64];
-  // Int8 value sums (KeyScores::Int8; kernel_impl.h "Int8 values"): on for 2-5-bit Mse and
+  // Int8 value sums (KeyScores::Int8; kernel_impl.h "Int8 values"): on for 2-6-bit Mse and
   // 2-4-bit Uniform values; a kernel without the path for these bits and head dim sums in fp32.
   //   value_i8[j] = round(level[j mod 2^bits] / value_i8_step), |.| <= kI8LevelMax (Mse:
   //   value_i8_step = max_j |level[j]| / kI8LevelMax; Uniform: 2 (j mod 2^bits) - (2^bits - 1),
   //   value_i8_step = 1/2, so that value_i8_step * value_i8[code] = code - mid exactly).
+  // 6-bit Mse values (kI8WideBits) take two-byte levels, as 6-bit keys do: L16[j] =
+  // round(level[j] / value_i8_step) = 64 H + Lo, value_i8_step = max_j |level[j]| / (64
+  // kI8LevelMax), value_i8 holding H (in [-63, 63]) and value_lo Lo (in [0, 63]); a channel's
+  // sum is 64 sum(u8 H) + sum(u8 Lo), exact in int32 (below 64 * 255 * 4032 < 2^26 a tile).
   bool int8_values;
+  bool value_wide;
   float value_i8_step;
   int8_t value_i8[64];
+  int8_t value_lo[64];
   size_t key_code_bytes;    // bytes of one token's key codes / elements (prefetch size)
   size_t value_code_bytes;
 };
@@ -87,8 +93,9 @@ inline constexpr float kExpWPoly[5] = {1.0f, 0.6931241750717163f, 0.240240991115
 // whose recent window is 6-bit, and one k6v5 layer) moved the mean KL from 0.0129 to 0.0142,
 // where 5-bit codes in int8 left it at 0.0128 (docs/RESULTS.md).
 inline constexpr int kI8MaxBits = 5;
-// 6-bit keys take the int8 scores with their levels in two bytes (KernelFormat::key_wide): the
-// same query rounding, a level grid 64 times finer, two products instead of one.
+// 6-bit keys and values take the int8 paths with their levels in two bytes
+// (KernelFormat::key_wide, value_wide): the same query or weight rounding, a level grid 64
+// times finer, two products instead of one.
 inline constexpr int kI8WideBits = 6;
 
 // Int8 scores: |q8| <= 127 (per query row, step max|q| / 127) and |L8| <= 63, so that the

@@ -329,7 +329,8 @@ struct Kernel {
   // The SIMD builds' int8 value sums of one tile for NR rows, blocks of 4 vectors (4W channels,
   // i8v_block): levels_i8v<B>(p[4], i, table, t[4]) gives four keys' levels with a 32-bit lane
   // per channel and a byte per key, dot_u8v(acc, w, t) adds the four u8 weights (one dword,
-  // set1_u32) times them per lane.
+  // set1_u32) times them per lane. 6-bit values: levels_i8v_wide gives the high and the low
+  // bytes, and dot_u8v64 adds 64 times the high bytes' products.
   template <int NR, int B, class IT>
   [[gnu::noinline]] static void values_i8_tile(float* acc, int d, const ValueRun* vr, int nv, const uint8_t* w8,
                                                const float* alpha, const float* scale, IT table) {
@@ -350,13 +351,20 @@ struct Kernel {
             const uint32_t wmask = n == 4 ? ~0u : (1u << (8 * n)) - 1u;
             const uint8_t* p[4];
             for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
-            IV t[4];
-            I::template levels_i8v<B>(p, i, table, t);
+            IV t[4], lo[4];  // lo: the low bytes of two-byte levels (value_wide)
+            if constexpr (B == kI8WideBits)
+              I::template levels_i8v_wide<B>(p, i, table, t, lo);
+            else
+              I::template levels_i8v<B>(p, i, table, t);
             for (int r = 0; r < NR; ++r) {
               uint32_t w4;
               std::memcpy(&w4, wg + r * kTile + j, 4);
               const IV wb = I::set1_u32(w4 & wmask);
-              for (int q = 0; q < 4; ++q) a[r][q] = I::dot_u8v(a[r][q], wb, t[q]);
+              for (int q = 0; q < 4; ++q)
+                if constexpr (B == kI8WideBits)
+                  a[r][q] = I::dot_u8v(I::dot_u8v64(a[r][q], wb, t[q]), wb, lo[q]);
+                else
+                  a[r][q] = I::dot_u8v(a[r][q], wb, t[q]);
             }
           }
         }
@@ -371,6 +379,15 @@ struct Kernel {
     }
   }
 
+  // The int8 value table(s) of B-bit codes as the traits hold them (two for 6-bit values).
+  template <int B>
+  static auto value_table(const KernelFormat& f) {
+    if constexpr (B == kI8WideBits)
+      return I::i8v_table_wide(f.value_i8, f.value_lo);
+    else
+      return I::i8v_table(f.value_i8);
+  }
+
   static void values_i8_rows(const KernelFormat& f, int R, float* acc, const ValueRun* vr, int nv, const uint8_t* w8,
                              const float* alpha, const float* scale) {
     if constexpr (has_i8_values<I>()) {
@@ -381,7 +398,8 @@ struct Kernel {
         // Three rows a pass (AVX2) spill the third row's accumulators but decode each key's
         // levels once for three rows: faster where it saves a pass (3 rows: one pass, not 2 + 1),
         // slower than 2 + 2 for 4 (d = 128: +3-9%). So 3 where what is left is a multiple of 3
-        // or odd (then 2s), else 2.
+        // or odd (then 2s), else 2. (6-bit values, twice the level vectors: the same rule; at
+        // GQA 3 one pass of 3 beat 2 + 1 by 20%, and 2 + 1 beat 1 + 1 + 1 by 15%.)
         if (kRows == 3 && n == 3 && (R - r0) % 3 != 0 && (R - r0) % 2 == 0) n = 2;
         with_rows<kRows>(n, [&](auto nr) {
           constexpr int N = decltype(nr)::value;
@@ -391,15 +409,16 @@ struct Kernel {
               return;  // no int8 value path for B bits in this build (i8v_block(f) was 0)
             else if constexpr (W == 1)
               I::template values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, vr, nv, w8 + r0 * kTile,
-                                               alpha + r0, scale + r0, I::i8v_table(f.value_i8));
+                                               alpha + r0, scale + r0, value_table<B>(f));
             else
               values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, vr, nv, w8 + r0 * kTile, alpha + r0,
-                                   scale + r0, I::i8v_table(f.value_i8));
+                                   scale + r0, value_table<B>(f));
           };
           switch (f.value_bits) {
             case 2: return go(std::integral_constant<int, 2>{});
             case 3: return go(std::integral_constant<int, 3>{});
             case 5: return go(std::integral_constant<int, 5>{});
+            case 6: return go(std::integral_constant<int, 6>{});
             default: return go(std::integral_constant<int, 4>{});
           }
         });

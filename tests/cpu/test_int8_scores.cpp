@@ -246,9 +246,9 @@ TEST(Int8Scores, ExactSwitchRestoresReferenceParity) {
   EXPECT_THROW(parse_key_scores("fp8"), Error);
 }
 
-// 6-bit values stay fp32 in every mode (kernel.h kI8MaxBits: the int8 grid is too coarse for
-// them): at every level, Int8 gives Int8Keys' output bit for bit.
-TEST(Int8Scores, SixBitValuesStayFp32) {
+// 6-bit values take two-byte int8 levels where the build has them (scalar, AVX2: Int8 differs
+// from Int8Keys' fp32 sums, by little) and stay fp32 where it does not (AVX-512: bit for bit).
+TEST(Int8Scores, SixBitValuesTakeTwoByteLevelsWhereTheBuildHasThem) {
   const ContiguousCache cache = filled_cache("k6v6", 2, 128, 200, 5, nullptr);
   const auto q = gaussian(8 * 128, 7);
   AttentionParams p;
@@ -261,7 +261,12 @@ TEST(Int8Scores, SixBitValuesStayFp32) {
     attention(cache, 0, q.data(), 1, 199, p, keys.data());
     set_key_scores(KeyScores::Int8);
     attention(cache, 0, q.data(), 1, 199, p, int8.data());
-    EXPECT_EQ(int8, keys) << simd_level_name(level);
+    if (level == SimdLevel::Avx512) {
+      EXPECT_EQ(int8, keys);
+    } else {
+      EXPECT_NE(int8, keys) << simd_level_name(level);
+      EXPECT_LT(testing_util::rel_error(int8, keys), 1e-2) << simd_level_name(level);
+    }
   }
 }
 

@@ -30,12 +30,13 @@ namespace {
 using testing_util::gaussian;
 using testing_util::rel_error;
 
-// Whether the kernel at `level` sums 2-5-bit values in int8 (kernel-*.cpp: i8v_block).
-bool level_has_int8_values(SimdLevel level, int d) {
+// Whether the kernel at `level` sums `bits`-bit values in int8 (kernel-*.cpp: i8v_block): 2-6
+// bits on the scalar and AVX2 builds, 2-5 on AVX-512.
+bool level_has_int8_values(SimdLevel level, int d, int bits) {
   switch (level) {
     case SimdLevel::Scalar: return true;
     case SimdLevel::Avx2: return d % 32 == 0;
-    case SimdLevel::Avx512: return testing_util::avx512_has_int8() && d % 64 == 0;
+    case SimdLevel::Avx512: return testing_util::avx512_has_int8() && d % 64 == 0 && bits <= 5;
   }
   return false;
 }
@@ -63,11 +64,11 @@ ValueTable value_table(const SlotCodec& codec) {
   if (f.value == ValueCodec::Uniform) {
     t.step = 0.5f;
     for (int j = 0; j < n; ++j) t.l8.push_back(2 * j - (n - 1));
-  } else {
+  } else {  // 6 bits: two-byte levels, a grid 64 times finer (kernel.h value_wide)
     const Codebook& cb = *codec.value_codebook();
     float amax = 0;
     for (float x : cb.levels_f32) amax = std::max(amax, std::fabs(x));
-    t.step = amax / 63.0f;
+    t.step = amax / (f.value_bits == 6 ? 64.0f * 63.0f : 63.0f);
     for (int j = 0; j < n; ++j) t.l8.push_back(static_cast<int>(std::nearbyint(cb.levels_f32[j] / t.step)));
   }
   return t;
@@ -149,7 +150,7 @@ void check_contract(const char* name, int d, int G, int T, int n_q) {
   testing_util::ScoresGuard int8(KeyScores::Int8);
   std::vector<float> scalar_out;
   for (SimdLevel level : testing_util::supported_levels()) {
-    if (!level_has_int8_values(level, d)) continue;
+    if (!level_has_int8_values(level, d, codec.format().value_bits)) continue;
     set_simd_level(level);
     std::vector<float> out(q.size(), NAN);
     attention(cache, 0, q.data(), n_q, pos0, p, out.data());
@@ -163,7 +164,8 @@ void check_contract(const char* name, int d, int G, int T, int n_q) {
 }
 
 TEST(Int8Values, EveryLevelComputesTheContract) {
-  for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k4v2", "tq-k2v3", "tq-k3v4", "k2v5", "k6v5"})
+  for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k4v2", "tq-k2v3", "tq-k3v4", "k2v5", "k6v5", "k2v6",
+                           "k6v6"})
     for (int d : {64, 128, 256}) {
       for (int G : {1, 4, 6}) check_contract(name, d, G, 203, 3);  // 203: tile tails of 9-11 keys
       check_contract(name, d, 7, 203, 1);  // 7 rows: passes of 3, 2, 2 (AVX2); 12, 18: of 3
@@ -247,7 +249,7 @@ void check_bound(const char* name, int d, int H, int Hq, int T, int n_q, float s
           << name << " d " << d << " level " << simd_level_name(level) << " row " << row;
       err_max = std::max(err_max, err);
     }
-    if (level_has_int8_values(level, d)) {
+    if (level_has_int8_values(level, d, f.value_bits)) {
       EXPECT_GT(err_max, 1e-6) << "int8 values not in use: " << name << " level " << simd_level_name(level);
       if (level == SimdLevel::Scalar)
         scalar_out = out;
@@ -259,7 +261,7 @@ void check_bound(const char* name, int d, int H, int Hq, int T, int n_q, float s
 }
 
 TEST(Int8Values, WithinTheRoundingBoundAtEveryLevel) {
-  for (const char* name : {"turboquant_k8v4", "k7v2", "k8v3", "k7v5", "k8v5"})
+  for (const char* name : {"turboquant_k8v4", "k7v2", "k8v3", "k7v5", "k8v5", "k8v6"})
     for (int d : {64, 128, 256}) {
       check_bound(name, d, 2, 8, 300, 1, 1.0f);  // decode, GQA 4:1
       check_bound(name, d, 1, 3, 200, 7, 2.0f);  // causal chunk, GQA 3:1, sharper weights
@@ -284,7 +286,7 @@ void check_switch_and_non_finite() {
   set_key_scores(KeyScores::Int8);
   attention(cache, 0, q.data(), 1, 255, p, int8.data());
   EXPECT_EQ(keys, exact);  // fp8 keys: no int8 scores
-  if (level_has_int8_values(active_simd_level(), 128)) {
+  if (level_has_int8_values(active_simd_level(), 128, 4)) {
     EXPECT_GT(rel_error(int8, exact), 1e-6);
   }
   EXPECT_LT(rel_error(int8, exact), 1e-2);
