@@ -40,6 +40,19 @@ struct IsaAvx2 {
     const __m256i pairs = _mm256_maddubs_epi16(u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
+  // acc + 64 * (h . q) + (l . q) per lane (6-bit keys' two level bytes; kernel.h key_wide).
+  static IV dot_u8i8_wide(IV acc, IV h, IV l, const int8_t* q) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(h, x), _mm256_set1_epi16(64));
+    const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(l, x), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, _mm256_add_epi32(hi, lo));
+  }
+  // The four vectors' lane sums (exact).
+  static void reduce4_i(IV a, IV b, IV c, IV d, int32_t* out) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                     _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+  }
   template <int B>
   [[gnu::always_inline]] static IV levels_u8(const uint8_t* p, int i, const IT& table) {
     const __m256i x = code_bytes<B>(p, i);

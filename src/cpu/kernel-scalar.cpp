@@ -25,6 +25,13 @@ struct IsaScalar {
   static IV izero() { return 0; }
   static V i2f(IV a) { return static_cast<float>(a); }
   static IV dot_u8i8(IV acc, IV u, const int8_t* q) { return acc + u * q[0]; }
+  static IV dot_u8i8_wide(IV acc, IV h, IV l, const int8_t* q) { return acc + 64 * h * q[0] + l * q[0]; }
+  static void reduce4_i(IV a, IV b, IV c, IV d, int32_t* out) {
+    out[0] = a;
+    out[1] = b;
+    out[2] = c;
+    out[3] = d;
+  }
   template <int B>
   static IV levels_u8(const uint8_t* p, int i, IT table) {
     return table[unpack_one(p, i, B)];

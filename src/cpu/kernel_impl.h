@@ -504,8 +504,9 @@ struct Kernel {
   }
 
   // 6-bit keys with two-byte levels (KernelFormat::key_wide): s = 64 X + Y, X and Y the integer
-  // products with the high and the low bytes (each below 2^24, so exact in float; 64 X + Y is
-  // one rounding, the same in every build).
+  // products with the high and the low bytes, summed as one integer per row (|64 X + Y| < 2^31:
+  // dot_u8i8_wide) and converted once, so every build gives the same float (round(64 X + Y)).
+  // One accumulator a row: up to 8 rows a pass, the levels decoded once for all of them.
   template <int NR, class Pf>
   static void scores_i8_wide(const int8_t* q, int d, const uint8_t* base, size_t stride, int nt, float* s,
                              const uint8_t* hi, const uint8_t* lo, const Pf& pf) {
@@ -514,25 +515,16 @@ struct Kernel {
       for (int j = 0; j < nt; ++j) {
         pf(j, 1);
         const uint8_t* p = base + static_cast<size_t>(j) * stride;
-        typename I::IV a[NR], b[NR];
-        for (int r = 0; r < NR; ++r) a[r] = b[r] = I::izero();
+        typename I::IV a[NR];
+        for (int r = 0; r < NR; ++r) a[r] = I::izero();
         for (int i = 0; i < d; i += I::i8_block(kI8WideBits)) {
           typename I::IV lh, ll;
           I::template levels_wide<kI8WideBits>(p, i, th, tl, lh, ll);
-          for (int r = 0; r < NR; ++r) {
-            a[r] = I::dot_u8i8(a[r], lh, q + static_cast<size_t>(r) * d + i);
-            b[r] = I::dot_u8i8(b[r], ll, q + static_cast<size_t>(r) * d + i);
-          }
+          for (int r = 0; r < NR; ++r) a[r] = I::dot_u8i8_wide(a[r], lh, ll, q + static_cast<size_t>(r) * d + i);
         }
-        V fa[NR], fb[NR];
-        for (int r = 0; r < NR; ++r) {
-          fa[r] = I::i2f(a[r]);
-          fb[r] = I::i2f(b[r]);
-        }
-        float x[NR], y[NR];
-        reduce_rows<NR>(fa, x);
-        reduce_rows<NR>(fb, y);
-        for (int r = 0; r < NR; ++r) s[r * kTile + j] = 64.0f * x[r] + y[r];
+        int32_t x[NR];
+        reduce_rows_i<NR>(a, x);
+        for (int r = 0; r < NR; ++r) s[r * kTile + j] = static_cast<float>(x[r]);
       }
     }
   }
@@ -542,9 +534,9 @@ struct Kernel {
                              int nt, float* s, const Pf& prefetch) {
     const auto none = [](int, int) {};
     const int d = f.dim;
-    if (f.key_wide) {  // 4 rows a pass: two accumulators each
-      for (int r0 = 0; r0 < R; r0 += 4)
-        with_rows<4>(kf_min(4, R - r0), [&](auto nr) {
+    if (f.key_wide) {  // 8 rows a pass, as below
+      for (int r0 = 0; r0 < R; r0 += 8)
+        with_rows<8>(kf_min(8, R - r0), [&](auto nr) {
           constexpr int N = decltype(nr)::value;
           const int8_t* qr = q + static_cast<size_t>(r0) * d;
           if (r0 == 0)
@@ -581,6 +573,18 @@ struct Kernel {
           default: return go(std::integral_constant<int, 4>{});
         }
       });
+    }
+  }
+
+  // reduce_rows for integer lanes (exact in any order): rows in fours, the last padded with zeros.
+  template <int NR, class IV>
+  [[gnu::always_inline]] static void reduce_rows_i(const IV* a, int32_t* out) {
+    int r = 0;
+    for (; r + 4 <= NR; r += 4) I::reduce4_i(a[r], a[r + 1], a[r + 2], a[r + 3], out + r);
+    if constexpr (NR % 4 != 0) {
+      int32_t tmp[4];
+      I::reduce4_i(a[r], NR % 4 >= 2 ? a[r + 1] : I::izero(), NR % 4 == 3 ? a[r + 2] : I::izero(), I::izero(), tmp);
+      for (int i = 0; i < NR % 4; ++i) out[r + i] = tmp[i];
     }
   }
 
