@@ -61,6 +61,7 @@
 // value is unchanged) and the value accumulators are permuted into it on entry and back on exit.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -379,6 +380,88 @@ struct Kernel {
     }
   }
 
+  // Rows per pass of the int8 value sums: up to kRows; three (AVX2) spill the third row's
+  // accumulators but decode each key's levels once for three rows: faster where it saves a pass
+  // (3 rows: one pass, not 2 + 1), slower than 2 + 2 for 4 (d = 128: +3-9%). So 3 where what is
+  // left is a multiple of 3 or odd (then 2s), else 2. (6-bit values, twice the level vectors:
+  // the same rule; at GQA 3 one pass of 3 beat 2 + 1 by 20%, and 2 + 1 beat 1 + 1 + 1 by 15%.)
+  static int i8v_pass_rows(int left) {
+    constexpr int kRows = i8v_rows<I>();
+    int n = kf_min(kRows, left);
+    if (kRows == 3 && n == 3 && left % 3 != 0 && left % 2 == 0) n = 2;
+    return n;
+  }
+
+  static bool shared_levels() {
+    static const bool on = [] { const char* e = std::getenv("TQKV_SHARED_LEVELS"); return !e || *e != '0'; }();
+    return on;
+  }
+
+  // The SIMD builds' int8 value sums of one tile for all R rows when they take more than one
+  // pass (GQA 4 and up): each block of 4W channels has its keys' level vectors decoded once into
+  // a buffer in L1, then every pass of rows reads them there, instead of each pass decoding them
+  // again. The same integers and float operations per row as values_i8_tile.
+  template <int B, class IT>
+  static void values_i8_shared(int R, float* acc, int d, const ValueRun* vr, int nv, const uint8_t* w8,
+                               const float* alpha, const float* scale, IT table) {
+    if constexpr (has_i8_values<I>() && W > 1) {
+      using IV = typename I::IV;
+      constexpr bool kWide = B == kI8WideBits;
+      constexpr int kQuads = kTile / 4 + kMaxSegs;  // a tile's keys in fours, each run's last padded
+      alignas(64) IV hi[kQuads][4];
+      alignas(64) IV lo[kWide ? kQuads : 1][4];
+      int at[kQuads];          // the quad's first key in the tile (its weights' offset)
+      uint32_t mask[kQuads];   // its real keys' weight bytes
+      for (int i = 0; i < d; i += 4 * W) {
+        int nq = 0;
+        for (int g = 0; g < nv; ++g) {
+          const uint8_t* base = vr[g].base;
+          const size_t stride = vr[g].stride;
+          const int nt = vr[g].n;
+          for (int j = 0; j < nt; j += 4, ++nq) {
+            // Keys past nt (the next run's in a tile of several): weight 0, codes of key nt - 1.
+            const int n = nt - j < 4 ? nt - j : 4;
+            mask[nq] = n == 4 ? ~0u : (1u << (8 * n)) - 1u;
+            at[nq] = vr[g].off + j;
+            const uint8_t* p[4];
+            for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
+            if constexpr (kWide)
+              I::template levels_i8v_wide<B>(p, i, table, hi[nq], lo[nq]);
+            else
+              I::template levels_i8v<B>(p, i, table, hi[nq]);
+          }
+        }
+        for (int r0 = 0, n = 0; r0 < R; r0 += n) {
+          n = i8v_pass_rows(R - r0);
+          with_rows<i8v_rows<I>()>(n, [&](auto nr) {
+            constexpr int N = decltype(nr)::value;
+            IV a[N][4];
+            for (int r = 0; r < N; ++r)
+              for (int q = 0; q < 4; ++q) a[r][q] = I::izero();
+            for (int k = 0; k < nq; ++k)
+              for (int r = 0; r < N; ++r) {
+                uint32_t w4;
+                std::memcpy(&w4, w8 + (r0 + r) * kTile + at[k], 4);
+                const IV wb = I::set1_u32(w4 & mask[k]);
+                for (int q = 0; q < 4; ++q)
+                  if constexpr (kWide)
+                    a[r][q] = I::dot_u8v(I::dot_u8v64(a[r][q], wb, hi[k][q]), wb, lo[k][q]);
+                  else
+                    a[r][q] = I::dot_u8v(a[r][q], wb, hi[k][q]);
+              }
+            for (int r = 0; r < N; ++r) {
+              const V sc = I::set1(scale[r0 + r]), al = I::set1(alpha[r0 + r]);
+              for (int q = 0; q < 4; ++q) {
+                float* x = acc + static_cast<size_t>(r0 + r) * d + i + W * q;
+                I::store(x, I::fmadd(I::i2f(a[r][q]), sc, I::mul(I::load(x), al)));
+              }
+            }
+          });
+        }
+      }
+    }
+  }
+
   // The int8 value table(s) of B-bit codes as the traits hold them (two for 6-bit values).
   template <int B>
   static auto value_table(const KernelFormat& f) {
@@ -388,19 +471,33 @@ struct Kernel {
       return I::i8v_table(f.value_i8);
   }
 
+  // go(integral_constant<int, B>) for the int8 value widths (2-6 bits; 4 for any other).
+  template <class Go>
+  static void with_value_bits(int bits, const Go& go) {
+    switch (bits) {
+      case 2: return go(std::integral_constant<int, 2>{});
+      case 3: return go(std::integral_constant<int, 3>{});
+      case 5: return go(std::integral_constant<int, 5>{});
+      case 6: return go(std::integral_constant<int, 6>{});
+      default: return go(std::integral_constant<int, 4>{});
+    }
+  }
+
   static void values_i8_rows(const KernelFormat& f, int R, float* acc, const ValueRun* vr, int nv, const uint8_t* w8,
                              const float* alpha, const float* scale) {
     if constexpr (has_i8_values<I>()) {
       const int d = f.dim;
       constexpr int kRows = i8v_rows<I>();
+      if (W > 1 && i8v_pass_rows(R) < R && shared_levels()) {  // several passes: levels decoded once
+        const auto go = [&](auto b) {
+          constexpr int B = decltype(b)::value;
+          if constexpr (I::i8v_block(B) > 0)
+            values_i8_shared<B>(R, acc, d, vr, nv, w8, alpha, scale, value_table<B>(f));
+        };
+        return with_value_bits(f.value_bits, go);
+      }
       for (int r0 = 0, n = 0; r0 < R; r0 += n) {
-        n = kf_min(kRows, R - r0);
-        // Three rows a pass (AVX2) spill the third row's accumulators but decode each key's
-        // levels once for three rows: faster where it saves a pass (3 rows: one pass, not 2 + 1),
-        // slower than 2 + 2 for 4 (d = 128: +3-9%). So 3 where what is left is a multiple of 3
-        // or odd (then 2s), else 2. (6-bit values, twice the level vectors: the same rule; at
-        // GQA 3 one pass of 3 beat 2 + 1 by 20%, and 2 + 1 beat 1 + 1 + 1 by 15%.)
-        if (kRows == 3 && n == 3 && (R - r0) % 3 != 0 && (R - r0) % 2 == 0) n = 2;
+        n = i8v_pass_rows(R - r0);
         with_rows<kRows>(n, [&](auto nr) {
           constexpr int N = decltype(nr)::value;
           const auto go = [&](auto b) {
@@ -414,13 +511,7 @@ struct Kernel {
               values_i8_tile<N, B>(acc + static_cast<size_t>(r0) * d, d, vr, nv, w8 + r0 * kTile, alpha + r0,
                                    scale + r0, value_table<B>(f));
           };
-          switch (f.value_bits) {
-            case 2: return go(std::integral_constant<int, 2>{});
-            case 3: return go(std::integral_constant<int, 3>{});
-            case 5: return go(std::integral_constant<int, 5>{});
-            case 6: return go(std::integral_constant<int, 6>{});
-            default: return go(std::integral_constant<int, 4>{});
-          }
+          with_value_bits(f.value_bits, go);
         });
       }
     }
