@@ -327,6 +327,38 @@ struct Kernel {
     quantize_weights_from(f, [w](int v) { return I::load(w + v * W); }, mx, bad, o, scale);
   }
 
+  // Quad j of run v (keys j .. j + 3; keys past v.n, the next run's in a tile of several, get
+  // weight 0 and the codes of key v.n - 1): their code rows into p, and the mask of the real
+  // keys' weight bytes (returned).
+  [[gnu::always_inline]] static uint32_t quad_keys(const ValueRun& v, int j, const uint8_t** p) {
+    const int n = v.n - j < 4 ? v.n - j : 4;
+    for (int k = 0; k < 4; ++k) p[k] = v.base + static_cast<size_t>(j + (k < n ? k : n - 1)) * v.stride;
+    return n == 4 ? ~0u : (1u << (8 * n)) - 1u;
+  }
+  // The quad's level vectors of channels [i, i + 4W) (lo: the low bytes of two-byte levels).
+  template <int B, class IV, class IT>
+  [[gnu::always_inline]] static void quad_levels(const uint8_t* const* p, int i, const IT& table, IV* t, IV* lo) {
+    if constexpr (B == kI8WideBits)
+      I::template levels_i8v_wide<B>(p, i, table, t, lo);
+    else
+      I::template levels_i8v<B>(p, i, table, t);
+  }
+  // a[q] += the four u8 weights of wb times the quad's levels, per lane.
+  template <int B, class IV>
+  [[gnu::always_inline]] static void quad_dot(IV* a, IV wb, const IV* t, const IV* lo) {
+    for (int q = 0; q < 4; ++q)
+      if constexpr (B == kI8WideBits)
+        a[q] = I::dot_u8v(I::dot_u8v64(a[q], wb, t[q]), wb, lo[q]);
+      else
+        a[q] = I::dot_u8v(a[q], wb, t[q]);
+  }
+  // Row r's accumulators of channels [i, i + 4W) <- alpha * them + scale * the integer sums a.
+  template <class IV>
+  [[gnu::always_inline]] static void rescale_add(float* x, const IV* a, float scale, float alpha) {
+    const V sc = I::set1(scale), al = I::set1(alpha);
+    for (int q = 0; q < 4; ++q) I::store(x + W * q, I::fmadd(I::i2f(a[q]), sc, I::mul(I::load(x + W * q), al)));
+  }
+
   // The SIMD builds' int8 value sums of one tile for NR rows, blocks of 4 vectors (4W channels,
   // i8v_block): levels_i8v<B>(p[4], i, table, t[4]) gives four keys' levels with a 32-bit lane
   // per channel and a byte per key, dot_u8v(acc, w, t) adds the four u8 weights (one dword,
@@ -342,40 +374,20 @@ struct Kernel {
         for (int r = 0; r < NR; ++r)
           for (int q = 0; q < 4; ++q) a[r][q] = I::izero();
         for (int g = 0; g < nv; ++g) {
-          const uint8_t* base = vr[g].base;
-          const size_t stride = vr[g].stride;
-          const int nt = vr[g].n;
           const uint8_t* wg = w8 + vr[g].off;
-          for (int j = 0; j < nt; j += 4) {
-            // Keys past nt (the next run's in a tile of several): weight 0, codes of key nt - 1.
-            const int n = nt - j < 4 ? nt - j : 4;
-            const uint32_t wmask = n == 4 ? ~0u : (1u << (8 * n)) - 1u;
+          for (int j = 0; j < vr[g].n; j += 4) {
             const uint8_t* p[4];
-            for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
-            IV t[4], lo[4];  // lo: the low bytes of two-byte levels (value_wide)
-            if constexpr (B == kI8WideBits)
-              I::template levels_i8v_wide<B>(p, i, table, t, lo);
-            else
-              I::template levels_i8v<B>(p, i, table, t);
+            const uint32_t wmask = quad_keys(vr[g], j, p);
+            IV t[4], lo[4];
+            quad_levels<B>(p, i, table, t, lo);
             for (int r = 0; r < NR; ++r) {
               uint32_t w4;
               std::memcpy(&w4, wg + r * kTile + j, 4);
-              const IV wb = I::set1_u32(w4 & wmask);
-              for (int q = 0; q < 4; ++q)
-                if constexpr (B == kI8WideBits)
-                  a[r][q] = I::dot_u8v(I::dot_u8v64(a[r][q], wb, t[q]), wb, lo[q]);
-                else
-                  a[r][q] = I::dot_u8v(a[r][q], wb, t[q]);
+              quad_dot<B>(a[r], I::set1_u32(w4 & wmask), t, lo);
             }
           }
         }
-        for (int r = 0; r < NR; ++r) {
-          const V sc = I::set1(scale[r]), al = I::set1(alpha[r]);
-          for (int q = 0; q < 4; ++q) {
-            float* x = acc + static_cast<size_t>(r) * d + i + W * q;
-            I::store(x, I::fmadd(I::i2f(a[r][q]), sc, I::mul(I::load(x), al)));
-          }
-        }
+        for (int r = 0; r < NR; ++r) rescale_add(acc + static_cast<size_t>(r) * d + i, a[r], scale[r], alpha[r]);
       }
     }
   }
@@ -414,23 +426,13 @@ struct Kernel {
       uint32_t mask[kQuads];   // its real keys' weight bytes
       for (int i = 0; i < d; i += 4 * W) {
         int nq = 0;
-        for (int g = 0; g < nv; ++g) {
-          const uint8_t* base = vr[g].base;
-          const size_t stride = vr[g].stride;
-          const int nt = vr[g].n;
-          for (int j = 0; j < nt; j += 4, ++nq) {
-            // Keys past nt (the next run's in a tile of several): weight 0, codes of key nt - 1.
-            const int n = nt - j < 4 ? nt - j : 4;
-            mask[nq] = n == 4 ? ~0u : (1u << (8 * n)) - 1u;
-            at[nq] = vr[g].off + j;
+        for (int g = 0; g < nv; ++g)
+          for (int j = 0; j < vr[g].n; j += 4, ++nq) {
             const uint8_t* p[4];
-            for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
-            if constexpr (kWide)
-              I::template levels_i8v_wide<B>(p, i, table, hi[nq], lo[nq]);
-            else
-              I::template levels_i8v<B>(p, i, table, hi[nq]);
+            mask[nq] = quad_keys(vr[g], j, p);
+            at[nq] = vr[g].off + j;
+            quad_levels<B>(p, i, table, hi[nq], lo[kWide ? nq : 0]);
           }
-        }
         for (int r0 = 0, n = 0; r0 < R; r0 += n) {
           n = i8v_pass_rows(R - r0);
           with_rows<i8v_rows<I>()>(n, [&](auto nr) {
@@ -442,20 +444,10 @@ struct Kernel {
               for (int r = 0; r < N; ++r) {
                 uint32_t w4;
                 std::memcpy(&w4, w8 + (r0 + r) * kTile + at[k], 4);
-                const IV wb = I::set1_u32(w4 & mask[k]);
-                for (int q = 0; q < 4; ++q)
-                  if constexpr (kWide)
-                    a[r][q] = I::dot_u8v(I::dot_u8v64(a[r][q], wb, hi[k][q]), wb, lo[k][q]);
-                  else
-                    a[r][q] = I::dot_u8v(a[r][q], wb, hi[k][q]);
+                quad_dot<B>(a[r], I::set1_u32(w4 & mask[k]), hi[k], lo[kWide ? k : 0]);
               }
-            for (int r = 0; r < N; ++r) {
-              const V sc = I::set1(scale[r0 + r]), al = I::set1(alpha[r0 + r]);
-              for (int q = 0; q < 4; ++q) {
-                float* x = acc + static_cast<size_t>(r0 + r) * d + i + W * q;
-                I::store(x, I::fmadd(I::i2f(a[r][q]), sc, I::mul(I::load(x), al)));
-              }
-            }
+            for (int r = 0; r < N; ++r)
+              rescale_add(acc + static_cast<size_t>(r0 + r) * d + i, a[r], scale[r0 + r], alpha[r0 + r]);
           });
         }
       }

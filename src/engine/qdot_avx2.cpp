@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "q5_0_groups.h"
 #include "qgemv_kernels.h"
 #include "qgemv_simd.h"
 
@@ -131,7 +132,7 @@ void q5_0(const QdotArgs& a) {
 template <int N>
 void q5_0_groups(const QdotArgs& a) {
   constexpr int kPrefetch = 1024;
-  const int nb = a.cols / 32, groups = nb / 8, cols4 = a.cols / 4;
+  const int nb = a.cols / 32, groups = nb / kQ5_0GroupBlocks, cols4 = a.cols / 4;
   const size_t row_bytes = static_cast<size_t>(nb) * 22;
   const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(16);
   const __m256i to_sign = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
@@ -151,8 +152,8 @@ void q5_0_groups(const QdotArgs& a) {
       }
     };
     for (int g = 0; g < groups; ++g) {
-      const uint8_t* G = row + static_cast<size_t>(g) * 176;
-      for (int l = 0; l < 176; l += 64) _mm_prefetch(reinterpret_cast<const char*>(G + kPrefetch + l), _MM_HINT_T0);
+      const uint8_t* G = row + static_cast<size_t>(g) * kQ5_0GroupBytes;
+      for (int l = 0; l < kQ5_0GroupBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(G + kPrefetch + l), _MM_HINT_T0);
       const __m256 dw = _mm256_cvtph_ps(load16(G));
       __m256 sc[N];
 #pragma GCC unroll 8
@@ -182,7 +183,7 @@ void q5_0_groups(const QdotArgs& a) {
         return _mm256_mul_ps(dw, _mm256_loadu_ps(a.x.xd8 + static_cast<size_t>(t) * cols4 + 8 * b));
       });
     };
-    int b = 8 * groups;
+    int b = kQ5_0GroupBlocks * groups;
     for (; b + 2 <= nb; b += 2) {
       gguf.template operator()<0>(b);
       gguf.template operator()<1>(b + 1);
