@@ -298,15 +298,20 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     const bool fill_sms = tiles <= 512 ? fill_sms_env("TQKV_DECODE_FILL", compressed_d256)
                                        : fill_sms_env("TQKV_DECODE_FILL_LONG", false);
     const int64_t slots = fill_sms ? device_sms() : resident_ctas(k);
-    // At least 2 tiles per warp for short contexts and 8 for long ones (the merge reads every
-    // CTA's partial), 16 for the compressed kernels at d = 256: where the grid cannot fill the
-    // device (batch 1) their merge of 256-dim partials made 64 CTAs slower than 32 (b1 x 32K:
-    // 53 against 44 us on the H200), while at d = 128 with 2 kv heads and d = 64 with 3, 16 tiles
-    // were 11-20% slower than 8 (too few CTAs for the SMs). TQKV_DECODE_MIN_TILES and
+    // At least 2 tiles per warp for short contexts; for long ones (the merge reads every CTA's
+    // partial) 16 where the grid at 16 still gives every SM a CTA, else 8. On the H200 at
+    // b1 x 32K: d = 128 with 8 kv heads (128 CTAs at 16) 16 was 10-18% faster than 8; d = 128
+    // with 2 kv heads and d = 64 with 3 (32 and 48 CTAs) 11-20% slower. The compressed kernels
+    // at d = 256 take 16 regardless: their merge of 256-dim partials made 64 CTAs slower than 32
+    // even with one kv head (b1 x 32K: 53 against 44 us). TQKV_DECODE_MIN_TILES and
     // TQKV_DECODE_LONG_MIN_TILES (1 to 32) set the short and the long contexts' minimum instead.
-    const int64_t min_tiles =
-        tiles <= 512 ? min_tiles_env("TQKV_DECODE_MIN_TILES", 2)
-                     : min_tiles_env("TQKV_DECODE_LONG_MIN_TILES", compressed_d256 ? 16 : 8);
+    const auto long_min_tiles = [&]() -> int64_t {
+      if (compressed_d256) return 16;
+      const int64_t ctas16 = std::max<int64_t>(1, tiles / (16 * k.warps));
+      return units * ctas16 * 10 >= device_sms() * 9 ? 16 : 8;
+    };
+    const int64_t min_tiles = tiles <= 512 ? min_tiles_env("TQKV_DECODE_MIN_TILES", 2)
+                                           : min_tiles_env("TQKV_DECODE_LONG_MIN_TILES", long_min_tiles());
     // Short contexts: at most one cluster of CTAs per (sequence, kv head), merged in DSMEM.
     const int64_t cap = tiles > 512 ? kMaxSplits / k.warps
                         : use_cluster(k, units, kMaxClusterCtasNonPortable) ? kMaxClusterCtasNonPortable
