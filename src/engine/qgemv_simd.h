@@ -72,6 +72,7 @@ inline void q6_k_codes(const uint8_t* ql, const uint8_t* qh, __m256i q[4]) {
 // k.s times the sub-scales; kMin: Q4_K's mins, else Q6_K's offset 32.
 template <int N, int kBytes, bool kMin, class K, class Decode, class Lanes>
 inline void k_quant_rows(const QdotArgs& a, Decode decode, Lanes lanes) {
+  constexpr int kPrefetch = 1024;
   const int nw = a.cols / 256;
   for (int r = a.r0; r < a.r1; ++r) {
     const uint8_t* row = a.w + static_cast<size_t>(r) * nw * kBytes;
@@ -79,8 +80,10 @@ inline void k_quant_rows(const QdotArgs& a, Decode decode, Lanes lanes) {
 #pragma GCC unroll 8
     for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_ps();
     for (int i = 0; i < nw; ++i) {
+      const uint8_t* blk = row + static_cast<size_t>(i) * kBytes;
+      for (int l = 0; l < kBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetch + l), _MM_HINT_T0);
       K k;
-      decode(row + static_cast<size_t>(i) * kBytes, k);
+      decode(blk, k);
 #pragma GCC unroll 8
       for (int t = 0; t < N; ++t) {
         const size_t at = static_cast<size_t>(t) * nw + i;
