@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "engine/gguf.h"
-#include "engine/q5_0_groups.h"
+#include "engine/block_groups.h"
 #include "engine/qgemv.h"
 #include "tqkv/half.h"
 
@@ -86,11 +86,11 @@ void streamed(benchmark::State& state, TensorType type, bool groups = false) {
   std::vector<float> x(cols), y(rows);
   for (int c = 0; c < cols; ++c) x[c] = std::sin(0.37f * c);
   uint32_t t = static_cast<uint32_t>(type);
-  if (groups) {  // as CpuDevice holds Q5_0 where the AVX2 int8 kernels run
+  if (groups) {  // as CpuDevice holds Q5_0 and Q4_1 where the AVX2 int8 kernels run
     std::vector<uint8_t> g(w.size());
-    tqkv::engine::pack_q5_0_rows(w.data(), rows, cols, g.data());
+    t = tqkv::engine::grouped_type(t);
+    tqkv::engine::pack_group_rows(t, w.data(), rows, cols, g.data());
     w.swap(g);
-    t = tqkv::engine::kQ5_0Groups;
   }
   for (auto _ : state) {
     tqkv::engine::qgemv(t, w.data(), cols, 0, rows, x.data(), y.data());
@@ -100,6 +100,7 @@ void streamed(benchmark::State& state, TensorType type, bool groups = false) {
 }
 BENCHMARK_CAPTURE(streamed, Q4_0, TensorType::Q4_0)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(streamed, Q4_1, TensorType::Q4_1)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(streamed, Q4_1_groups, TensorType::Q4_1, true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(streamed, Q5_0, TensorType::Q5_0)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(streamed, Q5_0_groups, TensorType::Q5_0, true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(streamed, Q8_0, TensorType::Q8_0)->Unit(benchmark::kMillisecond);

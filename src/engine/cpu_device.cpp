@@ -11,7 +11,7 @@
 #include "cpu_kv_cache.h"
 #include "dequant.h"
 #include "gguf.h"
-#include "q5_0_groups.h"
+#include "block_groups.h"
 #include "qgemv.h"
 #include "sampler.h"
 #include "cpu/thread_pool.h"
@@ -24,7 +24,7 @@ namespace {
 void dequantize_rows(const CpuMatrix& m, size_t r0, int n, float* dst) {
   const uint8_t* src = m.q.data() + r0 * m.row_bytes;
   const int64_t count = static_cast<int64_t>(n) * m.cols();
-  if (m.qtype == kQ5_0Groups) return dequantize_q5_0_groups(src, static_cast<size_t>(n), m.cols(), dst);
+  if (is_grouped(m.qtype)) return dequantize_group_rows(m.qtype, src, static_cast<size_t>(n), m.cols(), dst);
   dequantize(m.qtype, src, dst, count);
 }
 
@@ -59,10 +59,10 @@ std::unique_ptr<DeviceMatrix> CpuDevice::load_matrix(const GgufTensor& t, int ro
   check_tensor_shape(t, cols, rows);  // cols is a whole number of blocks: the GGUF reader checked ne[0]
   m->qtype = t.type;
   m->row_bytes = t.nbytes / rows;
-  if (t.type == static_cast<uint32_t>(TensorType::Q5_0) && pack_q5_0_by_default()) {
-    m->qtype = kQ5_0Groups;
+  if (const uint32_t grouped = group_at_load(t.type)) {
+    m->qtype = grouped;
     m->q.resize(t.nbytes);
-    pack_q5_0_rows(t.data, static_cast<size_t>(rows), cols, m->q.data());
+    pack_group_rows(grouped, t.data, static_cast<size_t>(rows), cols, m->q.data());
   } else {
     m->q.assign(t.data, t.data + t.nbytes);
   }

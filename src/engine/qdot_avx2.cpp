@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "q5_0_groups.h"
+#include "block_groups.h"
 #include "qgemv_kernels.h"
 #include "qgemv_simd.h"
 
@@ -122,54 +122,68 @@ void q5_0(const QdotArgs& a) {
   });
 }
 
-// Q5_0 in groups of eight blocks (q5_0_groups.h), the same contract as q5_0 bit for bit (the
-// same lane sums, scales dw * xd[b] and accumulators in block order). Per group: one
-// vcvtph2ps for the eight scales and one multiply by the eight activation scales per row; per
-// pair of blocks one load for both blocks' nibbles; per block a broadcast, a shift and a blend
-// for the high bits (every byte's sign bit is its element's, see the layout). About 12
-// instructions a block against q5_0's 24; the weights are prefetched 1 KB ahead, which only
-// paid once the kernel was this lean (it streamed at 7-9 GB/s before, 11-12.5 after, one core).
-template <int N>
-void q5_0_groups(const QdotArgs& a) {
-  constexpr int kPrefetch = 1024;
-  const int nb = a.cols / 32, groups = nb / kQ5_0GroupBlocks, cols4 = a.cols / 4;
-  const size_t row_bytes = static_cast<size_t>(nb) * 22;
+// Q5_0 and Q4_1 in groups of eight blocks (block_groups.h), the same contracts as q5_0 and q4_1
+// bit for bit (the same lane sums, scales dw * xd[b], accumulators in block order, and Q4_1's
+// mins one scalar fma a block in block order). Per group: one vcvtph2ps for the eight scales
+// (and one for Q4_1's eight mins) and one multiply by the eight activation scales per row; per
+// pair of blocks one load for both blocks' nibbles; per Q5_0 block a broadcast, a shift and a
+// blend for the high bits (every byte's sign bit is its element's, see the layout). About 12
+// instructions a Q5_0 block against q5_0's 24; the weights are prefetched 1 KB ahead, which
+// only paid once the kernel was this lean (Q5_0 streamed at 7-9 GB/s before, 11-12.5 after, one
+// core of a Zen 3-class host; Q4_1 4.2 -> 4.8-5.1 GB/s on a Zen 1 core).
+template <int N, bool kQ4_1>
+void grouped(const QdotArgs& a) {
+  constexpr int kPrefetch = 1024, kBlockBytes = kQ4_1 ? 20 : 22;
+  constexpr int kGroupBytes = kQ4_1 ? kQ4_1GroupBytes : kQ5_0GroupBytes, kPairsAt = kQ4_1 ? 32 : 48;
+  const int nb = a.cols / 32, groups = nb / kGroupBlocks, cols4 = a.cols / 4;
+  const size_t row_bytes = static_cast<size_t>(nb) * kBlockBytes;
   const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(16);
   const __m256i to_sign = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
   for (int r = a.r0; r < a.r1; ++r) {
     const uint8_t* row = a.w + static_cast<size_t>(r) * row_bytes;
     __m256 acc[2][N];
+    float off[N];
 #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-    // Codes c of block b into the accumulators of parity P, lane scales scale(t).
-    const auto apply = [&]<int P>(__m256i c, int b, auto scale) {
+    for (int t = 0; t < N; ++t) {
+      acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+      off[t] = 0;
+    }
+    // Codes c of block b into the accumulators of parity P, lane scales scale(t), Q4_1's min mw.
+    const auto apply = [&]<int P>(__m256i c, int b, auto scale, float mw) {
 #pragma GCC unroll 8
       for (int t = 0; t < N; ++t) {
         const __m256i xq = load32(a.x.xq + static_cast<size_t>(t) * a.cols + 32 * b);
         __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(c, xq), ones);
-        s = _mm256_add_epi32(s, _mm256_slli_epi32(load32(a.x.x4n + static_cast<size_t>(t) * cols4 + 8 * b), 4));
+        if constexpr (!kQ4_1)  // Q5_0's offset 16
+          s = _mm256_add_epi32(s, _mm256_slli_epi32(load32(a.x.x4n + static_cast<size_t>(t) * cols4 + 8 * b), 4));
         acc[P][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale(t), acc[P][t]);
+        if constexpr (kQ4_1) off[t] = std::fma(mw, a.x.xs[static_cast<size_t>(t) * nb + b], off[t]);
       }
     };
     for (int g = 0; g < groups; ++g) {
-      const uint8_t* G = row + static_cast<size_t>(g) * kQ5_0GroupBytes;
-      for (int l = 0; l < kQ5_0GroupBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(G + kPrefetch + l), _MM_HINT_T0);
+      const uint8_t* G = row + static_cast<size_t>(g) * kGroupBytes;
+      for (int l = 0; l < kGroupBytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(G + kPrefetch + l), _MM_HINT_T0);
       const __m256 dw = _mm256_cvtph_ps(load16(G));
+      alignas(32) float mw[kGroupBlocks] = {};
+      if constexpr (kQ4_1) _mm256_store_ps(mw, _mm256_cvtph_ps(load16(G + 16)));
       __m256 sc[N];
 #pragma GCC unroll 8
       for (int t = 0; t < N; ++t) sc[t] = _mm256_mul_ps(dw, _mm256_loadu_ps(a.x.xd + static_cast<size_t>(t) * nb + 8 * g));
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
-        const __m256i v = load32(G + 48 + 32 * p);
+        const __m256i v = load32(G + kPairsAt + 32 * p);
         const __m256i nib[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
         const auto block = [&]<int H>() {
           const int j = 2 * p + H;
-          int32_t w;
-          std::memcpy(&w, G + 16 + 4 * j, 4);
-          const __m256i high = _mm256_sllv_epi32(_mm256_set1_epi32(w), to_sign);
-          const __m256i c = _mm256_blendv_epi8(nib[H], _mm256_or_si256(nib[H], bit4), high);
+          __m256i c = nib[H];
+          if constexpr (!kQ4_1) {
+            int32_t w;
+            std::memcpy(&w, G + 16 + 4 * j, 4);
+            const __m256i high = _mm256_sllv_epi32(_mm256_set1_epi32(w), to_sign);
+            c = _mm256_blendv_epi8(c, _mm256_or_si256(c, bit4), high);
+          }
           const __m256i lane = _mm256_set1_epi32(j);
-          apply.template operator()<H>(c, 8 * g + j, [&](int t) { return _mm256_permutevar8x32_ps(sc[t], lane); });
+          apply.template operator()<H>(c, 8 * g + j, [&](int t) { return _mm256_permutevar8x32_ps(sc[t], lane); }, mw[j]);
         };
         block.template operator()<0>();
         block.template operator()<1>();
@@ -177,21 +191,35 @@ void q5_0_groups(const QdotArgs& a) {
     }
     // The row's last nb % 8 blocks, GGUF layout (the first of them has an even index).
     const auto gguf = [&]<int P>(int b) {
-      const uint8_t* blk = row + static_cast<size_t>(b) * 22;
+      const uint8_t* blk = row + static_cast<size_t>(b) * kBlockBytes;
       const __m256 dw = _mm256_set1_ps(f16(blk));
-      apply.template operator()<P>(q5_0_codes(blk), b, [&](int t) {
+      apply.template operator()<P>(kQ4_1 ? nibbles(blk + 4) : q5_0_codes(blk), b, [&](int t) {
         return _mm256_mul_ps(dw, _mm256_loadu_ps(a.x.xd8 + static_cast<size_t>(t) * cols4 + 8 * b));
-      });
+      }, kQ4_1 ? f16(blk + 2) : 0.0f);
     };
-    int b = kQ5_0GroupBlocks * groups;
+    int b = kGroupBlocks * groups;
     for (; b + 2 <= nb; b += 2) {
       gguf.template operator()<0>(b);
       gguf.template operator()<1>(b + 1);
     }
     if (b < nb) gguf.template operator()<0>(b);
 #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) a.y[t * a.ldy + (r - a.r0)] = tree(acc[0][t], acc[1][t]);
+    for (int t = 0; t < N; ++t) {
+      if constexpr (kQ4_1) {
+        a.y[t * a.ldy + (r - a.r0)] = tree(acc[0][t], acc[1][t]) + off[t];
+      } else {
+        a.y[t * a.ldy + (r - a.r0)] = tree(acc[0][t], acc[1][t]);
+      }
+    }
   }
+}
+template <int N>
+void q5_0_groups(const QdotArgs& a) {
+  grouped<N, false>(a);
+}
+template <int N>
+void q4_1_groups(const QdotArgs& a) {
+  grouped<N, true>(a);
 }
 
 template <int N>
@@ -268,7 +296,8 @@ void q6_k(const QdotArgs& a) {
 
 QdotKernels qdot_avx2() {
   return {TQKV_QDOT_ENTRY(q4_0), TQKV_QDOT_ENTRY(q4_1), TQKV_QDOT_ENTRY(q5_0), TQKV_QDOT_ENTRY(q8_0),
-          TQKV_QDOT_ENTRY(q4_k), TQKV_QDOT_ENTRY(q6_k), TQKV_QDOT_ENTRY(q5_0_groups)};
+          TQKV_QDOT_ENTRY(q4_k), TQKV_QDOT_ENTRY(q6_k), TQKV_QDOT_ENTRY(q5_0_groups),
+          TQKV_QDOT_ENTRY(q4_1_groups)};
 }
 
 }  // namespace tqkv::engine::detail

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gguf.h"
-#include "q5_0_groups.h"
+#include "block_groups.h"
 #include "qgemv_kernels.h"
 #include "tqkv/error.h"
 #include "tqkv/half.h"
@@ -282,24 +282,28 @@ void qgemm(uint32_t type, const uint8_t* w, int r0, int r1, const QgemmInput& x,
   if (r0 < 0 || r1 < r0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count or range");
   const SimdLevel level = active_simd_level();
   const int cols = x.cols_, nb = cols / 32;
-  if (type == kQ5_0Groups) {
-    const detail::QdotFn grouped = x.mode_ == QdotMode::Int8 ? qdot_kernels_for(level).q5_0_groups : nullptr;
+  if (is_grouped(type)) {
+    const uint32_t gguf_type = ungrouped_type(type);
+    const detail::QdotKernels& ks = qdot_kernels_for(level);
+    const detail::QdotFn grouped =
+        x.mode_ != QdotMode::Int8 ? nullptr : type == kQ5_0Groups ? ks.q5_0_groups : ks.q4_1_groups;
     if (!grouped) {
       // The other kernels read the GGUF layout: restore it a slice of rows at a time (the
-      // results are those of the Q5_0 matrix, bit for bit, whatever the slices).
+      // results are those of the GGUF matrix, bit for bit, whatever the slices).
       constexpr int kSlice = 64;
       thread_local std::vector<uint8_t> gguf;
-      const size_t row_bytes = static_cast<size_t>(nb) * 22;
+      const size_t row_bytes = static_cast<size_t>(nb) * tensor_type_traits(gguf_type)->block_bytes;
       for (int s0 = r0; s0 < r1; s0 += kSlice) {
         const int s1 = std::min(r1, s0 + kSlice);
         gguf.resize(row_bytes * (s1 - s0));
-        unpack_q5_0_rows(w + row_bytes * s0, s1 - s0, cols, gguf.data());
-        qgemm(static_cast<uint32_t>(TensorType::Q5_0), gguf.data(), 0, s1 - s0, x, y + (s0 - r0), ldy);
+        unpack_group_rows(type, w + row_bytes * s0, s1 - s0, cols, gguf.data());
+        qgemm(gguf_type, gguf.data(), 0, s1 - s0, x, y + (s0 - r0), ldy);
       }
       return;
     }
     if (x.n_ > 0 && x.q_.xq.empty())
-      throw Error(ErrorCode::InvalidArgument, "qgemm: Q5_0 over an input prepared for K-quants only");
+      throw Error(ErrorCode::InvalidArgument,
+                  "qgemm: " + tensor_type_name(gguf_type) + " over an input prepared for K-quants only");
     over_tiles(r0, r1, x.n_, [&](int t0, int t1, int g, int m) {
       grouped({w, cols, t0, t1, x.q_.rows(g, cols), m, y + g * ldy + (t0 - r0), ldy});
     });
@@ -325,8 +329,7 @@ void qgemm(uint32_t type, const uint8_t* w, int r0, int r1, const QgemmInput& x,
 void qgemm(uint32_t type, const uint8_t* w, int cols, int r0, int r1, const float* x, int n, float* y, size_t ldy) {
   if (n < 0 || r0 < 0 || r1 < r0) throw Error(ErrorCode::InvalidArgument, "qgemm: negative row count or range");
   // Checks type and cols before the rows are read.
-  kernel_of(qdot_kernels_for(SimdLevel::Scalar), type == kQ5_0Groups ? static_cast<uint32_t>(TensorType::Q5_0) : type,
-            cols);
+  kernel_of(qdot_kernels_for(SimdLevel::Scalar), ungrouped_type(type), cols);
   thread_local QgemmInput input;
   input.prepare(x, n, cols, is_k_quant(type));
   qgemm(type, w, r0, r1, input, y, ldy);

@@ -16,7 +16,7 @@
 #include "engine/cpu_device.h"
 #include "engine/dequant.h"
 #include "engine/gguf.h"
-#include "engine/q5_0_groups.h"
+#include "engine/block_groups.h"
 #include "engine/qgemv.h"
 #include "tqkv/error.h"
 #include "tqkv/half.h"
@@ -437,16 +437,28 @@ TEST(CpuDevice, MatmulGroupEqualsSeparateProductsBitForBit) {
   EXPECT_THROW(dev.matmul_group(x.data(), 1, g, 2), Error);
 }
 
-// Q5_0 matrices in groups of eight blocks (q5_0_groups.h): the layout byte for byte, the round
-// trip, and every product over it equal to the product over the GGUF blocks bit for bit (the
-// AVX2 int8 kernel that reads it directly, and every other kernel through the restored rows),
-// at every ISA and in both qgemv modes; the CPU device packs at load and gives the same
-// products and embedding rows as unpacked.
+// Q5_0 and Q4_1 matrices in groups of eight blocks (block_groups.h): the layouts byte for
+// byte, the round trip, and every product over them equal to the product over the GGUF blocks
+// bit for bit (the AVX2 int8 kernels that read them directly, and every other kernel through the
+// restored rows), at every ISA and in both qgemv modes; the CPU device packs at load and gives
+// the same products and embedding rows as unpacked.
 constexpr auto kQ5_0 = static_cast<uint32_t>(TensorType::Q5_0);
+constexpr auto kQ4_1 = static_cast<uint32_t>(TensorType::Q4_1);
+
+// Each grouped type with its GGUF type.
+struct GroupedCase {
+  uint32_t grouped, gguf;
+  const char* env;
+};
+constexpr GroupedCase kGroupedCases[] = {{kQ5_0Groups, kQ5_0, "TQKV_Q5_0_GROUPS"},
+                                         {kQ4_1Groups, kQ4_1, "TQKV_Q4_1_GROUPS"}};
+
+// Element i's low nibble in a hand-made block j (below).
+int made_nibble(int i, int j) { return i < 16 ? (i + j) & 15 : (15 - (i - 16)) & 15; }
 
 // The documented layout on a hand-made group: block j's d at 2j, the high bit of element 4m + k
 // at bit 8k + m of word j, the nibbles of blocks 2p and 2p + 1 in pair p's low and high halves.
-TEST(Q5_0Groups, LayoutIsTheDocumentedOne) {
+TEST(BlockGroups, Q5_0LayoutIsTheDocumentedOne) {
   std::vector<uint8_t> gguf(8 * 22 + 22, 0);  // one group and a one-block tail
   for (int j = 0; j < 9; ++j) {
     uint8_t* b = gguf.data() + 22 * j;
@@ -454,10 +466,10 @@ TEST(Q5_0Groups, LayoutIsTheDocumentedOne) {
     b[1] = 0x3c;
     const uint32_t qh = 1u << (5 + j);  // element 5 + j's high bit
     std::memcpy(b + 2, &qh, 4);
-    for (int i = 0; i < 16; ++i) b[6 + i] = static_cast<uint8_t>(((i + j) & 15) | ((15 - i) & 15) << 4);
+    for (int i = 0; i < 16; ++i) b[6 + i] = static_cast<uint8_t>(made_nibble(i, j) | made_nibble(i + 16, j) << 4);
   }
   std::vector<uint8_t> g(gguf.size());
-  pack_q5_0_rows(gguf.data(), 1, 9 * 32, g.data());
+  pack_group_rows(kQ5_0Groups, gguf.data(), 1, 9 * 32, g.data());
   for (int j = 0; j < 8; ++j) {
     EXPECT_EQ(g[2 * j], 0x10 + j);
     EXPECT_EQ(g[2 * j + 1], 0x3c);
@@ -465,102 +477,139 @@ TEST(Q5_0Groups, LayoutIsTheDocumentedOne) {
     std::memcpy(&w, &g[16 + 4 * j], 4);
     const int e = 5 + j, m = e / 4, k = e % 4;
     EXPECT_EQ(w, 1u << (8 * k + m)) << "block " << j;
-    for (int i = 0; i < 32; ++i) {
-      const int lo = i < 16 ? (i + j) & 15 : (15 - (i - 16)) & 15;  // element i's low nibble
-      EXPECT_EQ((g[48 + 32 * (j / 2) + i] >> (j % 2 ? 4 : 0)) & 15, lo) << "block " << j << " element " << i;
-    }
+    for (int i = 0; i < 32; ++i)
+      EXPECT_EQ((g[48 + 32 * (j / 2) + i] >> (j % 2 ? 4 : 0)) & 15, made_nibble(i, j)) << "block " << j << " element " << i;
   }
   EXPECT_EQ(0, std::memcmp(&g[176], &gguf[176], 22)) << "the tail block stays in GGUF layout";
 }
 
-TEST(Q5_0Groups, UnpackRestoresTheGgufBytesAndDequantizesAlike) {
-  std::mt19937 rng(21);
-  for (int cols : {32, 256, 13 * 32, 896, 4864}) {
-    SCOPED_TRACE(cols);
-    const int rows = 3;
-    const std::vector<uint8_t> w = random_blocks(TensorType::Q5_0, rows, cols, rng);
-    std::vector<uint8_t> g(w.size()), back(w.size());
-    pack_q5_0_rows(w.data(), rows, cols, g.data());
-    unpack_q5_0_rows(g.data(), rows, cols, back.data());
-    EXPECT_EQ(back, w);
-    if (cols >= 256) {
-      EXPECT_NE(g, w);
-    }
-    std::vector<float> a(static_cast<size_t>(rows) * cols), b(a.size());
-    dequantize(kQ5_0, w.data(), a.data(), static_cast<int64_t>(a.size()));
-    dequantize_q5_0_groups(g.data(), rows, cols, b.data());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+// Block j's d at 2j, its m at 16 + 2j, the nibble pairs from byte 32.
+TEST(BlockGroups, Q4_1LayoutIsTheDocumentedOne) {
+  std::vector<uint8_t> gguf(8 * 20 + 20, 0);
+  for (int j = 0; j < 9; ++j) {
+    uint8_t* b = gguf.data() + 20 * j;
+    b[0] = static_cast<uint8_t>(0x10 + j);
+    b[1] = 0x3c;
+    b[2] = static_cast<uint8_t>(0x40 + j);
+    b[3] = 0xbc;
+    for (int i = 0; i < 16; ++i) b[4 + i] = static_cast<uint8_t>(made_nibble(i, j) | made_nibble(i + 16, j) << 4);
   }
+  std::vector<uint8_t> g(gguf.size());
+  pack_group_rows(kQ4_1Groups, gguf.data(), 1, 9 * 32, g.data());
+  for (int j = 0; j < 8; ++j) {
+    EXPECT_EQ(g[2 * j], 0x10 + j);
+    EXPECT_EQ(g[2 * j + 1], 0x3c);
+    EXPECT_EQ(g[16 + 2 * j], 0x40 + j);
+    EXPECT_EQ(g[16 + 2 * j + 1], 0xbc);
+    for (int i = 0; i < 32; ++i)
+      EXPECT_EQ((g[32 + 32 * (j / 2) + i] >> (j % 2 ? 4 : 0)) & 15, made_nibble(i, j)) << "block " << j << " element " << i;
+  }
+  EXPECT_EQ(0, std::memcmp(&g[160], &gguf[160], 20)) << "the tail block stays in GGUF layout";
+  EXPECT_THROW(pack_group_rows(kQ4_1, gguf.data(), 1, 9 * 32, g.data()), Error) << "not a grouped type";
+}
+
+TEST(BlockGroups, UnpackRestoresTheGgufBytesAndDequantizesAlike) {
+  std::mt19937 rng(21);
+  for (const GroupedCase& c : kGroupedCases) {
+    EXPECT_TRUE(is_grouped(c.grouped));
+    EXPECT_FALSE(is_grouped(c.gguf));
+    EXPECT_EQ(ungrouped_type(c.grouped), c.gguf);
+    EXPECT_EQ(grouped_type(c.gguf), c.grouped);
+    for (int cols : {32, 256, 13 * 32, 896, 4864}) {
+      SCOPED_TRACE(tensor_type_name(c.gguf) + " cols " + std::to_string(cols));
+      const int rows = 3;
+      const std::vector<uint8_t> w = random_blocks(static_cast<TensorType>(c.gguf), rows, cols, rng);
+      std::vector<uint8_t> g(w.size()), back(w.size());
+      pack_group_rows(c.grouped, w.data(), rows, cols, g.data());
+      unpack_group_rows(c.grouped, g.data(), rows, cols, back.data());
+      EXPECT_EQ(back, w);
+      if (cols >= 256) {
+        EXPECT_NE(g, w);
+      }
+      std::vector<float> a(static_cast<size_t>(rows) * cols), b(a.size());
+      dequantize(c.gguf, w.data(), a.data(), static_cast<int64_t>(a.size()));
+      dequantize_group_rows(c.grouped, g.data(), rows, cols, b.data());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+    }
+  }
+  EXPECT_EQ(grouped_type(static_cast<uint32_t>(TensorType::Q8_0)), 0u);
 }
 
 // qgemm over the groups equals qgemm over the GGUF blocks bit for bit: full groups with and
 // without a tail (odd and even), no full group, 1-17 activation rows (the N-row kernels, a
 // second group of 8 and row tiles), a row range not starting at 0, every ISA, both modes.
-TEST(Q5_0Groups, ProductsEqualTheGgufProductsBitForBit) {
+TEST(BlockGroups, ProductsEqualTheGgufProductsBitForBit) {
   std::mt19937 rng(22);
   std::normal_distribution<float> nd;
   Restore restore;
-  for (QdotMode mode : {QdotMode::Int8, QdotMode::F32}) {
-    set_qdot_mode(mode);
-    for (int cols : {32, 256, 13 * 32, 896}) {
-      const int rows = 41, r0 = 5;
-      const std::vector<uint8_t> w = random_blocks(TensorType::Q5_0, rows, cols, rng);
-      std::vector<uint8_t> g(w.size());
-      pack_q5_0_rows(w.data(), rows, cols, g.data());
-      for (int n : {1, 2, 3, 8, 9, 17}) {
-        std::vector<float> x(static_cast<size_t>(n) * cols);
-        for (auto& v : x) v = nd(rng);
-        x[7] = 30.0f;  // an outlier
-        for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
-          if (!simd_level_supported(level)) continue;
-          set_simd_level(level);
-          SCOPED_TRACE(std::string(qdot_mode_name(mode)) + " " + std::string(simd_level_name(level)) + " cols " +
-                       std::to_string(cols) + " n " + std::to_string(n));
-          std::vector<float> want(static_cast<size_t>(n) * (rows - r0)), got(want.size(), -1.0f);
-          qgemm(kQ5_0, w.data(), cols, r0, rows, x.data(), n, want.data(), rows - r0);
-          qgemm(kQ5_0Groups, g.data(), cols, r0, rows, x.data(), n, got.data(), rows - r0);
-          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+  for (const GroupedCase& c : kGroupedCases) {
+    for (QdotMode mode : {QdotMode::Int8, QdotMode::F32}) {
+      set_qdot_mode(mode);
+      for (int cols : {32, 256, 13 * 32, 896}) {
+        const int rows = 41, r0 = 5;
+        const std::vector<uint8_t> w = random_blocks(static_cast<TensorType>(c.gguf), rows, cols, rng);
+        std::vector<uint8_t> g(w.size());
+        pack_group_rows(c.grouped, w.data(), rows, cols, g.data());
+        for (int n : {1, 2, 3, 8, 9, 17}) {
+          std::vector<float> x(static_cast<size_t>(n) * cols);
+          for (auto& v : x) v = nd(rng);
+          x[7] = 30.0f;  // an outlier
+          for (SimdLevel level : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512}) {
+            if (!simd_level_supported(level)) continue;
+            set_simd_level(level);
+            SCOPED_TRACE(tensor_type_name(c.gguf) + " " + std::string(qdot_mode_name(mode)) + " " +
+                         std::string(simd_level_name(level)) + " cols " + std::to_string(cols) + " n " +
+                         std::to_string(n));
+            std::vector<float> want(static_cast<size_t>(n) * (rows - r0)), got(want.size(), -1.0f);
+            qgemm(c.gguf, w.data(), cols, r0, rows, x.data(), n, want.data(), rows - r0);
+            qgemm(c.grouped, g.data(), cols, r0, rows, x.data(), n, got.data(), rows - r0);
+            ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+          }
         }
       }
     }
   }
 }
 
-// CpuDevice packs Q5_0 at load where asked (TQKV_Q5_0_GROUPS=1) and its products (1-2 rows:
-// qgemm; 5: the dequantized tiles' SGEMM) and embedding rows equal the unpacked matrix's.
-TEST(Q5_0Groups, CpuDeviceProductsAndRowsEqualUnpacked) {
+// CpuDevice packs at load where asked (TQKV_Q5_0_GROUPS=1, TQKV_Q4_1_GROUPS=1) and its products
+// (1-2 rows: qgemm; 5: the dequantized tiles' SGEMM) and embedding rows equal the unpacked
+// matrix's.
+TEST(BlockGroups, CpuDeviceProductsAndRowsEqualUnpacked) {
   std::mt19937 rng(23);
   const int rows = 300, cols = 896;
-  const std::vector<uint8_t> w = random_blocks(TensorType::Q5_0, rows, cols, rng);
-  const GgufTensor t = tensor_over(kQ5_0, rows, cols, w);
-  CpuDevice dev;
-  const char* before = std::getenv("TQKV_Q5_0_GROUPS");
-  const std::string saved = before ? before : "";
-  setenv("TQKV_Q5_0_GROUPS", "1", 1);
-  const auto packed = dev.load_matrix(t, rows, cols);
-  setenv("TQKV_Q5_0_GROUPS", "0", 1);
-  const auto plain = dev.load_matrix(t, rows, cols);
-  if (before) {
-    setenv("TQKV_Q5_0_GROUPS", saved.c_str(), 1);
-  } else {
-    unsetenv("TQKV_Q5_0_GROUPS");
+  for (const GroupedCase& c : kGroupedCases) {
+    SCOPED_TRACE(tensor_type_name(c.gguf));
+    const std::vector<uint8_t> w = random_blocks(static_cast<TensorType>(c.gguf), rows, cols, rng);
+    const GgufTensor t = tensor_over(c.gguf, rows, cols, w);
+    CpuDevice dev;
+    const char* before = std::getenv(c.env);
+    const std::string saved = before ? before : "";
+    setenv(c.env, "1", 1);
+    const auto packed = dev.load_matrix(t, rows, cols);
+    setenv(c.env, "0", 1);
+    const auto plain = dev.load_matrix(t, rows, cols);
+    if (before) {
+      setenv(c.env, saved.c_str(), 1);
+    } else {
+      unsetenv(c.env);
+    }
+    EXPECT_EQ(static_cast<const CpuMatrix&>(*packed).qtype, c.grouped);
+    EXPECT_EQ(static_cast<const CpuMatrix&>(*plain).qtype, c.gguf);
+    EXPECT_EQ(packed->bytes(), w.size());
+    std::normal_distribution<float> nd;
+    for (int n : {1, 2, 5}) {
+      std::vector<float> x(static_cast<size_t>(n) * cols), a(static_cast<size_t>(n) * rows), b(a.size());
+      for (auto& v : x) v = nd(rng);
+      dev.matmul(x.data(), n, *plain, a.data(), nullptr);
+      dev.matmul(x.data(), n, *packed, b.data(), nullptr);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "n " << n;
+    }
+    const int32_t tokens[3] = {0, rows - 1, 77};
+    std::vector<float> ea(3 * static_cast<size_t>(cols)), eb(ea.size());
+    dev.embed(*plain, tokens, 3, 1.0f, ea.data());
+    dev.embed(*packed, tokens, 3, 1.0f, eb.data());
+    EXPECT_EQ(ea, eb);
   }
-  EXPECT_EQ(static_cast<const CpuMatrix&>(*packed).qtype, kQ5_0Groups);
-  EXPECT_EQ(static_cast<const CpuMatrix&>(*plain).qtype, kQ5_0);
-  EXPECT_EQ(packed->bytes(), w.size());
-  std::normal_distribution<float> nd;
-  for (int n : {1, 2, 5}) {
-    std::vector<float> x(static_cast<size_t>(n) * cols), a(static_cast<size_t>(n) * rows), b(a.size());
-    for (auto& v : x) v = nd(rng);
-    dev.matmul(x.data(), n, *plain, a.data(), nullptr);
-    dev.matmul(x.data(), n, *packed, b.data(), nullptr);
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "n " << n;
-  }
-  const int32_t tokens[3] = {0, rows - 1, 77};
-  std::vector<float> ea(3 * static_cast<size_t>(cols)), eb(ea.size());
-  dev.embed(*plain, tokens, 3, 1.0f, ea.data());
-  dev.embed(*packed, tokens, 3, 1.0f, eb.data());
-  EXPECT_EQ(ea, eb);
 }
 
 }  // namespace
