@@ -86,7 +86,7 @@ void streamed(benchmark::State& state, TensorType type, bool groups = false) {
   std::vector<float> x(cols), y(rows);
   for (int c = 0; c < cols; ++c) x[c] = std::sin(0.37f * c);
   uint32_t t = static_cast<uint32_t>(type);
-  if (groups) {  // as CpuDevice holds Q5_0 and Q4_1 where the AVX2 int8 kernels run
+  if (groups) {  // as CpuDevice holds Q5_0, Q4_1 and Q8_0 where the AVX2 int8 kernels run
     std::vector<uint8_t> g(w.size());
     t = tqkv::engine::grouped_type(t);
     tqkv::engine::pack_group_rows(t, w.data(), rows, cols, g.data());
@@ -104,6 +104,7 @@ BENCHMARK_CAPTURE(streamed, Q4_1_groups, TensorType::Q4_1, true)->Unit(benchmark
 BENCHMARK_CAPTURE(streamed, Q5_0, TensorType::Q5_0)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(streamed, Q5_0_groups, TensorType::Q5_0, true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(streamed, Q8_0, TensorType::Q8_0)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(streamed, Q8_0_groups, TensorType::Q8_0, true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(streamed, Q4_K, TensorType::Q4_K)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(streamed, Q6_K, TensorType::Q6_K)->Unit(benchmark::kMillisecond);
 

@@ -14,6 +14,7 @@ namespace {
 
 constexpr uint32_t kQ5_0 = static_cast<uint32_t>(TensorType::Q5_0);
 constexpr uint32_t kQ4_1 = static_cast<uint32_t>(TensorType::Q4_1);
+constexpr uint32_t kQ8_0 = static_cast<uint32_t>(TensorType::Q8_0);
 
 // GGUF qh (bit i = element i's high bit) <-> the group word (bit 8k + m = element 4m + k's):
 // byte k of the word is every fourth bit of qh from bit k, gathered (and spread back).
@@ -104,11 +105,26 @@ void unpack_q4_1(const uint8_t* g, uint8_t* dst) {
   }
 }
 
+void pack_q8_0(const uint8_t* src, uint8_t* g) {
+  for (int j = 0; j < kGroupBlocks; ++j) {
+    std::memcpy(g + 2 * j, src + j * 34, 2);
+    std::memcpy(g + 16 + 32 * j, src + j * 34 + 2, 32);
+  }
+}
+void unpack_q8_0(const uint8_t* g, uint8_t* dst) {
+  for (int j = 0; j < kGroupBlocks; ++j) {
+    std::memcpy(dst + j * 34, g + 2 * j, 2);
+    std::memcpy(dst + j * 34 + 2, g + 16 + 32 * j, 32);
+  }
+}
+
 const Layout& layout_of(uint32_t grouped) {
   static const Layout q5_0{kQ5_0, 22, kQ5_0GroupBytes, pack_q5_0, unpack_q5_0};
   static const Layout q4_1{kQ4_1, 20, kQ4_1GroupBytes, pack_q4_1, unpack_q4_1};
+  static const Layout q8_0{kQ8_0, 34, kQ8_0GroupBytes, pack_q8_0, unpack_q8_0};
   if (grouped == kQ5_0Groups) return q5_0;
   if (grouped == kQ4_1Groups) return q4_1;
+  if (grouped == kQ8_0Groups) return q8_0;
   throw Error(ErrorCode::InvalidArgument, "block groups: type " + std::to_string(grouped) + " is not a grouped type");
 }
 
@@ -134,12 +150,12 @@ bool env_flag(const char* name, bool fallback) {
 
 }  // namespace
 
-bool is_grouped(uint32_t type) { return type == kQ5_0Groups || type == kQ4_1Groups; }
+bool is_grouped(uint32_t type) { return type == kQ5_0Groups || type == kQ4_1Groups || type == kQ8_0Groups; }
 
 uint32_t ungrouped_type(uint32_t type) { return is_grouped(type) ? layout_of(type).gguf : type; }
 
 uint32_t grouped_type(uint32_t gguf_type) {
-  return gguf_type == kQ5_0 ? kQ5_0Groups : gguf_type == kQ4_1 ? kQ4_1Groups : 0;
+  return gguf_type == kQ5_0 ? kQ5_0Groups : gguf_type == kQ4_1 ? kQ4_1Groups : gguf_type == kQ8_0 ? kQ8_0Groups : 0;
 }
 
 void pack_group_rows(uint32_t grouped, const uint8_t* src, size_t rows, int cols, uint8_t* dst) {
@@ -159,7 +175,7 @@ void dequantize_group_rows(uint32_t grouped, const uint8_t* src, size_t rows, in
   for (size_t r = 0; r < rows; ++r) {
     const uint8_t* row = src + r * row_bytes;
     float* y = dst + r * static_cast<size_t>(cols);
-    uint8_t blocks[kQ5_0GroupBytes];  // one group back in GGUF layout (L1-resident; the larger size)
+    uint8_t blocks[kQ8_0GroupBytes];  // one group back in GGUF layout (L1-resident; the largest size)
     for (int g = 0; g < groups; ++g) {
       l.unpack(row + g * l.group_bytes, blocks);
       dequantize(l.gguf, blocks, y + g * 256, 256);
@@ -173,6 +189,7 @@ uint32_t group_at_load(uint32_t gguf_type) {
   const bool avx2_int8 = qdot_mode() == QdotMode::Int8 && std::strcmp(qdot_isa(), "avx2") == 0;
   if (gguf_type == kQ5_0) return env_flag("TQKV_Q5_0_GROUPS", avx2_int8) ? kQ5_0Groups : 0;
   if (gguf_type == kQ4_1) return env_flag("TQKV_Q4_1_GROUPS", avx2_int8) ? kQ4_1Groups : 0;
+  if (gguf_type == kQ8_0) return env_flag("TQKV_Q8_0_GROUPS", avx2_int8) ? kQ8_0Groups : 0;
   return 0;
 }
 

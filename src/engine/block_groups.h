@@ -1,4 +1,4 @@
-// Q5_0 and Q4_1 matrices in groups of eight blocks: the layouts the AVX2 int8 kernels read
+// Q5_0, Q4_1 and Q8_0 matrices in groups of eight blocks: the layouts the AVX2 int8 kernels read
 // (qgemv.h).
 //
 // Read block by block, an AVX2 core spends most of a 32-weight block's instructions on its own
@@ -19,6 +19,8 @@
 //   Q4_1 (20-byte blocks; groups of 160 bytes):
 //     [0, 16)    the 8 blocks' fp16 d;  [16, 32) their fp16 m (the mins);
 //     [32, 160)  the nibble pairs below.
+//   Q8_0 (34-byte blocks; groups of 272 bytes):
+//     [0, 16)    the 8 blocks' fp16 d;  [16, 272) their 32 int8 codes each, in block order.
 //   Nibble pairs: 4 pairs of blocks (8g + 2p, 8g + 2p + 1), 32 bytes a pair: byte i = the low
 //   nibble of element i of the first block | that of the second block << 4, so one load, a mask
 //   and a shift give both blocks' 32 nibbles in element order.
@@ -36,9 +38,11 @@ namespace tqkv::engine {
 // file uses them.
 inline constexpr uint32_t kQ5_0Groups = 0x10006;
 inline constexpr uint32_t kQ4_1Groups = 0x10003;
+inline constexpr uint32_t kQ8_0Groups = 0x10008;
 inline constexpr int kGroupBlocks = 8;
 inline constexpr int kQ5_0GroupBytes = 176;
 inline constexpr int kQ4_1GroupBytes = 160;
+inline constexpr int kQ8_0GroupBytes = 272;
 
 // Whether `type` is one of the grouped ids; the GGUF type of a grouped id (else `type` itself);
 // a GGUF type's grouped id (0: none).
@@ -55,7 +59,7 @@ void dequantize_group_rows(uint32_t grouped, const uint8_t* src, size_t rows, in
 
 // The grouped id CpuDevice packs a matrix of GGUF type `gguf_type` into at load, or 0: where
 // the int8 path runs the AVX2 kernels (not AVX-512's, which read the GGUF layouts as fast).
-// TQKV_Q5_0_GROUPS=0|1 and TQKV_Q4_1_GROUPS=0|1 override.
+// TQKV_Q5_0_GROUPS, TQKV_Q4_1_GROUPS and TQKV_Q8_0_GROUPS (0|1) override.
 uint32_t group_at_load(uint32_t gguf_type);
 
 }  // namespace tqkv::engine

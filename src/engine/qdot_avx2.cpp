@@ -122,19 +122,23 @@ void q5_0(const QdotArgs& a) {
   });
 }
 
-// Q5_0 and Q4_1 in groups of eight blocks (block_groups.h), the same contracts as q5_0 and q4_1
-// bit for bit (the same lane sums, scales dw * xd[b], accumulators in block order, and Q4_1's
-// mins one scalar fma a block in block order). Per group: one vcvtph2ps for the eight scales
-// (and one for Q4_1's eight mins) and one multiply by the eight activation scales per row; per
-// pair of blocks one load for both blocks' nibbles; per Q5_0 block a broadcast, a shift and a
-// blend for the high bits (every byte's sign bit is its element's, see the layout). About 12
-// instructions a Q5_0 block against q5_0's 24; the weights are prefetched 1 KB ahead, which
-// only paid once the kernel was this lean (Q5_0 streamed at 7-9 GB/s before, 11-12.5 after, one
-// core of a Zen 3-class host; Q4_1 4.2 -> 4.8-5.1 GB/s on a Zen 1 core).
-template <int N, bool kQ4_1>
+// Q5_0, Q4_1 and Q8_0 in groups of eight blocks (block_groups.h), the same contracts as q5_0,
+// q4_1 and q8_0 bit for bit (the same lane sums, scales dw * xd[b], accumulators in block order,
+// and Q4_1's mins one scalar fma a block in block order). Per group: one vcvtph2ps for the
+// eight scales (and one for Q4_1's eight mins) and one multiply by the eight activation scales
+// per row; per pair of 4-bit blocks one load for both blocks' nibbles; per Q5_0 block a
+// broadcast, a shift and a blend for the high bits (every byte's sign bit is its element's, see
+// the layout). About 12 instructions a Q5_0 block against q5_0's 24; the weights are prefetched
+// 1 KB ahead, which only paid once the kernel was this lean (Q5_0 streamed at 7-9 GB/s before,
+// 11-12.5 after, one core of a Zen 3-class host; Q4_1 4.2 -> 5.1 GB/s on a Zen 1 core).
+enum class GroupKind { Q5_0, Q4_1, Q8_0 };
+
+template <int N, GroupKind kKind>
 void grouped(const QdotArgs& a) {
-  constexpr int kPrefetch = 1024, kBlockBytes = kQ4_1 ? 20 : 22;
-  constexpr int kGroupBytes = kQ4_1 ? kQ4_1GroupBytes : kQ5_0GroupBytes, kPairsAt = kQ4_1 ? 32 : 48;
+  constexpr bool kQ4_1 = kKind == GroupKind::Q4_1, kQ8_0 = kKind == GroupKind::Q8_0;
+  constexpr int kPrefetch = 1024, kBlockBytes = kQ4_1 ? 20 : kQ8_0 ? 34 : 22;
+  constexpr int kGroupBytes = kQ4_1 ? kQ4_1GroupBytes : kQ8_0 ? kQ8_0GroupBytes : kQ5_0GroupBytes;
+  constexpr int kCodesAt = kQ4_1 ? 32 : kQ8_0 ? 16 : 48;
   const int nb = a.cols / 32, groups = nb / kGroupBlocks, cols4 = a.cols / 4;
   const size_t row_bytes = static_cast<size_t>(nb) * kBlockBytes;
   const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(16);
@@ -150,11 +154,13 @@ void grouped(const QdotArgs& a) {
     }
     // Codes c of block b into the accumulators of parity P, lane scales scale(t), Q4_1's min mw.
     const auto apply = [&]<int P>(__m256i c, int b, auto scale, float mw) {
+      const __m256i u = kQ8_0 ? _mm256_sign_epi8(c, c) : c;  // Q8_0: |c| against sign(c) x
 #pragma GCC unroll 8
       for (int t = 0; t < N; ++t) {
-        const __m256i xq = load32(a.x.xq + static_cast<size_t>(t) * a.cols + 32 * b);
-        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(c, xq), ones);
-        if constexpr (!kQ4_1)  // Q5_0's offset 16
+        __m256i xq = load32(a.x.xq + static_cast<size_t>(t) * a.cols + 32 * b);
+        if constexpr (kQ8_0) xq = _mm256_sign_epi8(xq, c);
+        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
+        if constexpr (kKind == GroupKind::Q5_0)  // the offset 16
           s = _mm256_add_epi32(s, _mm256_slli_epi32(load32(a.x.x4n + static_cast<size_t>(t) * cols4 + 8 * b), 4));
         acc[P][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale(t), acc[P][t]);
         if constexpr (kQ4_1) off[t] = std::fma(mw, a.x.xs[static_cast<size_t>(t) * nb + b], off[t]);
@@ -171,12 +177,19 @@ void grouped(const QdotArgs& a) {
       for (int t = 0; t < N; ++t) sc[t] = _mm256_mul_ps(dw, _mm256_loadu_ps(a.x.xd + static_cast<size_t>(t) * nb + 8 * g));
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
-        const __m256i v = load32(G + kPairsAt + 32 * p);
-        const __m256i nib[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
+        __m256i codes[2];
+        if constexpr (kQ8_0) {
+          codes[0] = load32(G + kCodesAt + 64 * p);
+          codes[1] = load32(G + kCodesAt + 64 * p + 32);
+        } else {
+          const __m256i v = load32(G + kCodesAt + 32 * p);
+          codes[0] = _mm256_and_si256(v, m4);
+          codes[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
         const auto block = [&]<int H>() {
           const int j = 2 * p + H;
-          __m256i c = nib[H];
-          if constexpr (!kQ4_1) {
+          __m256i c = codes[H];
+          if constexpr (kKind == GroupKind::Q5_0) {
             int32_t w;
             std::memcpy(&w, G + 16 + 4 * j, 4);
             const __m256i high = _mm256_sllv_epi32(_mm256_set1_epi32(w), to_sign);
@@ -193,7 +206,8 @@ void grouped(const QdotArgs& a) {
     const auto gguf = [&]<int P>(int b) {
       const uint8_t* blk = row + static_cast<size_t>(b) * kBlockBytes;
       const __m256 dw = _mm256_set1_ps(f16(blk));
-      apply.template operator()<P>(kQ4_1 ? nibbles(blk + 4) : q5_0_codes(blk), b, [&](int t) {
+      const __m256i c = kQ4_1 ? nibbles(blk + 4) : kQ8_0 ? load32(blk + 2) : q5_0_codes(blk);
+      apply.template operator()<P>(c, b, [&](int t) {
         return _mm256_mul_ps(dw, _mm256_loadu_ps(a.x.xd8 + static_cast<size_t>(t) * cols4 + 8 * b));
       }, kQ4_1 ? f16(blk + 2) : 0.0f);
     };
@@ -215,11 +229,15 @@ void grouped(const QdotArgs& a) {
 }
 template <int N>
 void q5_0_groups(const QdotArgs& a) {
-  grouped<N, false>(a);
+  grouped<N, GroupKind::Q5_0>(a);
 }
 template <int N>
 void q4_1_groups(const QdotArgs& a) {
-  grouped<N, true>(a);
+  grouped<N, GroupKind::Q4_1>(a);
+}
+template <int N>
+void q8_0_groups(const QdotArgs& a) {
+  grouped<N, GroupKind::Q8_0>(a);
 }
 
 template <int N>
@@ -297,7 +315,7 @@ void q6_k(const QdotArgs& a) {
 QdotKernels qdot_avx2() {
   return {TQKV_QDOT_ENTRY(q4_0), TQKV_QDOT_ENTRY(q4_1), TQKV_QDOT_ENTRY(q5_0), TQKV_QDOT_ENTRY(q8_0),
           TQKV_QDOT_ENTRY(q4_k), TQKV_QDOT_ENTRY(q6_k), TQKV_QDOT_ENTRY(q5_0_groups),
-          TQKV_QDOT_ENTRY(q4_1_groups)};
+          TQKV_QDOT_ENTRY(q4_1_groups), TQKV_QDOT_ENTRY(q8_0_groups)};
 }
 
 }  // namespace tqkv::engine::detail

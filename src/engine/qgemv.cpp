@@ -286,7 +286,10 @@ void qgemm(uint32_t type, const uint8_t* w, int r0, int r1, const QgemmInput& x,
     const uint32_t gguf_type = ungrouped_type(type);
     const detail::QdotKernels& ks = qdot_kernels_for(level);
     const detail::QdotFn grouped =
-        x.mode_ != QdotMode::Int8 ? nullptr : type == kQ5_0Groups ? ks.q5_0_groups : ks.q4_1_groups;
+        x.mode_ != QdotMode::Int8 ? nullptr
+        : type == kQ5_0Groups     ? ks.q5_0_groups
+        : type == kQ4_1Groups     ? ks.q4_1_groups
+                                  : ks.q8_0_groups;
     if (!grouped) {
       // The other kernels read the GGUF layout: restore it a slice of rows at a time (the
       // results are those of the GGUF matrix, bit for bit, whatever the slices).

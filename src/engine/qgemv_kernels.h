@@ -171,9 +171,9 @@ using QdotFn = void (*)(const QdotArgs& a);
 
 struct QdotKernels {
   QdotFn q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
-  // Q5_0 and Q4_1 in groups of eight blocks (block_groups.h), where the ISA reads those
-  // layouts; else nullptr, and qgemm restores the GGUF layout for q5_0 / q4_1.
-  QdotFn q5_0_groups = nullptr, q4_1_groups = nullptr;
+  // Q5_0, Q4_1 and Q8_0 in groups of eight blocks (block_groups.h), where the ISA reads those
+  // layouts; else nullptr, and qgemm restores the GGUF layout for q5_0 / q4_1 / q8_0.
+  QdotFn q5_0_groups = nullptr, q4_1_groups = nullptr, q8_0_groups = nullptr;
 };
 
 #define TQKV_QDOT_ENTRY(K) \

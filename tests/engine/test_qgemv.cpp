@@ -437,7 +437,7 @@ TEST(CpuDevice, MatmulGroupEqualsSeparateProductsBitForBit) {
   EXPECT_THROW(dev.matmul_group(x.data(), 1, g, 2), Error);
 }
 
-// Q5_0 and Q4_1 matrices in groups of eight blocks (block_groups.h): the layouts byte for
+// Q5_0, Q4_1 and Q8_0 matrices in groups of eight blocks (block_groups.h): the layouts byte for
 // byte, the round trip, and every product over them equal to the product over the GGUF blocks
 // bit for bit (the AVX2 int8 kernels that read them directly, and every other kernel through the
 // restored rows), at every ISA and in both qgemv modes; the CPU device packs at load and gives
@@ -451,7 +451,8 @@ struct GroupedCase {
   const char* env;
 };
 constexpr GroupedCase kGroupedCases[] = {{kQ5_0Groups, kQ5_0, "TQKV_Q5_0_GROUPS"},
-                                         {kQ4_1Groups, kQ4_1, "TQKV_Q4_1_GROUPS"}};
+                                         {kQ4_1Groups, kQ4_1, "TQKV_Q4_1_GROUPS"},
+                                         {kQ8_0Groups, static_cast<uint32_t>(TensorType::Q8_0), "TQKV_Q8_0_GROUPS"}};
 
 // Element i's low nibble in a hand-made block j (below).
 int made_nibble(int i, int j) { return i < 16 ? (i + j) & 15 : (15 - (i - 16)) & 15; }
@@ -532,7 +533,7 @@ TEST(BlockGroups, UnpackRestoresTheGgufBytesAndDequantizesAlike) {
       EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
     }
   }
-  EXPECT_EQ(grouped_type(static_cast<uint32_t>(TensorType::Q8_0)), 0u);
+  EXPECT_EQ(grouped_type(static_cast<uint32_t>(TensorType::Q4_K)), 0u);
 }
 
 // qgemm over the groups equals qgemm over the GGUF blocks bit for bit: full groups with and
