@@ -56,12 +56,14 @@ void get_nibbles(const uint8_t* pairs, int j, uint8_t* qs) {
   }
 }
 
-// One type's layout: GGUF block bytes, group bytes, and one group packed / unpacked.
+// One type's layout: its grouped and GGUF ids, block and group bytes, one group packed /
+// unpacked, and the environment variable that overrides packing it at load.
 struct Layout {
-  uint32_t gguf;
+  uint32_t grouped, gguf;
   int block_bytes, group_bytes;
   void (*pack)(const uint8_t* src, uint8_t* g);
   void (*unpack)(const uint8_t* g, uint8_t* dst);
+  const char* env;
 };
 
 void pack_q5_0(const uint8_t* src, uint8_t* g) {
@@ -118,13 +120,21 @@ void unpack_q8_0(const uint8_t* g, uint8_t* dst) {
   }
 }
 
+constexpr Layout kLayouts[] = {
+    {kQ5_0Groups, kQ5_0, 22, kQ5_0GroupBytes, pack_q5_0, unpack_q5_0, "TQKV_Q5_0_GROUPS"},
+    {kQ4_1Groups, kQ4_1, 20, kQ4_1GroupBytes, pack_q4_1, unpack_q4_1, "TQKV_Q4_1_GROUPS"},
+    {kQ8_0Groups, kQ8_0, 34, kQ8_0GroupBytes, pack_q8_0, unpack_q8_0, "TQKV_Q8_0_GROUPS"},
+};
+
+// The layout whose grouped id (by_gguf: GGUF id) is `type`, or nullptr.
+const Layout* find_layout(uint32_t type, bool by_gguf) {
+  for (const Layout& l : kLayouts)
+    if ((by_gguf ? l.gguf : l.grouped) == type) return &l;
+  return nullptr;
+}
+
 const Layout& layout_of(uint32_t grouped) {
-  static const Layout q5_0{kQ5_0, 22, kQ5_0GroupBytes, pack_q5_0, unpack_q5_0};
-  static const Layout q4_1{kQ4_1, 20, kQ4_1GroupBytes, pack_q4_1, unpack_q4_1};
-  static const Layout q8_0{kQ8_0, 34, kQ8_0GroupBytes, pack_q8_0, unpack_q8_0};
-  if (grouped == kQ5_0Groups) return q5_0;
-  if (grouped == kQ4_1Groups) return q4_1;
-  if (grouped == kQ8_0Groups) return q8_0;
+  if (const Layout* l = find_layout(grouped, false)) return *l;
   throw Error(ErrorCode::InvalidArgument, "block groups: type " + std::to_string(grouped) + " is not a grouped type");
 }
 
@@ -150,12 +160,16 @@ bool env_flag(const char* name, bool fallback) {
 
 }  // namespace
 
-bool is_grouped(uint32_t type) { return type == kQ5_0Groups || type == kQ4_1Groups || type == kQ8_0Groups; }
+bool is_grouped(uint32_t type) { return find_layout(type, false) != nullptr; }
 
-uint32_t ungrouped_type(uint32_t type) { return is_grouped(type) ? layout_of(type).gguf : type; }
+uint32_t ungrouped_type(uint32_t type) {
+  const Layout* l = find_layout(type, false);
+  return l ? l->gguf : type;
+}
 
 uint32_t grouped_type(uint32_t gguf_type) {
-  return gguf_type == kQ5_0 ? kQ5_0Groups : gguf_type == kQ4_1 ? kQ4_1Groups : gguf_type == kQ8_0 ? kQ8_0Groups : 0;
+  const Layout* l = find_layout(gguf_type, true);
+  return l ? l->grouped : 0;
 }
 
 void pack_group_rows(uint32_t grouped, const uint8_t* src, size_t rows, int cols, uint8_t* dst) {
@@ -186,11 +200,10 @@ void dequantize_group_rows(uint32_t grouped, const uint8_t* src, size_t rows, in
 }
 
 uint32_t group_at_load(uint32_t gguf_type) {
+  const Layout* l = find_layout(gguf_type, true);
+  if (!l) return 0;
   const bool avx2_int8 = qdot_mode() == QdotMode::Int8 && std::strcmp(qdot_isa(), "avx2") == 0;
-  if (gguf_type == kQ5_0) return env_flag("TQKV_Q5_0_GROUPS", avx2_int8) ? kQ5_0Groups : 0;
-  if (gguf_type == kQ4_1) return env_flag("TQKV_Q4_1_GROUPS", avx2_int8) ? kQ4_1Groups : 0;
-  if (gguf_type == kQ8_0) return env_flag("TQKV_Q8_0_GROUPS", avx2_int8) ? kQ8_0Groups : 0;
-  return 0;
+  return env_flag(l->env, avx2_int8) ? l->grouped : 0;
 }
 
 }  // namespace tqkv::engine

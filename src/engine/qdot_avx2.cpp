@@ -129,8 +129,8 @@ void q5_0(const QdotArgs& a) {
 // per row; per pair of 4-bit blocks one load for both blocks' nibbles; per Q5_0 block a
 // broadcast, a shift and a blend for the high bits (every byte's sign bit is its element's, see
 // the layout). About 12 instructions a Q5_0 block against q5_0's 24; the weights are prefetched
-// 1 KB ahead, which only paid once the kernel was this lean (Q5_0 streamed at 7-9 GB/s before,
-// 11-12.5 after, one core of a Zen 3-class host; Q4_1 4.2 -> 5.1 GB/s on a Zen 1 core).
+// 1 KB ahead, which only paid once the kernel was this lean (one core: Q5_0 7-9 -> 11-12.5 GB/s
+// on an earlier AVX2 EPYC host; on a Zen 1 core Q4_1 4.1-4.2 -> 5.1, Q8_0 6.0-6.3 -> 7.4-7.5).
 enum class GroupKind { Q5_0, Q4_1, Q8_0 };
 
 template <int N, GroupKind kKind>
