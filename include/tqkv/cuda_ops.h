@@ -123,7 +123,7 @@ struct PrefillArgs {
   int64_t q_stride = 0;      // 0: n_q_heads * head_dim
   const void* k = nullptr;   // [n_kv, n_kv_heads, head_dim]
   const void* v = nullptr;
-  bool kv_bf16 = true;       // false: float32
+  DType kv_dtype = DType::BF16;  // BF16 or F16: tensor cores; F32: the scalar kernel, exact in f32
   float* out = nullptr;      // [n_q, n_q_heads, head_dim], row stride out_stride floats
   int64_t out_stride = 0;    // 0: n_q_heads * head_dim
   int n_q = 0;

@@ -27,20 +27,20 @@ void ck(cudaError_t e, const char* what) {
 // Rows of the largest step the copies' ring takes at once (the CPU's RecentWindow max_batch).
 constexpr int kCopyStepTokens = 512;
 
-// Prefill chunks of a cache without copies, TQKV_PREFILL_PATH=auto: a chunk attends as decode
-// rows once its sequence holds this many positions (the chunk included), below it by
-// dequantizing that history and the tiled kernel. Measured on the H200 (SmolLM2-135M: d = 64,
-// 9 query : 3 kv heads; `tqkv bench decode --prefill-chunk 512|0`, 2026-12-01), whole-model
-// prefill tokens/s, rows / tiled, warm process:
-//   chunks of 512:      history (0, 512]: f16 92.7K / 73.6K, turboquant_4bit_nc 98.4K / 70.0K;
-//                       (512, 1K]: 101K / 46.7K and 103K / 44.4K; (4K, 8K]: 38.1K / 10.3K and
-//                       41.7K / 9.6K (the tiled path dequantizes the whole history per chunk);
-//   one chunk per step: 1,024 rows over 1K: f16 116K / 77.4K, turboquant_4bit_nc 95.7K / 77.3K;
-//                       7,168 rows over 8K: 52.1K / 23.8K and 58.4K / 23.4K.
-// The rows path won at every history length, chunk size and format measured, so auto takes it
-// from 0; the tiled path stays for layers without a decode kernel or with a sliding window, and
-// TQKV_PREFILL_ROWS_FROM moves the crossover for another model or GPU.
-constexpr int64_t kPrefillRowsFrom = 0;
+// Prefill runs of a cache without copies, TQKV_PREFILL_PATH=auto: runs of at least this many
+// queries dequantize their history and take the tiled kernel (tensor cores), shorter ones attend
+// as decode rows. Measured on the H200 (SmolLM2-135M: d = 64, 9 query : 3 kv heads; `tqkv bench
+// decode --prefill-chunk 512|0`, 2026-12-04), whole-model prefill tokens/s, tiled / rows:
+//   chunks of 512 over (4K, 8K]: f16 90K / 40K, turboquant_4bit_nc 90K / 50K; over (8K, 16K]:
+//                                58K / 23K and 57K / 29K;
+//   one run of 7,168 over 8K:    f16 309K / 53K, turboquant_4bit_nc 306K / 67K.
+//   chunks of 256 over (2K, 8K]:  f16 53K / 37K, turboquant_4bit_nc 52K / 46K;
+//   chunks of 128 over (2K, 8K]:  f16 27K / 29K, turboquant_4bit_nc 26K / 32K (over (0, 2K]:
+//                                 48K / 39K and 46K / 34K); chunks of 64: 14K / 19K, 14K / 20K.
+// (Before the tensor-core kernel the rows won everywhere: the scalar tiled kernel made 9.5-24K.)
+// A short run of a long sequence goes as rows: the tiled kernel's grid is a CTA per 64 queries
+// and head, too few to read a long history fast. TQKV_PREFILL_TILED_FROM moves the crossover.
+constexpr int64_t kPrefillTiledFrom = 192;
 
 size_t pool_bytes(const Format& f, int head_dim, int n_kv_heads, int blocks) {
   return static_cast<size_t>(blocks) *
@@ -98,7 +98,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
       throw Error(ErrorCode::InvalidArgument, "TQKV_PREFILL_PATH=" + path + ": give auto, tiled or rows");
   }
   fused_max_rows_ = static_cast<int>(env_count("TQKV_FUSED_MAX_ROWS", "rows", kFusedMaxRows, 0, INT_MAX));
-  rows_from_ = env_count("TQKV_PREFILL_ROWS_FROM", "positions", kPrefillRowsFrom, 0, LLONG_MAX);
+  tiled_from_ = env_count("TQKV_PREFILL_TILED_FROM", "queries", kPrefillTiledFrom, 2, LLONG_MAX);
   if (copies()) {
     // Sliding-window layers take the copies with their window as a cut of every part; a sink is
     // read while it is inside the window (one sink: all or nothing, so one per-row length).
@@ -137,13 +137,15 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
       } catch (const Error& e) {
         not_yet("layer " + std::to_string(l) + "'s format " + f.name() + " (" + e.what() + ")");
       }
-      Layer L{*codec, {}, false, false, std::nullopt, std::nullopt, {}, {}, false};
+      Layer L{*codec, {}, false, cuda::DType::BF16, std::nullopt, std::nullopt, {}, {}, false};
       L.ring = slide_ring_blocks_ > 0 && spec.ring_positions(l, shape.capacity) > 0;
       L.kv = cuda::PagedKv{nullptr, L.ring ? slide_ring_blocks_ * shape.max_seqs : num_blocks, kBlockSize,
                            m.n_kv_heads, cuda::PageLayout::Page};
       L.decode = L.codec.decode_supported() && m.n_heads / m.n_kv_heads <= 8;
-      L.f32_workspace = !f.compressed() && (f.value == ValueCodec::F32 || f.value == ValueCodec::F16 ||
-                                            f.value == ValueCodec::BF16);
+      // Uncompressed layers dequantize exactly: f16 and bf16 as themselves (the prefill kernel's
+      // tensor cores take either), f32 as f32.
+      if (!f.compressed() && f.value == ValueCodec::F32) L.workspace_dtype = cuda::DType::F32;
+      if (!f.compressed() && f.value == ValueCodec::F16) L.workspace_dtype = cuda::DType::F16;
       if (copies() && f.compressed()) {  // the CPU's RecentWindow covers the compressed layers
         const Format wf = spec.window_format ? *spec.window_format : find_format("f16");
         L.window_codec.emplace(wf, m.head_dim);
@@ -290,7 +292,8 @@ bool CudaKvCache::prefill_rows(int count, int64_t n_kv) const {
     case PrefillPath::Rows: return true;
     case PrefillPath::Auto: break;
   }
-  return n_kv >= rows_from_;
+  (void)n_kv;
+  return count < tiled_from_;
 }
 
 int CudaKvCache::max_step_tokens() const {
@@ -832,12 +835,12 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     const int kv_start = window > 0 ? static_cast<int>(std::max<int64_t>(0, r.pos0 - window + 1)) : 0;
     const int32_t* table = (L.ring ? slide_run_tables_ : step_tables_) + j * blocks_per_seq_;
     dequantize_to_workspace(L.codec, L.kv, table, kv_start, n_kv - kv_start,
-                            L.f32_workspace ? cuda::DType::F32 : cuda::DType::BF16);
+                            L.workspace_dtype);
     cuda::PrefillArgs pa;
     pa.q = q + static_cast<size_t>(r.begin) * q_row;
     pa.k = kws_;
     pa.v = vws_;
-    pa.kv_bf16 = !L.f32_workspace;
+    pa.kv_dtype = L.workspace_dtype;
     pa.out = out + static_cast<size_t>(r.begin) * q_row;
     pa.n_q = r.count;
     pa.pos0 = r.pos0;

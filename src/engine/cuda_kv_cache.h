@@ -30,8 +30,9 @@
 // Prefill chunks of a cache without copies take one of two paths, chosen per chunk
 // (prefill_rows(); TQKV_PREFILL_PATH=auto|tiled|rows): every query as a row of the split-KV
 // decode kernel over the pages, as with copies, or dequantize + the tiled kernel, above. Auto
-// takes the rows wherever the layer has a decode kernel: on the H200 they were 1.2-4.4x faster
-// at every history length and chunk size measured (the numbers: kPrefillRowsFrom).
+// takes the tiled kernel (tensor cores) for runs of 192 queries or more: on the H200 it was
+// 1.1-5.9x faster than the rows at every history measured for runs of 256 and more (the numbers:
+// kPrefillTiledFrom).
 //
 // CUDA graphs (cuda_graphs.h): a decode step padded to a bucket prepares into that bucket's
 // fixed buffers (prepare_bucket) and keeps its recorded graphs (step_graph), so that a replay
@@ -102,8 +103,8 @@ class CudaKvCache final : public KvCache {
   size_t pool_bytes() const;
   // Whether a run of `count` queries whose sequence then holds n_kv positions attends as decode
   // rows (else: dequantize + tiled kernel). Always with copies or for one token; else by the
-  // environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for auto, the measured crossover
-  // (kPrefillRowsFrom; TQKV_PREFILL_ROWS_FROM overrides it). Layers without a decode kernel
+  // environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for auto, the run's length against
+  // the crossover (kPrefillTiledFrom; TQKV_PREFILL_TILED_FROM overrides it). Layers without a decode kernel
   // take the tiled path whatever this says (and, with TQKV_SLIDING_ROWS=0, those with a sliding
   // window).
   bool prefill_rows(int count, int64_t n_kv) const;
@@ -155,7 +156,7 @@ class CudaKvCache final : public KvCache {
     cuda::CacheCodec codec;
     cuda::PagedKv kv;
     bool decode = false;      // run_decode has a kernel for the format
-    bool f32_workspace = false;
+    cuda::DType workspace_dtype = cuda::DType::BF16;  // what prefill's tiled path dequantizes to
     // Copies (compressed layers of a spec with sinks or a window): their codecs and pools.
     std::optional<cuda::CacheCodec> window_codec, sink_codec;
     cuda::PagedKv window_kv, sink_kv;
@@ -286,7 +287,7 @@ class CudaKvCache final : public KvCache {
   // Prefill chunks without copies (prefill_rows): auto, or forced to either path.
   enum class PrefillPath { Auto, Tiled, Rows };
   PrefillPath prefill_path_ = PrefillPath::Auto;
-  int64_t rows_from_ = 0;  // auto: chunks whose sequence then holds >= this many positions go as rows
+  int64_t tiled_from_ = 192;  // auto: runs of >= this many queries take the tiled kernel
   // Above this many decode rows (prefill chunks whose queries run as decode rows) the three
   // launches stay: 1K-row prefill steps measured 5-20% slower fused on the H200, and still
   // 4-24% slower with the copies' parts capped at the middle's CTAs above 256 rows

@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "../common/scoped_env.h"
 #include "tqkv/cuda_ops.h"
 #include "tqkv/error.h"
 #include "tqkv/half.h"
@@ -296,63 +299,99 @@ std::vector<float> reference_prefill(const std::vector<float>& q, const std::vec
   return out;
 }
 
+// Both prefill kernels against the double reference: the scalar one (f32 K/V, or 16-bit K/V with
+// TQKV_PREFILL_KERNEL=scalar) exactly up to f32 rounding; the tensor-core one (bf16 or f16 K/V) rounds
+// the scaled query and the softmax weights to K's type, so with random queries it is held to 2^-7 of
+// the largest |v| (a wrong fragment or mask moves outputs by far more), and with zero queries,
+// where every visible key weighs exactly 1 in either kernel, to f32 rounding: that catches a key
+// let in or left out by the causal mask, the window or the tiling. Cases span several CTAs of
+// queries, several key tiles, partial tiles and windows at every head dim.
 TEST(CudaOps, PrefillAttentionMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(8);
+  using cuda::DType;
   struct Case {
     int d, hq, hkv, n_q;
     int64_t pos0;
     int window;
-    bool bf16;
+    DType kv;
   };
-  for (const Case& c : {Case{64, 9, 3, 37, 0, 0, false}, Case{64, 9, 3, 5, 100, 0, true}, Case{128, 8, 8, 50, 13, 0, true},
-                        Case{128, 32, 8, 20, 70, 24, false}, Case{64, 8, 2, 40, 90, 32, true}, Case{256, 4, 1, 17, 3, 0, true}, Case{64, 2, 1, 1, 300, 0, false}}) {
+  for (const Case& c :
+       {Case{64, 9, 3, 37, 0, 0, DType::F32}, Case{64, 9, 3, 5, 100, 0, DType::BF16}, Case{128, 8, 8, 50, 13, 0, DType::BF16},
+        Case{128, 32, 8, 20, 70, 24, DType::F32}, Case{64, 8, 2, 40, 90, 32, DType::BF16}, Case{256, 4, 1, 17, 3, 0, DType::BF16},
+        Case{64, 2, 1, 1, 300, 0, DType::F32}, Case{128, 12, 2, 200, 300, 0, DType::BF16}, Case{64, 9, 3, 130, 500, 100, DType::F16},
+        Case{256, 8, 1, 70, 40, 0, DType::F16}, Case{128, 8, 8, 64, 0, 0, DType::BF16}, Case{256, 4, 2, 90, 200, 45, DType::BF16},
+        Case{128, 4, 1, 129, 64, 63, DType::F16}, Case{64, 9, 3, 77, 150, 0, DType::F16}}) {
+    const bool bf16 = c.kv == DType::BF16, f16 = c.kv == DType::F16;
     const int n_kv = static_cast<int>(c.pos0) + c.n_q;
-    const std::vector<float> q = randn(static_cast<size_t>(c.n_q) * c.hq * c.d, rng);
+    const std::vector<float> q_rand = randn(static_cast<size_t>(c.n_q) * c.hq * c.d, rng);
     std::vector<float> k = randn(static_cast<size_t>(n_kv) * c.hkv * c.d, rng), v = randn(k.size(), rng);
     std::vector<uint16_t> kb(k.size()), vb(v.size());
+    float v_max = 0.0f;
     for (size_t i = 0; i < k.size(); ++i) {
-      kb[i] = float_to_bf16(k[i]);
-      vb[i] = float_to_bf16(v[i]);
-      if (c.bf16) k[i] = bf16_to_float(kb[i]), v[i] = bf16_to_float(vb[i]);
+      kb[i] = f16 ? float_to_half(k[i]) : float_to_bf16(k[i]);
+      vb[i] = f16 ? float_to_half(v[i]) : float_to_bf16(v[i]);
+      if (bf16) k[i] = bf16_to_float(kb[i]), v[i] = bf16_to_float(vb[i]);
+      if (f16) k[i] = half_to_float(kb[i]), v[i] = half_to_float(vb[i]);
+      v_max = std::max(v_max, std::fabs(v[i]));
     }
-    const std::vector<float> want = reference_prefill(q, k, v, c.n_q, c.pos0, c.hq, c.hkv, c.d, c.window);
-    Dev<float> dq(q), dk(k), dv(v), out(want.size(), NAN);
+    Dev<float> dk(k), dv(v);
     Dev<uint16_t> dkb(kb), dvb(vb);
-    cuda::PrefillArgs a;
-    a.q = dq.p;
-    a.k = c.bf16 ? static_cast<const void*>(dkb.p) : dk.p;
-    a.v = c.bf16 ? static_cast<const void*>(dvb.p) : dv.p;
-    a.kv_bf16 = c.bf16;
-    a.out = out.p;
-    a.n_q = c.n_q;
-    a.pos0 = c.pos0;
-    a.n_kv = n_kv;
-    a.n_q_heads = c.hq;
-    a.n_kv_heads = c.hkv;
-    a.head_dim = c.d;
-    a.window = c.window;
-    cuda::prefill_attention(a);
-    const std::vector<float> got = out.host();
-    for (size_t i = 0; i < got.size(); ++i)
-      ASSERT_NEAR(got[i], want[i], 2e-5f) << "d " << c.d << " n_q " << c.n_q << " pos0 " << c.pos0 << " at " << i;
-    if (c.window <= 0 || c.pos0 - c.window + 1 <= 0) continue;
-    // The same queries with only the keys of their windows held (kv_start: a ring's dequantization).
-    const int64_t start = c.pos0 - c.window + 1;
-    const size_t row = static_cast<size_t>(c.hkv) * c.d;
-    const std::vector<float> kw(k.begin() + start * row, k.end()), vw(v.begin() + start * row, v.end());
-    Dev<float> dkw(kw), dvw(vw), out_w(want.size(), NAN);
-    a.k = dkw.p;
-    a.v = dvw.p;
-    a.kv_bf16 = false;
-    a.out = out_w.p;
-    a.kv_start = start;
-    cuda::prefill_attention(a);
-    const std::vector<float> got_w = out_w.host();
-    for (size_t i = 0; i < got_w.size(); ++i)
-      ASSERT_NEAR(got_w[i], want[i], 2e-5f) << "kv_start " << start << " at " << i;
-    a.kv_start = start + 1;  // a key inside the first query's window left out
-    EXPECT_THROW(cuda::prefill_attention(a), tqkv::Error);
+    for (const bool zero_q : {false, true}) {
+      const std::vector<float> q = zero_q ? std::vector<float>(q_rand.size(), 0.0f) : q_rand;
+      const std::vector<float> want = reference_prefill(q, k, v, c.n_q, c.pos0, c.hq, c.hkv, c.d, c.window);
+      for (const bool scalar : {true, false}) {
+        if (c.kv == DType::F32 && !scalar) continue;  // f32 K/V always take the scalar kernel
+        std::optional<tqkv::testing_util::ScopedEnv> env;
+        if (scalar) env.emplace("TQKV_PREFILL_KERNEL", "scalar");
+        const float tol = scalar || zero_q ? 2e-5f : v_max / 128;
+        const std::string what = std::string(scalar ? "scalar" : "tensor-core") + (f16 ? ", f16" : bf16 ? ", bf16" : ", f32") +
+                                 (zero_q ? ", zero queries" : "") +
+                                 ": d " + std::to_string(c.d) + " n_q " + std::to_string(c.n_q) + " pos0 " +
+                                 std::to_string(c.pos0) + " window " + std::to_string(c.window);
+        Dev<float> dq(q), out(want.size(), NAN);
+        cuda::PrefillArgs a;
+        a.q = dq.p;
+        a.k = c.kv != DType::F32 ? static_cast<const void*>(dkb.p) : dk.p;
+        a.v = c.kv != DType::F32 ? static_cast<const void*>(dvb.p) : dv.p;
+        a.kv_dtype = c.kv;
+        a.out = out.p;
+        a.n_q = c.n_q;
+        a.pos0 = c.pos0;
+        a.n_kv = n_kv;
+        a.n_q_heads = c.hq;
+        a.n_kv_heads = c.hkv;
+        a.head_dim = c.d;
+        a.window = c.window;
+        cuda::prefill_attention(a);
+        const std::vector<float> got = out.host();
+        double err_sum = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_NEAR(got[i], want[i], tol) << what << " at " << i;
+          err_sum += std::fabs(got[i] - want[i]);
+        }
+        if (!scalar && !zero_q) {
+          EXPECT_LT(err_sum / got.size(), 2e-3) << what;  // the mean error of bf16 rounding
+        }
+        if (c.window <= 0 || c.pos0 - c.window + 1 <= 0) continue;
+        // The same queries with only the keys of their windows held (kv_start: a ring's dequantization).
+        const int64_t start = c.pos0 - c.window + 1;
+        const size_t row = static_cast<size_t>(c.hkv) * c.d;
+        Dev<float> dkw(std::vector<float>(k.begin() + start * row, k.end())),
+            dvw(std::vector<float>(v.begin() + start * row, v.end())), out_w(want.size(), NAN);
+        Dev<uint16_t> dkbw(std::vector<uint16_t>(kb.begin() + start * row, kb.end())),
+            dvbw(std::vector<uint16_t>(vb.begin() + start * row, vb.end()));
+        a.k = c.kv != DType::F32 ? static_cast<const void*>(dkbw.p) : dkw.p;
+        a.v = c.kv != DType::F32 ? static_cast<const void*>(dvbw.p) : dvw.p;
+        a.out = out_w.p;
+        a.kv_start = start;
+        cuda::prefill_attention(a);
+        const std::vector<float> got_w = out_w.host();
+        for (size_t i = 0; i < got_w.size(); ++i) ASSERT_NEAR(got_w[i], want[i], tol) << what << ", kv_start " << start << " at " << i;
+        a.kv_start = start + 1;  // a key inside the first query's window left out
+        EXPECT_THROW(cuda::prefill_attention(a), tqkv::Error);
+      }
+    }
   }
 }
 

@@ -1,12 +1,33 @@
 // prefill_attention: causal attention of a run of queries over a contiguous K/V (a prefill
-// chunk against its sequence's dequantized cache), flash-attention style.
+// chunk against its sequence's dequantized cache), flash-attention style. Two kernels:
 //
-// A CTA of 128 threads takes kRows = 16 queries of one query head. Thread t owns row t / 8 and
-// lane c = t % 8 of it: in each tile of kCols = 32 keys it scores keys c, c + 8, c + 16, c + 24
-// and accumulates output dims c, c + 8, ... of its row, so the 8 lanes of a row (inside one
-// warp) reduce the row's max and sum by shuffles. K and V tiles go through shared memory (K rows
-// padded by one float against bank conflicts); the running max/sum rescale the accumulator.
+// bf16 or f16 K/V (every cache but the f32 one; compressed formats dequantize to bf16, f16 and
+// bf16 caches to themselves): tensor cores, mma of that type. A CTA of 4 warps takes 64 queries of
+// one query head, warp w rows [16 w, 16 w + 16). Tiles of 64 keys (32 at d = 256) of K and V stream
+// through two shared-memory buffers filled by cp.async while the previous tile is used. Per tile:
+//   S = Q K^T  with mma.m16n8k16 (16-bit in, f32 accumulate): the query (times scale * log2 e,
+//              rounded to K's type: the precision of the decode kernel, which takes the same
+//              rows otherwise) is the A fragment, K's rows the B fragments (ldmatrix);
+//   online softmax in f32 (log2 domain) on the accumulator: a thread holds rows g and g + 8 and
+//              keys 2c, 2c + 1 of every 8-key block, so a row's max and sum take two shuffles;
+//   O += P V   P (K's type) comes straight from S's accumulator layout as the A fragment, V's B
+//              fragments by ldmatrix.trans from the same [key][dim] rows.
+// CTAs with later queries have more keys, so the grid runs them first (less tail).
+//
+// f32 K/V (the f32 reference cache): the scalar kernel below, exact in f32. A CTA of 128 threads
+// takes kRows = 16 queries of one query head. Thread t owns row t / 8 and lane c = t % 8 of it:
+// in each tile of kCols = 32 keys it scores keys c, c + 8, c + 16, c + 24 and accumulates output
+// dims c, c + 8, ... of its row, so the 8 lanes of a row (inside one warp) reduce the row's max
+// and sum by shuffles. K and V tiles go through shared memory (K rows padded by one float against
+// bank conflicts); the running max/sum rescale the accumulator.
+//
+// TQKV_PREFILL_KERNEL=scalar sends 16-bit K/V to the scalar kernel too (read at every call, so a
+// benchmark or a test runs both in one process).
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <cuda_bf16.h>
 
 #include "launch.cuh"
 
@@ -30,6 +51,7 @@ struct Params {
 
 __device__ __forceinline__ float load_kv(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float load_kv(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float load_kv(const __half* p, int64_t i) { return __half2float(p[i]); }
 
 template <int D>
 constexpr size_t smem_bytes() {
@@ -136,26 +158,315 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const __grid_constant
   for (int j = 0; j < E; ++j) orow[c + kLanes * j] = o[j] * inv;
 }
 
-template <int D, typename KV>
-void launch(const Params& p, cudaStream_t stream) {
-  constexpr size_t smem = smem_bytes<D>();
+// ---- The tensor-core kernel (bf16 or f16 K/V) ----
+
+// Warps a CTA (16 queries each). 2 warps, for twice the CTAs where a chunk's grid leaves SMs
+// idle, measured slower on the H200 at every chunk (SmolLM2 prefill, docs/RESULTS.md).
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaRows = 16 * kMmaWarps;
+
+template <int D>
+__host__ __device__ constexpr int mma_tile_keys() {
+  return D == 256 ? 32 : 64;
+}
+// bf16 elements per shared-memory row: 16 bytes of padding put the 8 rows one ldmatrix phase
+// reads on 8 different 4-bank groups.
+template <int D>
+__host__ __device__ constexpr int mma_stride() {
+  return D + 8;
+}
+// The queries, then two buffers of a K tile and a V tile.
+template <int D>
+constexpr size_t mma_smem_bytes() {
+  return static_cast<size_t>(kMmaRows + 4 * mma_tile_keys<D>()) * mma_stride<D>() * sizeof(uint16_t);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, or 16 zero bytes where !ok (src is then not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// BF: bf16 operands, else IEEE half.
+template <bool BF>
+__device__ __forceinline__ void mma16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (BF) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+template <bool BF>
+__device__ __forceinline__ uint32_t pack16x2(float lo, float hi) {
+  if constexpr (BF) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+template <int D, bool BF>
+__global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_constant__ Params p) {
+  constexpr int KT = mma_tile_keys<D>(), S = mma_stride<D>();
+  constexpr int NB = KT / 8;   // 8-key blocks of a tile (the n-tiles of S)
+  constexpr int DB = D / 8;    // 8-dim blocks (the n-tiles of O)
+  constexpr int KS = D / 16;   // k-steps of Q K^T
+  constexpr int PR = D / 8;    // 16-byte pieces of a row
+  // The whole query's A fragments stay in registers up to d = 128; at 256 they are read per tile
+  // (with O's 128 accumulators they would not fit).
+  constexpr bool kQRegs = D <= 128;
+  extern __shared__ __align__(16) uint16_t sm[];
+  uint16_t* qs = sm;                  // [kMmaRows][S]
+  uint16_t* kvs = sm + kMmaRows * S;  // buffer b: K at kvs + 2 b KT S, V KT S after it
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+  const int h = blockIdx.y, kvh = h / (p.n_q_heads / p.n_kv_heads);
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kMmaRows;  // the longest CTAs first
+  const int rows = min(kMmaRows, p.n_q - q0);
+  const int64_t first_pos = p.pos0 + q0, k_end = first_pos + rows;
+  const int64_t k_begin = p.window > 0 ? max(first_pos - p.window + 1, int64_t{0}) : 0;
+  const int n_tiles = static_cast<int>((k_end - k_begin + KT - 1) / KT);
+  const uint16_t* kg = static_cast<const uint16_t*>(p.k);
+  const uint16_t* vg = static_cast<const uint16_t*>(p.v);
+  const int64_t key_elems = static_cast<int64_t>(p.n_kv_heads) * D;
+
+  // Keys [t0, t0 + KT) into buffer b; keys at or past k_end read as zeros (never past n_kv).
+  auto load_tile = [&](int64_t t0, int b) {
+    uint16_t* kd = kvs + 2 * b * KT * S;
+    uint16_t* vd = kd + KT * S;
+    for (int i = tid; i < KT * PR; i += kMmaThreads) {
+      const int j = i / PR, piece = i % PR;
+      const int64_t key = t0 + j;
+      const bool ok = key < k_end;
+      const int64_t at = ok ? (key - p.kv_start) * key_elems + static_cast<int64_t>(kvh) * D + piece * 8 : 0;
+      cp_async16(kd + j * S + piece * 8, kg + at, ok);
+      cp_async16(vd + j * S + piece * 8, vg + at, ok);
+    }
+    cp_async_commit();
+  };
+  if (n_tiles > 0) load_tile(k_begin, 0);
+
+  // The queries, times scale * log2 e (scores in the log2 domain), rounded to bf16; rows past n_q
+  // are zeros (their outputs are not written).
+  const float qscale = p.scale * 1.4426950408889634f;
+  for (int i = tid; i < kMmaRows * (D / 2); i += kMmaThreads) {
+    const int r = i / (D / 2), d = 2 * (i % (D / 2));
+    float a = 0.0f, b = 0.0f;
+    if (r < rows) {
+      const float* qr = p.q + static_cast<int64_t>(q0 + r) * p.q_stride + static_cast<int64_t>(h) * D + d;
+      a = qr[0] * qscale;
+      b = qr[1] * qscale;
+    }
+    *reinterpret_cast<uint32_t*>(qs + r * S + d) = pack16x2<BF>(a, b);
+  }
+  __syncthreads();
+  // A fragment of k-step ks: matrices (rows 0-7 | 8-15) x (dims 16 ks + 0-7 | + 8-15).
+  const uint16_t* q_lane = qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * S + (lane >> 4) * 8;
+  uint32_t qa[kQRegs ? KS : 1][4];
+  if constexpr (kQRegs) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) ldmatrix_x4(qa[ks], q_lane + 16 * ks);
+  }
+
+  // This thread's rows: g and g + 8 of the warp's 16.
+  const int64_t wpos = first_pos + 16 * warp;  // the warp's first row's position
+  const int64_t rpos0 = wpos + g, rpos1 = rpos0 + 8;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[DB][4];
+#pragma unroll
+  for (int i = 0; i < DB; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int64_t t0 = k_begin + static_cast<int64_t>(t) * KT;
+    if (t + 1 < n_tiles) {
+      load_tile(t0 + KT, (t + 1) & 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile t is in its buffer for every warp
+    // Keys entirely after the warp's last row, or entirely before its first row's window: nothing to do.
+    const bool after = t0 > wpos + 15;
+    const bool before = p.window > 0 && t0 + KT - 1 <= wpos - p.window;
+    if (!after && !before && 16 * warp < rows) {
+      const uint16_t* kb = kvs + 2 * (t & 1) * KT * S;
+      const uint16_t* vb = kb + KT * S;
+      float s[NB][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+      // B fragments of key block nb for k-steps ks, ks + 1: matrices (keys 8 nb + 0-7) x (dims
+      // 16 ks + 0-7, + 8-15, + 16-23, + 24-31).
+      const uint16_t* k_lane = kb + (lane & 7) * S + (lane >> 3) * 8;
+#pragma unroll
+      for (int ks = 0; ks < KS; ks += 2) {
+        uint32_t a0[4], a1[4];
+        if constexpr (kQRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a0[i] = qa[ks][i], a1[i] = qa[ks + 1][i];
+        } else {
+          ldmatrix_x4(a0, q_lane + 16 * ks);
+          ldmatrix_x4(a1, q_lane + 16 * (ks + 1));
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_lane + 8 * nb * S + 16 * ks);
+          mma16<BF>(s[nb], a0, b[0], b[1]);
+          mma16<BF>(s[nb], a1, b[2], b[3]);
+        }
+      }
+      // Masks, where some key of the tile is past a row or before its window.
+      const bool partial = t0 + KT - 1 > wpos || (p.window > 0 && t0 <= wpos + 15 - p.window);
+      if (partial) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t key = t0 + 8 * nb + 2 * c + (e & 1), rp = e < 2 ? rpos0 : rpos1;
+            if (key > rp || (p.window > 0 && key <= rp - p.window)) s[nb][e] = -INFINITY;
+          }
+      }
+      // Online softmax, rows g (elements 0, 1) and g + 8 (2, 3).
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[nb][0], s[nb][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[nb][2], s[nb][3]));
+      }
+      float alpha[2], mu[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r]);
+        mu[r] = mn == -INFINITY ? 0.0f : mn;  // no key seen yet: every weight below is 0, not NaN
+        alpha[r] = exp2f(m[r] - mu[r]);
+        m[r] = mn;
+      }
+      float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[nb][e] = exp2f(s[nb][e] - mu[e >> 1]);
+          sum[e >> 1] += s[nb][e];
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + sum[r];
+#pragma unroll
+      for (int i = 0; i < DB; ++i) {
+        o[i][0] *= alpha[0];
+        o[i][1] *= alpha[0];
+        o[i][2] *= alpha[1];
+        o[i][3] *= alpha[1];
+      }
+      // O += P V over k-steps of 16 keys (key blocks 2 kk, 2 kk + 1). V's B fragments for dim
+      // blocks db, db + 1: matrices (keys 16 kk + 0-7 | + 8-15) x (dims 8 db + 0-7 | 8 (db + 1) + 0-7),
+      // transposed.
+      const uint16_t* v_lane = vb + ((lane & 7) + ((lane >> 3) & 1) * 8) * S + (lane >> 4) * 8;
+#pragma unroll
+      for (int kk = 0; kk < NB / 2; ++kk) {
+        const uint32_t a[4] = {pack16x2<BF>(s[2 * kk][0], s[2 * kk][1]), pack16x2<BF>(s[2 * kk][2], s[2 * kk][3]),
+                               pack16x2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack16x2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int db = 0; db < DB; db += 2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_lane + 16 * kk * S + 8 * db);
+          mma16<BF>(o[db], a, b[0], b[1]);
+          mma16<BF>(o[db + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with buffer t & 1 before tile t + 2 is loaded into it
+  }
+
+  // The rows' sums over the 4 lanes that share them, then the normalised outputs.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = 16 * warp + g + 8 * r;
+    if (row >= rows) continue;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    float* orow = p.out + static_cast<int64_t>(q0 + row) * p.out_stride + static_cast<int64_t>(h) * D + 2 * c;
+#pragma unroll
+    for (int i = 0; i < DB; ++i) {
+      orow[8 * i] = o[i][2 * r] * inv;
+      orow[8 * i + 1] = o[i][2 * r + 1] * inv;
+    }
+  }
+}
+
+// Launches kernel K on a CTA of `Threads` threads per `Rows` queries and query head, with `Smem`
+// bytes of dynamic shared memory (its limit raised once per kernel).
+template <auto K, size_t Smem, int Rows, int Threads>
+void launch_kernel(const Params& p, cudaStream_t stream) {
   static const bool attr = [] {
-    TQKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
+    TQKV_CUDA_CHECK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Smem)));
     return true;
   }();
   (void)attr;
-  const dim3 grid((p.n_q + kRows - 1) / kRows, p.n_q_heads);
-  prefill_kernel<D, KV><<<grid, kThreads, smem, stream>>>(p);
+  const dim3 grid((p.n_q + Rows - 1) / Rows, p.n_q_heads);
+  K<<<grid, Threads, Smem, stream>>>(p);
   detail::check_launch();
 }
 
-template <typename KV>
-void dispatch(int head_dim, const Params& p, cudaStream_t stream) {
+template <int D, bool BF>
+void launch_mma(const Params& p, cudaStream_t stream) {
+  launch_kernel<prefill_mma_kernel<D, BF>, mma_smem_bytes<D>(), kMmaRows, kMmaThreads>(p, stream);
+}
+
+template <int D, typename KV>
+void launch(const Params& p, cudaStream_t stream) {
+  launch_kernel<prefill_kernel<D, KV>, smem_bytes<D>(), kRows, kThreads>(p, stream);
+}
+
+// The tensor-core kernel reads K and V in 16-byte pieces: rows of d bf16 start 16-byte aligned
+// when the base pointers are.
+bool mma_kernel_fits(const PrefillArgs& a) {
+  if (a.kv_dtype == DType::F32) return false;
+  if ((reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v)) % 16 != 0) return false;
+  const char* e = std::getenv("TQKV_PREFILL_KERNEL");
+  return !(e && std::strcmp(e, "scalar") == 0);
+}
+
+// f(std::integral_constant<int, D>) for the head dim D.
+template <typename F>
+void by_head_dim(int head_dim, F&& f) {
   switch (head_dim) {
-    case 64: return launch<64, KV>(p, stream);
-    case 128: return launch<128, KV>(p, stream);
-    case 256: return launch<256, KV>(p, stream);
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
     default: detail::throw_arg("prefill_attention: head_dim must be 64, 128 or 256");
   }
 }
@@ -186,8 +497,15 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   p.n_kv_heads = a.n_kv_heads;
   p.window = a.window;
   p.scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.head_dim));
-  if (a.kv_bf16) dispatch<__nv_bfloat16>(a.head_dim, p, stream);
-  else dispatch<float>(a.head_dim, p, stream);
+  const bool mma = mma_kernel_fits(a);
+  by_head_dim(a.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    if (mma && a.kv_dtype == DType::BF16) launch_mma<D, true>(p, stream);
+    else if (mma) launch_mma<D, false>(p, stream);
+    else if (a.kv_dtype == DType::BF16) launch<D, __nv_bfloat16>(p, stream);
+    else if (a.kv_dtype == DType::F16) launch<D, __half>(p, stream);
+    else launch<D, float>(p, stream);
+  });
 }
 
 }  // namespace tqkv::cuda
