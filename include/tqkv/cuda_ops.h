@@ -115,9 +115,9 @@ void centre_keys(float* k, float* q, const float* mean, const float* scale, int 
 
 // Causal attention of a run of queries against a contiguous K/V (a prefill chunk against its
 // sequence's dequantized cache): query i sits at position pos0 + i and sees keys at positions
-// kp <= pos0 + i (and kp > pos0 + i - window when window > 0), key j at position j.
-// Tiled: a CTA takes 16 queries of one head, streams K/V in tiles of 32 keys through shared
-// memory and keeps an online softmax; GQA (query head h reads kv head h / group).
+// kp <= pos0 + i - shift (and kp > pos0 + i - window when window > 0), key j at position j.
+// Tiled, with an online softmax and GQA (query head h reads kv head h / group): 16-bit K/V on
+// tensor cores (64 queries a CTA, 64-key tiles), f32 K/V exactly in f32 (16 queries, 32 keys).
 struct PrefillArgs {
   const float* q = nullptr;  // [n_q, n_q_heads, head_dim], row stride q_stride floats
   int64_t q_stride = 0;      // 0: n_q_heads * head_dim
@@ -137,6 +137,15 @@ struct PrefillArgs {
   int head_dim = 0;          // 64, 128 or 256
   float scale = 0;           // 0: 1/sqrt(head_dim)
   int window = 0;
+  // A query at p sees keys up to p - shift only (the copies' parts: the compressed middle stops
+  // where the recent window starts, every part before the query's own position when it is folded
+  // in apart).
+  int shift = 0;
+  // One part of a layer kept in parts: k and v hold keys [kv_start, n_kv) and no other key is
+  // these queries' (no check that a window covers the keys before kv_start, and n_kv may end
+  // before the last query); a query may then see no key at all (output 0, lse -inf).
+  bool part = false;
+  float* lse = nullptr;      // optional [n_q, n_q_heads]: each row's natural-log log-sum-exp
 };
 void prefill_attention(const PrefillArgs& args, cudaStream_t stream = nullptr);
 

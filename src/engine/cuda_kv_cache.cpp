@@ -42,6 +42,15 @@ constexpr int kCopyStepTokens = 512;
 // and head, too few to read a long history fast. TQKV_PREFILL_TILED_FROM moves the crossover.
 constexpr int64_t kPrefillTiledFrom = 192;
 
+// What a pool of format f dequantizes to for the tiled prefill kernel: uncompressed formats
+// exactly (f16 and bf16 as themselves: the kernel's tensor cores take either; f32 as f32),
+// compressed ones to bf16.
+cuda::DType workspace_dtype(const Format& f) {
+  if (!f.compressed() && f.value == ValueCodec::F32) return cuda::DType::F32;
+  if (!f.compressed() && f.value == ValueCodec::F16) return cuda::DType::F16;
+  return cuda::DType::BF16;
+}
+
 size_t pool_bytes(const Format& f, int head_dim, int n_kv_heads, int blocks) {
   return static_cast<size_t>(blocks) *
          page_geometry(f, head_dim, CudaKvCache::kBlockSize, n_kv_heads, cuda::PageLayout::Page).page_bytes();
@@ -69,6 +78,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   window_ = spec.window_at(shape.capacity);
   if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
   sliding_rows_ = env_count("TQKV_SLIDING_ROWS", "(0 or 1: sliding-window layers attend as decode rows)", 1, 0, 1) != 0;
+  copies_tiled_ = env_count("TQKV_COPIES_TILED", "(0 or 1: copies' prefill runs may take the tiled kernel)", 1, 0, 1) != 0;
   empty_middles_ = env_count("TQKV_EMPTY_MIDDLES", "(0 or 1: no CTA for a middle the window covers)", 1, 0, 1) != 0;
   sliding_plan_ = env_count("TQKV_SLIDING_PLAN", "(0 or 1: sliding layers plan their decode for their window)", 1, 0, 1) != 0;
   fold_newest_ = env_count("TQKV_FOLD_NEWEST", "(0 or 1: fold each query's own position in exactly)", 1, 0, 1) != 0;
@@ -142,10 +152,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
       L.kv = cuda::PagedKv{nullptr, L.ring ? slide_ring_blocks_ * shape.max_seqs : num_blocks, kBlockSize,
                            m.n_kv_heads, cuda::PageLayout::Page};
       L.decode = L.codec.decode_supported() && m.n_heads / m.n_kv_heads <= 8;
-      // Uncompressed layers dequantize exactly: f16 and bf16 as themselves (the prefill kernel's
-      // tensor cores take either), f32 as f32.
-      if (!f.compressed() && f.value == ValueCodec::F32) L.workspace_dtype = cuda::DType::F32;
-      if (!f.compressed() && f.value == ValueCodec::F16) L.workspace_dtype = cuda::DType::F16;
+      L.workspace_dtype = workspace_dtype(f);
       if (copies() && f.compressed()) {  // the CPU's RecentWindow covers the compressed layers
         const Format wf = spec.window_format ? *spec.window_format : find_format("f16");
         L.window_codec.emplace(wf, m.head_dim);
@@ -286,7 +293,11 @@ const CudaKvCache::Sequence& CudaKvCache::at(int64_t seq) const {
 int64_t CudaKvCache::seq_len(int64_t seq) const { return at(seq).len; }
 
 bool CudaKvCache::prefill_rows(int count, int64_t n_kv) const {
-  if (copies() || count == 1) return true;  // copies: each query has its own window (no tiled path)
+  if (count == 1) return true;
+  // Copies: each query has its own window, so the tiled path runs a layer's parts one by one
+  // (prefill_parts); a model with sliding-window layers keeps the rows (its parts are cut by
+  // the layer's window as well).
+  if (copies() && (slide_ > 0 || !copies_tiled_)) return true;
   switch (prefill_path_) {
     case PrefillPath::Tiled: return false;
     case PrefillPath::Rows: return true;
@@ -396,7 +407,8 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   // Then (ring layers) the runs' and the rows' ring tables [n_runs + n_dec, bps].
   const size_t copy_ints = copies() ? n_dec * (bps + SB + (slide_ > 0 ? 2 : 1)) : 0;
   const size_t slide_ints = RS > 0 ? (n_runs + n_dec) * bps : 0;
-  std::vector<int32_t> ints((n_runs + n_dec) * bps + 2 * n_dec + copy_ints + slide_ints, 0);
+  const size_t run_copy_ints = copies() ? n_runs * (bps + SB) : 0;
+  std::vector<int32_t> ints((n_runs + n_dec) * bps + 2 * n_dec + copy_ints + slide_ints + run_copy_ints, 0);
   for (size_t j = 0; j < n_runs; ++j) {
     if (step_.runs[j].seq == kPadSeq) continue;
     const Sequence& s = seqs_.at(step_.runs[j].seq);
@@ -404,6 +416,14 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   }
   const size_t lens_at = (n_runs + n_dec) * bps, win_at = lens_at + 2 * n_dec, sink_at = win_at + n_dec * bps,
                sink_lens_at = sink_at + n_dec * SB, slide_tables_at = lens_at + 2 * n_dec + copy_ints;
+  const size_t run_win_at = slide_tables_at + slide_ints, run_sink_at = run_win_at + n_runs * bps;
+  if (copies())
+    for (size_t j = 0; j < n_runs; ++j) {
+      const int slot = slot_of(step_.runs[j]);
+      if (R > 0)
+        for (int b = 0; b < bps; ++b) ints[run_win_at + j * bps + b] = slot * R + b % R;
+      for (int b = 0; b < SB; ++b) ints[run_sink_at + j * SB + b] = slot * SB + b;
+    }
   if (RS > 0) {
     for (size_t j = 0; j < n_runs; ++j)
       for (int b = 0; b < bps; ++b) ints[slide_tables_at + j * bps + b] = slide_block(slot_of(step_.runs[j]), b);
@@ -460,6 +480,8 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   slide_slots_ = RS > 0 ? step_slots_ + slide_at : nullptr;
   slide_run_tables_ = RS > 0 ? base + slide_tables_at : nullptr;
   slide_dec_tables_ = RS > 0 ? base + slide_tables_at + n_runs * bps : nullptr;
+  run_win_tables_ = copies() ? base + run_win_at : nullptr;
+  run_sink_tables_ = copies() ? base + run_sink_at : nullptr;
   for (const Batch::Run& r : step_.runs)
     if (r.seq != kPadSeq) seqs_.at(r.seq).len = r.pos0 + r.count;
   if (shadow_codec_) {  // the generic path's blocks to convert (graphs are off: no bucket here)
@@ -830,6 +852,10 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   for (size_t j = 0; j < step_.runs.size(); ++j) {
     const Batch::Run& r = step_.runs[j];
     if (rows && step_.as_rows[j]) continue;  // attended as decode rows
+    if (covered) {
+      prefill_parts(L, j, q, k, v, out, scale, centre_in_store ? mean_ + centring_off : nullptr, fold_newest_);
+      continue;
+    }
     const int n_kv = static_cast<int>(r.pos0 + r.count);
     // A sliding window's queries read nothing before pos0 - window + 1 (a ring holds no more).
     const int kv_start = window > 0 ? static_cast<int>(std::max<int64_t>(0, r.pos0 - window + 1)) : 0;
@@ -852,6 +878,74 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     pa.scale = scale;
     pa.window = window;
     cuda::prefill_attention(pa, stream_);
+  }
+}
+
+// The parts are those the rows read (docs/FORMAT.md, "Recent-token window and attention sinks"),
+// for the query at p: the compressed middle [S, p - max(N, f)], the window's copies
+// (p - N, p - f] from S on, the sinks' [0, S) up to p - f, where f is 1 when the row's own
+// position is folded in afterwards from k and v (else 0). Each part's keys are dequantized and
+// attended by the tiled kernel as a part (PrefillArgs::part: its keys, a shift of the causal
+// edge, the window), the first into out, the others merged in by their log-sum-exps (the window
+// before the sinks, as the rows), then the own position. Ring positions: the ring holds the
+// window and one step (ring_blocks_), so (pos0 - N, pos0 + count) is still there.
+void CudaKvCache::prefill_parts(const Layer& L, size_t run, const float* q, const float* k, const float* v, float* out,
+                                float scale, const float* key_mean, bool fold) {
+  const ModelConfig& m = spec().model;
+  const Batch::Run& r = step_.runs[run];
+  const int D = m.head_dim, hq = m.n_heads, hkv = m.n_kv_heads;
+  const size_t q_row = static_cast<size_t>(hq) * D, rows_h = static_cast<size_t>(r.count) * hq;
+  const int f = fold ? 1 : 0;
+  const int64_t S = sinks_, N = window_, end = r.pos0 + r.count;  // positions held after the store
+  float* o = out + static_cast<size_t>(r.begin) * q_row;
+  const float* qr = q + static_cast<size_t>(r.begin) * q_row;
+  auto* buf = static_cast<float*>(grow(parts_, parts_bytes_, rows_h * (D + 2) * sizeof(float)));
+  float* part = buf;
+  float* lse = buf + rows_h * D;
+  float* lse_part = lse + rows_h;
+  bool first = true;
+  // Keys [from, to) of a pool, seen by the query at p up to p - shift (and after p - win).
+  auto attend_part = [&](const cuda::CacheCodec& codec, const cuda::PagedKv& kv, const int32_t* table, int64_t from,
+                         int64_t to, int shift, int win) {
+    if (to <= from) return;
+    const cuda::DType dt = workspace_dtype(codec.format());
+    dequantize_to_workspace(codec, kv, table, static_cast<int>(from), static_cast<int>(to - from), dt);
+    cuda::PrefillArgs pa;
+    pa.q = qr;
+    pa.k = kws_;
+    pa.v = vws_;
+    pa.kv_dtype = dt;
+    pa.out = first ? o : part;
+    pa.lse = first ? lse : lse_part;
+    pa.n_q = r.count;
+    pa.pos0 = r.pos0;
+    pa.kv_start = from;
+    pa.n_kv = static_cast<int>(to);
+    pa.part = true;
+    pa.shift = shift;
+    pa.window = win;
+    pa.n_q_heads = hq;
+    pa.n_kv_heads = hkv;
+    pa.head_dim = D;
+    pa.scale = scale;
+    cuda::prefill_attention(pa, stream_);
+    if (!first) cuda::merge_attention(o, lse, part, lse_part, static_cast<int>(rows_h), D, stream_);
+    first = false;
+  };
+  const int middle_cut = static_cast<int>(std::max<int64_t>(N, f));
+  attend_part(L.codec, L.kv, step_tables_ + run * blocks_per_seq_, S, end - middle_cut, middle_cut, 0);
+  if (N > 0)
+    attend_part(*L.window_codec, L.window_kv, run_win_tables_ + run * blocks_per_seq_, std::max(S, r.pos0 - N + 1),
+                end - f, f, static_cast<int>(N));
+  if (S > 0) attend_part(*L.sink_codec, L.sink_kv, run_sink_tables_ + run * sink_blocks_, 0, std::min(S, end - f), f, 0);
+  // (Some part was attended: with sinks theirs holds position 0 for every run of two or more
+  // queries; without, the window holds at least the run's first query.)
+  if (fold) {
+    cuda::NewestKv nk;
+    nk.k = k + static_cast<size_t>(r.begin) * hkv * D;
+    nk.v = v + static_cast<size_t>(r.begin) * hkv * D;
+    nk.key_mean = key_mean;
+    cuda::merge_newest(o, lse, qr, nk, r.count, hq, hkv, D, scale, stream_);
   }
 }
 

@@ -233,6 +233,10 @@ class CudaKvCache final : public KvCache {
   size_t parts_floats(int rows) const {
     return static_cast<size_t>(rows) * spec().model.n_heads * (2 * static_cast<size_t>(spec().model.head_dim) + 3);
   }
+  // A prefill run (step_.runs[run]) of a layer with copies through the tiled kernel: its parts
+  // as the rows see them, merged into out (the run's rows of [n, n_heads, head_dim]).
+  void prefill_parts(const Layer& L, size_t run, const float* q, const float* k, const float* v, float* out,
+                     float scale, const float* key_mean, bool fold);
   // One decode launch over the step's rows into o [n_rows, n_heads, head_dim] and lse, on `stream`.
   void decode(const cuda::CacheCodec& codec, const cuda::PagedKv& kv, Part part, const int32_t* tables, int stride,
               const int32_t* lens, int max_len, const AttentionParams& ap, const float* q, float* o, float* lse,
@@ -314,6 +318,9 @@ class CudaKvCache final : public KvCache {
   bool sliding_rows_ = true;
   bool sliding_plan_ = true;  // layer_plan_len
   bool empty_middles_ = true;  // fused_decode: no CTA for a middle that the window covers
+  // Prefill runs of layers with copies may take the tiled kernel, part by part (prefill_rows;
+  // TQKV_COPIES_TILED=0: always the rows, as before).
+  bool copies_tiled_ = true;
   // Device buffers of the step (grown, never shrunk).
   void* slots_ = nullptr;  // int64 [n]
   size_t slots_bytes_ = 0;
@@ -335,6 +342,10 @@ class CudaKvCache final : public KvCache {
   int64_t* slide_slots_ = nullptr;
   int32_t* slide_run_tables_ = nullptr;
   int32_t* slide_dec_tables_ = nullptr;
+  // Copies: the runs' ring tables [runs, blocks_per_seq] and sink tables [runs, sink_blocks]
+  // (a run through the tiled path reads its window's and sinks' copies through them).
+  int32_t* run_win_tables_ = nullptr;
+  int32_t* run_sink_tables_ = nullptr;
   void* parts_ = nullptr;           // copies: the window and sink parts' outputs and the lses
   size_t parts_bytes_ = 0;
   float* step_parts_ = nullptr;     // the bucket's parts buffer (null: parts_)

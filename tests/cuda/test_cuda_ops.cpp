@@ -395,6 +395,133 @@ TEST(CudaOps, PrefillAttentionMatchesReference) {
   }
 }
 
+// One part of a layer kept in parts (PrefillArgs::part): keys [kv_start, n_kv) held, a query at
+// p sees those up to p - shift (and after p - window), n_kv may end before the last query, and
+// each row's log-sum-exp comes back. Against a double reference of exactly that, both kernels,
+// the tolerances of the test above; rows that see no key give 0 and -inf.
+TEST(CudaOps, PrefillAttentionPartsMatchReference) {
+  SKIP_WITHOUT_GPU();
+  using cuda::DType;
+  std::mt19937_64 rng(81);
+  struct Case {
+    int d, hq, hkv, n_q;
+    int64_t pos0, kv_start, n_kv;
+    int shift, window;
+    DType kv;
+  };
+  // The copies' three parts of a chunk at pos0 = 300 with a window of 40 and 4 sinks: the middle
+  // [4, p - 40], the window (p - 40, p - 1] and the sinks [0, min(4, p)); then edge cases.
+  for (const Case& c : {Case{64, 9, 3, 200, 300, 4, 460, 40, 0, DType::BF16}, Case{64, 9, 3, 200, 300, 261, 500, 1, 40, DType::BF16},
+                        Case{64, 9, 3, 200, 300, 0, 4, 1, 0, DType::F16}, Case{128, 12, 2, 150, 0, 4, 110, 40, 0, DType::BF16},
+                        Case{128, 12, 2, 150, 0, 0, 4, 1, 0, DType::F16}, Case{256, 4, 1, 70, 100, 20, 90, 5, 0, DType::BF16},
+                        Case{64, 4, 2, 65, 10, 0, 75, 0, 0, DType::F32}, Case{128, 8, 8, 40, 5, 3, 3, 2, 0, DType::BF16}}) {
+    const bool f16 = c.kv == DType::F16;
+    const int held = static_cast<int>(c.n_kv - c.kv_start);
+    const std::vector<float> q_rand = randn(static_cast<size_t>(c.n_q) * c.hq * c.d, rng);
+    std::vector<float> k = randn(static_cast<size_t>(std::max(held, 1)) * c.hkv * c.d, rng), v = randn(k.size(), rng);
+    std::vector<uint16_t> kb(k.size()), vb(v.size());
+    float v_max = 0.0f;
+    for (size_t i = 0; i < k.size(); ++i) {
+      kb[i] = f16 ? float_to_half(k[i]) : float_to_bf16(k[i]);
+      vb[i] = f16 ? float_to_half(v[i]) : float_to_bf16(v[i]);
+      if (c.kv != DType::F32) {
+        k[i] = f16 ? half_to_float(kb[i]) : bf16_to_float(kb[i]);
+        v[i] = f16 ? half_to_float(vb[i]) : bf16_to_float(vb[i]);
+      }
+      v_max = std::max(v_max, std::fabs(v[i]));
+    }
+    Dev<float> dk(k), dv(v);
+    Dev<uint16_t> dkb(kb), dvb(vb);
+    for (const bool zero_q : {false, true}) {
+      const std::vector<float> q = zero_q ? std::vector<float>(q_rand.size(), 0.0f) : q_rand;
+      // The reference: out [n_q, hq, d] and lse [n_q, hq] in double.
+      std::vector<float> want(q.size(), 0.0f), want_lse(static_cast<size_t>(c.n_q) * c.hq, -INFINITY);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+      for (int i = 0; i < c.n_q; ++i)
+        for (int h = 0; h < c.hq; ++h) {
+          const int kh = h / (c.hq / c.hkv);
+          const int64_t p = c.pos0 + i;
+          std::vector<double> sc;
+          std::vector<int64_t> keys;
+          for (int64_t j = c.kv_start; j < c.n_kv; ++j) {
+            if (j > p - c.shift || (c.window > 0 && j <= p - c.window)) continue;
+            double acc = 0;
+            for (int e = 0; e < c.d; ++e)
+              acc += static_cast<double>(q[(static_cast<size_t>(i) * c.hq + h) * c.d + e]) * k[((j - c.kv_start) * c.hkv + kh) * c.d + e];
+            sc.push_back(acc * scale);
+            keys.push_back(j);
+          }
+          if (keys.empty()) continue;
+          const double mx = *std::max_element(sc.begin(), sc.end());
+          double sum = 0;
+          for (double& x : sc) sum += (x = std::exp(x - mx));
+          want_lse[static_cast<size_t>(i) * c.hq + h] = static_cast<float>(mx + std::log(sum));
+          for (int e = 0; e < c.d; ++e) {
+            double acc = 0;
+            for (size_t t = 0; t < keys.size(); ++t) acc += sc[t] * v[((keys[t] - c.kv_start) * c.hkv + kh) * c.d + e];
+            want[(static_cast<size_t>(i) * c.hq + h) * c.d + e] = static_cast<float>(acc / sum);
+          }
+        }
+      for (const bool scalar : {true, false}) {
+        if (c.kv == DType::F32 && !scalar) continue;
+        std::optional<tqkv::testing_util::ScopedEnv> env;
+        if (scalar) env.emplace("TQKV_PREFILL_KERNEL", "scalar");
+        const float tol = scalar || zero_q ? 2e-5f : v_max / 128, lse_tol = scalar || zero_q ? 1e-4f : 3e-2f;
+        const std::string what = std::string(scalar ? "scalar" : "tensor-core") + (zero_q ? ", zero queries" : "") +
+                                 ": d " + std::to_string(c.d) + " pos0 " + std::to_string(c.pos0) + " keys [" +
+                                 std::to_string(c.kv_start) + ", " + std::to_string(c.n_kv) + ") shift " +
+                                 std::to_string(c.shift) + " window " + std::to_string(c.window);
+        Dev<float> dq(q), out(want.size(), NAN), lse(want_lse.size(), NAN);
+        cuda::PrefillArgs a;
+        a.q = dq.p;
+        a.k = c.kv != DType::F32 ? static_cast<const void*>(dkb.p) : dk.p;
+        a.v = c.kv != DType::F32 ? static_cast<const void*>(dvb.p) : dv.p;
+        a.kv_dtype = c.kv;
+        a.out = out.p;
+        a.lse = lse.p;
+        a.n_q = c.n_q;
+        a.pos0 = c.pos0;
+        a.kv_start = c.kv_start;
+        a.n_kv = static_cast<int>(c.n_kv);
+        a.n_q_heads = c.hq;
+        a.n_kv_heads = c.hkv;
+        a.head_dim = c.d;
+        a.shift = c.shift;
+        a.window = c.window;
+        a.part = true;
+        cuda::prefill_attention(a);
+        const std::vector<float> got = out.host(), got_lse = lse.host();
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << what << " at " << i;
+        for (size_t i = 0; i < got_lse.size(); ++i) {
+          if (std::isinf(want_lse[i])) {
+            EXPECT_TRUE(std::isinf(got_lse[i]) && got_lse[i] < 0) << what << " lse at " << i << ": " << got_lse[i];
+          } else {
+            ASSERT_NEAR(got_lse[i], want_lse[i], lse_tol) << what << " lse at " << i;
+          }
+        }
+      }
+    }
+  }
+  // Outside parts the keys must reach the last query.
+  cuda::PrefillArgs a;
+  std::vector<float> one(64, 0.0f);
+  Dev<float> d1(one), d2(one), d3(one);
+  a.q = d1.p;
+  a.k = d2.p;
+  a.v = d2.p;
+  a.kv_dtype = DType::F32;
+  a.out = d3.p;
+  a.n_q = 1;
+  a.pos0 = 1;
+  a.n_kv = 1;
+  a.n_q_heads = a.n_kv_heads = 1;
+  a.head_dim = 64;
+  EXPECT_THROW(cuda::prefill_attention(a), tqkv::Error);
+  a.part = true;
+  a.shift = -1;
+  EXPECT_THROW(cuda::prefill_attention(a), tqkv::Error);
+}
+
 // The skinny products against a double-precision reference over the bf16-rounded operands: every
 // row count up to the limit's tile sizes, column counts off the 128-column chunk, rows off the
 // 16-row tile, both input types, biases, a group of products, and both GLUs with their bf16 copy.

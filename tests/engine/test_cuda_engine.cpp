@@ -1693,12 +1693,14 @@ std::unique_ptr<KvCache> cache_with_path(const std::function<std::unique_ptr<KvC
   return make();
 }
 
-// Prefill chunks of a cache without copies as decode rows against dequantize + the tiled kernel,
-// on the same inputs, layer by layer: two sequences prefilled in chunks (the later ones over
-// their history), then decode steps. Uncompressed formats dequantize to float32, so the two
-// differ by the kernels' arithmetic alone (H200: 2.6e-4 for f16 on outputs up to 1); compressed
-// ones to bf16 (the tiled path's workspace; 2.5e-3 to 3.8e-3), held to the cross-device
-// tolerance of SameInputsSameCodesAsCpu. With copies both are the rows path (0 apart).
+// Prefill chunks as decode rows against dequantize + the tiled kernel, on the same inputs, layer
+// by layer: two sequences prefilled in chunks (the later ones over their history, a chunk of
+// 100 over two of the tiled kernel's 64-query CTAs), then decode steps. f16 dequantizes to
+// itself, so the two differ by the kernels' arithmetic (the tensor cores round the scaled query
+// and the weights to f16: bound 1e-3); compressed formats to bf16 (the tiled path's workspace),
+// held to the cross-device tolerance of SameInputsSameCodesAsCpu. With copies the tiled path
+// attends the parts one by one (middle, window, sinks, the own position folded in after) where
+// the rows decode them in one launch: the same tolerance; TQKV_COPIES_TILED=0 keeps the rows.
 TEST(CudaCacheLayer, PrefillPathsMatch) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   auto dev = std::make_shared<CudaDevice>();
@@ -1717,15 +1719,20 @@ TEST(CudaCacheLayer, PrefillPathsMatch) {
     ASSERT_TRUE(rc && tc);
     const bool copies = name.find("sink") != std::string::npos;
     EXPECT_TRUE(rc->prefill_rows(40, 80));
-    EXPECT_EQ(tc->prefill_rows(40, 80), copies);
+    EXPECT_FALSE(tc->prefill_rows(40, 80));
     EXPECT_TRUE(tc->prefill_rows(1, 80));
+    if (copies) {
+      ScopedEnv env("TQKV_COPIES_TILED", "0");
+      auto kept = cache_with_path(make, "tiled");
+      EXPECT_TRUE(dynamic_cast<const CudaKvCache*>(kept.get())->prefill_rows(40, 80));
+    }
     const int64_t a = rows->add_sequence(), b = rows->add_sequence();
     ASSERT_EQ(tiled->add_sequence(), a);
     ASSERT_EQ(tiled->add_sequence(), b);
-    std::vector<int32_t> ids(80, 1);
+    std::vector<int32_t> ids(100, 1);
     TwinCaches twin{*dev, m, *rows, *tiled, 777};
     int la = 0, lb = 0;
-    for (const auto& [na, nb] : {std::pair{40, 23}, std::pair{17, 1}, std::pair{1, 30}, std::pair{1, 1}}) {
+    for (const auto& [na, nb] : {std::pair{40, 23}, std::pair{17, 1}, std::pair{1, 30}, std::pair{100, 1}, std::pair{1, 1}}) {
       Batch step;  // a varlen batch: chunks and single tokens of both sequences
       step.add(a, ids.data(), na, la, true);
       step.add(b, ids.data(), nb, lb, true);
@@ -1735,11 +1742,7 @@ TEST(CudaCacheLayer, PrefillPathsMatch) {
     }
     std::printf("[ prefill ] %-20s rows vs tiled: max |diff| %.3g (outputs up to %.3g)\n", name.c_str(), twin.worst,
                 twin.scale);
-    if (copies) {
-      EXPECT_EQ(twin.worst, 0.0) << "the same path twice";
-    } else {
-      EXPECT_LT(twin.worst, name == "f16" ? 1e-3 : 2e-2);
-    }
+    EXPECT_LT(twin.worst, name == "f16" ? 1e-3 : 2e-2);
     EXPECT_GT(twin.scale, 0.0);
   }
 }
@@ -1769,7 +1772,8 @@ TEST_F(CudaSmol, PrefillPathsGiveTheSameQualityAlongTheSameTokens) {
     return out;
   };
   const std::vector<float> f32 = logits("f32", "auto");
-  for (const std::string spec : {"f16", "turboquant_4bit_nc", "tq-k4v4"}) {
+  // tq-4.375: sinks and a window, so its tiled path attends part by part (prefill_parts).
+  for (const std::string spec : {"f16", "turboquant_4bit_nc", "tq-k4v4", "tq-4.375"}) {
     SCOPED_TRACE(spec);
     const std::vector<float> rows = logits(spec, "rows"), tiled = logits(spec, "tiled");
     const bool plain = spec == "f16";

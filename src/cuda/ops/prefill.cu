@@ -45,9 +45,25 @@ struct Params {
   const void* v;
   float* out;
   int64_t q_stride, out_stride, pos0, kv_start;
-  int n_q, n_kv, n_q_heads, n_kv_heads, window;
+  int n_q, n_kv, n_q_heads, n_kv_heads, window, shift;
   float scale;
+  float* lse;  // optional [n_q, n_q_heads], natural log
 };
+
+// The keys a CTA whose queries sit at [first_pos, last_pos] may see: from kv_start (or the first
+// query's window) to n_kv (held) or last_pos - shift (causal), whichever ends first.
+__device__ __forceinline__ int64_t first_key(const Params& p, int64_t first_pos) {
+  const int64_t w = p.window > 0 ? first_pos - p.window + 1 : 0;
+  return w > p.kv_start ? w : p.kv_start;
+}
+__device__ __forceinline__ int64_t key_end(const Params& p, int64_t last_pos) {
+  const int64_t c = last_pos + 1 - p.shift;
+  return c < p.n_kv ? c : static_cast<int64_t>(p.n_kv);
+}
+// Whether the query at pos sees key (which lies in [first_key, key_end) of its CTA).
+__device__ __forceinline__ bool sees(const Params& p, int64_t pos, int64_t key, int64_t k_end) {
+  return key < k_end && key <= pos - p.shift && (p.window <= 0 || key > pos - p.window);
+}
 
 __device__ __forceinline__ float load_kv(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float load_kv(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
@@ -82,8 +98,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const __grid_constant
   const bool valid = r < rows;
   const int64_t my_pos = p.pos0 + q0 + r;
   const int64_t first_pos = p.pos0 + q0, last_pos = p.pos0 + q0 + rows - 1;
-  const int64_t k_end = last_pos + 1;
-  const int64_t k_begin = p.window > 0 ? (first_pos - p.window + 1 > 0 ? first_pos - p.window + 1 : int64_t{0}) : 0;
+  const int64_t k_end = key_end(p, last_pos), k_begin = first_key(p, first_pos);
 
   float m = -INFINITY, l = 0.0f;
   float o[E];
@@ -111,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const __grid_constant
     for (int jj = 0; jj < kCols / kLanes; ++jj) {
       const int j = c + kLanes * jj;
       const int64_t key = kt + j;
-      const bool visible = valid && key < k_end && key <= my_pos && (p.window <= 0 || key > my_pos - p.window);
+      const bool visible = valid && sees(p, my_pos, key, k_end);
       float acc = 0.0f;
       if (visible) {
         const float* qr = qs + r * (D + 1);
@@ -153,6 +168,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const __grid_constant
   }
   if (!valid) return;
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  if (p.lse && c == 0) p.lse[static_cast<int64_t>(q0 + r) * p.n_q_heads + h] = l > 0.0f ? m + logf(l) : -INFINITY;
   float* orow = p.out + (q0 + r) * p.out_stride + static_cast<int64_t>(h) * D;
 #pragma unroll
   for (int j = 0; j < E; ++j) orow[c + kLanes * j] = o[j] * inv;
@@ -249,9 +265,8 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
   const int h = blockIdx.y, kvh = h / (p.n_q_heads / p.n_kv_heads);
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kMmaRows;  // the longest CTAs first
   const int rows = min(kMmaRows, p.n_q - q0);
-  const int64_t first_pos = p.pos0 + q0, k_end = first_pos + rows;
-  const int64_t k_begin = p.window > 0 ? max(first_pos - p.window + 1, int64_t{0}) : 0;
-  const int n_tiles = static_cast<int>((k_end - k_begin + KT - 1) / KT);
+  const int64_t first_pos = p.pos0 + q0, k_end = key_end(p, first_pos + rows - 1), k_begin = first_key(p, first_pos);
+  const int n_tiles = k_end > k_begin ? static_cast<int>((k_end - k_begin + KT - 1) / KT) : 0;
   const uint16_t* kg = static_cast<const uint16_t*>(p.k);
   const uint16_t* vg = static_cast<const uint16_t*>(p.v);
   const int64_t key_elems = static_cast<int64_t>(p.n_kv_heads) * D;
@@ -312,7 +327,7 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
     }
     __syncthreads();  // tile t is in its buffer for every warp
     // Keys entirely after the warp's last row, or entirely before its first row's window: nothing to do.
-    const bool after = t0 > wpos + 15;
+    const bool after = t0 > wpos + 15 - p.shift;
     const bool before = p.window > 0 && t0 + KT - 1 <= wpos - p.window;
     if (!after && !before && 16 * warp < rows) {
       const uint16_t* kb = kvs + 2 * (t & 1) * KT * S;
@@ -341,15 +356,16 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
           mma16<BF>(s[nb], a1, b[2], b[3]);
         }
       }
-      // Masks, where some key of the tile is past a row or before its window.
-      const bool partial = t0 + KT - 1 > wpos || (p.window > 0 && t0 <= wpos + 15 - p.window);
+      // Masks, where some key of the tile is past a row, before its window or not held.
+      const bool partial =
+          t0 + KT > k_end || t0 + KT - 1 > wpos - p.shift || (p.window > 0 && t0 <= wpos + 15 - p.window);
       if (partial) {
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int64_t key = t0 + 8 * nb + 2 * c + (e & 1), rp = e < 2 ? rpos0 : rpos1;
-            if (key > rp || (p.window > 0 && key <= rp - p.window)) s[nb][e] = -INFINITY;
+            if (!sees(p, rp, key, k_end)) s[nb][e] = -INFINITY;
           }
       }
       // Online softmax, rows g (elements 0, 1) and g + 8 (2, 3).
@@ -418,6 +434,8 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
     const int row = 16 * warp + g + 8 * r;
     if (row >= rows) continue;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    if (p.lse && c == 0)  // m is in the log2 domain
+      p.lse[static_cast<int64_t>(q0 + row) * p.n_q_heads + h] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
     float* orow = p.out + static_cast<int64_t>(q0 + row) * p.out_stride + static_cast<int64_t>(h) * D + 2 * c;
 #pragma unroll
     for (int i = 0; i < DB; ++i) {
@@ -478,9 +496,14 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   if (!a.q || !a.k || !a.v || !a.out) detail::throw_arg("prefill_attention: null argument");
   if (a.n_kv_heads <= 0 || a.n_q_heads <= 0 || a.n_q_heads % a.n_kv_heads)
     detail::throw_arg("prefill_attention: n_q_heads must be a positive multiple of n_kv_heads");
-  if (a.pos0 < 0 || a.pos0 + a.n_q > a.n_kv) detail::throw_arg("prefill_attention: the keys end before the last query");
-  if (a.kv_start < 0 || (a.kv_start > 0 && (a.window <= 0 || a.pos0 - a.window + 1 < a.kv_start)))
-    detail::throw_arg("prefill_attention: kv_start leaves out keys inside a query's window");
+  if (a.pos0 < 0 || a.kv_start < 0 || a.shift < 0) detail::throw_arg("prefill_attention: negative position or shift");
+  if (a.part) {
+    if (a.n_kv < a.kv_start) detail::throw_arg("prefill_attention: n_kv before kv_start");
+  } else {
+    if (a.pos0 + a.n_q > a.n_kv) detail::throw_arg("prefill_attention: the keys end before the last query");
+    if (a.kv_start > 0 && (a.window <= 0 || a.pos0 - a.window + 1 < a.kv_start))
+      detail::throw_arg("prefill_attention: kv_start leaves out keys inside a query's window");
+  }
   Params p{};
   p.q = a.q;
   p.k = a.k;
@@ -496,6 +519,8 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   p.n_q_heads = a.n_q_heads;
   p.n_kv_heads = a.n_kv_heads;
   p.window = a.window;
+  p.shift = a.shift;
+  p.lse = a.lse;
   p.scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.head_dim));
   const bool mma = mma_kernel_fits(a);
   by_head_dim(a.head_dim, [&](auto d) {
