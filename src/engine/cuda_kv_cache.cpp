@@ -862,23 +862,31 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     const int32_t* table = (L.ring ? slide_run_tables_ : step_tables_) + j * blocks_per_seq_;
     dequantize_to_workspace(L.codec, L.kv, table, kv_start, n_kv - kv_start,
                             L.workspace_dtype);
-    cuda::PrefillArgs pa;
-    pa.q = q + static_cast<size_t>(r.begin) * q_row;
-    pa.k = kws_;
-    pa.v = vws_;
-    pa.kv_dtype = L.workspace_dtype;
-    pa.out = out + static_cast<size_t>(r.begin) * q_row;
-    pa.n_q = r.count;
-    pa.pos0 = r.pos0;
+    cuda::PrefillArgs pa = workspace_prefill(r, q + static_cast<size_t>(r.begin) * q_row,
+                                             out + static_cast<size_t>(r.begin) * q_row, L.workspace_dtype, scale);
     pa.n_kv = n_kv;
     pa.kv_start = kv_start;
-    pa.n_q_heads = hq;
-    pa.n_kv_heads = hkv;
-    pa.head_dim = D;
-    pa.scale = scale;
     pa.window = window;
     cuda::prefill_attention(pa, stream_);
   }
+}
+
+cuda::PrefillArgs CudaKvCache::workspace_prefill(const Batch::Run& r, const float* q, float* out, cuda::DType dtype,
+                                                 float scale) const {
+  const ModelConfig& m = spec().model;
+  cuda::PrefillArgs pa;
+  pa.q = q;
+  pa.k = kws_;
+  pa.v = vws_;
+  pa.kv_dtype = dtype;
+  pa.out = out;
+  pa.n_q = r.count;
+  pa.pos0 = r.pos0;
+  pa.n_q_heads = m.n_heads;
+  pa.n_kv_heads = m.n_kv_heads;
+  pa.head_dim = m.head_dim;
+  pa.scale = scale;
+  return pa;
 }
 
 // The parts are those the rows read (docs/FORMAT.md, "Recent-token window and attention sinks"),
@@ -910,24 +918,13 @@ void CudaKvCache::prefill_parts(const Layer& L, size_t run, const float* q, cons
     if (to <= from) return;
     const cuda::DType dt = workspace_dtype(codec.format());
     dequantize_to_workspace(codec, kv, table, static_cast<int>(from), static_cast<int>(to - from), dt);
-    cuda::PrefillArgs pa;
-    pa.q = qr;
-    pa.k = kws_;
-    pa.v = vws_;
-    pa.kv_dtype = dt;
-    pa.out = first ? o : part;
+    cuda::PrefillArgs pa = workspace_prefill(r, qr, first ? o : part, dt, scale);
     pa.lse = first ? lse : lse_part;
-    pa.n_q = r.count;
-    pa.pos0 = r.pos0;
     pa.kv_start = from;
     pa.n_kv = static_cast<int>(to);
     pa.part = true;
     pa.shift = shift;
     pa.window = win;
-    pa.n_q_heads = hq;
-    pa.n_kv_heads = hkv;
-    pa.head_dim = D;
-    pa.scale = scale;
     cuda::prefill_attention(pa, stream_);
     if (!first) cuda::merge_attention(o, lse, part, lse_part, static_cast<int>(rows_h), D, stream_);
     first = false;

@@ -78,6 +78,7 @@
 #include "key_centring.h"
 #include "kv_cache.h"
 #include "tqkv/cuda.h"
+#include "tqkv/cuda_ops.h"  // PrefillArgs
 
 namespace tqkv::engine {
 
@@ -233,6 +234,10 @@ class CudaKvCache final : public KvCache {
   size_t parts_floats(int rows) const {
     return static_cast<size_t>(rows) * spec().model.n_heads * (2 * static_cast<size_t>(spec().model.head_dim) + 3);
   }
+  // The tiled kernel's arguments for run r's queries q (its first row) and outputs out over the
+  // workspace (kws_, vws_) of type dtype; the caller sets the keys' range and the mask.
+  cuda::PrefillArgs workspace_prefill(const Batch::Run& r, const float* q, float* out, cuda::DType dtype,
+                                      float scale) const;
   // A prefill run (step_.runs[run]) of a layer with copies through the tiled kernel: its parts
   // as the rows see them, merged into out (the run's rows of [n, n_heads, head_dim]).
   void prefill_parts(const Layer& L, size_t run, const float* q, const float* k, const float* v, float* out,

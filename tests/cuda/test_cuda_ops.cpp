@@ -299,6 +299,24 @@ std::vector<float> reference_prefill(const std::vector<float>& q, const std::vec
   return out;
 }
 
+// Prefill arguments over K/V of type kv: the 16-bit patterns k16/v16, or the f32 k32/v32.
+cuda::PrefillArgs prefill_args(const float* q, cuda::DType kv, const uint16_t* k16, const uint16_t* v16, const float* k32,
+                               const float* v32, float* out, int n_q, int64_t pos0, int n_kv, int hq, int hkv, int d) {
+  cuda::PrefillArgs a;
+  a.q = q;
+  a.k = kv != cuda::DType::F32 ? static_cast<const void*>(k16) : k32;
+  a.v = kv != cuda::DType::F32 ? static_cast<const void*>(v16) : v32;
+  a.kv_dtype = kv;
+  a.out = out;
+  a.n_q = n_q;
+  a.pos0 = pos0;
+  a.n_kv = n_kv;
+  a.n_q_heads = hq;
+  a.n_kv_heads = hkv;
+  a.head_dim = d;
+  return a;
+}
+
 // Both prefill kernels against the double reference: the scalar one (f32 K/V, or 16-bit K/V with
 // TQKV_PREFILL_KERNEL=scalar) exactly up to f32 rounding; the tensor-core one (bf16 or f16 K/V) rounds
 // the scaled query and the softmax weights to K's type, so with random queries it is held to 2^-7 of
@@ -350,18 +368,7 @@ TEST(CudaOps, PrefillAttentionMatchesReference) {
                                  ": d " + std::to_string(c.d) + " n_q " + std::to_string(c.n_q) + " pos0 " +
                                  std::to_string(c.pos0) + " window " + std::to_string(c.window);
         Dev<float> dq(q), out(want.size(), NAN);
-        cuda::PrefillArgs a;
-        a.q = dq.p;
-        a.k = c.kv != DType::F32 ? static_cast<const void*>(dkb.p) : dk.p;
-        a.v = c.kv != DType::F32 ? static_cast<const void*>(dvb.p) : dv.p;
-        a.kv_dtype = c.kv;
-        a.out = out.p;
-        a.n_q = c.n_q;
-        a.pos0 = c.pos0;
-        a.n_kv = n_kv;
-        a.n_q_heads = c.hq;
-        a.n_kv_heads = c.hkv;
-        a.head_dim = c.d;
+        cuda::PrefillArgs a = prefill_args(dq.p, c.kv, dkb.p, dvb.p, dk.p, dv.p, out.p, c.n_q, c.pos0, n_kv, c.hq, c.hkv, c.d);
         a.window = c.window;
         cuda::prefill_attention(a);
         const std::vector<float> got = out.host();
@@ -472,20 +479,10 @@ TEST(CudaOps, PrefillAttentionPartsMatchReference) {
                                  std::to_string(c.kv_start) + ", " + std::to_string(c.n_kv) + ") shift " +
                                  std::to_string(c.shift) + " window " + std::to_string(c.window);
         Dev<float> dq(q), out(want.size(), NAN), lse(want_lse.size(), NAN);
-        cuda::PrefillArgs a;
-        a.q = dq.p;
-        a.k = c.kv != DType::F32 ? static_cast<const void*>(dkb.p) : dk.p;
-        a.v = c.kv != DType::F32 ? static_cast<const void*>(dvb.p) : dv.p;
-        a.kv_dtype = c.kv;
-        a.out = out.p;
+        cuda::PrefillArgs a = prefill_args(dq.p, c.kv, dkb.p, dvb.p, dk.p, dv.p, out.p, c.n_q, c.pos0,
+                                           static_cast<int>(c.n_kv), c.hq, c.hkv, c.d);
         a.lse = lse.p;
-        a.n_q = c.n_q;
-        a.pos0 = c.pos0;
         a.kv_start = c.kv_start;
-        a.n_kv = static_cast<int>(c.n_kv);
-        a.n_q_heads = c.hq;
-        a.n_kv_heads = c.hkv;
-        a.head_dim = c.d;
         a.shift = c.shift;
         a.window = c.window;
         a.part = true;
