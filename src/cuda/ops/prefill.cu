@@ -287,8 +287,8 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
   };
   if (n_tiles > 0) load_tile(k_begin, 0);
 
-  // The queries, times scale * log2 e (scores in the log2 domain), rounded to bf16; rows past n_q
-  // are zeros (their outputs are not written).
+  // The queries, times scale * log2 e (scores in the log2 domain), rounded to K's 16-bit type;
+  // rows past n_q are zeros (their outputs are not written).
   const float qscale = p.scale * 1.4426950408889634f;
   for (int i = tid; i < kMmaRows * (D / 2); i += kMmaThreads) {
     const int r = i / (D / 2), d = 2 * (i % (D / 2));
