@@ -27,9 +27,10 @@
 // launches over an f16 conversion of its pool (Layer::generic), without graphs. Copies need no
 // sliding-window layers.
 //
-// Prefill chunks of a cache without copies take one of two paths, chosen per chunk
-// (prefill_rows(); TQKV_PREFILL_PATH=auto|tiled|rows): every query as a row of the split-KV
-// decode kernel over the pages, as with copies, or dequantize + the tiled kernel, above. Auto
+// Prefill chunks take one of two paths, chosen per chunk (prefill_rows();
+// TQKV_PREFILL_PATH=auto|tiled|rows): every query as a row of the split-KV decode kernel over
+// the pages, or dequantize + the tiled kernel, above (with copies: each part of the layer,
+// prefill_parts). Auto
 // takes the tiled kernel (tensor cores) for runs of 192 queries or more: on the H200 it was
 // 1.1-5.9x faster than the rows at every history measured for runs of 256 and more (the numbers:
 // kPrefillTiledFrom).
@@ -103,8 +104,8 @@ class CudaKvCache final : public KvCache {
   // the cache holds on the GPU for max_seqs sequences of `capacity` positions.
   size_t pool_bytes() const;
   // Whether a run of `count` queries whose sequence then holds n_kv positions attends as decode
-  // rows (else: dequantize + tiled kernel). Always with copies or for one token; else by the
-  // environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for auto, the run's length against
+  // rows (else: dequantize + tiled kernel). Always for one token, and with copies where the model
+  // has sliding-window layers or TQKV_COPIES_TILED=0; else by the environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for auto, the run's length against
   // the crossover (kPrefillTiledFrom; TQKV_PREFILL_TILED_FROM overrides it). Layers without a decode kernel
   // take the tiled path whatever this says (and, with TQKV_SLIDING_ROWS=0, those with a sliding
   // window).
@@ -293,7 +294,7 @@ class CudaKvCache final : public KvCache {
   // Keys and values stored by separate warps (cuda::StoreArgs::split_kv); TQKV_STORE_SPLIT_KV=0:
   // one warp each (token, kv head), for before/after runs.
   bool store_split_kv_ = true;
-  // Prefill chunks without copies (prefill_rows): auto, or forced to either path.
+  // Prefill chunks (prefill_rows): auto, or forced to either path.
   enum class PrefillPath { Auto, Tiled, Rows };
   PrefillPath prefill_path_ = PrefillPath::Auto;
   int64_t tiled_from_ = 192;  // auto: runs of >= this many queries take the tiled kernel
