@@ -368,8 +368,8 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   const int RS = slide_ring_blocks_;
   const size_t slide_at = static_cast<size_t>(n) * n_slot_sets;
   std::vector<int64_t> slots(slide_at + (RS > 0 ? n : 0), -1);
-  // Decode rows: the tokens of the runs prefill_rows() picks (single tokens, with copies every
-  // token, else prefill chunks by their length of history), each query a row of its own.
+  // Decode rows: the tokens of the runs prefill_rows() picks (single tokens and runs shorter than
+  // the tiled kernel's crossover), each query a row of its own.
   std::vector<int> row_run;
   std::vector<int32_t> row_tok, row_len;
   const size_t n_runs = step_.runs.size();
