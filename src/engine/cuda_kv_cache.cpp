@@ -292,7 +292,7 @@ const CudaKvCache::Sequence& CudaKvCache::at(int64_t seq) const {
 
 int64_t CudaKvCache::seq_len(int64_t seq) const { return at(seq).len; }
 
-bool CudaKvCache::prefill_rows(int count, int64_t n_kv) const {
+bool CudaKvCache::prefill_rows(int count) const {
   if (count == 1) return true;
   // Copies: each query has its own window, so the tiled path runs a layer's parts one by one
   // (prefill_parts); a model with sliding-window layers keeps the rows (its parts are cut by
@@ -303,7 +303,6 @@ bool CudaKvCache::prefill_rows(int count, int64_t n_kv) const {
     case PrefillPath::Rows: return true;
     case PrefillPath::Auto: break;
   }
-  (void)n_kv;
   return count < tiled_from_;
 }
 
@@ -378,7 +377,7 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   for (size_t j = 0; j < n_runs; ++j) {
     const Batch::Run& r = step_.runs[j];
     const Sequence* s = r.seq == kPadSeq ? nullptr : &seqs_.at(r.seq);
-    const bool as_rows = prefill_rows(r.count, r.pos0 + r.count);
+    const bool as_rows = prefill_rows(r.count);
     step_.as_rows.push_back(as_rows);
     for (int i = 0; i < r.count; ++i) {
       const int64_t pos = r.pos0 + i;

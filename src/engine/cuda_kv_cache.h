@@ -103,13 +103,13 @@ class CudaKvCache final : public KvCache {
   // Device bytes of every layer's page pools (compressed pages, copies' rings and sinks): what
   // the cache holds on the GPU for max_seqs sequences of `capacity` positions.
   size_t pool_bytes() const;
-  // Whether a run of `count` queries whose sequence then holds n_kv positions attends as decode
-  // rows (else: dequantize + tiled kernel). Always for one token, and with copies where the model
-  // has sliding-window layers or TQKV_COPIES_TILED=0; else by the environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for auto, the run's length against
-  // the crossover (kPrefillTiledFrom; TQKV_PREFILL_TILED_FROM overrides it). Layers without a decode kernel
-  // take the tiled path whatever this says (and, with TQKV_SLIDING_ROWS=0, those with a sliding
-  // window).
-  bool prefill_rows(int count, int64_t n_kv) const;
+  // Whether a run of `count` queries attends as decode rows (else: dequantize + tiled kernel).
+  // Always for one token, and with copies where the model has sliding-window layers or
+  // TQKV_COPIES_TILED=0; else by the environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for
+  // auto, the run's length against the crossover (kPrefillTiledFrom; TQKV_PREFILL_TILED_FROM
+  // overrides it). Layers without a decode kernel take the tiled path whatever this says (and,
+  // with TQKV_SLIDING_ROWS=0, those with a sliding window).
+  bool prefill_rows(int count) const;
   // Layers whose copies attend in one fused launch (tests).
   int fused_layers() const {
     int n = 0;

@@ -1718,13 +1718,13 @@ TEST(CudaCacheLayer, PrefillPathsMatch) {
     const auto* tc = dynamic_cast<const CudaKvCache*>(tiled.get());
     ASSERT_TRUE(rc && tc);
     const bool copies = name.find("sink") != std::string::npos;
-    EXPECT_TRUE(rc->prefill_rows(40, 80));
-    EXPECT_FALSE(tc->prefill_rows(40, 80));
-    EXPECT_TRUE(tc->prefill_rows(1, 80));
+    EXPECT_TRUE(rc->prefill_rows(40));
+    EXPECT_FALSE(tc->prefill_rows(40));
+    EXPECT_TRUE(tc->prefill_rows(1));
     if (copies) {
       ScopedEnv env("TQKV_COPIES_TILED", "0");
       auto kept = cache_with_path(make, "tiled");
-      EXPECT_TRUE(dynamic_cast<const CudaKvCache*>(kept.get())->prefill_rows(40, 80));
+      EXPECT_TRUE(dynamic_cast<const CudaKvCache*>(kept.get())->prefill_rows(40));
     }
     const int64_t a = rows->add_sequence(), b = rows->add_sequence();
     ASSERT_EQ(tiled->add_sequence(), a);

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <cuda_bf16.h>
 
+#include "../mma.cuh"
 #include "launch.cuh"
 
 namespace tqkv::cuda {
@@ -220,34 +221,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
-// BF: bf16 operands, else IEEE half.
-template <bool BF>
-__device__ __forceinline__ void mma16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (BF) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-template <bool BF>
-__device__ __forceinline__ uint32_t pack16x2(float lo, float hi) {
-  if constexpr (BF) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
 template <int D, bool BF>
 __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_constant__ Params p) {
   constexpr int KT = mma_tile_keys<D>(), S = mma_stride<D>();
@@ -298,7 +271,7 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
       a = qr[0] * qscale;
       b = qr[1] * qscale;
     }
-    *reinterpret_cast<uint32_t*>(qs + r * S + d) = pack16x2<BF>(a, b);
+    *reinterpret_cast<uint32_t*>(qs + r * S + d) = detail::pack2<BF>(a, b);
   }
   __syncthreads();
   // A fragment of k-step ks: matrices (rows 0-7 | 8-15) x (dims 16 ks + 0-7 | + 8-15).
@@ -352,8 +325,8 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
         for (int nb = 0; nb < NB; ++nb) {
           uint32_t b[4];
           ldmatrix_x4(b, k_lane + 8 * nb * S + 16 * ks);
-          mma16<BF>(s[nb], a0, b[0], b[1]);
-          mma16<BF>(s[nb], a1, b[2], b[3]);
+          detail::mma<BF>(s[nb], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+          detail::mma<BF>(s[nb], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
         }
       }
       // Masks, where some key of the tile is past a row, before its window or not held.
@@ -408,15 +381,15 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
       const uint16_t* v_lane = vb + ((lane & 7) + ((lane >> 3) & 1) * 8) * S + (lane >> 4) * 8;
 #pragma unroll
       for (int kk = 0; kk < NB / 2; ++kk) {
-        const uint32_t a[4] = {pack16x2<BF>(s[2 * kk][0], s[2 * kk][1]), pack16x2<BF>(s[2 * kk][2], s[2 * kk][3]),
-                               pack16x2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack16x2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const uint32_t a[4] = {detail::pack2<BF>(s[2 * kk][0], s[2 * kk][1]), detail::pack2<BF>(s[2 * kk][2], s[2 * kk][3]),
+                               detail::pack2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               detail::pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
         for (int db = 0; db < DB; db += 2) {
           uint32_t b[4];
           ldmatrix_x4_trans(b, v_lane + 16 * kk * S + 8 * db);
-          mma16<BF>(o[db], a, b[0], b[1]);
-          mma16<BF>(o[db + 1], a, b[2], b[3]);
+          detail::mma<BF>(o[db], a[0], a[1], a[2], a[3], b[0], b[1]);
+          detail::mma<BF>(o[db + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
         }
       }
     }
