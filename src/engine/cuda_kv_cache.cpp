@@ -147,12 +147,11 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
       } catch (const Error& e) {
         not_yet("layer " + std::to_string(l) + "'s format " + f.name() + " (" + e.what() + ")");
       }
-      Layer L{*codec, {}, false, cuda::DType::BF16, std::nullopt, std::nullopt, {}, {}, false};
+      Layer L{*codec, {}, false, std::nullopt, std::nullopt, {}, {}, false};
       L.ring = slide_ring_blocks_ > 0 && spec.ring_positions(l, shape.capacity) > 0;
       L.kv = cuda::PagedKv{nullptr, L.ring ? slide_ring_blocks_ * shape.max_seqs : num_blocks, kBlockSize,
                            m.n_kv_heads, cuda::PageLayout::Page};
       L.decode = L.codec.decode_supported() && m.n_heads / m.n_kv_heads <= 8;
-      L.workspace_dtype = workspace_dtype(f);
       if (copies() && f.compressed()) {  // the CPU's RecentWindow covers the compressed layers
         const Format wf = spec.window_format ? *spec.window_format : find_format("f16");
         L.window_codec.emplace(wf, m.head_dim);
@@ -859,10 +858,10 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     // A sliding window's queries read nothing before pos0 - window + 1 (a ring holds no more).
     const int kv_start = window > 0 ? static_cast<int>(std::max<int64_t>(0, r.pos0 - window + 1)) : 0;
     const int32_t* table = (L.ring ? slide_run_tables_ : step_tables_) + j * blocks_per_seq_;
-    dequantize_to_workspace(L.codec, L.kv, table, kv_start, n_kv - kv_start,
-                            L.workspace_dtype);
+    const cuda::DType dt = workspace_dtype(L.codec.format());
+    dequantize_to_workspace(L.codec, L.kv, table, kv_start, n_kv - kv_start, dt);
     cuda::PrefillArgs pa = workspace_prefill(r, q + static_cast<size_t>(r.begin) * q_row,
-                                             out + static_cast<size_t>(r.begin) * q_row, L.workspace_dtype, scale);
+                                             out + static_cast<size_t>(r.begin) * q_row, dt, scale);
     pa.n_kv = n_kv;
     pa.kv_start = kv_start;
     pa.window = window;

@@ -158,7 +158,6 @@ class CudaKvCache final : public KvCache {
     cuda::CacheCodec codec;
     cuda::PagedKv kv;
     bool decode = false;      // run_decode has a kernel for the format
-    cuda::DType workspace_dtype = cuda::DType::BF16;  // what prefill's tiled path dequantizes to
     // Copies (compressed layers of a spec with sinks or a window): their codecs and pools.
     std::optional<cuda::CacheCodec> window_codec, sink_codec;
     cuda::PagedKv window_kv, sink_kv;
