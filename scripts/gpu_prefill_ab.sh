@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Prefill on the GPU, path against path, in one session (docs/RESULTS.md, "Prefill attention on
-# tensor cores"): the tensor-core tiled kernel (the default), the rows (every query a row of the
-# decode kernel), the scalar tiled kernel, and for caches with copies their rows instead of the
-# parts through the tiled kernel. One `tqkv bench decode --json` process per mode and chunk size;
+# tensor cores"): the tensor-core tiled kernel (the default), the same without splitting a CTA's
+# keys (unsplit) and with CTAs of 8 warps (warps8), the rows (every query a row of the decode
+# kernel), the scalar tiled kernel, and for caches with copies their rows instead of the parts
+# through the tiled kernel. One `tqkv bench decode --json` process per mode and chunk size;
 # then Markdown tables of prefill tokens/s per history range. Run from a tree built for the GPU
 # (scripts/gpu_build_bg.sh leaves tqkv under /tmp/b).
 #
 #   scripts/gpu_prefill_ab.sh MODEL OUT [FORMATS] [DEPTHS]
 #     FORMATS default f16,turboquant_4bit_nc,tq-4.375; DEPTHS default 1024,4096,8192,16384.
 #     TQKV: the binary (default: the first tqkv under /tmp/b, else build-gpu/tqkv).
+#     MODES: the paths to run (default "tensor-cores unsplit warps8 rows scalar-tiled copies-as-rows").
 #   scripts/gpu_prefill_ab.sh --table OUT     the tables again from OUT's JSON files
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -46,11 +48,15 @@ tq=${TQKV:-$(find /tmp/b -name tqkv -type f -perm -u+x 2>/dev/null | head -1)}
 tq=${tq:-$ROOT/build-gpu/tqkv}
 mkdir -p "$out"
 modes=("tensor-cores:TQKV_PREFILL_PATH=auto"
+       "unsplit:TQKV_PREFILL_PATH=auto TQKV_PREFILL_SPLITS=1"
+       "warps8:TQKV_PREFILL_PATH=auto TQKV_PREFILL_WARPS=8"
        "rows:TQKV_PREFILL_PATH=rows"
        "scalar-tiled:TQKV_PREFILL_PATH=tiled TQKV_PREFILL_KERNEL=scalar TQKV_COPIES_TILED=0"
        "copies-as-rows:TQKV_PREFILL_PATH=auto TQKV_COPIES_TILED=0")
+want=" ${MODES:-tensor-cores unsplit warps8 rows scalar-tiled copies-as-rows} "
 for m in "${modes[@]}"; do
   name=${m%%:*} envs=${m#*:}
+  [[ "$want" == *" $name "* ]] || continue
   for chunk in 512 0; do
     d=$depths
     [ "$chunk" = 0 ] && d="${depths%%,*},${depths##*,}"

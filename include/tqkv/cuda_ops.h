@@ -146,7 +146,18 @@ struct PrefillArgs {
   // before the last query); a query may then see no key at all (output 0, lse -inf).
   bool part = false;
   float* lse = nullptr;      // optional [n_q, n_q_heads]: each row's natural-log log-sum-exp
+  // Keys split across CTAs (16-bit K/V): a run too short to fill the GPU by itself (a chunk over
+  // a long history) has each CTA's key tiles shared by several CTAs, whose rows are merged by
+  // their log-sum-exps after. 0: the op's choice (as many as keep one wave of CTAs;
+  // TQKV_PREFILL_SPLITS=N caps it, 1 turns it off); N: exactly N (at most 64). Splits need a
+  // device workspace of prefill_workspace_bytes(args) bytes; with less the run splits no more
+  // than fits (none without one).
+  int splits = 0;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 void prefill_attention(const PrefillArgs& args, cudaStream_t stream = nullptr);
+// The workspace prefill_attention would split `args` with (0: it would not split them).
+size_t prefill_workspace_bytes(const PrefillArgs& args);
 
 }  // namespace tqkv::cuda

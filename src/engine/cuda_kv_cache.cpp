@@ -27,28 +27,28 @@ void ck(cudaError_t e, const char* what) {
 // Rows of the largest step the copies' ring takes at once (the CPU's RecentWindow max_batch).
 constexpr int kCopyStepTokens = 512;
 
-// Prefill runs of a cache without copies, TQKV_PREFILL_PATH=auto: runs of at least this many
-// queries dequantize their history and take the tiled kernel (tensor cores), shorter ones attend
-// as decode rows. Measured on the H200 (SmolLM2-135M: d = 64, 9 query : 3 kv heads; `tqkv bench
-// decode --prefill-chunk 512|0`, 2026-12-04), whole-model prefill tokens/s, tiled / rows:
-//   chunks of 512 over (4K, 8K]: f16 90K / 40K, turboquant_4bit_nc 90K / 50K; over (8K, 16K]:
-//                                58K / 23K and 57K / 29K;
-//   one run of 7,168 over 8K:    f16 309K / 53K, turboquant_4bit_nc 306K / 67K.
-//   chunks of 256 over (2K, 8K]:  f16 53K / 37K, turboquant_4bit_nc 52K / 46K;
-//   chunks of 128 over (2K, 8K]:  f16 27K / 29K, turboquant_4bit_nc 26K / 32K (over (0, 2K]:
-//                                 48K / 39K and 46K / 34K); chunks of 64: 14K / 19K, 14K / 20K.
-// (Before the tensor-core kernel the rows won everywhere: the scalar tiled kernel made 9.5-24K.)
-// A short run of a long sequence goes as rows: the tiled kernel's grid is a CTA per 64 queries
-// and head, too few to read a long history fast. TQKV_PREFILL_TILED_FROM moves the crossover.
-constexpr int64_t kPrefillTiledFrom = 192;
+// Prefill runs, TQKV_PREFILL_PATH=auto: runs of at least this many queries dequantize their
+// history and take the tiled kernel (tensor cores), shorter ones attend as decode rows. Measured
+// on the H200 (SmolLM2-135M: d = 64, 9 query : 3 kv heads; `tqkv bench decode --prefill-chunk
+// C`, 2026-12-04, docs/RESULTS.md), whole-model prefill tokens/s, tiled / rows, f16:
+//   chunks of 512 over (4K, 8K]: 132K / 40K; over (8K, 16K]: 99K / 23K; one run of 7,168: 309K / 53K.
+//   Since a short run's CTAs split the history's keys (cuda::prefill_attention's splits), the
+//   tiled kernel also wins at 64 queries: chunks of 64 over (1K, 4K] 21K / 17K, over (2K, 8K]
+//   24K / 19K; chunks of 128 39K / 33K and 31K / 28K (before the splits the rows won below 192).
+// Shorter runs (a chat turn's tail) stay on the rows, whose CTAs split the history as well
+// (not measured below 64). TQKV_PREFILL_TILED_FROM moves the crossover.
+constexpr int64_t kPrefillTiledFrom = 64;
 
 // What a pool of format f dequantizes to for the tiled prefill kernel: uncompressed formats
 // exactly (f16 and bf16 as themselves: the kernel's tensor cores take either; f32 as f32),
-// compressed ones to bf16.
-cuda::DType workspace_dtype(const Format& f) {
+// compressed ones to f16, the decode kernel's precision (its lookups and weights are f16; bf16
+// keeps 3 bits fewer of each key, value and weight), or to bf16 where `compressed_bf16`
+// (TQKV_PREFILL_WORKSPACE=bf16, read by the cache's constructor).
+cuda::DType workspace_dtype(const Format& f, bool compressed_bf16) {
   if (!f.compressed() && f.value == ValueCodec::F32) return cuda::DType::F32;
   if (!f.compressed() && f.value == ValueCodec::F16) return cuda::DType::F16;
-  return cuda::DType::BF16;
+  if (!f.compressed()) return cuda::DType::BF16;
+  return compressed_bf16 ? cuda::DType::BF16 : cuda::DType::F16;
 }
 
 size_t pool_bytes(const Format& f, int head_dim, int n_kv_heads, int blocks) {
@@ -109,6 +109,12 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   }
   fused_max_rows_ = static_cast<int>(env_count("TQKV_FUSED_MAX_ROWS", "rows", kFusedMaxRows, 0, INT_MAX));
   tiled_from_ = env_count("TQKV_PREFILL_TILED_FROM", "queries", kPrefillTiledFrom, 2, LLONG_MAX);
+  if (const char* e = std::getenv("TQKV_PREFILL_WORKSPACE")) {
+    const std::string ws = e;
+    if (ws != "f16" && ws != "bf16" && !ws.empty())
+      throw Error(ErrorCode::InvalidArgument, "TQKV_PREFILL_WORKSPACE=" + ws + ": give f16 or bf16");
+    workspace_bf16_ = ws == "bf16";
+  }
   if (copies()) {
     // Sliding-window layers take the copies with their window as a cut of every part; a sink is
     // read while it is inside the window (one sink: all or nothing, so one per-row length).
@@ -247,7 +253,7 @@ CudaKvCache::~CudaKvCache() {
   for (auto& [key, p] : fused_plans_) cudaFree(p.workspace);
   for (auto& [bucket, b] : buckets_)
     for (void* p : {b.slots, b.tables, b.parts}) cudaFree(p);
-  for (void* p : {static_cast<void*>(mean_), static_cast<void*>(scale_), slots_, tables_, kws_, vws_, qbuf_, obuf_, parts_})
+  for (void* p : {static_cast<void*>(mean_), static_cast<void*>(scale_), slots_, tables_, kws_, vws_, split_ws_, qbuf_, obuf_, parts_})
     cudaFree(p);
 }
 
@@ -858,15 +864,23 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     // A sliding window's queries read nothing before pos0 - window + 1 (a ring holds no more).
     const int kv_start = window > 0 ? static_cast<int>(std::max<int64_t>(0, r.pos0 - window + 1)) : 0;
     const int32_t* table = (L.ring ? slide_run_tables_ : step_tables_) + j * blocks_per_seq_;
-    const cuda::DType dt = workspace_dtype(L.codec.format());
+    const cuda::DType dt = workspace_dtype(L.codec.format(), workspace_bf16_);
     dequantize_to_workspace(L.codec, L.kv, table, kv_start, n_kv - kv_start, dt);
     cuda::PrefillArgs pa = workspace_prefill(r, q + static_cast<size_t>(r.begin) * q_row,
                                              out + static_cast<size_t>(r.begin) * q_row, dt, scale);
     pa.n_kv = n_kv;
     pa.kv_start = kv_start;
     pa.window = window;
-    cuda::prefill_attention(pa, stream_);
+    attend_prefill(pa);
   }
+}
+
+void CudaKvCache::attend_prefill(cuda::PrefillArgs& pa) {
+  if (const size_t bytes = cuda::prefill_workspace_bytes(pa)) {
+    pa.workspace = grow(split_ws_, split_ws_bytes_, bytes);
+    pa.workspace_bytes = split_ws_bytes_;
+  }
+  cuda::prefill_attention(pa, stream_);
 }
 
 cuda::PrefillArgs CudaKvCache::workspace_prefill(const Batch::Run& r, const float* q, float* out, cuda::DType dtype,
@@ -914,7 +928,7 @@ void CudaKvCache::prefill_parts(const Layer& L, size_t run, const float* q, cons
   auto attend_part = [&](const cuda::CacheCodec& codec, const cuda::PagedKv& kv, const int32_t* table, int64_t from,
                          int64_t to, int shift, int win) {
     if (to <= from) return;
-    const cuda::DType dt = workspace_dtype(codec.format());
+    const cuda::DType dt = workspace_dtype(codec.format(), workspace_bf16_);
     dequantize_to_workspace(codec, kv, table, static_cast<int>(from), static_cast<int>(to - from), dt);
     cuda::PrefillArgs pa = workspace_prefill(r, qr, first ? o : part, dt, scale);
     pa.lse = first ? lse : lse_part;
@@ -923,7 +937,7 @@ void CudaKvCache::prefill_parts(const Layer& L, size_t run, const float* q, cons
     pa.part = true;
     pa.shift = shift;
     pa.window = win;
-    cuda::prefill_attention(pa, stream_);
+    attend_prefill(pa);
     if (!first) cuda::merge_attention(o, lse, part, lse_part, static_cast<int>(rows_h), D, stream_);
     first = false;
   };

@@ -31,9 +31,9 @@
 // TQKV_PREFILL_PATH=auto|tiled|rows): every query as a row of the split-KV decode kernel over
 // the pages, or dequantize + the tiled kernel, above (with copies: each part of the layer,
 // prefill_parts). Auto
-// takes the tiled kernel (tensor cores) for runs of 192 queries or more: on the H200 it was
-// 1.1-5.9x faster than the rows at every history measured for runs of 256 and more (the numbers:
-// kPrefillTiledFrom).
+// takes the tiled kernel (tensor cores) for runs of 64 queries or more: on the H200, with a short
+// run's keys split across CTAs, it beat the rows at 64 and 128 queries over histories of 1K-8K
+// (256: from 2K on) and by 2-6x for runs of 512 and more (the numbers: kPrefillTiledFrom).
 //
 // CUDA graphs (cuda_graphs.h): a decode step padded to a bucket prepares into that bucket's
 // fixed buffers (prepare_bucket) and keeps its recorded graphs (step_graph), so that a replay
@@ -238,6 +238,9 @@ class CudaKvCache final : public KvCache {
   // workspace (kws_, vws_) of type dtype; the caller sets the keys' range and the mask.
   cuda::PrefillArgs workspace_prefill(const Batch::Run& r, const float* q, float* out, cuda::DType dtype,
                                       float scale) const;
+  // cuda::prefill_attention(pa) on the step's stream, with the split workspace (split_ws_) it asks
+  // for where a run is too short to fill the GPU.
+  void attend_prefill(cuda::PrefillArgs& pa);
   // A prefill run (step_.runs[run]) of a layer with copies through the tiled kernel: its parts
   // as the rows see them, merged into out (the run's rows of [n, n_heads, head_dim]).
   void prefill_parts(const Layer& L, size_t run, const float* q, const float* k, const float* v, float* out,
@@ -296,7 +299,8 @@ class CudaKvCache final : public KvCache {
   // Prefill chunks (prefill_rows): auto, or forced to either path.
   enum class PrefillPath { Auto, Tiled, Rows };
   PrefillPath prefill_path_ = PrefillPath::Auto;
-  int64_t tiled_from_ = 192;  // auto: runs of >= this many queries take the tiled kernel
+  int64_t tiled_from_ = 64;  // auto: runs of >= this many queries take the tiled kernel (kPrefillTiledFrom)
+  bool workspace_bf16_ = false;  // TQKV_PREFILL_WORKSPACE=bf16: compressed formats dequantize to bf16, not f16
   // Above this many decode rows (prefill chunks whose queries run as decode rows) the three
   // launches stay: 1K-row prefill steps measured 5-20% slower fused on the H200, and still
   // 4-24% slower with the copies' parts capped at the middle's CTAs above 256 rows
@@ -379,6 +383,8 @@ class CudaKvCache final : public KvCache {
   size_t kws_bytes_ = 0;
   void* vws_ = nullptr;
   size_t vws_bytes_ = 0;
+  void* split_ws_ = nullptr;  // the tiled prefill's key splits (cuda::prefill_workspace_bytes)
+  size_t split_ws_bytes_ = 0;
   void* qbuf_ = nullptr;  // gathered decode queries, outputs
   size_t qbuf_bytes_ = 0;
   void* obuf_ = nullptr;

@@ -323,7 +323,9 @@ cuda::PrefillArgs prefill_args(const float* q, cuda::DType kv, const uint16_t* k
 // the largest |v| (a wrong fragment or mask moves outputs by far more), and with zero queries,
 // where every visible key weighs exactly 1 in either kernel, to f32 rounding: that catches a key
 // let in or left out by the causal mask, the window or the tiling. Cases span several CTAs of
-// queries, several key tiles, partial tiles and windows at every head dim.
+// queries, several key tiles, partial tiles and windows at every head dim; the tensor cores run
+// unsplit, with each CTA's keys in 3 splits (some empty where a CTA has fewer tiles) and as the
+// op chooses.
 TEST(CudaOps, PrefillAttentionMatchesReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(8);
@@ -334,12 +336,14 @@ TEST(CudaOps, PrefillAttentionMatchesReference) {
     int window;
     DType kv;
   };
+  bool auto_split = false;  // the op split some run by itself (a chunk of 64 over 2,000 keys)
   for (const Case& c :
        {Case{64, 9, 3, 37, 0, 0, DType::F32}, Case{64, 9, 3, 5, 100, 0, DType::BF16}, Case{128, 8, 8, 50, 13, 0, DType::BF16},
         Case{128, 32, 8, 20, 70, 24, DType::F32}, Case{64, 8, 2, 40, 90, 32, DType::BF16}, Case{256, 4, 1, 17, 3, 0, DType::BF16},
         Case{64, 2, 1, 1, 300, 0, DType::F32}, Case{128, 12, 2, 200, 300, 0, DType::BF16}, Case{64, 9, 3, 130, 500, 100, DType::F16},
         Case{256, 8, 1, 70, 40, 0, DType::F16}, Case{128, 8, 8, 64, 0, 0, DType::BF16}, Case{256, 4, 2, 90, 200, 45, DType::BF16},
-        Case{128, 4, 1, 129, 64, 63, DType::F16}, Case{64, 9, 3, 77, 150, 0, DType::F16}}) {
+        Case{128, 4, 1, 129, 64, 63, DType::F16}, Case{64, 9, 3, 77, 150, 0, DType::F16},
+        Case{64, 9, 3, 64, 2000, 0, DType::BF16}}) {
     const bool bf16 = c.kv == DType::BF16, f16 = c.kv == DType::F16;
     const int n_kv = static_cast<int>(c.pos0) + c.n_q;
     const std::vector<float> q_rand = randn(static_cast<size_t>(c.n_q) * c.hq * c.d, rng);
@@ -358,46 +362,83 @@ TEST(CudaOps, PrefillAttentionMatchesReference) {
     for (const bool zero_q : {false, true}) {
       const std::vector<float> q = zero_q ? std::vector<float>(q_rand.size(), 0.0f) : q_rand;
       const std::vector<float> want = reference_prefill(q, k, v, c.n_q, c.pos0, c.hq, c.hkv, c.d, c.window);
-      for (const bool scalar : {true, false}) {
-        if (c.kv == DType::F32 && !scalar) continue;  // f32 K/V always take the scalar kernel
-        std::optional<tqkv::testing_util::ScopedEnv> env;
-        if (scalar) env.emplace("TQKV_PREFILL_KERNEL", "scalar");
-        const float tol = scalar || zero_q ? 2e-5f : v_max / 128;
-        const std::string what = std::string(scalar ? "scalar" : "tensor-core") + (f16 ? ", f16" : bf16 ? ", bf16" : ", f32") +
-                                 (zero_q ? ", zero queries" : "") +
-                                 ": d " + std::to_string(c.d) + " n_q " + std::to_string(c.n_q) + " pos0 " +
-                                 std::to_string(c.pos0) + " window " + std::to_string(c.window);
-        Dev<float> dq(q), out(want.size(), NAN);
-        cuda::PrefillArgs a = prefill_args(dq.p, c.kv, dkb.p, dvb.p, dk.p, dv.p, out.p, c.n_q, c.pos0, n_kv, c.hq, c.hkv, c.d);
-        a.window = c.window;
-        cuda::prefill_attention(a);
-        const std::vector<float> got = out.host();
-        double err_sum = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          ASSERT_NEAR(got[i], want[i], tol) << what << " at " << i;
-          err_sum += std::fabs(got[i] - want[i]);
+      // The tensor cores with CTAs of 4 and of 8 warps (TQKV_PREFILL_WARPS).
+      for (const std::string warps : {"4", "8"}) {
+        tqkv::testing_util::ScopedEnv warps_env("TQKV_PREFILL_WARPS", warps.c_str());
+        for (const bool scalar : {true, false}) {
+          if (c.kv == DType::F32 && !scalar) continue;  // f32 K/V always take the scalar kernel
+          if (scalar && warps == "8") continue;
+          std::optional<tqkv::testing_util::ScopedEnv> env;
+          if (scalar) env.emplace("TQKV_PREFILL_KERNEL", "scalar");
+          // The tensor cores unsplit, in 3 splits of each CTA's keys (some of them empty), and in the
+          // op's own choice (with its workspace).
+          for (const int splits : scalar ? std::vector<int>{0} : std::vector<int>{1, 3, 0}) {
+            const float tol = scalar || zero_q ? 2e-5f : v_max / 128;
+            const std::string what = std::string(scalar ? "scalar" : "tensor-core") + (f16 ? ", f16" : bf16 ? ", bf16" : ", f32") +
+                                     (zero_q ? ", zero queries" : "") + ", splits " + std::to_string(splits) + ", warps " + warps +
+                                     ": d " + std::to_string(c.d) + " n_q " + std::to_string(c.n_q) + " pos0 " +
+                                     std::to_string(c.pos0) + " window " + std::to_string(c.window);
+            Dev<float> dq(q), out(want.size(), NAN);
+            cuda::PrefillArgs a = prefill_args(dq.p, c.kv, dkb.p, dvb.p, dk.p, dv.p, out.p, c.n_q, c.pos0, n_kv, c.hq, c.hkv, c.d);
+            a.window = c.window;
+            a.splits = splits;
+            Dev<float> ws(cuda::prefill_workspace_bytes(a) / sizeof(float), NAN);
+            if (splits != 0) {
+              EXPECT_EQ(ws.n > 0, splits > 1) << what;
+            } else if (ws.n > 0) {
+              auto_split = true;
+            }
+            a.workspace = ws.p;
+            a.workspace_bytes = ws.n * sizeof(float);
+            cuda::prefill_attention(a);
+            const std::vector<float> got = out.host();
+            double err_sum = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+              ASSERT_NEAR(got[i], want[i], tol) << what << " at " << i;
+              err_sum += std::fabs(got[i] - want[i]);
+            }
+            if (!scalar && !zero_q) {
+              EXPECT_LT(err_sum / got.size(), 2e-3) << what;  // the mean error of bf16 rounding
+            }
+            if (c.window <= 0 || c.pos0 - c.window + 1 <= 0) continue;
+            a.splits = 1;  // (the workspace was sized for all keys)
+            // The same queries with only the keys of their windows held (kv_start: a ring's dequantization).
+            const int64_t start = c.pos0 - c.window + 1;
+            const size_t row = static_cast<size_t>(c.hkv) * c.d;
+            Dev<float> dkw(std::vector<float>(k.begin() + start * row, k.end())),
+                dvw(std::vector<float>(v.begin() + start * row, v.end())), out_w(want.size(), NAN);
+            Dev<uint16_t> dkbw(std::vector<uint16_t>(kb.begin() + start * row, kb.end())),
+                dvbw(std::vector<uint16_t>(vb.begin() + start * row, vb.end()));
+            a.k = c.kv != DType::F32 ? static_cast<const void*>(dkbw.p) : dkw.p;
+            a.v = c.kv != DType::F32 ? static_cast<const void*>(dvbw.p) : dvw.p;
+            a.out = out_w.p;
+            a.kv_start = start;
+            cuda::prefill_attention(a);
+            const std::vector<float> got_w = out_w.host();
+            for (size_t i = 0; i < got_w.size(); ++i) ASSERT_NEAR(got_w[i], want[i], tol) << what << ", kv_start " << start << " at " << i;
+            a.kv_start = start + 1;  // a key inside the first query's window left out
+            EXPECT_THROW(cuda::prefill_attention(a), tqkv::Error);
+          }
         }
-        if (!scalar && !zero_q) {
-          EXPECT_LT(err_sum / got.size(), 2e-3) << what;  // the mean error of bf16 rounding
-        }
-        if (c.window <= 0 || c.pos0 - c.window + 1 <= 0) continue;
-        // The same queries with only the keys of their windows held (kv_start: a ring's dequantization).
-        const int64_t start = c.pos0 - c.window + 1;
-        const size_t row = static_cast<size_t>(c.hkv) * c.d;
-        Dev<float> dkw(std::vector<float>(k.begin() + start * row, k.end())),
-            dvw(std::vector<float>(v.begin() + start * row, v.end())), out_w(want.size(), NAN);
-        Dev<uint16_t> dkbw(std::vector<uint16_t>(kb.begin() + start * row, kb.end())),
-            dvbw(std::vector<uint16_t>(vb.begin() + start * row, vb.end()));
-        a.k = c.kv != DType::F32 ? static_cast<const void*>(dkbw.p) : dkw.p;
-        a.v = c.kv != DType::F32 ? static_cast<const void*>(dvbw.p) : dvw.p;
-        a.out = out_w.p;
-        a.kv_start = start;
-        cuda::prefill_attention(a);
-        const std::vector<float> got_w = out_w.host();
-        for (size_t i = 0; i < got_w.size(); ++i) ASSERT_NEAR(got_w[i], want[i], tol) << what << ", kv_start " << start << " at " << i;
-        a.kv_start = start + 1;  // a key inside the first query's window left out
-        EXPECT_THROW(cuda::prefill_attention(a), tqkv::Error);
       }
+    }
+  }
+  EXPECT_TRUE(auto_split);
+  {  // A malformed warps knob is an error, not a silent default.
+    tqkv::testing_util::ScopedEnv bad("TQKV_PREFILL_WARPS", "6");
+    Dev<uint16_t> kv(std::vector<uint16_t>(64, 0));
+    Dev<float> q1(std::vector<float>(64, 0.0f)), o1(std::vector<float>(64, 0.0f));
+    cuda::PrefillArgs b = prefill_args(q1.p, DType::BF16, kv.p, kv.p, nullptr, nullptr, o1.p, 1, 0, 1, 1, 1, 64);
+    EXPECT_THROW(cuda::prefill_attention(b), tqkv::Error);
+  }
+  {  // Splits past 64, or negative, are refused by both calls.
+    Dev<uint16_t> kv(std::vector<uint16_t>(64, 0));
+    Dev<float> q1(std::vector<float>(64, 0.0f)), o1(std::vector<float>(64, 0.0f));
+    cuda::PrefillArgs b = prefill_args(q1.p, DType::BF16, kv.p, kv.p, nullptr, nullptr, o1.p, 1, 0, 1, 1, 1, 64);
+    for (const int bad : {-1, 65}) {
+      b.splits = bad;
+      EXPECT_THROW(cuda::prefill_workspace_bytes(b), tqkv::Error);
+      EXPECT_THROW(cuda::prefill_attention(b), tqkv::Error);
     }
   }
 }
@@ -469,31 +510,43 @@ TEST(CudaOps, PrefillAttentionPartsMatchReference) {
             want[(static_cast<size_t>(i) * c.hq + h) * c.d + e] = static_cast<float>(acc / sum);
           }
         }
-      for (const bool scalar : {true, false}) {
-        if (c.kv == DType::F32 && !scalar) continue;
-        std::optional<tqkv::testing_util::ScopedEnv> env;
-        if (scalar) env.emplace("TQKV_PREFILL_KERNEL", "scalar");
-        const float tol = scalar || zero_q ? 2e-5f : v_max / 128, lse_tol = scalar || zero_q ? 1e-4f : 3e-2f;
-        const std::string what = std::string(scalar ? "scalar" : "tensor-core") + (zero_q ? ", zero queries" : "") +
-                                 ": d " + std::to_string(c.d) + " pos0 " + std::to_string(c.pos0) + " keys [" +
-                                 std::to_string(c.kv_start) + ", " + std::to_string(c.n_kv) + ") shift " +
-                                 std::to_string(c.shift) + " window " + std::to_string(c.window);
-        Dev<float> dq(q), out(want.size(), NAN), lse(want_lse.size(), NAN);
-        cuda::PrefillArgs a = prefill_args(dq.p, c.kv, dkb.p, dvb.p, dk.p, dv.p, out.p, c.n_q, c.pos0,
-                                           static_cast<int>(c.n_kv), c.hq, c.hkv, c.d);
-        a.lse = lse.p;
-        a.kv_start = c.kv_start;
-        a.shift = c.shift;
-        a.window = c.window;
-        a.part = true;
-        cuda::prefill_attention(a);
-        const std::vector<float> got = out.host(), got_lse = lse.host();
-        for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << what << " at " << i;
-        for (size_t i = 0; i < got_lse.size(); ++i) {
-          if (std::isinf(want_lse[i])) {
-            EXPECT_TRUE(std::isinf(got_lse[i]) && got_lse[i] < 0) << what << " lse at " << i << ": " << got_lse[i];
-          } else {
-            ASSERT_NEAR(got_lse[i], want_lse[i], lse_tol) << what << " lse at " << i;
+      // The tensor cores with CTAs of 4 and of 8 warps (TQKV_PREFILL_WARPS).
+      for (const std::string warps : {"4", "8"}) {
+        tqkv::testing_util::ScopedEnv warps_env("TQKV_PREFILL_WARPS", warps.c_str());
+        for (const bool scalar : {true, false}) {
+          if (c.kv == DType::F32 && !scalar) continue;
+          if (scalar && warps == "8") continue;
+          std::optional<tqkv::testing_util::ScopedEnv> env;
+          if (scalar) env.emplace("TQKV_PREFILL_KERNEL", "scalar");
+          for (const int splits : scalar ? std::vector<int>{0} : std::vector<int>{1, 3}) {
+            const float tol = scalar || zero_q ? 2e-5f : v_max / 128, lse_tol = scalar || zero_q ? 1e-4f : 3e-2f;
+            const std::string what = std::string(scalar ? "scalar" : "tensor-core") + (zero_q ? ", zero queries" : "") +
+                                     ", splits " + std::to_string(splits) + ", warps " + warps +
+                                     ": d " + std::to_string(c.d) + " pos0 " + std::to_string(c.pos0) + " keys [" +
+                                     std::to_string(c.kv_start) + ", " + std::to_string(c.n_kv) + ") shift " +
+                                     std::to_string(c.shift) + " window " + std::to_string(c.window);
+            Dev<float> dq(q), out(want.size(), NAN), lse(want_lse.size(), NAN);
+            cuda::PrefillArgs a = prefill_args(dq.p, c.kv, dkb.p, dvb.p, dk.p, dv.p, out.p, c.n_q, c.pos0,
+                                               static_cast<int>(c.n_kv), c.hq, c.hkv, c.d);
+            a.lse = lse.p;
+            a.kv_start = c.kv_start;
+            a.shift = c.shift;
+            a.window = c.window;
+            a.part = true;
+            a.splits = splits;
+            Dev<float> ws(cuda::prefill_workspace_bytes(a) / sizeof(float), NAN);
+            a.workspace = ws.p;
+            a.workspace_bytes = ws.n * sizeof(float);
+            cuda::prefill_attention(a);
+            const std::vector<float> got = out.host(), got_lse = lse.host();
+            for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << what << " at " << i;
+            for (size_t i = 0; i < got_lse.size(); ++i) {
+              if (std::isinf(want_lse[i])) {
+                EXPECT_TRUE(std::isinf(got_lse[i]) && got_lse[i] < 0) << what << " lse at " << i << ": " << got_lse[i];
+              } else {
+                ASSERT_NEAR(got_lse[i], want_lse[i], lse_tol) << what << " lse at " << i;
+              }
+            }
           }
         }
       }

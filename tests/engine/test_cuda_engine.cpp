@@ -1695,9 +1695,10 @@ std::unique_ptr<KvCache> cache_with_path(const std::function<std::unique_ptr<KvC
 
 // Prefill chunks as decode rows against dequantize + the tiled kernel, on the same inputs, layer
 // by layer: two sequences prefilled in chunks (the later ones over their history, a chunk of
-// 100 over two of the tiled kernel's 64-query CTAs), then decode steps. f16 dequantizes to
+// 100 over two of the tiled kernel's 64-query CTAs, a chunk of 64 over 659 positions, whose
+// CTAs split their keys: cuda::prefill_attention's splits), then decode steps. f16 dequantizes to
 // itself, so the two differ by the kernels' arithmetic (the tensor cores round the scaled query
-// and the weights to f16: bound 1e-3); compressed formats to bf16 (the tiled path's workspace),
+// and the weights to f16: bound 1e-3); compressed formats to f16 (the tiled path's workspace),
 // held to the cross-device tolerance of SameInputsSameCodesAsCpu. With copies the tiled path
 // attends the parts one by one (middle, window, sinks, the own position folded in after) where
 // the rows decode them in one launch: the same tolerance; TQKV_COPIES_TILED=0 keeps the rows.
@@ -1708,10 +1709,14 @@ TEST(CudaCacheLayer, PrefillPathsMatch) {
   for (const std::string name : {"f16", "turboquant_4bit_nc", "tq-k3v2", "k6v4", "k5v3+sink1+w5"}) {
     SCOPED_TRACE(name);
     const CacheSpec spec = resolve_cache_spec(name + "+skip0", m);
-    auto make = [&] { return dev->make_cache(spec, CacheShape{256, 2}); };
+    auto make = [&] { return dev->make_cache(spec, CacheShape{1024, 2}); };
     auto rows = cache_with_path(make, "rows"), tiled = cache_with_path(make, "tiled");
     {
       ScopedEnv env("TQKV_PREFILL_PATH", "sideways");
+      EXPECT_THROW(make(), Error);
+    }
+    {
+      ScopedEnv env("TQKV_PREFILL_WORKSPACE", "f8");
       EXPECT_THROW(make(), Error);
     }
     const auto* rc = dynamic_cast<const CudaKvCache*>(rows.get());
@@ -1729,10 +1734,11 @@ TEST(CudaCacheLayer, PrefillPathsMatch) {
     const int64_t a = rows->add_sequence(), b = rows->add_sequence();
     ASSERT_EQ(tiled->add_sequence(), a);
     ASSERT_EQ(tiled->add_sequence(), b);
-    std::vector<int32_t> ids(100, 1);
+    std::vector<int32_t> ids(500, 1);
     TwinCaches twin{*dev, m, *rows, *tiled, 777};
     int la = 0, lb = 0;
-    for (const auto& [na, nb] : {std::pair{40, 23}, std::pair{17, 1}, std::pair{1, 30}, std::pair{100, 1}, std::pair{1, 1}}) {
+    for (const auto& [na, nb] : {std::pair{40, 23}, std::pair{17, 1}, std::pair{1, 30}, std::pair{100, 1}, std::pair{1, 1},
+                                 std::pair{500, 1}, std::pair{64, 64}, std::pair{1, 1}}) {
       Batch step;  // a varlen batch: chunks and single tokens of both sequences
       step.add(a, ids.data(), na, la, true);
       step.add(b, ids.data(), nb, lb, true);
@@ -1752,9 +1758,9 @@ TEST(CudaCacheLayer, PrefillPathsMatch) {
 // position's logits, with the chunks as decode rows and with the tiled path. Held to the
 // cross-device rule of LogitsMatchCpu: f16 to KL <= 1e-3 and top-1 >= 0.9; compressed caches
 // to neither path worse against the f32 cache and the two no further apart than their distance
-// from it allows. Their top-1 is not held: the tiled path's bf16 workspace moves a layer's
-// outputs by ~1e-3, later layers' inputs cross code thresholds, and the flips compound as
-// between the two devices (H200, 2026-12-01: rows vs tiled KL 0.0725 / 0.0463, top-1 0.861 /
+// from it allows. Their top-1 is not held: the tiled path's workspace rounding (bf16 then)
+// moved a layer's outputs by ~1e-3, later layers' inputs cross code thresholds, and the flips
+// compound as between the two devices (H200, 2026-12-01: rows vs tiled KL 0.0725 / 0.0463, top-1 0.861 /
 // 0.833 for turboquant_4bit_nc / tq-k4v4, while each path's KL to f32 was 0.085 / 0.064 and
 // within 10% of the other's; f16 KL 0.0002, top-1 0.991).
 TEST_F(CudaSmol, PrefillPathsGiveTheSameQualityAlongTheSameTokens) {

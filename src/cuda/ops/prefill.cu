@@ -13,6 +13,11 @@
 //   O += P V   P (K's type) comes straight from S's accumulator layout as the A fragment, V's B
 //              fragments by ldmatrix.trans from the same [key][dim] rows.
 // CTAs with later queries have more keys, so the grid runs them first (less tail).
+// A run too short to fill the GPU by itself (a chunk of 512 over a long history: 8 CTAs a head)
+// splits each CTA's key tiles over several CTAs (grid z), as many as keep the grid within one
+// wave of resident CTAs and each split at least kMinSplitTiles tiles long; each writes its rows'
+// normalised outputs and log-sum-exps to the caller's workspace, and merge_splits_kernel combines
+// them by their log-sum-exps.
 //
 // f32 K/V (the f32 reference cache): the scalar kernel below, exact in f32. A CTA of 128 threads
 // takes kRows = 16 queries of one query head. Thread t owns row t / 8 and lane c = t % 8 of it:
@@ -23,6 +28,7 @@
 //
 // TQKV_PREFILL_KERNEL=scalar sends 16-bit K/V to the scalar kernel too (read at every call, so a
 // benchmark or a test runs both in one process).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +37,7 @@
 
 #include "../mma.cuh"
 #include "launch.cuh"
+#include "tqkv/env.h"
 
 namespace tqkv::cuda {
 namespace {
@@ -49,6 +56,12 @@ struct Params {
   int n_q, n_kv, n_q_heads, n_kv_heads, window, shift;
   float scale;
   float* lse;  // optional [n_q, n_q_heads], natural log
+  // Split keys (the tensor-core kernel): CTA z of `splits` takes its z-th share of the key tiles
+  // and writes its rows' normalised outputs to split_o [splits][n_q * n_q_heads][D] and their
+  // log-sum-exps to split_lse [splits][n_q * n_q_heads]; merge_splits_kernel then combines them.
+  int splits;
+  float* split_o;
+  float* split_lse;
 };
 
 // The keys a CTA whose queries sit at [first_pos, last_pos] may see: from kv_start (or the first
@@ -177,11 +190,12 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const __grid_constant
 
 // ---- The tensor-core kernel (bf16 or f16 K/V) ----
 
-// Warps a CTA (16 queries each). 2 warps, for twice the CTAs where a chunk's grid leaves SMs
-// idle, measured slower on the H200 at every chunk (SmolLM2 prefill, docs/RESULTS.md).
+// Warps a CTA (16 queries each): 4, or 8 with TQKV_PREFILL_WARPS=8 (each K/V tile a CTA loads
+// then serves twice the queries; the splits keep the grid full; at d = 64 held to 128 registers
+// for two CTAs an SM). 8 is built and tested against the reference but not yet timed on a GPU
+// (docs/RESULTS.md). 2 warps, for twice the CTAs where a chunk's grid left SMs idle, measured
+// slower on the H200 at every chunk (SmolLM2 prefill).
 constexpr int kMmaWarps = 4;
-constexpr int kMmaThreads = 32 * kMmaWarps;
-constexpr int kMmaRows = 16 * kMmaWarps;
 
 template <int D>
 __host__ __device__ constexpr int mma_tile_keys() {
@@ -193,10 +207,10 @@ template <int D>
 __host__ __device__ constexpr int mma_stride() {
   return D + 8;
 }
-// The queries, then two buffers of a K tile and a V tile.
-template <int D>
+// The queries (16 rows a warp), then two buffers of a K tile and a V tile.
+template <int D, int W>
 constexpr size_t mma_smem_bytes() {
-  return static_cast<size_t>(kMmaRows + 4 * mma_tile_keys<D>()) * mma_stride<D>() * sizeof(uint16_t);
+  return static_cast<size_t>(16 * W + 4 * mma_tile_keys<D>()) * mma_stride<D>() * sizeof(uint16_t);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -221,8 +235,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
-template <int D, bool BF>
-__global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_constant__ Params p) {
+template <int D, bool BF, int W>
+__global__ void __launch_bounds__(32 * W, (W == 8 && D == 64) ? 2 : 1) prefill_mma_kernel(const __grid_constant__ Params p) {
+  constexpr int kMmaThreads = 32 * W, kMmaRows = 16 * W;
   constexpr int KT = mma_tile_keys<D>(), S = mma_stride<D>();
   constexpr int NB = KT / 8;   // 8-key blocks of a tile (the n-tiles of S)
   constexpr int DB = D / 8;    // 8-dim blocks (the n-tiles of O)
@@ -240,6 +255,13 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
   const int rows = min(kMmaRows, p.n_q - q0);
   const int64_t first_pos = p.pos0 + q0, k_end = key_end(p, first_pos + rows - 1), k_begin = first_key(p, first_pos);
   const int n_tiles = k_end > k_begin ? static_cast<int>((k_end - k_begin + KT - 1) / KT) : 0;
+  // This CTA's share of the tiles: [t_lo, t_hi) of its split (all of them unsplit).
+  int t_lo = 0, t_hi = n_tiles;
+  if (p.splits > 1) {
+    const int per = (n_tiles + p.splits - 1) / p.splits;
+    t_lo = min(n_tiles, static_cast<int>(blockIdx.z) * per);
+    t_hi = min(n_tiles, t_lo + per);
+  }
   const uint16_t* kg = static_cast<const uint16_t*>(p.k);
   const uint16_t* vg = static_cast<const uint16_t*>(p.v);
   const int64_t key_elems = static_cast<int64_t>(p.n_kv_heads) * D;
@@ -258,7 +280,7 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
     }
     cp_async_commit();
   };
-  if (n_tiles > 0) load_tile(k_begin, 0);
+  if (t_lo < t_hi) load_tile(k_begin + static_cast<int64_t>(t_lo) * KT, t_lo & 1);
 
   // The queries, times scale * log2 e (scores in the log2 domain), rounded to K's 16-bit type;
   // rows past n_q are zeros (their outputs are not written).
@@ -290,9 +312,9 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
 #pragma unroll
   for (int i = 0; i < DB; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
-  for (int t = 0; t < n_tiles; ++t) {
+  for (int t = t_lo; t < t_hi; ++t) {
     const int64_t t0 = k_begin + static_cast<int64_t>(t) * KT;
-    if (t + 1 < n_tiles) {
+    if (t + 1 < t_hi) {
       load_tile(t0 + KT, (t + 1) & 1);
       cp_async_wait<1>();
     } else {
@@ -402,14 +424,20 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
+  const bool split = p.splits > 1;
+  const int64_t split_rows = static_cast<int64_t>(p.n_q) * p.n_q_heads;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = 16 * warp + g + 8 * r;
     if (row >= rows) continue;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    if (p.lse && c == 0)  // m is in the log2 domain
-      p.lse[static_cast<int64_t>(q0 + row) * p.n_q_heads + h] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
-    float* orow = p.out + static_cast<int64_t>(q0 + row) * p.out_stride + static_cast<int64_t>(h) * D + 2 * c;
+    const int64_t at = static_cast<int64_t>(q0 + row) * p.n_q_heads + h;  // (query, head)
+    float* lse_out = split ? p.split_lse + blockIdx.z * split_rows : p.lse;
+    if (lse_out && c == 0)  // m is in the log2 domain
+      lse_out[at] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
+    float* orow = (split ? p.split_o + (blockIdx.z * split_rows + at) * D
+                         : p.out + static_cast<int64_t>(q0 + row) * p.out_stride + static_cast<int64_t>(h) * D) +
+                  2 * c;
 #pragma unroll
     for (int i = 0; i < DB; ++i) {
       orow[8 * i] = o[i][2 * r] * inv;
@@ -418,23 +446,71 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(const __grid_c
   }
 }
 
-// Launches kernel K on a CTA of `Threads` threads per `Rows` queries and query head, with `Smem`
-// bytes of dynamic shared memory (its limit raised once per kernel).
+// The splits of a row combined as merge_attention combines parts: one warp per (query, head),
+// the largest log-sum-exp first so that no weight overflows; a row no split saw gives 0 and -inf.
+template <int D>
+__global__ void merge_splits_kernel(const __grid_constant__ Params p) {
+  const int64_t rows = static_cast<int64_t>(p.n_q) * p.n_q_heads;
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  float mx = -INFINITY;
+  for (int z = 0; z < p.splits; ++z) mx = fmaxf(mx, p.split_lse[z * rows + r]);
+  float acc[D / 32];
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) acc[i] = 0.0f;
+  float sum = 0.0f;
+  if (mx != -INFINITY) {
+    for (int z = 0; z < p.splits; ++z) {
+      const float lz = p.split_lse[z * rows + r];
+      if (lz == -INFINITY) continue;
+      const float w = expf(lz - mx);
+      sum += w;
+      const float* oz = p.split_o + (z * rows + r) * D;
+#pragma unroll
+      for (int i = 0; i < D / 32; ++i) acc[i] = fmaf(w, oz[lane + 32 * i], acc[i]);
+    }
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  const int64_t qi = r / p.n_q_heads;
+  const int h = static_cast<int>(r % p.n_q_heads);
+  float* orow = p.out + qi * p.out_stride + static_cast<int64_t>(h) * D;
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) orow[lane + 32 * i] = acc[i] * inv;
+  if (p.lse && lane == 0) p.lse[r] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+}
+
+// Raises kernel K's dynamic shared memory limit to Smem bytes (once per kernel) and returns how
+// many of its CTAs of `Threads` threads an SM holds at once.
+template <auto K, size_t Smem, int Threads>
+int resident_ctas() {
+  static const int n = [] {
+    TQKV_CUDA_CHECK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Smem)));
+    int ctas = 0;
+    TQKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, K, Threads, Smem));
+    return ctas > 0 ? ctas : 1;
+  }();
+  return n;
+}
+
+// Launches kernel K on a CTA of `Threads` threads per `Rows` queries and query head (times
+// p.splits), with `Smem` bytes of dynamic shared memory.
 template <auto K, size_t Smem, int Rows, int Threads>
 void launch_kernel(const Params& p, cudaStream_t stream) {
-  static const bool attr = [] {
-    TQKV_CUDA_CHECK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Smem)));
-    return true;
-  }();
-  (void)attr;
-  const dim3 grid((p.n_q + Rows - 1) / Rows, p.n_q_heads);
+  (void)resident_ctas<K, Smem, Threads>();  // the shared-memory limit
+  const dim3 grid((p.n_q + Rows - 1) / Rows, p.n_q_heads, p.splits > 1 ? p.splits : 1);
   K<<<grid, Threads, Smem, stream>>>(p);
   detail::check_launch();
 }
 
-template <int D, bool BF>
+template <int D, bool BF, int W>
 void launch_mma(const Params& p, cudaStream_t stream) {
-  launch_kernel<prefill_mma_kernel<D, BF>, mma_smem_bytes<D>(), kMmaRows, kMmaThreads>(p, stream);
+  launch_kernel<prefill_mma_kernel<D, BF, W>, mma_smem_bytes<D, W>(), 16 * W, 32 * W>(p, stream);
+  if (p.splits > 1) {
+    const size_t threads = static_cast<size_t>(p.n_q) * p.n_q_heads * 32;
+    merge_splits_kernel<D><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
+    detail::check_launch();
+  }
 }
 
 template <int D, typename KV>
@@ -451,6 +527,45 @@ bool mma_kernel_fits(const PrefillArgs& a) {
   return !(e && std::strcmp(e, "scalar") == 0);
 }
 
+// The tensor-core kernel's warps a CTA: kMmaWarps, or TQKV_PREFILL_WARPS (4 or 8).
+int mma_warps() {
+  const long long w = env_count("TQKV_PREFILL_WARPS", "warps of a prefill CTA", kMmaWarps, 4, 8);
+  if (w != 4 && w != 8) detail::throw_arg("TQKV_PREFILL_WARPS must be 4 or 8");
+  return static_cast<int>(w);
+}
+
+// A split of keys keeps at least this many tiles of the longest CTA (fewer: the merge and the
+// prologue outweigh the gain), and there are at most kMaxSplits of them.
+constexpr int kMinSplitTiles = 4;
+constexpr int kMaxSplits = 16;
+
+// How many splits the tensor-core kernel at head dim D would take for `a` (1: unsplit) before
+// the workspace is considered: an explicit PrefillArgs::splits, else as many as keep the grid
+// within one wave of resident CTAs, each split keeping kMinSplitTiles tiles of the longest CTA
+// (the last one: its queries see the most keys), capped by TQKV_PREFILL_SPLITS.
+template <int D, bool BF, int W>
+int wanted_splits(const PrefillArgs& a) {
+  constexpr int kMmaRows = 16 * W;
+  if (a.splits > 0) return a.splits;
+  const int cap = static_cast<int>(env_count("TQKV_PREFILL_SPLITS", "most splits of a prefill CTA's keys", kMaxSplits, 1, 64));
+  if (cap <= 1) return 1;
+  int dev = 0, sms = 0;
+  TQKV_CUDA_CHECK(cudaGetDevice(&dev));
+  TQKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int slots = sms * resident_ctas<prefill_mma_kernel<D, BF, W>, mma_smem_bytes<D, W>(), 32 * W>();
+  const int64_t blocks = (a.n_q + kMmaRows - 1) / kMmaRows, ctas = blocks * a.n_q_heads;
+  if (2 * ctas > slots) return 1;
+  const int64_t first_pos = a.pos0 + (blocks - 1) * kMmaRows, last_pos = a.pos0 + a.n_q - 1;
+  const int64_t k_end = std::min<int64_t>(last_pos + 1 - a.shift, a.n_kv);
+  const int64_t k_begin = std::max<int64_t>(a.kv_start, a.window > 0 ? first_pos - a.window + 1 : 0);
+  const int64_t tiles = k_end > k_begin ? (k_end - k_begin + mma_tile_keys<D>() - 1) / mma_tile_keys<D>() : 0;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({cap, slots / ctas, tiles / kMinSplitTiles})));
+}
+
+size_t split_bytes(const PrefillArgs& a, int splits) {
+  return static_cast<size_t>(splits) * a.n_q * a.n_q_heads * (a.head_dim + 1) * sizeof(float);
+}
+
 // f(std::integral_constant<int, D>) for the head dim D.
 template <typename F>
 void by_head_dim(int head_dim, F&& f) {
@@ -462,10 +577,47 @@ void by_head_dim(int head_dim, F&& f) {
   }
 }
 
+// f(D, BF, W) as integral constants: the head dim, bf16 (else f16) K/V, the warps a CTA.
+template <typename F>
+void by_mma_kernel(const PrefillArgs& a, int warps, F&& f) {
+  by_head_dim(a.head_dim, [&](auto d) {
+    using BT = std::true_type;
+    using BFa = std::false_type;
+    using W4 = std::integral_constant<int, 4>;
+    using W8 = std::integral_constant<int, 8>;
+    const bool bf = a.kv_dtype == DType::BF16;
+    if (bf && warps == 8) f(d, BT{}, W8{});
+    else if (bf) f(d, BT{}, W4{});
+    else if (warps == 8) f(d, BFa{}, W8{});
+    else f(d, BFa{}, W4{});
+  });
+}
+
+// The splits the call will take: those wanted, as many as its workspace holds.
+int split_count(const PrefillArgs& a) {
+  if (!mma_kernel_fits(a) || a.n_q <= 0) return 1;
+  int n = 1;
+  by_mma_kernel(a, mma_warps(), [&](auto d, auto bf, auto w) {
+    n = wanted_splits<decltype(d)::value, decltype(bf)::value, decltype(w)::value>(a);
+  });
+  return n;
+}
+
+void check_splits(const PrefillArgs& a) {
+  if (a.splits < 0 || a.splits > 64) detail::throw_arg("prefill_attention: splits must be 0 (automatic) to 64");
+}
+
 }  // namespace
+
+size_t prefill_workspace_bytes(const PrefillArgs& a) {
+  check_splits(a);
+  const int n = split_count(a);
+  return n > 1 ? split_bytes(a, n) : 0;
+}
 
 void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   if (a.n_q <= 0) return;
+  check_splits(a);
   if (!a.q || !a.k || !a.v || !a.out) detail::throw_arg("prefill_attention: null argument");
   if (a.n_kv_heads <= 0 || a.n_q_heads <= 0 || a.n_q_heads % a.n_kv_heads)
     detail::throw_arg("prefill_attention: n_q_heads must be a positive multiple of n_kv_heads");
@@ -496,11 +648,22 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   p.lse = a.lse;
   p.scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.head_dim));
   const bool mma = mma_kernel_fits(a);
+  // Splits: as many as wanted and the workspace holds (its first bytes the outputs, then the lses).
+  const size_t held = a.workspace ? a.workspace_bytes / split_bytes(a, 1) : 1;
+  p.splits = mma ? static_cast<int>(std::max<size_t>(1, std::min<size_t>(split_count(a), held))) : 1;
+  if (p.splits > 1) {
+    p.split_o = static_cast<float*>(a.workspace);
+    p.split_lse = p.split_o + static_cast<size_t>(p.splits) * a.n_q * a.n_q_heads * a.head_dim;
+  }
+  if (mma) {
+    by_mma_kernel(a, mma_warps(), [&](auto d, auto bf, auto w) {
+      launch_mma<decltype(d)::value, decltype(bf)::value, decltype(w)::value>(p, stream);
+    });
+    return;
+  }
   by_head_dim(a.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    if (mma && a.kv_dtype == DType::BF16) launch_mma<D, true>(p, stream);
-    else if (mma) launch_mma<D, false>(p, stream);
-    else if (a.kv_dtype == DType::BF16) launch<D, __nv_bfloat16>(p, stream);
+    if (a.kv_dtype == DType::BF16) launch<D, __nv_bfloat16>(p, stream);
     else if (a.kv_dtype == DType::F16) launch<D, __half>(p, stream);
     else launch<D, float>(p, stream);
   });
