@@ -4,9 +4,10 @@
 //
 // 16 floats per vector. fp16 via vcvtph2ps, bf16 by a 16-bit shift, fp8 E4M3 by moving its bits
 // into an fp16 (value / 256), packed 2/3/4-bit codes by variable shifts of broadcast 32-bit
-// words, Lloyd-Max levels by a 16-entry in-register table (vpermps). With VNNI + VBMI, 2-5-bit
-// key codes become bytes (vpsrlvw / vpmultishiftqb), their int8 levels come from a 64-entry
-// byte table (vpermb) and scores from vpdpbusd.
+// words, Lloyd-Max levels by a 16-entry in-register table (vpermps). With VNNI + VBMI, 2-6-bit
+// key and value codes become bytes (vpsrlvw / vpmultishiftqb), their int8 levels come from
+// 64-entry byte tables (vpermb; 6-bit codes: two of them, the levels' high and low bytes) and
+// the sums from vpdpbusd.
 #pragma once
 #include <immintrin.h>
 
@@ -24,22 +25,43 @@ struct IsaAvx512 {
   static constexpr int kAccRegs = 16;
   static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : b == 3 ? 4 : 1; }
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
-  // Int8 key scores (kernel_impl.h): 64 channels (one byte each) per vector for 2-5 bits.
+  // Int8 key scores (kernel_impl.h): 64 channels (one byte each) per vector for 2-6 bits (6:
+  // two-byte levels, kernel.h key_wide).
   static constexpr bool kHasI8 = true;
   using IV = __m512i;
   using IT = __m512i;
-  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8MaxBits ? 64 : 0; }
+  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8WideBits ? 64 : 0; }
   static IT i8_table(const uint8_t* t) { return _mm512_loadu_si512(t); }
   static IV izero() { return _mm512_setzero_si512(); }
   static V i2f(IV a) { return _mm512_cvtepi32_ps(a); }
   static IV dot_u8i8(IV acc, IV u, const int8_t* q) { return _mm512_dpbusd_epi32(acc, u, _mm512_loadu_si512(q)); }
-  // 64 codes -> 64 bytes holding each code in their low B bits (neighbours' bits above, which
-  // the 64-entry table, replicated every 2^B entries, ignores) -> vpermb.
+  // 64 codes of 3, 5 or 6 bits -> 64 bytes in channel order, each code in the low B bits (the
+  // next code's bits above it, which the 64-entry tables, replicated every 2^B entries, ignore):
+  // qword g gets bytes Bg .. Bg+7 (vpermb; those past the 8B are the masked load's zeros), byte
+  // m of it the 8 bits from bit Bm (vpmultishiftqb).
+  template <int B>
+  [[gnu::always_inline]] static __m512i code_bytes(const uint8_t* p, int i) {
+    static_assert(B == 3 || B == 5 || B == 6, "code_bytes takes 3-, 5- and 6-bit codes");
+    alignas(64) static constexpr auto ctl = [] {
+      struct {
+        uint8_t v[64];
+      } x{};
+      for (int g = 0; g < 8; ++g)
+        for (int k = 0; k < 8; ++k) x.v[8 * g + k] = static_cast<uint8_t>(B * g + k);
+      return x;
+    }();
+    constexpr long long shifts = [] {
+      unsigned long long v = 0;
+      for (int m = 0; m < 8; ++m) v |= static_cast<unsigned long long>(B * m) << (8 * m);
+      return static_cast<long long>(v);
+    }();
+    const __m512i raw = _mm512_maskz_loadu_epi8(~0ull >> (64 - 8 * B), p + i * B / 8);
+    return _mm512_multishift_epi64_epi8(_mm512_set1_epi64(shifts), _mm512_permutexvar_epi8(_mm512_load_si512(ctl.v), raw));
+  }
+  // 64 codes -> 64 bytes holding each code in their low B bits -> vpermb.
   //   4 bits: 32 bytes in both 256-bit halves, the upper one shifted by 4 (high nibbles);
   //   2 bits: 16 bytes in the four 128-bit lanes, shifted by 0, 2, 4, 6;
-  //   3 and 5 bits: 8B bytes, qword g gets bytes Bg .. Bg+7 (vpermb; those past the 8B are
-  //   the masked load's zeros), byte m of it the 8 bits from bit Bm (vpmultishiftqb): channel
-  //   order.
+  //   3 and 5 bits: code_bytes (channel order).
   template <int B>
   static IV levels_u8(const uint8_t* p, int i, IT table) {
     __m512i x;
@@ -52,23 +74,8 @@ struct IsaAvx512 {
       x = _mm512_srlv_epi16(x, _mm512_set_epi64(0x0006000600060006, 0x0006000600060006, 0x0004000400040004,
                                                 0x0004000400040004, 0x0002000200020002, 0x0002000200020002, 0, 0));
     } else {
-      static_assert(B == 3 || B == 5, "int8 scores take 2-5-bit codes");
-      alignas(64) static constexpr auto ctl = [] {
-        struct {
-          uint8_t v[64];
-        } x{};
-        for (int g = 0; g < 8; ++g)
-          for (int k = 0; k < 8; ++k) x.v[8 * g + k] = static_cast<uint8_t>(B * g + k);
-        return x;
-      }();
-      constexpr long long shifts = [] {
-        unsigned long long v = 0;
-        for (int m = 0; m < 8; ++m) v |= static_cast<unsigned long long>(B * m) << (8 * m);
-        return static_cast<long long>(v);
-      }();
-      const __m512i raw = _mm512_maskz_loadu_epi8(~0ull >> (64 - 8 * B), p + i * B / 8);
-      x = _mm512_permutexvar_epi8(_mm512_load_si512(ctl.v), raw);
-      x = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(shifts), x);
+      static_assert(B == 3 || B == 5, "one-byte int8 levels take 2-5-bit codes");
+      x = code_bytes<B>(p, i);
     }
     return _mm512_permutexvar_epi8(x, table);
   }
@@ -111,15 +118,23 @@ struct IsaAvx512 {
     } else if constexpr (B == 2) {  // code m of each byte
       lookup_2bit(lanes(i / 4), table, z);
     } else {
-      const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
-      const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
-      const __m512i t0 = _mm512_shuffle_i64x2(l0, l1, 0x44), t1 = _mm512_shuffle_i64x2(l0, l1, 0xee);
-      const __m512i t2 = _mm512_shuffle_i64x2(l2, l3, 0x44), t3 = _mm512_shuffle_i64x2(l2, l3, 0xee);
-      z[0] = _mm512_shuffle_i64x2(t0, t2, 0x88);
-      z[1] = _mm512_shuffle_i64x2(t0, t2, 0xdd);
-      z[2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
-      z[3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
+      codes_i8k<B>(p, i, z);
+      for (int m = 0; m < 4; ++m) z[m] = _mm512_permutexvar_epi8(z[m], table);
     }
+  }
+  // 3, 5 and 6 bits: z[m] lane k = the code bytes 16m .. 16m+15 of key k's block at channel i,
+  // the four keys' code_bytes transposed by 128-bit blocks (a lookup commutes with that, so the
+  // tables apply after it: 6-bit codes look up both level bytes from one transposition).
+  template <int B>
+  [[gnu::always_inline]] static void codes_i8k(const uint8_t* const* p, int i, __m512i* z) {
+    const __m512i l0 = code_bytes<B>(p[0], i), l1 = code_bytes<B>(p[1], i), l2 = code_bytes<B>(p[2], i),
+                  l3 = code_bytes<B>(p[3], i);
+    const __m512i t0 = _mm512_shuffle_i64x2(l0, l1, 0x44), t1 = _mm512_shuffle_i64x2(l0, l1, 0xee);
+    const __m512i t2 = _mm512_shuffle_i64x2(l2, l3, 0x44), t3 = _mm512_shuffle_i64x2(l2, l3, 0xee);
+    z[0] = _mm512_shuffle_i64x2(t0, t2, 0x88);
+    z[1] = _mm512_shuffle_i64x2(t0, t2, 0xdd);
+    z[2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
+    z[3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
   }
   static void i8_broadcast_rows(const int8_t* q8, int rows, int d, int8_t* qb) {
     for (int r = 0; r < rows; ++r)
@@ -131,20 +146,37 @@ struct IsaAvx512 {
   // A group of four keys' scores (p[4]: their code rows) against NR rows -> s[r * kTile + k],
   // k < n (n = 4 but in a run's last group). A whole group stores its four lanes unmasked
   // (masked stores are slow on Zen 4); the last group masked, as it may end a tile's row.
+  // 6-bit keys (two-byte levels, kernel.h key_wide): the high bytes' products (table) and the
+  // low bytes' (lo) in two accumulators a row, then 64 X + Y per lane (|64 X + Y| < 2^31).
   template <int NR, int B>
   [[gnu::always_inline]] static void scores_i8_group(const int8_t* qb, int d, const uint8_t* const* p, float* s,
-                                                     IT table, int n) {
+                                                     IT table, IT lo, int n) {
+    constexpr bool kWide = B == kI8WideBits;
     const int nc = d / 16;
-    __m512i acc[NR];
-    for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
+    __m512i acc[NR], acc_lo[kWide ? NR : 1];
+    for (int r = 0; r < NR; ++r) acc[r] = acc_lo[kWide ? r : 0] = _mm512_setzero_si512();
     for (int i = 0; i < d; i += 64) {
-      __m512i z[4];
-      levels_i8k<B>(p, i, table, z);
+      __m512i z[4], zl[4];
+      if constexpr (kWide) {
+        codes_i8k<B>(p, i, z);
+        for (int m = 0; m < 4; ++m) {
+          zl[m] = _mm512_permutexvar_epi8(z[m], lo);
+          z[m] = _mm512_permutexvar_epi8(z[m], table);
+        }
+      } else {
+        levels_i8k<B>(p, i, table, z);
+      }
       for (int r = 0; r < NR; ++r) {
         const int8_t* qr = qb + (static_cast<size_t>(r) * nc + i / 16) * 64;
-        for (int m = 0; m < 4; ++m) acc[r] = _mm512_dpbusd_epi32(acc[r], z[m], _mm512_loadu_si512(qr + 64 * m));
+        for (int m = 0; m < 4; ++m) {
+          const __m512i q = _mm512_loadu_si512(qr + 64 * m);
+          acc[r] = _mm512_dpbusd_epi32(acc[r], z[m], q);
+          if constexpr (kWide) acc_lo[r] = _mm512_dpbusd_epi32(acc_lo[r], zl[m], q);
+        }
       }
     }
+    if constexpr (kWide)
+      for (int r = 0; r < NR; ++r) acc[r] = _mm512_add_epi32(_mm512_slli_epi32(acc[r], 6), acc_lo[r]);
     // Rows by fours: lane k of x = the 4 rows' sums for key k, transposed to row-major.
     for (int r0 = 0; r0 < NR; r0 += 4) {
       const auto row = [&](int r) { return r0 + r < NR ? acc[r0 + r] : _mm512_setzero_si512(); };
@@ -168,23 +200,24 @@ struct IsaAvx512 {
       }
     }
   }
+  // lo: the low bytes' table of 6-bit keys (unused for the others).
   template <int NR, int B, class Pf>
   static void scores_i8_tile(const int8_t* qb, int d, const uint8_t* base, size_t stride, int nt, float* s,
-                             IT table, const Pf& pf) {
+                             IT table, const Pf& pf, IT lo = IT{}) {
     int j = 0;
     for (; j + 4 <= nt; j += 4) {
       pf(j, 4);
       const uint8_t* const p[4] = {base + static_cast<size_t>(j) * stride, base + static_cast<size_t>(j + 1) * stride,
                                    base + static_cast<size_t>(j + 2) * stride,
                                    base + static_cast<size_t>(j + 3) * stride};
-      scores_i8_group<NR, B>(qb, d, p, s + j, table, 4);
+      scores_i8_group<NR, B>(qb, d, p, s + j, table, lo, 4);
     }
     if (j < nt) {  // 1-3 keys left: the last one's codes fill the group
       const int n = nt - j;
       pf(j, n);
       const uint8_t* p[4];
       for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
-      scores_i8_group<NR, B>(qb, d, p, s + j, table, n);
+      scores_i8_group<NR, B>(qb, d, p, s + j, table, lo, n);
     }
   }
 
@@ -194,11 +227,16 @@ struct IsaAvx512 {
   // first (one vpermt2b / vpermb), then each code position of the byte is shifted down and
   // looked up (vpermb on the signed table value_i8, replicated every 2^B entries): vector q
   // lane j holds channel 2j + q (4 bits: q = 0, 1 from bytes 0-15, + 32 for q = 2, 3 from
-  // bytes 16-31) or 4j + q (2 bits). 3 and 5 bits: levels_u8 per key, interleaved by 8 unpacks:
-  // position 16q + 4l + e (vector q, 128-bit lane l) holds channel 16l + 4q + e.
+  // bytes 16-31) or 4j + q (2 bits). 3, 5 and 6 bits: code_bytes per key, interleaved by 8
+  // unpacks (position 16q + 4l + e, vector q, 128-bit lane l, holds channel 16l + 4q + e), then
+  // looked up (6 bits: in both level bytes' tables, kernel.h value_wide).
   static constexpr bool kI8Values = true;
-  static constexpr int i8v_block(int b) { return b >= 2 && b <= kI8MaxBits ? 64 : 0; }
+  static constexpr int i8v_block(int b) { return b >= 2 && b <= kI8WideBits ? 64 : 0; }
   static IT i8v_table(const int8_t* t) { return _mm512_loadu_si512(t); }
+  struct IT2 {
+    IT h, lo;
+  };
+  static IT2 i8v_table_wide(const int8_t* h, const int8_t* lo) { return {i8v_table(h), i8v_table(lo)}; }
   static int i8v_channel(int bits, int t) {
     const int q = t / 16, j = t % 16;
     if (bits == 4) return 32 * (q / 2) + 2 * j + q % 2;
@@ -241,14 +279,31 @@ struct IsaAvx512 {
       }();
       lookup_2bit(_mm512_permutexvar_epi8(_mm512_load_si512(idx.v), lanes16(p, i / 4)), table, t);
     } else {
-      const __m512i l0 = levels_u8<B>(p[0], i, table), l1 = levels_u8<B>(p[1], i, table);
-      const __m512i l2 = levels_u8<B>(p[2], i, table), l3 = levels_u8<B>(p[3], i, table);
-      const __m512i lo01 = _mm512_unpacklo_epi8(l0, l1), hi01 = _mm512_unpackhi_epi8(l0, l1);
-      const __m512i lo23 = _mm512_unpacklo_epi8(l2, l3), hi23 = _mm512_unpackhi_epi8(l2, l3);
-      t[0] = _mm512_unpacklo_epi16(lo01, lo23);
-      t[1] = _mm512_unpackhi_epi16(lo01, lo23);
-      t[2] = _mm512_unpacklo_epi16(hi01, hi23);
-      t[3] = _mm512_unpackhi_epi16(hi01, hi23);
+      codes_i8v<B>(p, i, t);
+      for (int q = 0; q < 4; ++q) t[q] = _mm512_permutexvar_epi8(t[q], table);
+    }
+  }
+  // 3, 5 and 6 bits: the four keys' code_bytes interleaved into the i8v_channel order.
+  template <int B>
+  [[gnu::always_inline]] static void codes_i8v(const uint8_t* const* p, int i, __m512i* t) {
+    const __m512i l0 = code_bytes<B>(p[0], i), l1 = code_bytes<B>(p[1], i), l2 = code_bytes<B>(p[2], i),
+                  l3 = code_bytes<B>(p[3], i);
+    const __m512i lo01 = _mm512_unpacklo_epi8(l0, l1), hi01 = _mm512_unpackhi_epi8(l0, l1);
+    const __m512i lo23 = _mm512_unpacklo_epi8(l2, l3), hi23 = _mm512_unpackhi_epi8(l2, l3);
+    t[0] = _mm512_unpacklo_epi16(lo01, lo23);
+    t[1] = _mm512_unpackhi_epi16(lo01, lo23);
+    t[2] = _mm512_unpacklo_epi16(hi01, hi23);
+    t[3] = _mm512_unpackhi_epi16(hi01, hi23);
+  }
+  // 6-bit values: the high (t) and the low (lo) level bytes of four keys, in the same order.
+  template <int B>
+  [[gnu::always_inline]] static void levels_i8v_wide(const uint8_t* const* p, int i, const IT2& table, __m512i* t,
+                                                     __m512i* lo) {
+    static_assert(B == kI8WideBits, "two-byte levels are for 6-bit codes");
+    codes_i8v<B>(p, i, t);
+    for (int q = 0; q < 4; ++q) {
+      lo[q] = _mm512_permutexvar_epi8(t[q], table.lo);
+      t[q] = _mm512_permutexvar_epi8(t[q], table.h);
     }
   }
   static void store_u8(uint8_t* p, V x) {
@@ -256,6 +311,11 @@ struct IsaAvx512 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(i));
   }
   static IV dot_u8v(IV acc, IV wb, IV t) { return _mm512_dpbusd_epi32(acc, wb, t); }
+  // The same with 64 times the products (the high bytes of two-byte levels): the products' sum
+  // shifted, |sum| * 64 <= 4 * 255 * 63 * 64 < 2^23.
+  static IV dot_u8v64(IV acc, IV wb, IV t) {
+    return _mm512_add_epi32(acc, _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wb, t), 6));
+  }
   static IV set1_u32(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
 #else
   static constexpr bool kHasI8 = false;

@@ -621,11 +621,22 @@ struct Kernel {
       for (int r0 = 0; r0 < R; r0 += 8)
         with_rows<8>(kf_min(8, R - r0), [&](auto nr) {
           constexpr int N = decltype(nr)::value;
-          const int8_t* qr = q + static_cast<size_t>(r0) * d;
-          if (r0 == 0)
-            scores_i8_wide<N>(qr, d, base, stride, nt, s + r0 * kTile, f.key_u8, f.key_lo, prefetch);
-          else
-            scores_i8_wide<N>(qr, d, base, stride, nt, s + r0 * kTile, f.key_u8, f.key_lo, none);
+          if constexpr (has_i8_tiles<I>()) {  // four keys a group, both level bytes' tables
+            if constexpr (I::i8_block(kI8WideBits) > 0) {
+              const int8_t* qb = q + static_cast<size_t>(r0) * d * 4;
+              const auto th = I::i8_table(f.key_u8), tl = I::i8_table(f.key_lo);
+              if (r0 == 0)
+                I::template scores_i8_tile<N, kI8WideBits>(qb, d, base, stride, nt, s + r0 * kTile, th, prefetch, tl);
+              else
+                I::template scores_i8_tile<N, kI8WideBits>(qb, d, base, stride, nt, s + r0 * kTile, th, none, tl);
+            }
+          } else {
+            const int8_t* qr = q + static_cast<size_t>(r0) * d;
+            if (r0 == 0)
+              scores_i8_wide<N>(qr, d, base, stride, nt, s + r0 * kTile, f.key_u8, f.key_lo, prefetch);
+            else
+              scores_i8_wide<N>(qr, d, base, stride, nt, s + r0 * kTile, f.key_u8, f.key_lo, none);
+          }
         });
       return;
     }
