@@ -17,12 +17,12 @@ float max_abs_level(const Codebook& cb) {
   return amax;
 }
 
-// 6-bit keys' and values' levels in two bytes (kernel.h key_wide, value_wide): L16 =
+// 6-8-bit keys' and 6-bit values' levels in two bytes (kernel.h key_wide, value_wide): L16 =
 // round(level / step), step = max |level| / (64 kI8LevelMax) (returned), hi[j] = floor(L16 /
-// 64) + kI8Offset, lo[j] = L16 mod 64.
-float wide_levels(const Codebook& cb, uint8_t hi[64], uint8_t lo[64]) {
+// 64) + kI8Offset, lo[j] = L16 mod 64, for the first n entries (replicated every size()).
+float wide_levels(const Codebook& cb, uint8_t* hi, uint8_t* lo, int n) {
   const float step = max_abs_level(cb) / static_cast<float>(64 * kI8LevelMax);
-  for (int j = 0; j < 64; ++j) {
+  for (int j = 0; j < n; ++j) {
     const float x = std::nearbyint(cb.levels_f32[j % cb.size()] / step);
     const int l16 = static_cast<int>(std::clamp(x, -float{64 * kI8LevelMax}, float{64 * kI8LevelMax}));
     const int h = l16 >= 0 ? l16 / 64 : -((-l16 + 63) / 64);  // floor
@@ -65,10 +65,10 @@ KernelFormat kernel_format(const SlotCodec& codec) {
     for (int i = 0; i < 16; ++i) k.value_lut[i] = static_cast<float>(i % n) - 0.5f * static_cast<float>(n - 1);
   }
   const KeyScores mode = active_key_scores();
-  k.int8_keys = f.key == KeyCodec::Mse && f.key_bits >= 2 && f.key_bits <= kI8WideBits && mode != KeyScores::Exact;
-  k.key_wide = k.int8_keys && f.key_bits == kI8WideBits;
+  k.int8_keys = f.key == KeyCodec::Mse && f.key_bits >= 2 && f.key_bits <= kI8MaxKeyBits && mode != KeyScores::Exact;
+  k.key_wide = k.int8_keys && f.key_bits >= kI8WideBits;
   if (k.key_wide) {
-    k.key_i8_step = wide_levels(*codec.key_codebook(), k.key_u8, k.key_lo);
+    k.key_i8_step = wide_levels(*codec.key_codebook(), k.key_u8, k.key_lo, 256);
   } else if (k.int8_keys) {
     int8_t l8[64];
     k.key_i8_step = int8_levels(*codec.key_codebook(), l8);
@@ -79,7 +79,7 @@ KernelFormat kernel_format(const SlotCodec& codec) {
   k.value_wide = k.int8_values && f.value == ValueCodec::Mse && f.value_bits == kI8WideBits;
   if (k.value_wide) {
     uint8_t hi[64], lo[64];
-    k.value_i8_step = wide_levels(*codec.value_codebook(), hi, lo);
+    k.value_i8_step = wide_levels(*codec.value_codebook(), hi, lo, 64);
     for (int j = 0; j < 64; ++j) {
       k.value_i8[j] = static_cast<int8_t>(hi[j] - kI8Offset);
       k.value_lo[j] = static_cast<int8_t>(lo[j]);

@@ -25,23 +25,24 @@ struct IsaAvx512 {
   static constexpr int kAccRegs = 16;
   static constexpr int split_codes(int b) { return b == 4 ? 2 : b == 2 ? 4 : b == 3 ? 4 : 1; }
 #if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
-  // Int8 key scores (kernel_impl.h): 64 channels (one byte each) per vector for 2-6 bits (6:
+  // Int8 key scores (kernel_impl.h): 64 channels (one byte each) per vector for 2-8 bits (6-8:
   // two-byte levels, kernel.h key_wide).
   static constexpr bool kHasI8 = true;
   using IV = __m512i;
   using IT = __m512i;
-  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8WideBits ? 64 : 0; }
+  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8MaxKeyBits ? 64 : 0; }
   static IT i8_table(const uint8_t* t) { return _mm512_loadu_si512(t); }
   static IV izero() { return _mm512_setzero_si512(); }
   static V i2f(IV a) { return _mm512_cvtepi32_ps(a); }
   static IV dot_u8i8(IV acc, IV u, const int8_t* q) { return _mm512_dpbusd_epi32(acc, u, _mm512_loadu_si512(q)); }
-  // 64 codes of 3, 5 or 6 bits -> 64 bytes in channel order, each code in the low B bits (the
-  // next code's bits above it, which the 64-entry tables, replicated every 2^B entries, ignore):
+  // 64 codes of 3, 5, 6, 7 or 8 bits -> 64 bytes in channel order, each code in the low B bits
+  // (the next code's bits above it, which the tables, replicated every 2^B entries, ignore):
   // qword g gets bytes Bg .. Bg+7 (vpermb; those past the 8B are the masked load's zeros), byte
-  // m of it the 8 bits from bit Bm (vpmultishiftqb).
+  // m of it the 8 bits from bit Bm (vpmultishiftqb). 8 bits: the bytes themselves.
   template <int B>
   [[gnu::always_inline]] static __m512i code_bytes(const uint8_t* p, int i) {
-    static_assert(B == 3 || B == 5 || B == 6, "code_bytes takes 3-, 5- and 6-bit codes");
+    static_assert(B == 3 || B >= 5, "code_bytes takes 3- and 5-8-bit codes");
+    if constexpr (B == 8) return _mm512_loadu_si512(p + i);
     alignas(64) static constexpr auto ctl = [] {
       struct {
         uint8_t v[64];
@@ -122,9 +123,9 @@ struct IsaAvx512 {
       for (int m = 0; m < 4; ++m) z[m] = _mm512_permutexvar_epi8(z[m], table);
     }
   }
-  // 3, 5 and 6 bits: z[m] lane k = the code bytes 16m .. 16m+15 of key k's block at channel i,
+  // 3 and 5-8 bits: z[m] lane k = the code bytes 16m .. 16m+15 of key k's block at channel i,
   // the four keys' code_bytes transposed by 128-bit blocks (a lookup commutes with that, so the
-  // tables apply after it: 6-bit codes look up both level bytes from one transposition).
+  // tables apply after it: 6-8-bit codes look up both level bytes from one transposition).
   template <int B>
   [[gnu::always_inline]] static void codes_i8k(const uint8_t* const* p, int i, __m512i* z) {
     const __m512i l0 = code_bytes<B>(p[0], i), l1 = code_bytes<B>(p[1], i), l2 = code_bytes<B>(p[2], i),
@@ -146,12 +147,13 @@ struct IsaAvx512 {
   // A group of four keys' scores (p[4]: their code rows) against NR rows -> s[r * kTile + k],
   // k < n (n = 4 but in a run's last group). A whole group stores its four lanes unmasked
   // (masked stores are slow on Zen 4); the last group masked, as it may end a tile's row.
-  // 6-bit keys (two-byte levels, kernel.h key_wide): the high bytes' products (table) and the
-  // low bytes' (lo) in two accumulators a row, then 64 X + Y per lane (|64 X + Y| < 2^31).
-  template <int NR, int B>
+  // 6-8-bit keys (two-byte levels, kernel.h key_wide; T = WideTable<B>): the high bytes'
+  // products (table) and the low bytes' (lo) in two accumulators a row, then 64 X + Y per lane
+  // (|64 X + Y| < 2^31); the others take T = IT, lo unused.
+  template <int NR, int B, class T>
   [[gnu::always_inline]] static void scores_i8_group(const int8_t* qb, int d, const uint8_t* const* p, float* s,
-                                                     IT table, IT lo, int n) {
-    constexpr bool kWide = B == kI8WideBits;
+                                                     const T& table, const T& lo, int n) {
+    constexpr bool kWide = B >= kI8WideBits;
     const int nc = d / 16;
     __m512i acc[NR], acc_lo[kWide ? NR : 1];
     for (int r = 0; r < NR; ++r) acc[r] = acc_lo[kWide ? r : 0] = _mm512_setzero_si512();
@@ -160,8 +162,8 @@ struct IsaAvx512 {
       if constexpr (kWide) {
         codes_i8k<B>(p, i, z);
         for (int m = 0; m < 4; ++m) {
-          zl[m] = _mm512_permutexvar_epi8(z[m], lo);
-          z[m] = _mm512_permutexvar_epi8(z[m], table);
+          zl[m] = lo(z[m]);
+          z[m] = table(z[m]);
         }
       } else {
         levels_i8k<B>(p, i, table, z);
@@ -200,10 +202,9 @@ struct IsaAvx512 {
       }
     }
   }
-  // lo: the low bytes' table of 6-bit keys (unused for the others).
-  template <int NR, int B, class Pf>
-  static void scores_i8_tile(const int8_t* qb, int d, const uint8_t* base, size_t stride, int nt, float* s,
-                             IT table, const Pf& pf, IT lo = IT{}) {
+  template <int NR, int B, class Pf, class T>
+  static void scores_i8_groups(const int8_t* qb, int d, const uint8_t* base, size_t stride, int nt, float* s,
+                               const T& table, const T& lo, const Pf& pf) {
     int j = 0;
     for (; j + 4 <= nt; j += 4) {
       pf(j, 4);
@@ -219,6 +220,39 @@ struct IsaAvx512 {
       for (int k = 0; k < 4; ++k) p[k] = base + static_cast<size_t>(j + (k < n ? k : n - 1)) * stride;
       scores_i8_group<NR, B>(qb, d, p, s + j, table, lo, n);
     }
+  }
+
+  template <int NR, int B, class Pf>
+  static void scores_i8_tile(const int8_t* qb, int d, const uint8_t* base, size_t stride, int nt, float* s,
+                             IT table, const Pf& pf) {
+    scores_i8_groups<NR, B>(qb, d, base, stride, nt, s, table, table, pf);
+  }
+  // A 6-8-bit level byte table of 2^B entries (kernel.h key_wide: 256 stored, replicated every
+  // 2^B) in registers, looked up by a code byte's low B bits: one vpermb (64 entries), one
+  // vpermt2b (128), or two and a blend on the code's bit 7 (256).
+  template <int B>
+  struct WideTable {
+    static constexpr int kRegs = B <= 6 ? 1 : B == 7 ? 2 : 4;
+    __m512i t[kRegs];
+    explicit WideTable(const uint8_t* p) {
+      for (int k = 0; k < kRegs; ++k) t[k] = _mm512_loadu_si512(p + 64 * k);
+    }
+    __m512i operator()(__m512i c) const {
+      if constexpr (B <= 6)
+        return _mm512_permutexvar_epi8(c, t[0]);
+      else if constexpr (B == 7)
+        return _mm512_permutex2var_epi8(t[0], c, t[1]);
+      else
+        return _mm512_mask_blend_epi8(_mm512_movepi8_mask(c), _mm512_permutex2var_epi8(t[0], c, t[1]),
+                                      _mm512_permutex2var_epi8(t[2], c, t[3]));
+    }
+  };
+  // 6-8-bit keys (kernel.h key_wide): hi, lo the level bytes' tables (256 entries each).
+  template <int NR, int B, class Pf>
+  static void scores_i8_tile_wide(const int8_t* qb, int d, const uint8_t* base, size_t stride, int nt, float* s,
+                                  const uint8_t* hi, const uint8_t* lo, const Pf& pf) {
+    static_assert(B >= kI8WideBits && B <= kI8MaxKeyBits, "two-byte key levels are for 6-8-bit codes");
+    scores_i8_groups<NR, B>(qb, d, base, stride, nt, s, WideTable<B>(hi), WideTable<B>(lo), pf);
   }
 
   // Int8 value sums (kernel_impl.h), 64 channels per block, in vectors whose 32-bit lanes each

@@ -20,7 +20,7 @@ struct IsaScalar {
   static constexpr bool kHasI8 = true;
   using IV = int32_t;
   using IT = const uint8_t*;
-  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8WideBits ? 1 : 0; }
+  static constexpr int i8_block(int b) { return b >= 2 && b <= kI8MaxKeyBits ? 1 : 0; }
   static IT i8_table(const uint8_t* t) { return t; }
   static IV izero() { return 0; }
   static V i2f(IV a) { return static_cast<float>(a); }

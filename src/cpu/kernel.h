@@ -38,20 +38,21 @@ struct KernelFormat {
   // of <= 4 bits: entry j = (j mod 2^bits) - (2^bits - 1)/2, the centred code.
   float key_lut[16];
   float value_lut[16];
-  // Int8 key scores (tqkv/simd.h KeyScores): on for 2-6-bit Mse keys unless exact scoring is
+  // Int8 key scores (tqkv/simd.h KeyScores): on for 2-8-bit Mse keys unless exact scoring is
   // asked for; a kernel without the int8 path for these bits and head dim scores exactly.
   // Every kernel that has it computes the same integers (kernel_impl.h, "Int8 scores"):
   //   L8[j] = round(level[j] / key_i8_step), key_i8_step = max_j |level[j]| / kI8LevelMax,
   //   key_u8[j] = L8[j mod 2^bits] + kI8Offset (64 entries, 1..127: an unsigned operand).
   bool int8_keys;
   float key_i8_step;
-  uint8_t key_u8[64];
-  // 6-bit keys (kI8WideBits): levels as 12-bit integers in two bytes, L16[j] = round(level[j] /
-  // key_i8_step) = 64 H + Lo (key_i8_step = max_j |level[j]| / (64 kI8LevelMax), H in
-  // [-63, 63], Lo in [0, 63]): key_u8 holds H + kI8Offset, key_lo holds Lo, and a key's score is
-  // 64 X + Y (X, Y the int8 dot products with the two bytes), its offset 64 kI8Offset sum q8.
+  uint8_t key_u8[256];
+  // 6-8-bit keys (kI8WideBits .. kI8MaxKeyBits): levels as 12-bit integers in two bytes,
+  // L16[j] = round(level[j] / key_i8_step) = 64 H + Lo (key_i8_step = max_j |level[j]| / (64
+  // kI8LevelMax), H in [-63, 63], Lo in [0, 63]): key_u8 holds H + kI8Offset, key_lo holds Lo
+  // (256 entries, replicated every 2^bits), and a key's score is 64 X + Y (X, Y the int8 dot
+  // products with the two bytes), its offset 64 kI8Offset sum q8.
   bool key_wide;
-  uint8_t key_lo[64];
+  uint8_t key_lo[256];
   // Int8 value sums (KeyScores::Int8; kernel_impl.h "Int8 values"): on for 2-6-bit Mse and
   // 2-4-bit Uniform values; a kernel without the path for these bits and head dim sums in fp32.
   //   value_i8[j] = round(level[j mod 2^bits] / value_i8_step), |.| <= kI8LevelMax (Mse:
@@ -97,6 +98,11 @@ inline constexpr int kI8MaxBits = 5;
 // (KernelFormat::key_wide, value_wide): the same query or weight rounding, a level grid 64
 // times finer, two products instead of one.
 inline constexpr int kI8WideBits = 6;
+// Keys of up to this many bits take the two-byte levels too (values stop at kI8WideBits): the
+// 12-bit grid (step max|level| / 4032) is ~20 times finer than an 8-bit codebook's closest
+// levels, and 7-8-bit keys scored in fp32 were the last pairs slower than f16 on AVX-512
+// (Qwen2.5-0.5B's recipes keep layer 0 at k8; docs/RESULTS.md).
+inline constexpr int kI8MaxKeyBits = 8;
 
 // Int8 scores: |q8| <= 127 (per query row, step max|q| / 127) and |L8| <= 63, so that the
 // unsigned level u8 = L8 + 64 <= 127 and a pair of products u8 * q8 fits in int16 (vpmaddubsw

@@ -586,23 +586,23 @@ struct Kernel {
     }
   }
 
-  // 6-bit keys with two-byte levels (KernelFormat::key_wide): s = 64 X + Y, X and Y the integer
+  // 6-8-bit keys with two-byte levels (KernelFormat::key_wide): s = 64 X + Y, X and Y the integer
   // products with the high and the low bytes, summed as one integer per row (|64 X + Y| < 2^31:
   // dot_u8i8_wide) and converted once, so every build gives the same float (round(64 X + Y)).
   // One accumulator a row: up to 8 rows a pass, the levels decoded once for all of them.
-  template <int NR, class Pf>
+  template <int NR, int B, class Pf>
   static void scores_i8_wide(const int8_t* q, int d, const uint8_t* base, size_t stride, int nt, float* s,
                              const uint8_t* hi, const uint8_t* lo, const Pf& pf) {
-    if constexpr (requires { I::template levels_wide<kI8WideBits>; }) {
+    if constexpr (requires { I::template levels_wide<B>; }) {
       const auto th = I::i8_table_wide(hi), tl = I::i8_table_wide(lo);
       for (int j = 0; j < nt; ++j) {
         pf(j, 1);
         const uint8_t* p = base + static_cast<size_t>(j) * stride;
         typename I::IV a[NR];
         for (int r = 0; r < NR; ++r) a[r] = I::izero();
-        for (int i = 0; i < d; i += I::i8_block(kI8WideBits)) {
+        for (int i = 0; i < d; i += I::i8_block(B)) {
           typename I::IV lh, ll;
-          I::template levels_wide<kI8WideBits>(p, i, th, tl, lh, ll);
+          I::template levels_wide<B>(p, i, th, tl, lh, ll);
           for (int r = 0; r < NR; ++r) a[r] = I::dot_u8i8_wide(a[r], lh, ll, q + static_cast<size_t>(r) * d + i);
         }
         int32_t x[NR];
@@ -621,22 +621,28 @@ struct Kernel {
       for (int r0 = 0; r0 < R; r0 += 8)
         with_rows<8>(kf_min(8, R - r0), [&](auto nr) {
           constexpr int N = decltype(nr)::value;
-          if constexpr (has_i8_tiles<I>()) {  // four keys a group, both level bytes' tables
-            if constexpr (I::i8_block(kI8WideBits) > 0) {
-              const int8_t* qb = q + static_cast<size_t>(r0) * d * 4;
-              const auto th = I::i8_table(f.key_u8), tl = I::i8_table(f.key_lo);
-              if (r0 == 0)
-                I::template scores_i8_tile<N, kI8WideBits>(qb, d, base, stride, nt, s + r0 * kTile, th, prefetch, tl);
-              else
-                I::template scores_i8_tile<N, kI8WideBits>(qb, d, base, stride, nt, s + r0 * kTile, th, none, tl);
-            }
-          } else {
-            const int8_t* qr = q + static_cast<size_t>(r0) * d;
-            if (r0 == 0)
-              scores_i8_wide<N>(qr, d, base, stride, nt, s + r0 * kTile, f.key_u8, f.key_lo, prefetch);
+          const auto go = [&](auto b, const auto& pf) {
+            constexpr int B = decltype(b)::value;
+            if constexpr (I::i8_block(B) == 0)
+              return;  // no int8 path for B-bit keys in this build (i8_block(f) was 0)
+            else if constexpr (has_i8_tiles<I>())  // four keys a group, both level bytes' tables
+              I::template scores_i8_tile_wide<N, B>(q + static_cast<size_t>(r0) * d * 4, d, base, stride, nt,
+                                                    s + r0 * kTile, f.key_u8, f.key_lo, pf);
             else
-              scores_i8_wide<N>(qr, d, base, stride, nt, s + r0 * kTile, f.key_u8, f.key_lo, none);
-          }
+              scores_i8_wide<N, B>(q + static_cast<size_t>(r0) * d, d, base, stride, nt, s + r0 * kTile, f.key_u8,
+                                   f.key_lo, pf);
+          };
+          const auto bits = [&](const auto& pf) {
+            switch (f.key_bits) {
+              case 7: return go(std::integral_constant<int, 7>{}, pf);
+              case 8: return go(std::integral_constant<int, 8>{}, pf);
+              default: return go(std::integral_constant<int, kI8WideBits>{}, pf);
+            }
+          };
+          if (r0 == 0)
+            bits(prefetch);
+          else
+            bits(none);
         });
       return;
     }

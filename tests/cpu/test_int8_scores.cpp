@@ -36,13 +36,13 @@ namespace {
 using testing_util::gaussian;
 using testing_util::rel_error;
 
-// Whether the kernel at `level` scores keys of `bits` (2-6; 6 in two-byte levels) in int8
-// (kernel-*.cpp, isa-avx512.h: i8_block; AVX-512 with VNNI + VBMI only).
+// Whether the kernel at `level` scores keys of `bits` (2-8; 6-8 in two-byte levels) in int8
+// (kernel-*.cpp, isa-avx512.h: i8_block; AVX2 up to 6 bits, AVX-512 with VNNI + VBMI only).
 bool level_has_int8(SimdLevel level, int d, int bits) {
   switch (level) {
     case SimdLevel::Scalar: return true;
-    case SimdLevel::Avx2: return d % 32 == 0;
-    case SimdLevel::Avx512: return testing_util::avx512_has_int8() && d % 64 == 0 && bits <= 6;
+    case SimdLevel::Avx2: return d % 32 == 0 && bits <= 6;
+    case SimdLevel::Avx512: return testing_util::avx512_has_int8() && d % 64 == 0;
   }
   return false;
 }
@@ -157,7 +157,7 @@ void check_contract(const char* name, int d, int G, int T) {
   const Codebook& cb = *codec.key_codebook();
   float lmax = 0;
   for (float x : cb.levels_f32) lmax = std::max(lmax, std::fabs(x));
-  const float s_k = lmax / (f.key_bits == 6 ? 63.0f * 64 : 63.0f);  // 6 bits: two-byte levels
+  const float s_k = lmax / (f.key_bits >= 6 ? 63.0f * 64 : 63.0f);  // 6-8 bits: two-byte levels
   std::vector<float> vd(k.size());
   cache.decode(0, 0, T, false, vd.data());
   std::vector<float> want(q.size());
@@ -204,14 +204,14 @@ void check_contract(const char* name, int d, int G, int T) {
 }
 
 TEST(Int8Scores, EveryLevelComputesTheContract) {
-  for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k2v2", "k5v3", "k5v5", "k6v4"})
+  for (const char* name : {"turboquant_4bit_nc", "turboquant_3bit_nc", "tq-k2v2", "k5v3", "k5v5", "k6v4", "k7v3", "k8v4"})
     for (int d : {64, 128, 256})
       for (int G : {1, 4, 9}) check_contract(name, d, G, 203);  // 203: a tile tail of 11 keys
 }
 
 TEST(Int8Scores, WithinTheQuantizationBoundAtEveryLevel) {
   for (const char* name : {"turboquant_4bit_nc", "tq-k4v2", "turboquant_3bit_nc", "tq-k3v2", "tq-k2v2", "k5v4", "k5v2",
-                           "k6v6"})
+                           "k6v6", "k7v2", "k8v4"})
     for (int d : {64, 128, 256}) {
       check({name, d, 2, 8, 300, 1, 1.0f});   // decode, GQA 4:1
       check({name, d, 1, 3, 200, 7, 2.0f});   // causal chunk, GQA 3:1, larger scores

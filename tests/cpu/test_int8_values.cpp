@@ -172,7 +172,7 @@ TEST(Int8Values, EveryLevelComputesTheContract) {
     }
 }
 
-// Random queries on keys scored exactly (fp8, 7-8-bit Mse): every level within the bound above
+// Random queries on keys scored exactly (fp8, f16): every level within the bound above
 // of the exact reference, the int8 levels equal to the scalar kernel's.
 void check_bound(const char* name, int d, int H, int Hq, int T, int n_q, float sigma_q) {
   const Format f = find_format(name);
@@ -261,12 +261,12 @@ void check_bound(const char* name, int d, int H, int Hq, int T, int n_q, float s
 }
 
 TEST(Int8Values, WithinTheRoundingBoundAtEveryLevel) {
-  for (const char* name : {"turboquant_k8v4", "k7v2", "k8v3", "k7v5", "k8v5", "k8v6"})
+  for (const char* name : {"turboquant_k8v4", "kf16v2", "kfp8v3", "kf16v5", "kfp8v5", "kf16v6"})
     for (int d : {64, 128, 256}) {
       check_bound(name, d, 2, 8, 300, 1, 1.0f);  // decode, GQA 4:1
       check_bound(name, d, 1, 3, 200, 7, 2.0f);  // causal chunk, GQA 3:1, sharper weights
     }
-  check_bound("k7v2", 96, 2, 4, 150, 2, 1.0f);  // 96: no int8 block on AVX-512 (scalar, AVX2)
+  check_bound("kf16v2", 96, 2, 4, 150, 2, 1.0f);  // 96: no int8 block on AVX-512 (scalar, AVX2)
 }
 
 // The switch: Int8Keys keeps fp32 value sums (equal to Exact on exactly scored keys), Int8 not.
