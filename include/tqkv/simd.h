@@ -23,8 +23,8 @@ SimdLevel active_simd_level();
 // Forces a level for the whole process; throws tqkv::Error(InvalidArgument) if unsupported.
 void set_simd_level(SimdLevel level);
 
-// How the SIMD kernels score keys stored as 2-6-bit Mse codes (turboquant_4bit_nc, tq-k4v2,
-// turboquant_3bit_nc, the recipes' k5 and k6 layers, ...) and sum 2-6-bit Mse or 2-4-bit Uniform values.
+// How the SIMD kernels score keys stored as 2-8-bit Mse codes (turboquant_4bit_nc, tq-k4v2,
+// turboquant_3bit_nc, the recipes' k5-k8 layers, ...) and sum 2-6-bit Mse or 2-4-bit Uniform values.
 // Int8 (the default): the rotated query is rounded once per row to int8 (scale max|q| / 127)
 // and the codebook levels to 7-bit integers (scale max|level| / 63), and each score is an
 // integer dot product (VNNI vpdpbusd, or vpmaddubsw + vpmaddwd on AVX2) times the two scales
@@ -32,10 +32,10 @@ void set_simd_level(SimdLevel level);
 // norm * (s_q/2 * sum|level| + s_k/2 * s_q * sum|q8|) (docs/RESULTS.md, issue 16). The values'
 // softmax weights (times the value's scale) are rounded per tile of keys and query row to u8
 // (step max weight / 255), the value levels to 7-bit integers (Mse: max|level| / 63; Uniform:
-// 2 * code - (2^bits - 1), exact), and each tile's sums are integer products in int32. 6-bit keys
-// and values take int8 with their levels in two bytes (a 64 times finer grid, two products:
-// kernel.h kI8WideBits; every build with an int8 path); wider codes
-// stay fp32 (kI8MaxBits). Int8Keys:
+// 2 * code - (2^bits - 1), exact), and each tile's sums are integer products in int32. 6-8-bit
+// keys and 6-bit values take int8 with their levels in two bytes (a 64 times finer grid, two
+// products: kernel.h kI8WideBits, kI8MaxKeyBits; AVX2 only up to 6 bits); wider values stay fp32.
+// Int8Keys:
 // int8 key scores, fp32 value sums. Exact: fp32 products, equal to the scalar reference within
 // 1e-5 (the reference tests use it). TQKV_SCORES=int8|int8-keys|exact (read once, at first use)
 // or set_key_scores(). Kernels without an int8 path (AVX-512 without VNNI + VBMI, head dims
