@@ -39,12 +39,13 @@
 //     u8 * s8 products per 32-bit lane (vpdpbusd); levels_u8<B>(p, i, table): the u8 levels
 //     of the codes of the block starting at stored channel i, in the order of i8_channel().
 //
-// Int8 scores. For 2-5-bit Mse keys (f.int8_keys) and a build with the int8 path, a key's
-// score is sum_c q8[c] * L8[code c], computed as sum_c q8[c] * (L8 + 64) - 64 * sum_c q8[c]
-// in int32, then (float) times s_q * s_k (the row's and the codebook's steps) and the norm.
-// The integers are the same in every build, and so are the float scores.
+// Int8 scores. For 2-8-bit Mse keys (f.int8_keys) and a build with the int8 path for them, a
+// key's score is sum_c q8[c] * L8[code c], computed as sum_c q8[c] * (L8 + 64) - 64 * sum_c q8[c]
+// in int32, then (float) times s_q * s_k (the row's and the codebook's steps) and the norm
+// (6-8-bit keys: L16 in two bytes, 64 X + Y; kernel.h key_wide). The integers are the same in
+// every build, and so are the float scores.
 //
-// Int8 values. For 2-5-bit Mse or 2-4-bit Uniform values (f.int8_values) and a build with the path
+// Int8 values. For 2-6-bit Mse or 2-4-bit Uniform values (f.int8_values) and a build with the path
 // (kI8Values: i8v_block(B) channels per block, i8v_table, i8v_channel, store_u8, and either
 // values_i8_tile (scalar) or levels_i8v, dot_u8v, set1_u32 (SIMD: Kernel::values_i8_tile)),
 // each tile's weights w[r][j] (exp_w(score - m) times the value's scale) are rounded per row to
@@ -520,7 +521,7 @@ struct Kernel {
   }
   // The channel at stored position t of an int8 block of C channels: the code bytes (nb of
   // them) are read once per code in the byte (k = 8/B), code m of every byte forming the m-th
-  // run of nb positions. 3-, 5- and 6-bit codes are unpacked in channel order.
+  // run of nb positions. 3- and 5-8-bit codes are unpacked in channel order.
   static int i8_channel(int bits, int C, int t) {
     if (bits == 3 || bits >= 5 || C == 1) return t;
     const int nb = C * bits / 8, k = 8 / bits;

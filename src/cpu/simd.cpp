@@ -126,7 +126,7 @@ namespace cpu {
 bool simd_handles(const KernelFormat& f, int width) {
   if (f.dim % width != 0 || f.dim % 8 != 0) return false;
   // Table-decoded (Mse) codes: 2-6 bits from tables in registers, 7-8 bits by a gather from
-  // the level table. Uniform codes: 2-4 bits.
+  // the level table (where the int8 paths do not take them). Uniform codes: 2-4 bits.
   auto table_ok = [](int bits) { return bits >= 2 && bits <= 8; };
   auto uniform_ok = [](int bits) { return bits >= 2 && bits <= 4; };
   if (f.key == KeyCodec::Mse && !table_ok(f.key_bits)) return false;
