@@ -12,10 +12,12 @@
 // Qwen2.5-1.5B, Gemma-3-270m); --f16 times f16 K/V instead of bf16.
 //
 // Columns: µs per call; TFLOP/s counting 4 d flops per visible (query, key) pair and query head
-// (Q Kᵀ and P V, the causal triangle only); the splits the op took.
+// (Q Kᵀ and P V, the causal triangle only); the splits the op took; the largest difference of any
+// variant's outputs from those of 4 warps unsplit (the same arithmetic in another order: small).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -49,6 +51,7 @@ T* device_copy(const std::vector<T>& h) {
 struct Result {
   double us;
   int splits;
+  std::vector<float> out;  // the call's output, to hold every variant against the first
 };
 
 // Median time of `reps` calls of args (after two untimed ones), and the splits it took (the
@@ -79,7 +82,9 @@ Result time_prefill(tc::PrefillArgs a, bool split, int reps) {
   CK(cudaEventDestroy(e1));
   cudaFree(ws);
   std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], bytes ? static_cast<int>(bytes / per_split) : 1};
+  std::vector<float> out(static_cast<size_t>(a.n_q) * a.n_q_heads * a.head_dim);
+  CK(cudaMemcpy(out.data(), a.out, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return {t[t.size() / 2], bytes ? static_cast<int>(bytes / per_split) : 1, std::move(out)};
 }
 
 }  // namespace
@@ -111,8 +116,8 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, dev));
   std::printf("prefill attention on %s (%d SMs), %s K/V, median of %d, caches warm\n\n", prop.name,
               prop.multiProcessorCount, f16 ? "f16" : "bf16", reps);
-  std::printf("| d | heads | n_q | history | warps | unsplit µs | TFLOP/s | split µs | TFLOP/s | splits | split / unsplit |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| d | heads | n_q | history | warps | unsplit µs | TFLOP/s | split µs | TFLOP/s | splits | split / unsplit | max |diff| |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const int d : dims) {
@@ -145,11 +150,19 @@ int main(int argc, char** argv) {
         // Visible (query, key) pairs: query i sees hist + i + 1 keys.
         const double pairs = static_cast<double>(n_q) * hist + static_cast<double>(n_q) * (n_q + 1) / 2;
         const double flops = 4.0 * d * hq * pairs;
+        std::vector<float> first;  // 4 warps, unsplit: every other variant's outputs against it
+        const auto diff = [&first](const std::vector<float>& o) {
+          double m = 0;
+          for (size_t i = 0; i < o.size(); ++i) m = std::max(m, static_cast<double>(std::fabs(o[i] - first[i])));
+          return m;
+        };
         for (const char* warps : {"4", "8"}) {
           setenv("TQKV_PREFILL_WARPS", warps, 1);
           const Result u = time_prefill(a, false, reps), s = time_prefill(a, true, reps);
-          std::printf("| %d | %d:%d | %d | %d | %s | %.1f | %.1f | %.1f | %.1f | %d | %.2f |\n", d, hq, hkv, n_q, hist, warps,
-                      u.us, flops / u.us * 1e-6, s.us, flops / s.us * 1e-6, s.splits, s.us / u.us);
+          if (first.empty()) first = u.out;
+          std::printf("| %d | %d:%d | %d | %d | %s | %.1f | %.1f | %.1f | %.1f | %d | %.2f | %.1e |\n", d, hq, hkv, n_q, hist,
+                      warps, u.us, flops / u.us * 1e-6, s.us, flops / s.us * 1e-6, s.splits, s.us / u.us,
+                      std::max(diff(u.out), diff(s.out)));
           std::fflush(stdout);
         }
         unsetenv("TQKV_PREFILL_WARPS");
