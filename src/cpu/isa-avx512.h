@@ -59,28 +59,6 @@ struct IsaAvx512 {
     const __m512i raw = _mm512_maskz_loadu_epi8(~0ull >> (64 - 8 * B), p + i * B / 8);
     return _mm512_multishift_epi64_epi8(_mm512_set1_epi64(shifts), _mm512_permutexvar_epi8(_mm512_load_si512(ctl.v), raw));
   }
-  // 64 codes -> 64 bytes holding each code in their low B bits -> vpermb.
-  //   4 bits: 32 bytes in both 256-bit halves, the upper one shifted by 4 (high nibbles);
-  //   2 bits: 16 bytes in the four 128-bit lanes, shifted by 0, 2, 4, 6;
-  //   3 and 5 bits: code_bytes (channel order).
-  template <int B>
-  static IV levels_u8(const uint8_t* p, int i, IT table) {
-    __m512i x;
-    if constexpr (B == 4) {
-      x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i / 2)));
-      x = _mm512_srlv_epi16(x, _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
-                                                0x0004000400040004, 0, 0, 0, 0));
-    } else if constexpr (B == 2) {
-      x = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i / 4)));
-      x = _mm512_srlv_epi16(x, _mm512_set_epi64(0x0006000600060006, 0x0006000600060006, 0x0004000400040004,
-                                                0x0004000400040004, 0x0002000200020002, 0x0002000200020002, 0, 0));
-    } else {
-      static_assert(B == 3 || B == 5, "one-byte int8 levels take 2-5-bit codes");
-      x = code_bytes<B>(p, i);
-    }
-    return _mm512_permutexvar_epi8(x, table);
-  }
-
   // A tile's int8 scores four keys at a time with the keys in the 128-bit lanes: the 4 keys'
   // level vectors of a 64-channel block are transposed by 128-bit blocks (8 vshufi64x2), so
   // vector m holds channels 16m .. 16m+15 of key k in lane k, and vpdpbusd against chunk m of
@@ -89,7 +67,7 @@ struct IsaAvx512 {
   // (9 instructions) replaces a 4-row reduction per key. The integers are those of
   // scores_i8 (integer sums in any order).
   static constexpr bool kI8Tiles = true;
-  // z[m] lane k = level bytes 16m .. 16m+15 (levels_u8 order) of key k's block at channel i.
+  // z[m] lane k = level bytes 16m .. 16m+15 (kernel_impl.h i8_channel order) of key k's block at channel i.
   // 4 and 2 bits: the keys' code bytes go to the lanes first (one load and three 128-bit
   // inserts per 16 bytes), then a shift and a vpermb per vector (14 / 11 instructions per 4
   // keys instead of 4 decodes and 8 vshufi64x2: 20).

@@ -37,7 +37,8 @@
 //     codes (0: no int8 path for B); i8_table(key_u8): the table; izero(); i2f(IV) (exact:
 //     the lanes stay below 2^24); dot_u8i8(acc, u8, q8 pointer): acc += sums of 4 adjacent
 //     u8 * s8 products per 32-bit lane (vpdpbusd); levels_u8<B>(p, i, table): the u8 levels
-//     of the codes of the block starting at stored channel i, in the order of i8_channel().
+//     of the codes of the block starting at stored channel i, in the order of i8_channel()
+//     (builds without a whole-tile scorer; those with one, kI8Tiles, give scores_i8_tile).
 //
 // Int8 scores. For 2-8-bit Mse keys (f.int8_keys) and a build with the int8 path for them, a
 // key's score is sum_c q8[c] * L8[code c], computed as sum_c q8[c] * (L8 + 64) - 64 * sum_c q8[c]
