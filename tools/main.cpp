@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
 #ifdef TQKV_HAVE_ENGINE
   register_generate(app);
   register_perplexity(app);
+  register_logits(app);
   register_eval(app);
   register_passkey(app);
   register_calibrate(app);

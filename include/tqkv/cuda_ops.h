@@ -27,17 +27,18 @@ void embed_rows(const uint16_t* table, int cols, const int32_t* tokens, int n, f
 void rmsnorm(const float* x, const float* w, int n, int d, float eps, float* y, cudaStream_t stream = nullptr);
 
 // RoPE in place on x [n, heads, head_dim], token t at positions[t] (device). inv_freq: host
-// array of n_rot / 2 floats (the CPU's base^(-2i/n_rot) rounded to float); angles are formed
-// and turned into cos/sin in double, so positions in the thousands stay exact. halves = false:
-// pairs (2i, 2i+1); true: (i, i + n_rot/2).
+// array of n_rot / 2 floats (the CPU's frequencies, scaling applied, rounded to float); angles
+// are formed and turned into cos/sin in double, so positions in the thousands stay exact; cos
+// and sin are scaled by mscale (YaRN's attention factor, else 1). halves = false: pairs
+// (2i, 2i+1); true: (i, i + n_rot/2).
 void rope(float* x, int n, int heads, int head_dim, const int64_t* positions, int n_rot, const float* inv_freq,
-          bool halves, cudaStream_t stream = nullptr);
+          float mscale, bool halves, cudaStream_t stream = nullptr);
 
 // rope of q [n, q_heads, head_dim] and k [n, k_heads, head_dim] in one launch, both at
 // positions[t]; inv_freq: a DEVICE array of n_rot / 2 floats (the host's copy for rope above).
 // Each gives what rope gives for q and for k.
 void rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim, const int64_t* positions, int n_rot,
-             const float* inv_freq, bool halves, cudaStream_t stream = nullptr);
+             const float* inv_freq, float mscale, bool halves, cudaStream_t stream = nullptr);
 
 // gate[i] = silu(gate[i]) * up[i].
 void swiglu(float* gate, const float* up, size_t n, cudaStream_t stream = nullptr);

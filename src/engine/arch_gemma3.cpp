@@ -5,8 +5,9 @@
 //    residual add (post_attention_norm, post_ffw_norm), next to the usual pre-norms;
 //  - GeGLU FFN with the tanh approximation of GELU;
 //  - local/global layers: five of every six layers attend within a sliding window
-//    (gemma3.attention.sliding_window) with RoPE base 10000, every sixth attends to all
-//    positions with gemma3.rope.freq_base;
+//    (gemma3.attention.sliding_window) with RoPE base rope.freq_base_swa (10000 when absent),
+//    every sixth (or as attention.sliding_window_pattern says) attends to all positions with
+//    rope.freq_base and the RoPE scaling (linear on the larger sizes);
 //  - the output head tied to the embeddings.
 // RMSNorm weights are used as stored: llama.cpp's converter writes Gemma's (1 + w). The
 // attention scale 1/sqrt(query_pre_attn_scalar) is 1/sqrt(head_dim) for every size but 27B,
@@ -28,16 +29,27 @@ constexpr float kLocalRopeBase = 10000.0f;  // Gemma 3's rope_local_base_freq
 
 void configure(const GgufFile& f, ModelConfig& c) {
   c.rope.layout = RopeLayout::Halves;
-  if (f.has("gemma3.rope.scaling.type") && f.get_string("gemma3.rope.scaling.type") != "none")
-    bad("gemma3 with RoPE scaling (" + f.get_string("gemma3.rope.scaling.type") + ") is not supported");
   const int64_t window = f.get_int("gemma3.attention.sliding_window");
   if (window <= 0 || window > (1 << 24)) bad("gemma3.attention.sliding_window = " + std::to_string(window) + " is out of range");
   c.layer_window.assign(c.n_layers, 0);
-  for (int l = 0; l < c.n_layers; ++l)
-    if ((l + 1) % kGlobalEvery != 0) c.layer_window[l] = static_cast<int>(window);
+  if (f.has("gemma3.attention.sliding_window_pattern")) {
+    const std::vector<int64_t>& local = f.get_int_array("gemma3.attention.sliding_window_pattern");
+    if (static_cast<int>(local.size()) != c.n_layers) bad("gemma3.attention.sliding_window_pattern does not give one flag per layer");
+    for (int l = 0; l < c.n_layers; ++l) c.layer_window[l] = local[l] ? static_cast<int>(window) : 0;
+  } else {
+    for (int l = 0; l < c.n_layers; ++l)
+      if ((l + 1) % kGlobalEvery != 0) c.layer_window[l] = static_cast<int>(window);
+  }
+  // The local layers turn at their own base without the scaling, which (transformers' Gemma 3,
+  // llama.cpp's freq_scale_swa = 1) applies to the global layers only.
   c.rope_local = c.rope;
-  c.rope_local.base = kLocalRopeBase;
+  c.rope_local.base = static_cast<float>(f.get_float("gemma3.rope.freq_base_swa", kLocalRopeBase));
+  c.rope_local.scaling = RopeScaling{};
+  if (f.has("gemma3.final_logit_softcapping")) bad("gemma3 with final_logit_softcapping is not supported");
+  if (f.has("gemma3.attn_logit_softcapping")) bad("gemma3 with attn_logit_softcapping is not supported");
 }
+
+constexpr std::string_view kKeys[] = {"rope.freq_base_swa", "final_logit_softcapping", "attn_logit_softcapping"};
 
 void load(const WeightLoader& w, const ModelConfig& c, ModelWeights& out) {
   const int d = c.d_model, hd = c.head_dim, q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
@@ -102,6 +114,6 @@ void forward(const ModelConfig& c, const ModelWeights& w, Device& dev, const Bat
 
 }  // namespace
 
-const Architecture kGemma3Architecture{"gemma3", configure, load, forward};
+const Architecture kGemma3Architecture{"gemma3", configure, load, forward, kKeys};
 
 }  // namespace tqkv::engine

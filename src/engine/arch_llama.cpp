@@ -6,15 +6,29 @@
 
 #include "architecture.h"
 #include "gguf.h"
+#include "tqkv/error.h"
 
 namespace tqkv::engine {
 namespace {
 
-void configure(const GgufFile& /*f*/, ModelConfig& c) {
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::Format, "model: " + what); }
+
+void configure(const GgufFile& f, ModelConfig& c) {
   // Llama GGUFs carry q/k rows permuted by the converter to rotate adjacent pairs; Qwen2's
   // are in the model's own NeoX order.
   c.rope.layout = c.arch == "qwen2" ? RopeLayout::Halves : RopeLayout::Adjacent;
-  c.layer_window.assign(c.n_layers, 0);  // every layer attends to all positions
+  // Every layer attends to all positions, unless the file gives a sliding window (Mistral v0.1,
+  // Qwen2 with use_sliding_window): then the layers the pattern marks (all, without one) attend
+  // to the last `window` positions, as transformers' sliding-window mask does.
+  const std::string k = c.arch + ".attention.sliding_window";
+  const int64_t window = f.get_int(k, 0);
+  if (window < 0 || window > (1 << 24)) bad(k + " = " + std::to_string(window) + " is out of range");
+  c.layer_window.assign(c.n_layers, 0);
+  if (window == 0) return;
+  std::vector<int64_t> pattern(c.n_layers, 1);
+  if (f.has(k + "_pattern")) pattern = f.get_int_array(k + "_pattern");
+  if (static_cast<int>(pattern.size()) != c.n_layers) bad(k + "_pattern does not give one flag per layer");
+  for (int l = 0; l < c.n_layers; ++l) c.layer_window[l] = pattern[l] ? static_cast<int>(window) : 0;
 }
 
 void load(const WeightLoader& w, const ModelConfig& c, ModelWeights& out) {

@@ -68,12 +68,21 @@ size_t ModelWeights::bytes() const {
 bool WeightLoader::has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
 
 std::unique_ptr<DeviceMatrix> WeightLoader::matrix(const std::string& name, int cols, int rows) const {
+  used_.insert(name);
   return dev_.load_matrix(f_.tensor(name), rows, cols);
 }
 
 DeviceBuffer WeightLoader::vec(const std::string& name, int n) const {
+  used_.insert(name);
   const std::vector<float> v = expand_tensor(f_.tensor(name), n);
   return dev_.load_vector(v.data(), v.size());
+}
+
+void WeightLoader::check_all_used(const std::string& arch) const {
+  for (const GgufTensor& t : f_.tensors())
+    if (t.name != "rope_freqs.weight" && !used_.contains(t.name))
+      bad("tensor '" + t.name + "' is not used by the engine's " + arch +
+          " (a weight it does not know how to apply): not supported");
 }
 
 StepProducts::StepProducts(Device& dev, const Batch& batch) : dev_(dev), batch_(batch) {

@@ -10,6 +10,8 @@
 // a NumPy reference in tests/integration/reference_forward.py and a test against it.
 #pragma once
 #include <memory>
+#include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,10 +51,14 @@ class WeightLoader {
   std::unique_ptr<DeviceMatrix> matrix(const std::string& name, int cols, int rows) const;
   DeviceBuffer vec(const std::string& name, int n) const;
   DeviceBuffer optional_vec(const std::string& name, int n) const { return has(name) ? vec(name, n) : DeviceBuffer(); }
+  // Throws tqkv::Error(Format) naming a tensor of the file that nothing loaded (other than those
+  // the config read, e.g. rope_freqs.weight): a weight the engine would silently skip.
+  void check_all_used(const std::string& arch) const;
 
  private:
   const GgufFile& f_;
   Device& dev_;
+  mutable std::set<std::string, std::less<>> used_;
 };
 
 struct Architecture {
@@ -64,6 +70,9 @@ struct Architecture {
   // (or their argmax) to `out`.
   void (*forward)(const ModelConfig& c, const ModelWeights& w, Device& dev, const Batch& batch, KvCache& cache,
                   const LogitsOut& out);
+  // The {arch}.* keys the family reads beyond the shared ones (model.cpp): any other key refuses
+  // the model, naming it.
+  std::span<const std::string_view> keys = {};
 };
 
 // The architecture of general.architecture; throws tqkv::Error(Format) naming it when the

@@ -222,15 +222,14 @@ void CpuDevice::rmsnorm(const float* x, const float* w, int n, int d, float eps,
 
 void CpuDevice::rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) {
   const int half = p.n_rot / 2;
-  std::vector<float> inv_freq(half);
-  for (int i = 0; i < half; ++i)
-    inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(p.base), -2.0 * i / p.n_rot));
+  const std::vector<float> inv_freq = p.inv_freq();
+  const double mscale = p.mscale();
   for (int t = 0; t < n; ++t) {
     const double pos = static_cast<double>(positions[t]);
     for (int i = 0; i < half; ++i) {
       // Angles in double: at positions in the thousands float loses the low bits of pos*freq.
       const double a = pos * inv_freq[i];
-      const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
+      const float c = static_cast<float>(std::cos(a) * mscale), s = static_cast<float>(std::sin(a) * mscale);
       const int i0 = p.layout == RopeLayout::Adjacent ? 2 * i : i;
       const int i1 = p.layout == RopeLayout::Adjacent ? 2 * i + 1 : i + half;
       for (int h = 0; h < heads; ++h) {

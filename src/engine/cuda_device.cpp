@@ -170,8 +170,9 @@ struct CudaDevice::Impl {
   const float* staged = nullptr;
   size_t staged_n = 0;
   void unstage() { staged = nullptr; }
-  // RoPE's inverse frequencies on the device, one array per (n_rot, base bits), made at first use.
-  std::map<std::pair<int, uint32_t>, float*> inv_freq;
+  // RoPE's inverse frequencies on the device, one array per distinct table (base, n_rot and
+  // scaling decide it), made at first use.
+  std::map<std::vector<float>, float*> inv_freq;
   // Attention timing (Device::set_attention_timing): event pairs recorded around each attend of
   // steps run op by op, reused from one measurement to the next; `timed` pairs are in use.
   bool timing = false;
@@ -473,11 +474,10 @@ void CudaDevice::rmsnorm(const float* x, const float* w, int n, int d, float eps
 void CudaDevice::rope(float* x, int n, int heads, int head_dim, const int64_t* positions, const RopeParams& p) {
   impl_->unstage();
   if (n <= 0 || p.n_rot == 0) return;
-  std::vector<float> inv_freq(p.n_rot / 2);
-  for (int i = 0; i < p.n_rot / 2; ++i)
-    inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(p.base), -2.0 * i / p.n_rot));
+  const std::vector<float> inv_freq = p.inv_freq();
   const auto* d_pos = static_cast<const int64_t*>(impl_->input(positions, static_cast<size_t>(n) * sizeof(int64_t)));
-  cuda::rope(x, n, heads, head_dim, d_pos, p.n_rot, inv_freq.data(), p.layout == RopeLayout::Halves, impl_->stream);
+  cuda::rope(x, n, heads, head_dim, d_pos, p.n_rot, inv_freq.data(), p.mscale(), p.layout == RopeLayout::Halves,
+             impl_->stream);
 }
 
 void CudaDevice::swiglu(float* gate, const float* up, size_t n) {
@@ -526,22 +526,18 @@ void CudaDevice::glu(Glu kind, float* gate, const float* up, size_t n, bool prod
   }
 }
 
-// The inverse frequencies are the CPU's (base^(-2i/n_rot) in double, rounded to float), computed
-// on the host once per (n_rot, base) and kept on the device.
+// The inverse frequencies are the CPU's (RopeParams::inv_freq: scaling applied, rounded to float),
+// computed on the host once per distinct table and kept on the device.
 void CudaDevice::rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int head_dim,
                          const int64_t* positions, const RopeParams& p) {
   if (!impl_->fused) return Device::rope_qk(q, q_heads, k, k_heads, n, head_dim, positions, p);
   impl_->unstage();
   if (n <= 0 || p.n_rot == 0) return;
-  uint32_t base_bits = 0;
-  std::memcpy(&base_bits, &p.base, sizeof base_bits);
-  float*& table = impl_->inv_freq[{p.n_rot, base_bits}];
+  const std::vector<float> inv_freq = p.inv_freq();
+  float*& table = impl_->inv_freq[inv_freq];
   if (!table) {
     if (impl_->capturing())
       throw Error(ErrorCode::InvalidArgument, "cuda graphs: RoPE's frequencies were first needed while recording");
-    std::vector<float> inv_freq(p.n_rot / 2);
-    for (int i = 0; i < p.n_rot / 2; ++i)
-      inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(p.base), -2.0 * i / p.n_rot));
     float* dst = nullptr;
     ck(cudaMalloc(reinterpret_cast<void**>(&dst), inv_freq.size() * sizeof(float)), "allocating RoPE's frequencies");
     const cudaError_t e = cudaMemcpy(dst, inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice);
@@ -550,8 +546,8 @@ void CudaDevice::rope_qk(float* q, int q_heads, float* k, int k_heads, int n, in
     table = dst;
   }
   const auto* d_pos = static_cast<const int64_t*>(impl_->input(positions, static_cast<size_t>(n) * sizeof(int64_t)));
-  cuda::rope_qk(q, q_heads, k, k_heads, n, head_dim, d_pos, p.n_rot, table, p.layout == RopeLayout::Halves,
-                impl_->stream);
+  cuda::rope_qk(q, q_heads, k, k_heads, n, head_dim, d_pos, p.n_rot, table, p.mscale(),
+                p.layout == RopeLayout::Halves, impl_->stream);
 }
 
 void CudaDevice::gather_rows(const float* x, int d, const int32_t* rows, int n, float* y) {

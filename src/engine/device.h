@@ -15,6 +15,9 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "rope.h"
 
 namespace tqkv::engine {
 
@@ -22,11 +25,6 @@ struct GgufTensor;
 struct Batch;
 class KvCache;
 struct CacheSpec;
-
-// How RoPE pairs the coordinates of a head: Llama GGUFs (whose q/k rows the converter
-// permuted) rotate adjacent pairs (2i, 2i+1); NeoX-style models (Qwen2, Gemma, ...) rotate
-// (i, i + n_rot/2).
-enum class RopeLayout { Adjacent, Halves };
 
 // Rows [begin, begin + count) of a product: one sequence's rows of a batch (Device::matmul_runs).
 struct RowRun {
@@ -40,12 +38,6 @@ struct GroupProduct {
   const DeviceMatrix* w;
   float* y;
   const float* bias = nullptr;
-};
-
-struct RopeParams {
-  int n_rot = 0;  // leading dims of each head that RoPE rotates (even)
-  float base = 10000.0f;
-  RopeLayout layout = RopeLayout::Adjacent;
 };
 
 // A weight matrix [rows (outputs), cols (inputs)] in a device's memory and layout.

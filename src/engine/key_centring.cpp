@@ -4,14 +4,14 @@
 
 namespace tqkv::engine {
 
-int rope_partner(const ModelConfig& c, int j, double* theta) {
+int rope_partner(const RopeParams& rope, const std::vector<float>& inv_freq, int j, double* theta) {
   *theta = 0;
-  const int n_rot = c.rope.n_rot;
+  const int n_rot = rope.n_rot;
   if (j >= n_rot) return j;
   const int half = n_rot / 2;
-  const int i = c.rope.layout == RopeLayout::Adjacent ? j / 2 : j % half;
-  *theta = std::pow(static_cast<double>(c.rope.base), -2.0 * i / n_rot);
-  if (c.rope.layout == RopeLayout::Adjacent) return j ^ 1;
+  const int i = rope.layout == RopeLayout::Adjacent ? j / 2 : j % half;
+  *theta = inv_freq[i];
+  if (rope.layout == RopeLayout::Adjacent) return j ^ 1;
   return j < half ? j + half : j - half;
 }
 
@@ -29,9 +29,15 @@ KeyCentring::KeyCentring(const CacheSpec& spec, int capacity) {
   mean_.assign(total, 0.0f);
   scale_.assign(total, 1.0f);
   const int hd = head_dim_;
+  // The frequencies as the devices turn them, scaling applied. Every layer takes the model's
+  // (global) RoPE, Gemma 3's local layers too: the recipes' statistics were fitted so, and the
+  // choice changes only which channels are centred, never the attention (a constant shift of
+  // every key leaves the softmax unchanged).
+  const std::vector<float> inv_freq = c.rope.inv_freq();
+  auto partner = [&](size_t /*flat*/, int j, double* theta) { return rope_partner(c.rope, inv_freq, j, theta); };
   for (size_t i = 0; i < total; ++i) {
     double theta = 0;
-    rope_partner(c, static_cast<int>(i % hd), &theta);
+    partner(i, static_cast<int>(i % hd), &theta);
     mean_[i] = theta * capacity <= 1.0 ? ks.key_mean[i] : 0.0f;
   }
   if (!scales_) return;
@@ -45,7 +51,7 @@ KeyCentring::KeyCentring(const CacheSpec& spec, int capacity) {
     double log_sum = 0;
     for (int i = 0; i < hd; ++i) {
       double theta = 0;
-      const int p = rope_partner(c, i, &theta);
+      const int p = partner(base, i, &theta);
       const double ek = p == i ? key_energy(i) : (key_energy(i) + key_energy(p)) / 2.0;
       const double eq = p == i ? ks.query_sq[base + i] : (ks.query_sq[base + i] + ks.query_sq[base + p]) / 2.0;
       const double rk = std::sqrt(ek) + 1e-6, rq = std::sqrt(eq) + 1e-6;

@@ -45,7 +45,7 @@ class KeyCentring {
 };
 
 // RoPE partner of channel j of a head and the angle its pair turns per position (0 for the
-// channels RoPE leaves alone, which have no partner: returns j).
-int rope_partner(const ModelConfig& c, int j, double* theta);
+// channels RoPE leaves alone, which have no partner: returns j). inv_freq: rope.inv_freq().
+int rope_partner(const RopeParams& rope, const std::vector<float>& inv_freq, int j, double* theta);
 
 }  // namespace tqkv::engine

@@ -24,9 +24,15 @@ struct ModelConfig {
   bool qkv_bias = false;
   // Layer types: the sliding window of each layer, 0 for a full-attention layer. [n_layers]
   std::vector<int> layer_window;
-  // RoPE of the sliding-window layers when it differs from `rope` (Gemma 3: base 10000 there,
-  // rope.freq_base on the global layers); n_rot 0 = the same as `rope`.
-  RopeParams rope_local{0};
+  // RoPE of the sliding-window layers when it differs from `rope` (Gemma 3: base 10000 and no
+  // scaling there, rope.freq_base and the scaling on the global layers); n_rot 0 = the same as `rope`.
+  RopeParams rope_local = no_rope();
+
+  static RopeParams no_rope() {
+    RopeParams p;
+    p.n_rot = 0;
+    return p;
+  }
 
   int window(int layer) const { return layer_window.empty() ? 0 : layer_window[layer]; }
   const RopeParams& rope_at(int layer) const { return window(layer) > 0 && rope_local.n_rot > 0 ? rope_local : rope; }

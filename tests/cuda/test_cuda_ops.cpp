@@ -149,6 +149,7 @@ TEST(CudaOps, RopeBothLayoutsAtLargePositions) {
     for (int head_dim : {64, 128}) {
       const int n = 9, heads = 3, n_rot = head_dim == 64 ? 64 : 96;
       const float base = head_dim == 64 ? 10000.0f : 1000000.0f;
+      const float mscale = halves ? 1.1386f : 1.0f;  // YaRN's attention factor at factor 4 on one layout
       std::vector<int64_t> pos{0, 1, 2, 17, 511, 4095, 8191, 12345, 40000};
       std::vector<float> x = randn(static_cast<size_t>(n) * heads * head_dim, rng);
       std::vector<float> inv(n_rot / 2);
@@ -158,7 +159,7 @@ TEST(CudaOps, RopeBothLayoutsAtLargePositions) {
       for (int t = 0; t < n; ++t)
         for (int i = 0; i < half; ++i) {
           const double a = static_cast<double>(pos[t]) * inv[i];
-          const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
+          const float c = static_cast<float>(std::cos(a) * mscale), s = static_cast<float>(std::sin(a) * mscale);
           const int i0 = halves ? i : 2 * i, i1 = halves ? i + half : 2 * i + 1;
           for (int h = 0; h < heads; ++h) {
             float* v = want.data() + (static_cast<size_t>(t) * heads + h) * head_dim;
@@ -169,7 +170,7 @@ TEST(CudaOps, RopeBothLayoutsAtLargePositions) {
         }
       Dev<float> dx(x);
       Dev<int64_t> dp(pos);
-      cuda::rope(dx.p, n, heads, head_dim, dp.p, n_rot, inv.data(), halves);
+      cuda::rope(dx.p, n, heads, head_dim, dp.p, n_rot, inv.data(), mscale, halves);
       const std::vector<float> got = dx.host();
       for (size_t i = 0; i < got.size(); ++i)
         ASSERT_NEAR(got[i], want[i], 2e-6f * (1 + std::fabs(want[i]))) << "halves " << halves << " at " << i;

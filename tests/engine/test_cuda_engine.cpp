@@ -1441,7 +1441,10 @@ struct ShapeModel {
   std::unique_ptr<Model> model;
 };
 
-std::unique_ptr<ShapeModel> shape_model(int layers, int d, int heads, int kv_heads, int ff, int vocab) {
+// `extra` adds metadata or tensors (RoPE scaling, ...); `device` is where the model loads.
+std::unique_ptr<ShapeModel> shape_model(int layers, int d, int heads, int kv_heads, int ff, int vocab,
+                                        const std::function<void(test::GgufBuilder&)>& extra = {},
+                                        const std::string& device = "cuda") {
   uint64_t x = 99;
   auto q4_0 = [&](int rows, int cols, float scale) {  // blocks of a half scale and 32 nibbles
     std::vector<uint8_t> t(static_cast<size_t>(rows) * cols / 32 * 18);
@@ -1489,11 +1492,79 @@ std::unique_ptr<ShapeModel> shape_model(int layers, int d, int heads, int kv_hea
         .tensor(p + "ffn_up.weight", {u(d), u(ff)}, kQ4_0, q4_0(ff, d, w))
         .tensor(p + "ffn_down.weight", {u(ff), u(d)}, kQ4_0, q4_0(d, ff, 1.0f / (4.6f * std::sqrt(float(ff)))));
   }
+  if (extra) extra(g);
   auto m = std::make_unique<ShapeModel>();
   m->bytes = g.build();
   m->file = std::make_unique<GgufFile>(GgufFile::parse(m->bytes));
-  m->model = std::make_unique<Model>(Model::load(*m->file, make_device("cuda")));
+  m->model = std::make_unique<Model>(Model::load(*m->file, make_device(device)));
   return m;
+}
+
+// RoPE scaling (Llama 3's rope_freqs, YaRN with its attention factor, linear) turns q and k on
+// the GPU as on the CPU, in prefill and decode, with the fused and the plain RoPE: logits within
+// the bf16 weights' noise (as for SmolLM2's f32 cache: KL <= 1e-3), while each scaling moves the
+// logits well beyond that noise from the unscaled model's (so the GPU cannot pass by ignoring it).
+// The CPU is held to transformers by tests/python/test_architectures.py.
+TEST(CudaRopeScaling, LogitsMatchCpu) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  // The CPU's float path (as CudaSmol): its int8 activations for decode are a CPU speed choice.
+  const QdotMode saved_qdot = qdot_mode();
+  set_qdot_mode(QdotMode::F32);
+  const std::shared_ptr<void> restore(nullptr, [&](void*) { set_qdot_mode(saved_qdot); });
+  const int layers = 2, d = 256, heads = 4, kv_heads = 2, ff = 512, vocab = 512, n = 160, decode = 16;
+  const auto f32 = [](const std::vector<float>& v) {
+    std::vector<uint8_t> t(v.size() * 4);
+    std::memcpy(t.data(), v.data(), t.size());
+    return t;
+  };
+  std::vector<float> llama3(d / heads / 2);
+  for (size_t i = 0; i < llama3.size(); ++i) llama3[i] = i < 8 ? 1.0f : i < 20 ? 1.0f + 0.5f * (i - 8) : 8.0f;
+  const std::vector<std::pair<std::string, std::function<void(test::GgufBuilder&)>>> cases = {
+      {"llama3",
+       [&](test::GgufBuilder& g) {
+         g.tensor("rope_freqs.weight", {static_cast<uint64_t>(llama3.size())}, 0, f32(llama3));
+       }},
+      {"yarn",
+       [](test::GgufBuilder& g) {
+         g.str("llama.rope.scaling.type", "yarn")
+             .f32("llama.rope.scaling.factor", 4.0f)
+             .u32("llama.rope.scaling.original_context_length", 64);
+       }},
+      {"linear",
+       [](test::GgufBuilder& g) {
+         g.str("llama.rope.scaling.type", "linear").f32("llama.rope.scaling.factor", 4.0f);
+       }},
+  };
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = (i * 131 + 7) % vocab;
+  const auto run = [&](const Model& m) {
+    auto cache = m.make_cache("f32", n);
+    const int64_t seq = cache->add_sequence();
+    std::vector<float> logits(static_cast<size_t>(n) * vocab);
+    m.forward(seq, ids.data(), n - decode, *cache, logits.data(), true);
+    for (int t = n - decode; t < n; ++t)
+      m.forward(seq, &ids[t], 1, *cache, logits.data() + static_cast<size_t>(t) * vocab, false);
+    return logits;
+  };
+  const std::vector<float> plain = run(*shape_model(layers, d, heads, kv_heads, ff, vocab)->model);
+  for (const auto& [name, extra] : cases) {
+    SCOPED_TRACE(name);
+    auto cpu = shape_model(layers, d, heads, kv_heads, ff, vocab, extra, "cpu");
+    auto gpu = shape_model(layers, d, heads, kv_heads, ff, vocab, extra, "cuda");
+    const std::vector<float> c = run(*cpu->model);
+    for (const bool fused : {true, false}) {
+      auto* dev = dynamic_cast<CudaDevice*>(&gpu->model->device());
+      ASSERT_NE(dev, nullptr);
+      dev->set_fused_ops(fused);
+      const std::vector<float> g = run(*gpu->model);
+      const Agreement a = compare(c, g, vocab), off = compare(plain, g, vocab);
+      std::printf("[ rope scaling ] %-7s fused %d: KL vs cpu %.3g (top-1 %.3f), vs the unscaled model %.3g\n",
+                  name.c_str(), fused, a.mean_kl, a.top1, off.mean_kl);
+      EXPECT_LE(a.mean_kl, 1e-3);
+      EXPECT_GE(a.top1, 0.9);
+      EXPECT_GT(off.mean_kl, 20 * std::max(a.mean_kl, 1e-4));
+    }
+  }
 }
 
 // Every length class's graph of one bucket runs over the bucket's one set of activations
@@ -1946,9 +2017,9 @@ TEST(CudaFusedOps, BadArgumentsThrow) {
   EXPECT_THROW(cuda::add_biases(ys, no_bias, cols, 1, 1, dev.stream()), Error);
   EXPECT_THROW(cuda::add_biases(ys, no_bias, cols, cuda::kMaxBiases + 1, 1, dev.stream()), Error);
   int64_t* pos = nullptr;
-  EXPECT_THROW(cuda::rope_qk(x.data(), 1, x.data(), 1, 1, 64, pos, 64, w.data(), false, dev.stream()), Error);
+  EXPECT_THROW(cuda::rope_qk(x.data(), 1, x.data(), 1, 1, 64, pos, 64, w.data(), 1.0f, false, dev.stream()), Error);
   EXPECT_THROW(cuda::rope_qk(x.data(), 1, x.data(), 1, 1, 64, reinterpret_cast<const int64_t*>(w.data()), 66, w.data(),
-                             false, dev.stream()),
+                             1.0f, false, dev.stream()),
                Error);
 }
 

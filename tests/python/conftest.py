@@ -122,3 +122,14 @@ def require_module(name):
         except ImportError as e:
             pytest.fail(f"TQKV_REQUIRE_TORCH=1 but {name} does not import: {e}", pytrace=False)
     return pytest.importorskip(name)
+
+
+def find_cli():
+    """The `tqkv` program: TQKV_CLI, else build/release/tqkv or build/dev/tqkv; skips without one."""
+    for path in (os.environ.get("TQKV_CLI", ""), os.path.join(REPO, "build", "release", "tqkv"),
+                 os.path.join(REPO, "build", "dev", "tqkv")):
+        if path and os.path.exists(path):
+            return path
+    if os.environ.get("TQKV_CLI"):
+        pytest.fail(f"TQKV_CLI={os.environ['TQKV_CLI']} does not exist")
+    pytest.skip("the tqkv CLI is not built (bash scripts/test.sh builds build/release/tqkv)")

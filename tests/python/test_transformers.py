@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import REPO, require_module, softmax_attention
+from conftest import REPO, find_cli, require_module, softmax_attention
 
 torch = require_module("torch")
 transformers = require_module("transformers")
@@ -122,16 +122,6 @@ def test_attention_on_codes_equals_attention_on_decoded_history(smol, monkeypatc
     forward_logits(model, toks[24:], cache, 1)  # 8 decode steps
     assert calls.count(4) == 2 * 30 and calls.count(1) == 8 * 30
     assert max(worst) < 1e-4
-
-
-def find_cli():
-    for path in (os.environ.get("TQKV_CLI", ""), os.path.join(REPO, "build", "release", "tqkv"),
-                 os.path.join(REPO, "build", "dev", "tqkv")):
-        if path and os.path.exists(path):
-            return path
-    if os.environ.get("TQKV_CLI"):
-        pytest.fail(f"TQKV_CLI={os.environ['TQKV_CLI']} does not exist")
-    pytest.skip("the tqkv CLI is not built (bash scripts/test.sh builds build/release/tqkv)")
 
 
 def engine_run(spec, ctx, batch, tmp_path):
