@@ -1,6 +1,6 @@
 // CUDA kernels vs the scalar CPU reference (SlotCodec, reference_attention), on random data
 // drawn fresh each run (the seed is printed), with outputs poisoned before every launch.
-// Every test skips when no CUDA device is present.
+// Every test skips when no CUDA device is present (fails under TQKV_REQUIRE_CUDA=1).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/require_cuda.h"
 #include "tqkv/codec.h"
 #include "tqkv/error.h"
 #include "tqkv/cuda.h"
@@ -40,8 +41,7 @@ bool have_device() {
   return n > 0;
 }
 
-#define SKIP_WITHOUT_GPU() \
-  if (!have_device()) GTEST_SKIP() << "no CUDA device"
+#define SKIP_WITHOUT_GPU() TQKV_SKIP_WITHOUT_CUDA(have_device())
 
 uint64_t fresh_seed() {
   std::random_device rd;
