@@ -271,12 +271,12 @@ TEST(CudaStore, ByteIdenticalToCpuReference) {
         if (HasFatalFailure()) return;
         total_all += total;
         diff_all += diff;
-        // Ties between an element and a threshold (and double sums rounded differently) may flip
-        // a code; they are rare. More than 1% of slots different is a bug.
-        EXPECT_LE(diff * 100, total) << f.name() << " d=" << d << " layout=" << static_cast<int>(layout) << ": "
-                                     << diff << " of " << total << " slots differ";
+        // Every slot: the kernel does the CPU encoder's arithmetic, and 0 of ~71,000 slots differ on
+        // the H200 (docs/gpu_*/cuda_tests.txt), so a single flipped code is a bug, not a tie.
+        EXPECT_EQ(diff, 0u) << f.name() << " d=" << d << " layout=" << static_cast<int>(layout) << ": " << diff
+                            << " of " << total << " slots differ";
       }
-  std::printf("[store] %zu of %zu slots differ from the CPU reference (ties)\n", diff_all, total_all);
+  std::printf("[store] %zu of %zu slots differ from the CPU reference\n", diff_all, total_all);
 }
 
 TEST(CudaStore, Bf16InputsMatchCpuReference) {
@@ -287,7 +287,7 @@ TEST(CudaStore, Bf16InputsMatchCpuReference) {
     size_t total = 0, diff = 0;
     run_store_case(find_format(name), 128, PageLayout::Page, DType::BF16, seed, total, diff);
     if (HasFatalFailure()) return;
-    EXPECT_LE(diff * 100, total) << name << ": " << diff << " of " << total << " slots differ";
+    EXPECT_EQ(diff, 0u) << name << ": " << diff << " of " << total << " slots differ";  // as for f32 inputs
   }
 }
 

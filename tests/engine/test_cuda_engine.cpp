@@ -32,6 +32,7 @@
 #include "engine/tokenizer.h"
 #include "../common/require_cuda.h"
 #include "../common/scoped_env.h"
+#include "../common/test_data.h"
 #include "gguf_builder.h"
 #include "tqkv/cuda_ops.h"
 #include "tqkv/error.h"
@@ -523,12 +524,15 @@ TEST_F(CudaSmol, ReadMatchesCpu) {
 }
 
 // The cache layer alone, the same inputs on both devices: the GPU stores the bytes the CPU
-// stores (so reads agree to float rounding), and attention agrees closely, layer by layer.
+// stores (so reads agree exactly), and attention agrees closely, layer by layer.
 // steps: the tokens of each step (a prefill chunk, then single tokens).
 // read_layer's positions [read_from, end) are read back (a ring layer holds only its last ones).
 void compare_cache_layers(const ModelConfig& m, const std::string& name, int capacity, const std::vector<int>& steps,
                           int read_layer, int read_from = 0) {
   SCOPED_TRACE(name);
+  // The CPU in fp32 throughout: its default int8 key scores and value sums (tqkv/simd.h) carry
+  // their own error (up to 0.019 here), which would hide the GPU's.
+  const testing_util::ScoresGuard exact(KeyScores::Exact);
   std::shared_ptr<Device> gpu = make_device("cuda");
   std::shared_ptr<Device> cpu = make_device("cpu");
   int n = 0;
@@ -575,10 +579,13 @@ void compare_cache_layers(const ModelConfig& m, const std::string& name, int cap
     double worst = 0;
     for (size_t i = 0; i < rc.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(rc[i]) - rg[i]));
     std::printf("[ cache ] %-20s %s: max |cpu - gpu| read %.3g\n", name.c_str(), keys ? "keys" : "values", worst);
-    EXPECT_LT(worst, 1e-3) << (keys ? "keys" : "values");
+    // The same bytes decoded by the same arithmetic: 0 in every logged run (docs/gpu_*).
+    EXPECT_EQ(worst, 0.0) << (keys ? "keys" : "values");
   }
   std::printf("[ cache ] %-20s attention: max |cpu - gpu| %.3g\n", name.c_str(), worst);
-  EXPECT_LT(worst, 2e-2);
+  // The GPU rounds Q, K, V and P to fp16 (2^-11) for its tensor cores; against an fp32 CPU the
+  // logged worst is 3.8e-4 (f16, fp8, k5v5: specs the CPU already ran in fp32). 5x that.
+  EXPECT_LT(worst, 2e-3);
 }
 
 ModelConfig cache_test_model(int n_layers, int n_heads, int n_kv_heads, int head_dim = 64) {
