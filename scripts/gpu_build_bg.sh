@@ -6,7 +6,8 @@
 # CUDA for sm_90 and starts the build detached (setsid: it survives the call). A later call waits
 # for /tmp/build.rc (the build's exit status); the log is /tmp/build.log. The GPU-only
 # executables then lie under /tmp/b (tqkv, tqkv_cuda_tests, tqkv_cuda_engine_tests,
-# tqkv_products_bench, tqkv_cuda_bench); run them with LD_LIBRARY_PATH=/tmp/xx/usr/lib/x86_64-linux-gnu.
+# tqkv_products_bench, tqkv_cuda_bench); run them with LD_LIBRARY_PATH=/tmp/xx/usr/lib/x86_64-linux-gnu, and the
+# tests with TQKV_REQUIRE_CUDA=1 (a test that finds no device then fails rather than skips).
 # Models: copy them to /tmp/src/models (the engine tests look there).
 #   bash scripts/gpu_build_bg.sh [TARGET...]
 set -euo pipefail

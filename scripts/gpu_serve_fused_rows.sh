@@ -15,6 +15,8 @@ T0=$SECONDS
 R=$PWD
 X=/tmp/xx/usr
 export LD_LIBRARY_PATH=$X/lib/x86_64-linux-gnu
+# CudaCacheLayer.* fail rather than skip without a device (tests/common/require_cuda.h).
+export TQKV_REQUIRE_CUDA=1
 if [ "$STAGE" = 1 ]; then
   TGZ=${2:?give the src.tgz of the branch}
   mkdir -p /tmp/gs/src /tmp/gs/m && cp .deps/p1/mpart_aa /tmp/gs/m/ && tar xzf "$TGZ" -C /tmp/gs/src

@@ -9,6 +9,8 @@ cd "$ROOT"
 BUILD="${1:-build-torch-ops}"
 [[ "$BUILD" == /* ]] || BUILD="$ROOT/$BUILD"
 PY="${PYTHON:-python3}"
+# The CUDA tests fail rather than skip without a device, torch or the CUDA ops (tests/python/conftest.py).
+export TQKV_REQUIRE_CUDA=1
 "$PY" -c "import torch, nanobind; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'gpu', torch.cuda.is_available() and torch.cuda.get_device_name(), 'nanobind', nanobind.__version__)"
 echo "== pip install (CUDA ops, sm_90)"

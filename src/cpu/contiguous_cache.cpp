@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "checked_size.h"
 #include "page_buffer.h"
 #include "tqkv/error.h"
 #include "tqkv/slot_encoder.h"
@@ -31,10 +32,15 @@ ContiguousCache::ContiguousCache(const ContiguousCacheConfig& config) : config_(
   if (static_cast<int>(config_.layer_formats.size()) != config_.n_layers)
     throw Error(ErrorCode::InvalidArgument, "layer_formats has " + std::to_string(config_.layer_formats.size()) +
                                                 " entries for " + std::to_string(config_.n_layers) + " layers");
+  std::vector<size_t> layer_bytes;  // every layer's size checked before anything is allocated
+  for (int l = 0; l < config_.n_layers; ++l)
+    layer_bytes.push_back(cpu::checked_size("contiguous cache layer " + std::to_string(l),
+                                            {{config_.n_kv_heads, "kv heads"},
+                                             {config_.capacity, "positions"},
+                                             {slot_bytes(l), "bytes per slot"}}));
   for (int l = 0; l < config_.n_layers; ++l) {
     codecs_.push_back(std::make_unique<SlotCodec>(config_.layer_formats[l], config_.head_dim, config_.seed));
-    storage_.push_back(
-        std::make_unique<cpu::PageBuffer>(static_cast<size_t>(config_.n_kv_heads) * config_.capacity * slot_bytes(l)));
+    storage_.push_back(std::make_unique<cpu::PageBuffer>(layer_bytes[l]));
   }
 }
 

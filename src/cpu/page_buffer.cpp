@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -14,6 +15,9 @@ constexpr size_t kHuge = size_t{2} << 20;
 
 PageBuffer::PageBuffer(size_t bytes) : size_(bytes) {
   if (bytes == 0) return;
+  // Rounding up to huge pages, plus one for the alignment, must not wrap to a short mapping;
+  // nothing this large can be mapped anyway.
+  if (bytes > SIZE_MAX - 2 * kHuge) throw std::bad_alloc();
   // Small buffers: plain pages (a huge page would commit 2 MiB for a few slots).
   const bool huge = bytes >= kHuge;
   const size_t rounded = huge ? (bytes + kHuge - 1) / kHuge * kHuge : bytes;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 
+#include "checked_size.h"
 #include "page_buffer.h"
 #include "tqkv/error.h"
 
@@ -20,9 +22,23 @@ PagedCache::PagedCache(const PagedCacheConfig& config) : config_(config) {
   if (static_cast<int>(config_.layer_formats.size()) != config_.n_layers)
     throw Error(ErrorCode::InvalidArgument, "layer_formats has " + std::to_string(config_.layer_formats.size()) +
                                                 " entries for " + std::to_string(config_.n_layers) + " layers");
+  // Every layer's pool size checked before anything is allocated; the page geometry's fields
+  // (page_geometry.h), from which every page offset is computed, are ints.
+  std::vector<size_t> pool_bytes;
+  for (int l = 0; l < config_.n_layers; ++l) {
+    const std::string what = "paged cache layer " + std::to_string(l);
+    if (slot_bytes(l) > static_cast<size_t>(std::numeric_limits<int>::max()))
+      throw Error(ErrorCode::InvalidArgument, what + ": a slot of " + std::to_string(slot_bytes(l)) +
+                                                  " bytes (head_dim " + std::to_string(config_.head_dim) +
+                                                  ") is past the page geometry's int fields");
+    pool_bytes.push_back(cpu::checked_size(what, {{static_cast<size_t>(bs), "tokens per page"},
+                                                  {config_.n_kv_heads, "kv heads"},
+                                                  {slot_bytes(l), "bytes per slot"},
+                                                  {config_.num_blocks, "pages"}}));
+  }
   for (int l = 0; l < config_.n_layers; ++l) {
     codecs_.push_back(std::make_unique<SlotCodec>(config_.layer_formats[l], config_.head_dim, config_.seed));
-    pools_.push_back(std::make_unique<cpu::PageBuffer>(page_bytes(l) * static_cast<size_t>(config_.num_blocks)));
+    pools_.push_back(std::make_unique<cpu::PageBuffer>(pool_bytes[l]));
   }
   refs_.assign(config_.num_blocks, 0);
   for (int32_t b = config_.num_blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 first

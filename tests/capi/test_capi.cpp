@@ -108,9 +108,16 @@ TEST(CApi, DotProductPreservation) {
 // Attention on the compressed cache against exact attention on the original vectors.
 TEST(CApi, AttentionOutputCosine) {
   const int d = 128, H = 2, Hq = 8, T = 512;
-  // Gaussian keys and values; the spec reports ~0.94 / ~0.98 / ~0.99 for K4 with V2 / V3 / V4.
-  const double min_cos[] = {0, 0, 0.88, 0.95, 0.98};
+  // Gaussian keys and values. A head's output is a softmax-weighted mean of values, so its relative
+  // squared error is about the values' distortion Dv plus the keys' Dk (unit queries: a key error
+  // moves the weights as much), and 1 - cos ~ (Dk + Dv) / 2 (Lloyd-Max: D = 0.0095, 0.0345, 0.1175
+  // for 4, 3, 2 bits): 0.0635 / 0.022 / 0.0095 for K4 with V2 / V3 / V4, the spec's ~0.94 / ~0.98 /
+  // ~0.99. Heads scatter about that (measured up to 1.64x: fewer keys effectively averaged),
+  // their mean hardly (0.95x .. 1.05x): the mean is held to 1.25x, each head to 1.75x.
+  const double distortion[] = {1, 1, 0.1175, 0.03454, 0.009497};
   for (int vbits = 2; vbits <= 4; ++vbits) {
+    const double expected = (distortion[4] + distortion[vbits]) / 2;  // of 1 - cos
+    double mean = 0;
     StatePtr st(fa_tq_init(d, fa_tq_config{4, vbits}, 11));
     CachePtr cache(fa_tq_cache_new(st.get(), 1, H, T));
     std::mt19937_64 rng(vbits);
@@ -140,8 +147,11 @@ TEST(CApi, AttentionOutputCosine) {
       }
       std::vector<float> of(d);
       for (int i = 0; i < d; ++i) of[i] = static_cast<float>(o[i] / sum);
-      EXPECT_GT(cosine(of.data(), &out[static_cast<size_t>(h) * d], d), min_cos[vbits]) << "V" << vbits << " head " << h;
+      const double one_minus_cos = 1 - cosine(of.data(), &out[static_cast<size_t>(h) * d], d);
+      EXPECT_LT(one_minus_cos, 1.75 * expected) << "V" << vbits << " head " << h;
+      mean += one_minus_cos / Hq;
     }
+    EXPECT_LT(mean, 1.25 * expected) << "V" << vbits << ": mean over heads";
   }
 }
 

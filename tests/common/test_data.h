@@ -32,18 +32,26 @@ inline double rel_error(const std::vector<float>& a, const std::vector<float>& b
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-// One layer of `format`, H kv heads of dim d, T tokens of seeded Gaussian K/V (seed, seed + 1)
-// written; the keys and values also to *k_out / *v_out where given.
-inline ContiguousCache filled_cache(const char* format, int H, int d, int T, uint64_t seed,
-                                    std::vector<float>* k_out = nullptr, std::vector<float>* v_out = nullptr) {
+// One layer of `format`, H kv heads of dim d and capacity T, holding the T tokens of k and v
+// ([T, H, d]).
+inline ContiguousCache cache_holding(const Format& format, int H, int d, int T, const std::vector<float>& k,
+                                     const std::vector<float>& v) {
   ContiguousCacheConfig cfg;
   cfg.n_kv_heads = H;
   cfg.head_dim = d;
   cfg.capacity = T;
-  cfg.layer_formats = {find_format(format)};
+  cfg.layer_formats = {format};
   ContiguousCache cache(cfg);
-  const auto k = gaussian(static_cast<size_t>(T) * H * d, seed), v = gaussian(k.size(), seed + 1);
   cache.write(0, 0, T, k.data(), v.data());
+  return cache;
+}
+
+// One layer of `format`, H kv heads of dim d, T tokens of seeded Gaussian K/V (seed, seed + 1)
+// written; the keys and values also to *k_out / *v_out where given.
+inline ContiguousCache filled_cache(const char* format, int H, int d, int T, uint64_t seed,
+                                    std::vector<float>* k_out = nullptr, std::vector<float>* v_out = nullptr) {
+  const auto k = gaussian(static_cast<size_t>(T) * H * d, seed), v = gaussian(k.size(), seed + 1);
+  ContiguousCache cache = cache_holding(find_format(format), H, d, T, k, v);
   if (k_out) *k_out = k;
   if (v_out) *v_out = v;
   return cache;

@@ -1,5 +1,6 @@
 // The forward-pass ops (tqkv/cuda_ops.h) vs scalar CPU references written here the way the
-// CPU device (src/engine/cpu_device.cpp) computes them. Every test skips without a CUDA device.
+// CPU device (src/engine/cpu_device.cpp) computes them. Every test skips without a CUDA device
+// (fails under TQKV_REQUIRE_CUDA=1).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/require_cuda.h"
 #include "../common/scoped_env.h"
 #include "tqkv/cuda_ops.h"
 #include "tqkv/error.h"
@@ -29,8 +31,7 @@ bool have_device() {
   return n > 0;
 }
 
-#define SKIP_WITHOUT_GPU() \
-  if (!have_device()) GTEST_SKIP() << "no CUDA device"
+#define SKIP_WITHOUT_GPU() TQKV_SKIP_WITHOUT_CUDA(have_device())
 
 // A device copy of a host vector, copied back by host().
 template <typename T>

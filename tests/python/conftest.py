@@ -111,16 +111,18 @@ def capi():
     pytest.skip("libtqkv.so not built (bash scripts/test.sh builds build/release/lib/libtqkv.so)")
 
 
-def require_module(name):
+def require_module(name, cuda=False):
     """Imports an optional dependency (torch, transformers, gguf) or skips the test module; with
-    TQKV_REQUIRE_TORCH=1 (CI) a missing one fails instead, so those tests cannot skip silently."""
-    if os.environ.get("TQKV_REQUIRE_TORCH") == "1":
-        import importlib
+    TQKV_REQUIRE_TORCH=1 (CI) a missing one fails instead, so those tests cannot skip silently.
+    cuda: the module holds CUDA tests, which need it: TQKV_REQUIRE_CUDA=1 fails a missing one too."""
+    for switch in ("TQKV_REQUIRE_TORCH",) + (("TQKV_REQUIRE_CUDA",) if cuda else ()):
+        if os.environ.get(switch) == "1":
+            import importlib
 
-        try:
-            return importlib.import_module(name)
-        except ImportError as e:
-            pytest.fail(f"TQKV_REQUIRE_TORCH=1 but {name} does not import: {e}", pytrace=False)
+            try:
+                return importlib.import_module(name)
+            except ImportError as e:
+                pytest.fail(f"{switch}=1 but {name} does not import: {e}", pytrace=False)
     return pytest.importorskip(name)
 
 
@@ -133,3 +135,26 @@ def find_cli():
     if os.environ.get("TQKV_CLI"):
         pytest.fail(f"TQKV_CLI={os.environ['TQKV_CLI']} does not exist")
     pytest.skip("the tqkv CLI is not built (bash scripts/test.sh builds build/release/tqkv)")
+
+
+def needs_cuda(torch, tq):
+    """The mark of the tests that need a CUDA device and tqkv built with the CUDA ops: they skip
+    without them, and fail instead under TQKV_REQUIRE_CUDA=1 (scripts/gpu_*.sh set it), so a run
+    meant for the GPU cannot pass by skipping."""
+    missing = ("no CUDA device" if not torch.cuda.is_available()
+               else None if tq.has_cuda else "tqkv was built without the CUDA ops")
+    if missing is None:
+        return pytest.mark.skipif(False, reason="")
+    if os.environ.get("TQKV_REQUIRE_CUDA") == "1":
+        return pytest.mark.tqkv_cuda_missing(missing)
+    return pytest.mark.skip(reason=f"{missing} (needs a CUDA device and tqkv built with the CUDA ops)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "tqkv_cuda_missing(why): fails the test (TQKV_REQUIRE_CUDA=1 without CUDA)")
+
+
+def pytest_runtest_setup(item):
+    mark = item.get_closest_marker("tqkv_cuda_missing")
+    if mark:
+        pytest.fail(f"TQKV_REQUIRE_CUDA=1 but {mark.args[0]}", pytrace=False)

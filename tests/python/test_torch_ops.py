@@ -1,11 +1,12 @@
 """tqkv.torch: the paged-cache custom ops (store, decode, dequantize) against the core library
 (SlotCodec, PagedCache and its attention), under fake tensors and torch.compile, and on CUDA
-against the CPU ops (skipped without a GPU or without the CUDA build)."""
+against the CPU ops (skipped without a GPU or without the CUDA build; a failure then when
+TQKV_REQUIRE_CUDA=1)."""
 import numpy as np
 import pytest
-from conftest import require_module
+from conftest import needs_cuda, require_module
 
-torch = require_module("torch")
+torch = require_module("torch", cuda=True)
 import tqkv  # noqa: E402
 import tqkv.torch as tq  # noqa: E402
 
@@ -219,8 +220,7 @@ def test_torch_compile_aot_eager():
 
 # ---- CUDA -----------------------------------------------------------------------------------
 
-cuda = pytest.mark.skipif(not (torch.cuda.is_available() and tq.has_cuda),
-                          reason="needs a GPU and tqkv built with CUDA")
+cuda = needs_cuda(torch, tq)
 CUDA_FORMATS = ["turboquant_4bit_nc", "turboquant_k8v4", "tq-k4v2", "tq-k3v2"]
 
 

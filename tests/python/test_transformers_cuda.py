@@ -1,22 +1,22 @@
 """TQCache on a GPU (tqkv.torch's paged cache and CUDA kernels): the same greedy tokens as on the
 CPU for a small randomly initialised Llama, the cache kept on the device, and the spec errors.
-Skipped without a CUDA device or a module built with the CUDA ops (a failure for a missing torch
-or transformers when TQKV_REQUIRE_TORCH=1, as in the other transformers tests)."""
+Skipped without a CUDA device or a module built with the CUDA ops (a failure then when
+TQKV_REQUIRE_CUDA=1; a failure for a missing torch or transformers when TQKV_REQUIRE_TORCH=1, as
+in the other transformers tests)."""
 import inspect
 
 import pytest
 
-from conftest import require_module
+from conftest import needs_cuda, require_module
 
-torch = require_module("torch")
-transformers = require_module("transformers")
+torch = require_module("torch", cuda=True)
+transformers = require_module("transformers", cuda=True)
 
 import tqkv.torch as tq  # noqa: E402
 import tqkv.transformers as tt  # noqa: E402
 import copies_check  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and tq.has_cuda),
-                                reason="needs a CUDA device and tqkv built with the CUDA ops")
+pytestmark = needs_cuda(torch, tq)
 
 
 def tiny_llama(head_dim=64):
