@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Quality study on several models (issue 13, item 5; docs/RESULTS.md "Quality study on four
-# models"): for one model and text, `tqkv eval` at ctx 512 and 4096 (every format in lockstep
-# against one f32-cache reference, in one process per context), `tqkv passkey`, and llama.cpp's
-# llama-perplexity --kl-divergence with f16/q8_0/q4_0 caches on the same GGUF and text (its KL
-# is against its own f16 cache, ours against our f32 cache); then the table and the JSON
+# Quality study on several models (issue 13, item 5; docs/journal/RESULTS-journal.md "Quality study
+# on four models"): for one model and text, `tqkv eval` at ctx 512 and 4096 (every format in
+# lockstep against one f32-cache reference, in one process per context), `tqkv passkey`, and
+# llama.cpp's llama-perplexity --kl-divergence with f16/q8_0/q4_0 caches on the same GGUF and text
+# (its KL is against its own f16 cache, ours against our f32 cache); then the table and the JSON
 # summary (scripts/quality_models.py table).
 #
 #   scripts/quality_models.sh TAG MODEL TEXT [STEP...]
