@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The serving comparison of docs/RESULTS.md (issue 14, item 8): the same workload
+# The serving comparison of docs/journal/RESULTS-journal.md (issue 14, item 8): the same workload
 # (scripts/bench_serve.py) against `tqkv serve` with several caches and against llama-server
 # with f16, q8_0 and q4_0 caches (flash attention on), same model, threads, context per
 # sequence and parallel sequences. Loopback only; each server is started, measured and stopped.
@@ -18,7 +18,9 @@ TQKV=${TQKV:-$ROOT/build/dev/tqkv}
 LLAMA_SERVER=${LLAMA_SERVER:-/work/peer/build/bin/llama-server}
 MODEL=${MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 THREADS=${THREADS:-2}
-LLAMA_THREADS=${LLAMA_THREADS:-$THREADS}  # ggml's spinning thread barrier needs idle cores (see RESULTS)
+# ggml's spinning thread barrier needs idle cores (docs/journal/RESULTS-journal.md, "Serving
+# benchmark on the CPU").
+LLAMA_THREADS=${LLAMA_THREADS:-$THREADS}
 CTX=${CTX:-2048}
 SEQS=${SEQS:-32}
 PORT=${PORT:-18300}

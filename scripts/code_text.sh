@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The source-code text of the quality study (docs/RESULTS.md, "Quality study on four models"):
-# Python 3.11 standard-library sources as Debian ships them (package libpython3.11-stdlib
+# The source-code text of the quality study (docs/journal/RESULTS-journal.md, "Quality study on four
+# models"): Python 3.11 standard-library sources as Debian ships them (package libpython3.11-stdlib
 # 3.11.2-6+deb12u6): every .py file of the json and wsgiref packages (~105,000 characters), in
 # C-locale sorted order, each preceded by a "# ==== <path> ====" line.
 # PKGS="email http" gives the same text of other packages (a calibration text disjoint from the

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Static instruction counts of the decode kernel's tile loop, from its SASS (the limit model
-of docs/RESULTS.md, "Decode: a model of the limit").
+of docs/journal/RESULTS-journal.md, "Decode: a model of the limit").
 
     scripts/decode_sass.py [--nvcc nvcc] [--dims 64,128] [--formats a,b] [--keep DIR] [--define MACRO]
 

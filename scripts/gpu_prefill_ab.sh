@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Prefill on the GPU, path against path, in one session (docs/RESULTS.md, "Prefill attention on
-# tensor cores"): the tensor-core tiled kernel (the default), the same without splitting a CTA's
-# keys (unsplit) and with CTAs of 8 warps (warps8), the rows (every query a row of the decode
-# kernel), the scalar tiled kernel, and for caches with copies their rows instead of the parts
-# through the tiled kernel. One `tqkv bench decode --json` process per mode and chunk size;
+# Prefill on the GPU, path against path, in one session (docs/journal/RESULTS-journal.md, "Prefill
+# attention on tensor cores"): the tensor-core tiled kernel (the default), the same without
+# splitting a CTA's keys (unsplit) and with CTAs of 8 warps (warps8), the rows (every query a row of
+# the decode kernel), the scalar tiled kernel, and for caches with copies their rows instead of the
+# parts through the tiled kernel. One `tqkv bench decode --json` process per mode and chunk size;
 # then Markdown tables of prefill tokens/s per history range. Run from a tree built for the GPU
 # (scripts/gpu_build_bg.sh leaves tqkv under /tmp/b).
 #

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The device-machine runs behind docs/RESULTS.md's "fused prefill rows" serving measurement
-# (issue 14 item 9's GPU goal), in two calls because the model travels in two carries of < 64 MiB:
+# The device-machine runs behind docs/journal/RESULTS-journal.md's "fused prefill rows" serving
+# measurement (issue 14 item 9's GPU goal), in two calls because the model travels in two carries of
+# < 64 MiB:
 #   stage 1 (carry build-NAME with src.tgz = `git archive HEAD | gzip`, .deps/p1, .deps/*.deb):
 #     unpack into /tmp/gs/src, build tqkv_cuda_engine_tests and tqkv_cli, run CudaCacheLayer.*;
 #   stage 2 (carry .deps/p2, right after stage 1 while the machine is warm): assemble the model,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Where a kernel's warps wait, from Nsight Compute's source page (docs/RESULTS.md, "The newest
-position folded in").
+"""Where a kernel's warps wait, from Nsight Compute's source page
+(docs/journal/RESULTS-journal.md, "The newest position folded in").
 
     ncu --set full --warp-sampling-interval 0 --kernel-name regex:K --launch-count N -o rep CMD
     ncu -i rep.ncu-rep --page source --csv --print-source sass > k.csv

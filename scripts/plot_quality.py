@@ -3,7 +3,7 @@
 llama.cpp numbers of scripts/peer_llamacpp.sh.
 
     scripts/plot_quality.py EVAL_JSON... [--llamacpp JSON ...] [--passkey JSON...]
-                            [--png docs/quality_per_bit.png] [--markdown OUT.md]
+                            [--png build/quality/quality_per_bit.png] [--markdown OUT.md]
 
 x: bits per element of the compressed layers, metadata included (llama.cpp: its cache type's
 bits, every layer); y: mean KL divergence against the reference cache (ours: f32; llama.cpp:
@@ -12,6 +12,7 @@ its f16 cache, which is what its --kl-divergence-base run stores), log scale.
 import argparse
 import json
 import math
+import os
 
 
 def load_rows(path):
@@ -131,6 +132,7 @@ def plot(ours, llama, png):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(png) or ".", exist_ok=True)  # the default folder is under build/
     fig.savefig(png, dpi=130)
 
 
@@ -139,7 +141,7 @@ def main():
     ap.add_argument("eval_json", nargs="+")
     ap.add_argument("--llamacpp", nargs="*", default=[])
     ap.add_argument("--passkey", nargs="*", default=[])
-    ap.add_argument("--png", default="docs/quality_per_bit.png")
+    ap.add_argument("--png", default="build/quality/quality_per_bit.png")
     ap.add_argument("--markdown")
     a = ap.parse_args()
     ours, seen = [], set()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU half of the quality study (docs/RESULTS.md "Quality study on four models"): on a
-# machine with CUDA and a CUDA build of tqkv, `tqkv eval --device cuda` at ctx 512 and 4096 on
-# Gemma-3-270m and Qwen2.5-Coder-0.5B (Genesis, and Qwen also on the code text), and
+# The GPU half of the quality study (docs/journal/RESULTS-journal.md "Quality study on four
+# models"): on a machine with CUDA and a CUDA build of tqkv, `tqkv eval --device cuda` at ctx 512
+# and 4096 on Gemma-3-270m and Qwen2.5-Coder-0.5B (Genesis, and Qwen also on the code text), and
 # `tqkv passkey --device cuda` on both, all at once on the one GPU (each process is small).
 # Each eval writes its JSON after every chunk, so a run stopped at its limit still leaves the
 # chunks it finished. A spec the CUDA cache does not take yet makes its eval fail: the eval is

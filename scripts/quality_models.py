@@ -2,9 +2,9 @@
 """Quality study on several models (issue 13, item 5): the per-model table, JSON summary and
 goal checks from the files of scripts/quality_models.sh, and the bits-vs-KL plot of all models.
 
-    scripts/quality_models.py table docs/quality/models/TAG [--model GGUF] [--text FILE]
+    scripts/quality_models.py table build/quality/models/TAG [--model GGUF] [--text FILE]
         -> TAG/table.md and TAG/summary.json
-    scripts/quality_models.py plot docs/quality/models/TAG... --svg docs/quality_bits_kl.svg
+    scripts/quality_models.py plot build/quality/models/TAG... --svg build/quality/quality_bits_kl.svg
 
 Bits per element count the metadata (norms, scales) at the model's head_dim and are averaged
 over every layer (`bits_all_layers`: vLLM's presets keep 2 first and 2 last layers in f16,
@@ -273,6 +273,7 @@ def plot(args):
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.tight_layout()
+    os.makedirs(os.path.dirname(args.svg) or ".", exist_ok=True)  # the default folder is under build/
     fig.savefig(args.svg)
     print(f"wrote {args.svg}")
 
@@ -287,7 +288,7 @@ def main():
     t.set_defaults(fn=table)
     pl = sub.add_parser("plot")
     pl.add_argument("dirs", nargs="+")
-    pl.add_argument("--svg", default="docs/quality_bits_kl.svg")
+    pl.add_argument("--svg", default="build/quality/quality_bits_kl.svg")
     pl.set_defaults(fn=plot)
     a = p.parse_args()
     a.fn(a)

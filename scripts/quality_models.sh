@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Quality study on several models (issue 13, item 5; docs/RESULTS.md "Quality study on four
-# models"): for one model and text, `tqkv eval` at ctx 512 and 4096 (every format in lockstep
-# against one f32-cache reference, in one process per context), `tqkv passkey`, and llama.cpp's
-# llama-perplexity --kl-divergence with f16/q8_0/q4_0 caches on the same GGUF and text (its KL
-# is against its own f16 cache, ours against our f32 cache); then the table and the JSON
+# Quality study on several models (issue 13, item 5; docs/journal/RESULTS-journal.md "Quality study
+# on four models"): for one model and text, `tqkv eval` at ctx 512 and 4096 (every format in
+# lockstep against one f32-cache reference, in one process per context), `tqkv passkey`, and
+# llama.cpp's llama-perplexity --kl-divergence with f16/q8_0/q4_0 caches on the same GGUF and text
+# (its KL is against its own f16 cache, ours against our f32 cache); then the table and the JSON
 # summary (scripts/quality_models.py table).
 #
 #   scripts/quality_models.sh TAG MODEL TEXT [STEP...]
@@ -15,7 +15,8 @@
 # context, floor(tokens/ctx) chunks; 20480 is the goal, the recorded runs say what they used),
 # FORMATS, PK_FORMATS, PK_CTX (1024), PK_DEPTHS (0.1,0.5,0.9), PK_TRIALS (2),
 # LLAMA_PERPLEXITY (/work/peer/build/bin/llama-perplexity, scripts/peer_llamacpp.sh build).
-# Output: docs/quality/models/TAG/{eval_512,eval_4096,passkey,llamacpp_512,llamacpp_4096,summary}.json
+# Output: $OUT (default build/quality/models/TAG)/{eval_512,eval_4096,passkey,llamacpp_512,
+# llamacpp_4096,summary}.json
 # and table.md. The text of the study is Genesis+Exodus (cat data/kjv-genesis.txt
 # data/kjv-exodus.txt) and, for the code model, scripts/code_text.sh.
 set -euo pipefail
@@ -36,7 +37,7 @@ PK_CTX=${PK_CTX:-1024}
 PK_DEPTHS=${PK_DEPTHS:-0.1,0.5,0.9}
 PK_TRIALS=${PK_TRIALS:-2}
 export LLAMA_PERPLEXITY=${LLAMA_PERPLEXITY:-/work/peer/build/bin/llama-perplexity}
-OUT=docs/quality/models/$TAG
+OUT=${OUT:-build/quality/models/$TAG}
 LOG=build/study/$TAG
 mkdir -p "$OUT" "$LOG"
 run() { echo "+ $*" >&2; nice -n 10 "$@"; }

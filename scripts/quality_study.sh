@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Quality per bit (issue 6): regenerates the table of docs/RESULTS.md ("Quality per bit") and
-# docs/quality_per_bit.png. Long: ~2 h on 2 cores (STUDY=... adds the ablation specs).
+# Quality per bit on SmolLM2: the table of docs/RESULTS.md's SmolLM2 section and the grid of
+# docs/journal/RESULTS-journal.md ("Quality per bit"), with their plot, into $OUT (default
+# build/quality). Long: ~2 h on 2 cores (STUDY=... adds the ablation specs).
 #
-#   scripts/quality_study.sh            (TQKV=path/to/tqkv, THREADS=N, TOKENS=20480 to override)
+#   scripts/quality_study.sh            (TQKV=path/to/tqkv, THREADS=N, TOKENS=20480, OUT=DIR to override)
 #
 # Steps: tqkv eval at ctx 512 and 4096 over TOKENS tokens of data/kjv-genesis.txt (KL and
 # top-1 against the f32 cache, every format in lockstep), tqkv passkey, llama.cpp's
@@ -14,7 +15,7 @@ cd "$ROOT"
 TQKV=${TQKV:-build/release/tqkv}
 THREADS=${THREADS:-0}
 TOKENS=${TOKENS:-20480}
-OUT=${OUT:-docs/quality}
+OUT=${OUT:-build/quality}
 mkdir -p "$OUT"
 BASE="f16,fp8,turboquant_k8v4,turboquant_4bit_nc,turboquant_k3v4_nc,turboquant_3bit_nc,tq-k4v2,tq-k3v2,tq-k4v3,tq-k4v4"
 STUDY=${STUDY:-tq-k4v4+c,tq-4.36+skip0,turboquant_4bit_nc+skip0}
@@ -37,5 +38,5 @@ THREADS=$(nproc) scripts/peer_llamacpp.sh run 512 "$TOKENS" "$OUT/llamacpp_512.j
 THREADS=$(nproc) scripts/peer_llamacpp.sh run 4096 "$TOKENS" "$OUT/llamacpp_4096.json"
 python3 scripts/plot_quality.py "$OUT/eval_512.json" "$OUT/eval_4096.json" \
   --llamacpp "$OUT/llamacpp_512.json" "$OUT/llamacpp_4096.json" --passkey "$OUT/passkey.json" "$OUT/passkey_4096.json" \
-  --png docs/quality_per_bit.png --markdown "$OUT/table.md"
-echo "table: $OUT/table.md (paste into docs/RESULTS.md), plot: docs/quality_per_bit.png"
+  --png "$OUT/quality_per_bit.png" --markdown "$OUT/table.md"
+echo "table: $OUT/table.md, plot: $OUT/quality_per_bit.png"

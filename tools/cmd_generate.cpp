@@ -21,8 +21,8 @@ namespace {
 constexpr const char* kDefaultPrompt = "What are the three primary colors? Answer briefly.";
 // Without --kv-cache-dtype: the model's best calibrated recipe where it has one and the device
 // runs it (tq-4.375: KL 0.011 vs the f32 cache on SmolLM2 at 4.375 bits over every layer,
-// docs/RESULTS.md), else vLLM's turboquant_k8v4, the most compressed preset whose next-token
-// choice agrees with the f32 cache's more than 90% of the time on SmolLM2 (KL 0.02); the
+// docs/journal/RESULTS-journal.md), else vLLM's turboquant_k8v4, the most compressed preset whose
+// next-token choice agrees with the f32 cache's more than 90% of the time on SmolLM2 (KL 0.02); the
 // 4-bit-key presets (KL ~0.07) visibly degrade a small model's answers.
 constexpr const char* kBestRecipe = "tq-4.375";
 constexpr const char* kFallbackFormat = "turboquant_k8v4";

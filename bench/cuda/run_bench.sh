@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command on a GPU machine: bench/cuda/run_bench.sh [BUILD_DIR]
 # Runs PyTorch's bf16 SDPA on the same shapes (if torch is importable), then tqkv's
-# benchmark, which prints the table of docs/RESULTS.md ("CUDA (issue 5)").
+# benchmark, which prints the table of docs/journal/RESULTS-journal.md ("CUDA (issue 5)").
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 build="${1:-build-cuda}"

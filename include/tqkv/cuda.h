@@ -191,9 +191,10 @@ struct FusedDecodePlan {
   bool spread = false;         // each part's splits share its own key range, not max_seq_len's tiles
   bool short_first = false;    // without a cluster merge: the window's and sinks' CTAs start first
 };
-// The choices of plan_fused_decode; the defaults are the measured ones (docs/RESULTS.md, "Batch 1,
-// kernel by kernel"), the others stay selectable to compare (engine: TQKV_FUSED_SPREAD, TQKV_FUSED_SHORT_FIRST,
-// TQKV_FUSED_CLUSTER, TQKV_FUSED_CLUSTER_FIT).
+// The choices of plan_fused_decode; the defaults are the measured ones
+// (docs/journal/RESULTS-journal.md, "Batch 1, kernel by kernel"), the others stay selectable to
+// compare (engine: TQKV_FUSED_SPREAD, TQKV_FUSED_SHORT_FIRST, TQKV_FUSED_CLUSTER,
+// TQKV_FUSED_CLUSTER_FIT).
 struct FusedDecodeOptions {
   // Each part's splits share the tiles of its own key range (known before its first page id is
   // read, since the parts have cuts) instead of max_seq_len's: a sequence far shorter than the

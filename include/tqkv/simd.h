@@ -29,13 +29,13 @@ void set_simd_level(SimdLevel level);
 // and the codebook levels to 7-bit integers (scale max|level| / 63), and each score is an
 // integer dot product (VNNI vpdpbusd, or vpmaddubsw + vpmaddwd on AVX2) times the two scales
 // and the key's norm: about 2x fewer instructions than fp32 products, with a score error below
-// norm * (s_q/2 * sum|level| + s_k/2 * s_q * sum|q8|) (docs/RESULTS.md, issue 16). The values'
-// softmax weights (times the value's scale) are rounded per tile of keys and query row to u8
-// (step max weight / 255), the value levels to 7-bit integers (Mse: max|level| / 63; Uniform:
-// 2 * code - (2^bits - 1), exact), and each tile's sums are integer products in int32. 6-8-bit
-// keys and 6-bit values take int8 with their levels in two bytes (a 64 times finer grid, two
-// products: kernel.h kI8WideBits, kI8MaxKeyBits; AVX2 only up to 6 bits); wider values stay fp32.
-// Int8Keys:
+// norm * (s_q/2 * sum|level| + s_k/2 * s_q * sum|q8|) (docs/journal/RESULTS-journal.md, "Int8 key
+// scores"). The values' softmax weights (times the value's scale) are rounded per tile of keys and
+// query row to u8 (step max weight / 255), the value levels to 7-bit integers (Mse: max|level| /
+// 63; Uniform: 2 * code - (2^bits - 1), exact), and each tile's sums are integer products in int32.
+// 6-8-bit keys and 6-bit values take int8 with their levels in two bytes (a 64 times finer grid,
+// two products: kernel.h kI8WideBits, kI8MaxKeyBits; AVX2 only up to 6 bits); wider values stay
+// fp32. Int8Keys:
 // int8 key scores, fp32 value sums. Exact: fp32 products, equal to the scalar reference within
 // 1e-5 (the reference tests use it). TQKV_SCORES=int8|int8-keys|exact (read once, at first use)
 // or set_key_scores(). Kernels without an int8 path (AVX-512 without VNNI + VBMI, head dims

@@ -92,7 +92,7 @@ inline constexpr float kExpWPoly[5] = {1.0f, 0.6931241750717163f, 0.240240991115
 // 6-bit keys in two bytes below). Past 5 bits the 7-bit level grid (step max|level| / 63) is
 // about as coarse as the codebook itself near zero: 6-bit codes in it (SmolLM2-135M tq-4.375,
 // whose recent window is 6-bit, and one k6v5 layer) moved the mean KL from 0.0129 to 0.0142,
-// where 5-bit codes in int8 left it at 0.0128 (docs/RESULTS.md).
+// where 5-bit codes in int8 left it at 0.0128 (docs/journal/RESULTS-journal.md).
 inline constexpr int kI8MaxBits = 5;
 // 6-bit keys and values take the int8 paths with their levels in two bytes
 // (KernelFormat::key_wide, value_wide): the same query or weight rounding, a level grid 64
@@ -101,7 +101,7 @@ inline constexpr int kI8WideBits = 6;
 // Keys of up to this many bits take the two-byte levels too (values stop at kI8WideBits): the
 // 12-bit grid (step max|level| / 4032) is ~20 times finer than an 8-bit codebook's closest
 // levels, and 7-8-bit keys scored in fp32 were the last pairs slower than f16 on AVX-512
-// (Qwen2.5-0.5B's recipes keep layer 0 at k8; docs/RESULTS.md).
+// (Qwen2.5-0.5B's recipes keep layer 0 at k8; docs/journal/RESULTS-journal.md).
 inline constexpr int kI8MaxKeyBits = 8;
 
 // Int8 scores: |q8| <= 127 (per query row, step max|q| / 127) and |L8| <= 63, so that the

@@ -8,9 +8,10 @@
 // descheduled) worker to wake up. Before sleeping, a worker polls for the next job for a
 // bounded time (pool_spin_us(), 0 = block at once), and the caller polls for the workers'
 // last parts before it sleeps: a decode step is ~200 products of tens of microseconds each,
-// and a futex wake-up per hand-off cost what the second core saved (docs/RESULTS.md, "CPU
-// decode on K-quant models"). Plain std::thread, mutex, condition variable and atomics, so
-// ThreadSanitizer understands every synchronisation (it does not for libgomp).
+// and a futex wake-up per hand-off cost what the second core saved
+// (docs/journal/RESULTS-journal.md, "CPU decode on K-quant models"). Plain std::thread, mutex,
+// condition variable and atomics, so ThreadSanitizer understands every synchronisation (it does not
+// for libgomp).
 //
 // A call made while the pool runs a job (from inside a part, or from another thread) runs its
 // parts serially on the calling thread instead of waiting or deadlocking.

@@ -294,7 +294,7 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
     // turboquant_4bit_nc); for bf16 it was 13-21% slower at d = 128 and 256.
     // TQKV_DECODE_FILL=slots|sms sets it for every kernel; TQKV_DECODE_FILL_LONG (default slots)
     // the long contexts' rule: one CTA an SM there was no faster at batch 16/64 x 32K, d = 64
-    // and 128 (d = 128 batch 16: 10-17% slower; docs/RESULTS.md).
+    // and 128 (d = 128 batch 16: 10-17% slower; docs/journal/RESULTS-journal.md).
     const bool fill_sms = tiles <= 512 ? fill_sms_env("TQKV_DECODE_FILL", compressed_d256)
                                        : fill_sms_env("TQKV_DECODE_FILL_LONG", false);
     const int64_t slots = fill_sms ? device_sms() : resident_ctas(k);

@@ -73,9 +73,9 @@ __host__ __device__ constexpr int vlut_entries(int vk) {
 // pick, so a benchmark runs before and after in one process).
 //  kVaValueSmem: MSE values of 2 or 3 bits looked up in the shared-memory pair table, else in
 //    registers (value_frag_reg: the levels' low and high bytes are byte tables PRMT indexes by
-//    code). The table is the default: on the H200 (2026-12-02, docs/RESULTS.md) registers were
-//    0-2% slower for 2-bit values despite fewer instructions, and 12-20% slower for 3-bit values.
-//    TQKV_DECODE_VALUE_LUT=smem|reg.
+//    code). The table is the default: on the H200 (2026-12-02, docs/journal/RESULTS-journal.md)
+//    registers were 0-2% slower for 2-bit values despite fewer instructions, and 12-20% slower for
+//    3-bit values. TQKV_DECODE_VALUE_LUT=smem|reg.
 //    (The 256-byte key entries below were 4-8% faster at d = 64 there, so they are the default.)
 //  kVaKey256: 4-bit MSE keys at d = 64 with table entries 256 bytes apart (32 KiB more shared
 //    memory, a cost d = 64's small stages can afford), so a lookup's address is one PRMT (the
@@ -762,9 +762,10 @@ __device__ __forceinline__ void write_head(const DecodeParams& p, float (&x)[D /
 // floats). Lane (g, c) of the query fragment reads head g's quarter c (d/4 contiguous dims), 16
 // bytes per k-step. In a plain row-major copy every quarter starts on the same bank, so the 32
 // lanes' reads of one k-step were 24- to 32-way conflicts (their scalar loads were the largest
-// stall of a batch-1 decode after the cluster barrier, Nsight Compute, docs/RESULTS.md). Each
-// quarter is therefore rotated by r 16-byte units, r chosen so that the 8 lanes of each phase
-// of a 16-byte load (g in {2p, 2p+1}, c in 0..3) read 8 different 16-byte bank groups.
+// stall of a batch-1 decode after the cluster barrier, Nsight Compute,
+// docs/journal/RESULTS-journal.md). Each quarter is therefore rotated by r 16-byte units, r chosen
+// so that the 8 lanes of each phase of a 16-byte load (g in {2p, 2p+1}, c in 0..3) read 8 different
+// 16-byte bank groups.
 template <int D>
 __host__ __device__ constexpr int qs_word(int g, int e) {
   constexpr int Q = D / 4;  // words of a quarter (16, 32 or 64)

@@ -5,8 +5,8 @@
 // bookkeeping: converting one or two fp16 fields, splitting 16 nibble bytes with a 128-bit insert
 // and, for Q5_0, spreading 32 high bits over 32 bytes with a shuffle, a mask and a compare
 // (~24 instructions a Q5_0 block). Those kernels were bound by instructions at about half of one
-// core's read bandwidth (docs/RESULTS.md, "Q5_0 weights in groups of eight"). The same bytes,
-// regrouped per row (the same bytes a block, so row strides do not change), full groups
+// core's read bandwidth (docs/journal/RESULTS-journal.md, "Q5_0 weights in groups of eight"). The
+// same bytes, regrouped per row (the same bytes a block, so row strides do not change), full groups
 // g = 0 .. nb / 8 - 1 (nb = cols / 32 blocks a row), then the row's last nb % 8 blocks unchanged
 // (GGUF layout):
 //

@@ -129,8 +129,8 @@ constexpr size_t kBlasWorkspace = size_t{32} << 20;
 
 // Products of up to this many rows (a decode step's batch) run as skinny products by default:
 // on the H200 the skinny Q/K/V group beat cuBLAS at every row count to 64, the rest of a layer's
-// products to about 16 rows on SmolLM2 and 4-8 on Qwen2.5-1.5B (docs/RESULTS.md, "Skinny
-// products"; the large products' own limit is below).
+// products to about 16 rows on SmolLM2 and 4-8 on Qwen2.5-1.5B (docs/journal/RESULTS-journal.md,
+// "Skinny products"; the large products' own limit is below).
 constexpr int kSkinnyDefault = 16;
 // Single products beyond these sizes stay with cuBLAS (CudaDevice::skinny_single).
 constexpr int kSkinnyLongCols = 4096;
@@ -374,7 +374,7 @@ bool CudaDevice::skinny(int n, int cols) const {
 // kernel measured faster than cuBLAS: not for long columns (the down projection of a wide
 // feed-forward, 8,960 columns on Qwen2.5-1.5B, where cuBLAS's split-K read 2.4 TB/s against the
 // clusters' 1.8) nor for very many rows (the output head, where cuBLAS was 5-10% faster); the
-// H200 figures are in docs/RESULTS.md ("Skinny products").
+// H200 figures are in docs/journal/RESULTS-journal.md ("Skinny products").
 bool CudaDevice::skinny_single(int n, int rows, int cols) const {
   return skinny(n, cols) && cols <= kSkinnyLongCols && rows <= kSkinnyWideRows &&
          skinny_size_allows(n, static_cast<size_t>(rows) * static_cast<size_t>(cols));

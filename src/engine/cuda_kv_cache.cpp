@@ -30,7 +30,8 @@ constexpr int kCopyStepTokens = 512;
 // Prefill runs, TQKV_PREFILL_PATH=auto: runs of at least this many queries dequantize their
 // history and take the tiled kernel (tensor cores), shorter ones attend as decode rows. Measured
 // on the H200 (SmolLM2-135M: d = 64, 9 query : 3 kv heads; `tqkv bench decode --prefill-chunk
-// C`, 2026-12-04, docs/RESULTS.md), whole-model prefill tokens/s, tiled / rows, f16:
+// C`, 2026-12-04, docs/journal/RESULTS-journal.md), whole-model prefill tokens/s, tiled / rows,
+// f16:
 //   chunks of 512 over (4K, 8K]: 132K / 40K; over (8K, 16K]: 99K / 23K; one run of 7,168: 309K / 53K.
 //   Since a short run's CTAs split the history's keys (cuda::prefill_attention's splits), the
 //   tiled kernel also wins at 64 queries: chunks of 64 over (1K, 4K] 21K / 17K, over (2K, 8K]

@@ -304,9 +304,9 @@ class CudaKvCache final : public KvCache {
   // Above this many decode rows (prefill chunks whose queries run as decode rows) the three
   // launches stay: 1K-row prefill steps measured 5-20% slower fused on the H200, and still
   // 4-24% slower with the copies' parts capped at the middle's CTAs above 256 rows
-  // (plan_fused_decode; docs/RESULTS.md, GPU serving, fourth run). TQKV_FUSED_MAX_ROWS=N moves
-  // the limit (before/after runs from one binary). Decode steps of every CUDA-graph bucket (at
-  // most 256 sequences) stay fused.
+  // (plan_fused_decode; docs/journal/RESULTS-journal.md, GPU serving, fourth run).
+  // TQKV_FUSED_MAX_ROWS=N moves the limit (before/after runs from one binary). Decode steps of
+  // every CUDA-graph bucket (at most 256 sequences) stay fused.
   static constexpr int kFusedMaxRows = 256;
   int fused_max_rows_ = kFusedMaxRows;
   std::map<std::tuple<std::string, std::string, int, int>, FusedPlan> fused_plans_;

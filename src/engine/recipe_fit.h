@@ -94,10 +94,11 @@ struct FitResult {
 //
 // max_pairs > 0 caps the distinct (key bits, value bits) pairs among the layers: each pair is its
 // own decode kernel on the GPU, and at batch 1 a step's kernels compete for the instruction cache
-// (docs/RESULTS.md, "What the nine pairs cost"). The capped answer is the best under the same
-// additive model: every set of at most max_pairs pairs is tried, each with an exact assignment of
-// the layers to its pairs under the budget (a knapsack over the layers' bit sums). The greedy's
-// answer is kept where it already has few enough pairs. 1 <= max_pairs <= kMaxPairsCap.
+// (docs/journal/RESULTS-journal.md, "What the nine pairs cost"). The capped answer is the best
+// under the same additive model: every set of at most max_pairs pairs is tried, each with an exact
+// assignment of the layers to its pairs under the budget (a knapsack over the layers' bit sums).
+// The greedy's answer is kept where it already has few enough pairs.
+// 1 <= max_pairs <= kMaxPairsCap.
 constexpr int kMaxPairsCap = 4;
 //
 // copy_reserve: the bits per element the slots leave to the copies (the sink and the window that

@@ -482,7 +482,7 @@ TEST_F(SmolEval, PasskeyWithF32CacheAtShortContext) {
   ASSERT_EQ(cells[0].answers.size(), 2u);
   // Each answer is "<key> -> <what the model said>" with a 5-digit key.
   EXPECT_EQ(cells[0].answers[0].find(" -> "), 5u);
-  // At 256 tokens the model finds the key (measured: it does, see docs/RESULTS.md).
+  // At 256 tokens the model finds the key (measured: it does, see docs/journal/RESULTS-journal.md).
   EXPECT_EQ(cells[0].correct, 2) << cells[0].answers[0] << " | " << cells[0].answers[1];
 }
 

@@ -121,7 +121,8 @@ TEST(RecipeFile, ShippedFileHoldsTheEngineRecipes) {
   // Key statistics from `tqkv calibrate` on Exodus (the recipes centre their keys).
   ASSERT_TRUE(f.key_stats.has_value());
   EXPECT_GT(f.key_stats->tokens, 10000);
-  // The recipes measured in docs/RESULTS.md, as the engine held them before they became data.
+  // The recipes measured in docs/journal/RESULTS-journal.md, as the engine held them before they
+  // became data.
   const std::vector<std::pair<std::string, std::string>> engine = {
       {"tq-4.36", "k5v4+c+L4.6.7.8.24.25=k4v3+L3.11=k4v4+L14.15.20.22.26.27=k5v3+L17=k6v3"},
       {"tq-3.36", "k3v3+c+L19.18.13.25.17.23=k4v3"},

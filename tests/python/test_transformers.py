@@ -165,9 +165,9 @@ def test_compressed_cache_near_the_engine(smol, tmp_path, spec):
     implementations of the model give keys that differ by ~4e-6 (relative, as the f32 test above
     bounds), and a key that close to a code boundary takes the other code in one of them; the flip
     moves the next layers' inputs by ~1e-4 and that grows about tenfold per layer
-    (docs/RESULTS.md: the engine alone moves 3.9 % (k4v4+c+skip0) and 5.7 % (tq-3.375) between
-    its AVX2 and AVX-512 kernels on this protocol). The cache layer itself is the engine's: see
-    test_sinks_and_window_are_the_engines."""
+    (docs/journal/RESULTS-journal.md: the engine alone moves 3.9 % (k4v4+c+skip0) and 5.7 %
+    (tq-3.375) between its AVX2 and AVX-512 kernels on this protocol). The cache layer itself is
+    the engine's: see test_sinks_and_window_are_the_engines."""
     model, tok = smol
     set_attn(model, "tqkv")
     want, _ = engine_run(spec, ctx=256, batch=16, tmp_path=tmp_path)

@@ -193,8 +193,8 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const __grid_constant
 // Warps a CTA (16 queries each): 4, or 8 with TQKV_PREFILL_WARPS=8 (each K/V tile a CTA loads
 // then serves twice the queries; the splits keep the grid full; at d = 64 held to 128 registers
 // for two CTAs an SM). 8 is built and tested against the reference but not yet timed on a GPU
-// (docs/RESULTS.md). 2 warps, for twice the CTAs where a chunk's grid left SMs idle, measured
-// slower on the H200 at every chunk (SmolLM2 prefill).
+// (docs/journal/RESULTS-journal.md). 2 warps, for twice the CTAs where a chunk's grid left SMs
+// idle, measured slower on the H200 at every chunk (SmolLM2 prefill).
 constexpr int kMmaWarps = 4;
 
 template <int D>

@@ -4,11 +4,11 @@
 // Why not cuBLAS alone: at a decode step's few rows each product of a layer (Q, K, V, their
 // biases, gate, up, the GLU) was a launch or two of its own, and the small ones ran far below the
 // memory rate (Qwen2.5-1.5B's Q/K/V group read its weights at 0.32 TB/s on the H200, this kernel at
-// 0.91; docs/RESULTS.md, "Skinny products"). cuBLAS stays faster on long columns and very many
-// rows, and at more than ~16 rows (the engine's choice is CudaDevice::skinny_single). Here one
-// launch computes a group of products over the same input with their biases, or gate and up with
-// the GLU applied, and reads a float32 input directly (rounded to bf16 as f32_to_bf16 rounds), so
-// no conversion kernel runs before it.
+// 0.91; docs/journal/RESULTS-journal.md, "Skinny products"). cuBLAS stays faster on long columns
+// and very many rows, and at more than ~16 rows (the engine's choice is CudaDevice::skinny_single).
+// Here one launch computes a group of products over the same input with their biases, or gate and
+// up with the GLU applied, and reads a float32 input directly (rounded to bf16 as f32_to_bf16
+// rounds), so no conversion kernel runs before it.
 //
 // Layout: a cluster of S blocks of 4 warps owns 16 rows of one product (for the GLU: 16 rows of
 // gate and the same 16 of up); S = 1 unless the product has few row tiles and many columns (the
