@@ -1511,7 +1511,7 @@ std::unique_ptr<ShapeModel> shape_model(int layers, int d, int heads, int kv_hea
 // logits well beyond that noise from the unscaled model's (so the GPU cannot pass by ignoring it).
 // The CPU is held to transformers by tests/python/test_architectures.py.
 TEST(CudaRopeScaling, LogitsMatchCpu) {
-  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  TQKV_SKIP_WITHOUT_CUDA(cuda_device_present());
   // The CPU's float path (as CudaSmol): its int8 activations for decode are a CPU speed choice.
   const QdotMode saved_qdot = qdot_mode();
   set_qdot_mode(QdotMode::F32);
