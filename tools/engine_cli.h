@@ -8,6 +8,7 @@
 #include "engine/device.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
+#include "engine/model_recipes.h"
 #include "engine/paths.h"
 #include "engine/tokenizer.h"
 #include "tqkv/threads.h"
@@ -42,6 +43,7 @@ inline LoadedModel load_model(const std::string& model, int threads, const std::
   GgufFile file = GgufFile::open(path);
   Tokenizer tok = Tokenizer::from_gguf(file);
   Model m = Model::load(file, make_device(device));
+  m.set_spec_sources(model_spec_sources(file, m.config()));  // its recipes: the weights hashed
   file.drop_resident_pages();  // the device holds its own copy of the weights
   return LoadedModel{std::move(path), std::move(file), std::move(tok), std::move(m)};
 }

@@ -53,9 +53,11 @@ SimdLevel detected_simd_level() {
 #if defined(__x86_64__)
   static const SimdLevel level = [] {
     __builtin_cpu_init();
+#if !defined(TQKV_NO_AVX512)  // a build without the AVX-512 kernels (TQKV_AVX512) stops at AVX2
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
       return SimdLevel::Avx512;
+#endif
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
       return SimdLevel::Avx2;
     return SimdLevel::Scalar;
@@ -139,11 +141,14 @@ RunKernel pick_kernel(const KernelFormat& f, SimdLevel level, SimdLevel* used) {
   SimdLevel got = SimdLevel::Scalar;
   RunKernel k = run_scalar;
 #if defined(__x86_64__)
+#if !defined(TQKV_NO_AVX512)
   if (level == SimdLevel::Avx512 && simd_handles(f, 16)) {
     got = SimdLevel::Avx512;
     static const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
     k = vnni ? run_avx512_vnni : run_avx512;
-  } else if (level >= SimdLevel::Avx2 && simd_handles(f, 8)) {
+  } else
+#endif
+  if (level >= SimdLevel::Avx2 && simd_handles(f, 8)) {
     got = SimdLevel::Avx2;
     k = run_avx2;
   }

@@ -7,7 +7,6 @@
 
 #include "dequant.h"
 #include "gguf.h"
-#include "model_recipes.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -140,7 +139,6 @@ Model Model::load(const GgufFile& f, std::shared_ptr<Device> device) {
   m.arch_->load(w, c, m.weights_);
   w.check_all_used(c.arch);
   for (const LayerWeights& L : m.weights_.layers) c.qkv_bias = c.qkv_bias || L.bq.data();
-  m.sources_ = model_spec_sources(f, c);
   return m;
 }
 

@@ -21,10 +21,12 @@ class GgufFile;
 
 class Model {
  public:
-  // Reads the config and loads every weight onto the device (the CPU by default). Throws
-  // tqkv::Error(Format) for a missing or mis-shaped tensor or an architecture the engine
-  // cannot run correctly. The model's recipes and key statistics (SpecSources) are looked up
-  // in the recipe files (recipe.h) by the model's key.
+  // Reads the config and loads every weight onto the device (the CPU by default), nothing else.
+  // Throws tqkv::Error(Format) for a missing or mis-shaped tensor, metadata the engine does not
+  // implement, or an architecture it cannot run correctly. Recipes are a separate step: the
+  // model's recipes and key statistics (model_spec_sources in model_recipes.h: the recipe files
+  // keyed by the weights' hash) are given by set_spec_sources; without them only plain formats
+  // and specs resolve.
   static Model load(const GgufFile& f, std::shared_ptr<Device> device = nullptr);
 
   const ModelConfig& config() const { return cfg_; }

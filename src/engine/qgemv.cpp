@@ -171,11 +171,21 @@ QgemvKernels qgemv_scalar() {
           TQKV_QGEMM_ENTRY(q8_0), TQKV_QGEMM_ENTRY(q4_k), TQKV_QGEMM_ENTRY(q6_k)};
 }
 
+#if defined(TQKV_NO_AVX512)
+// A build without the AVX-512 kernels (TQKV_AVX512): the dispatch below never asks for them.
+bool qdot_avx512_supported() { return false; }
+QgemvKernels qgemv_avx512() { return qgemv_avx2(); }
+QdotKernels qdot_avx512() { return qdot_avx2(); }
+void quantize_rows_256_avx512(const float*, size_t, int8_t*, float*, int16_t*, int16_t*) {
+  throw Error(ErrorCode::InvalidArgument, "qdot: this build has no AVX-512 kernels");
+}
+#else
 bool qdot_avx512_supported() {
   static const bool ok = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   return ok;
 }
+#endif
 
 }  // namespace detail
 

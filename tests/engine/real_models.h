@@ -14,6 +14,7 @@
 #include "engine/architecture.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
+#include "engine/model_recipes.h"
 #include "engine/qgemv.h"
 #include "engine/tokenizer.h"
 #include "tqkv/format.h"
@@ -74,6 +75,7 @@ class RealModelTest : public ::testing::Test {
     file_ = new GgufFile(GgufFile::open(File::path()));
     tok_ = new Tokenizer(Tokenizer::from_gguf(*file_));
     model_ = new Model(Model::load(*file_));
+    model_->set_spec_sources(model_spec_sources(*file_, model_->config()));
   }
   static void TearDownTestSuite() {
     delete model_;

@@ -27,6 +27,7 @@
 #include "engine/sampler.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
+#include "engine/model_recipes.h"
 #include "engine/qgemv.h"
 #include "engine/recipe.h"
 #include "engine/tokenizer.h"
@@ -93,6 +94,8 @@ class CudaSmol : public ::testing::Test {
     tok_ = new Tokenizer(Tokenizer::from_gguf(*file_));
     cpu_ = new Model(Model::load(*file_, make_device("cpu")));
     gpu_ = new Model(Model::load(*file_, make_device("cuda")));
+    cpu_->set_spec_sources(model_spec_sources(*file_, cpu_->config()));
+    gpu_->set_spec_sources(cpu_->spec_sources());
   }
   static void TearDownTestSuite() {
     set_qdot_mode(saved_qdot_);
