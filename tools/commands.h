@@ -11,6 +11,7 @@ void register_quality(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_perplexity(CLI::App& app);
 void register_logits(CLI::App& app);
+void register_synth(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_passkey(CLI::App& app);
 void register_calibrate(CLI::App& app);

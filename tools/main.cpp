@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   register_generate(app);
   register_perplexity(app);
   register_logits(app);
+  register_synth(app);
   register_eval(app);
   register_passkey(app);
   register_calibrate(app);
