@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/block_groups.h"
-#include "engine/qgemv.h"
+#include "engine/gguf/gguf.h"
+#include "engine/weights/block_groups.h"
+#include "engine/weights/qgemv.h"
 #include "tqkv/half.h"
 
 namespace {

@@ -137,7 +137,7 @@ Row time_format(const tqkv::Format& f, const BenchOptions& o) {
   return r;
 }
 
-// Chunked prefill as the engine runs it on the CPU (src/engine/cpu_kv_cache.cpp): per chunk,
+// Chunked prefill as the engine runs it on the CPU (src/engine/device/cpu_kv_cache.cpp): per chunk,
 // the chunk's keys and values are written (encoded) into a contiguous cache, then its queries
 // attend causally to every cached position, the chunk's own included.
 struct PrefillOptions {

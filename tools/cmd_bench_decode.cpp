@@ -33,8 +33,8 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "engine_cli.h"
-#include "engine/kv_cache.h"
-#include "engine/model.h"
+#include "engine/cache/kv_cache.h"
+#include "engine/model/model.h"
 #include "tqkv/simd.h"
 
 namespace {

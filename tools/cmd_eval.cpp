@@ -13,9 +13,9 @@
 #include "commands.h"
 #include "engine_cli.h"
 #include "eval/eval.h"
-#include "engine/gguf.h"
-#include "engine/paths.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/paths.h"
+#include "engine/gguf/tokenizer.h"
 #include "tqkv/error.h"
 #include "tqkv/threads.h"
 
@@ -70,7 +70,7 @@ void register_eval(CLI::App& app) {
   static Opts o;
   add_model_options(cmd, o.model, o.threads, o.device);
   cmd->add_option("-f,--file", o.text, "text file (default: $TQKV_TEXT or data/kjv-genesis.txt)");
-  cmd->add_option("--formats", o.formats, "comma-separated cache specs (src/engine/cache_spec.h grammar)")->capture_default_str();
+  cmd->add_option("--formats", o.formats, "comma-separated cache specs (src/engine/cache/cache_spec.h grammar)")->capture_default_str();
   cmd->add_option("--ctx", o.ctx, "comma-separated context sizes")->capture_default_str();
   cmd->add_option("--tokens", o.tokens, "text tokens per context size (floor(tokens/ctx) chunks)")->capture_default_str();
   cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();

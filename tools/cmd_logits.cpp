@@ -12,8 +12,8 @@
 
 #include "cli_util.h"
 #include "commands.h"
-#include "engine/cache_spec.h"
-#include "engine/model_recipes.h"
+#include "engine/cache/cache_spec.h"
+#include "engine/cache/model_recipes.h"
 #include "engine_cli.h"
 #include "tqkv/error.h"
 

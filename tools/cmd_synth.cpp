@@ -6,7 +6,7 @@
 #include <string>
 
 #include "commands.h"
-#include "engine/synth_model.h"
+#include "engine/gguf/synth_model.h"
 #include "tqkv/error.h"
 
 void register_synth(CLI::App& app) {

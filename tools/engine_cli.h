@@ -5,12 +5,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/model_recipes.h"
-#include "engine/paths.h"
-#include "engine/tokenizer.h"
+#include "engine/device/device.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/model.h"
+#include "engine/cache/model_recipes.h"
+#include "engine/model/paths.h"
+#include "engine/gguf/tokenizer.h"
 #include "tqkv/threads.h"
 
 inline void add_model_options(CLI::App* cmd, std::string& model, int& threads, std::string& device) {

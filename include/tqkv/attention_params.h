@@ -13,7 +13,7 @@ struct AttentionParams {
   float scale = 0;    // softmax scale; 0 means 1/sqrt(head_dim)
   int window = 0;     // sliding window: a query at position p sees keys in (p - window, p]; 0 = all
   // Cuts for attention split over several caches (the engine keeps some positions in a
-  // separate uncompressed cache, src/engine/recent_window.h): a query at p sees no key below
+  // separate uncompressed cache, src/engine/cache/recent_window.h): a query at p sees no key below
   // min_key_pos and none above p - exclude_recent.
   int64_t min_key_pos = 0;
   int exclude_recent = 0;

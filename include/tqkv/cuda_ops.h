@@ -2,7 +2,7 @@
 // file): embedding rows, RMSNorm, RoPE, SwiGLU, residual adds and biases, row gathers and
 // scatters, f32 <-> bf16, fused forms of some (a residual add with the RMSNorm after it, q and k
 // RoPE in one launch, outputs written with the bf16 copy a product reads), key centring, and the
-// causal prefill attention over a contiguous (dequantized) K/V. The engine's CUDA device (src/engine/cuda_device.h) is built from them.
+// causal prefill attention over a contiguous (dequantized) K/V. The engine's CUDA device (src/engine/device/cuda_device.h) is built from them.
 //
 // Every pointer is device memory unless noted; activations are float32, row-major. Every
 // function is asynchronous on `stream` and throws tqkv::Error(InvalidArgument) on bad
@@ -108,7 +108,7 @@ void merge_attention(float* out, float* lse, const float* part, const float* par
 void merge_newest(float* out, float* lse, const float* q, const NewestKv& newest, int batch, int n_q_heads,
                   int n_kv_heads, int d, float scale, cudaStream_t stream = nullptr);
 
-// Key centring and channel scales (src/engine/key_centring.h): k [n, n_kv_heads, head_dim] ->
+// Key centring and channel scales (src/engine/cache/key_centring.h): k [n, n_kv_heads, head_dim] ->
 // (k - mean) / scale; q [n, n_kv_heads * group, head_dim] *= scale of its kv head when
 // scale_queries. mean, scale: [n_kv_heads, head_dim].
 void centre_keys(float* k, float* q, const float* mean, const float* scale, int n, int n_kv_heads, int group,

@@ -1,4 +1,4 @@
-// The engine's CPU cache layer (src/engine/cpu_kv_cache.h) for a model shape and a cache spec:
+// The engine's CPU cache layer (src/engine/device/cpu_kv_cache.h) for a model shape and a cache spec:
 // per-layer formats, key centring and channel scales, attention sinks, the recent window and
 // sliding-window rings, exactly as `tqkv generate` / `tqkv perplexity` run them. It is what
 // tqkv.transformers.TQCache stores into on the CPU: Python hands it a layer's keys and values,
@@ -17,8 +17,8 @@
 
 #include "arrays.h"
 #include "bindings.h"
-#include "engine/batch.h"
-#include "engine/cpu_kv_cache.h"
+#include "engine/core/batch.h"
+#include "engine/device/cpu_kv_cache.h"
 #include "model_spec.h"
 #include "tqkv/error.h"
 
@@ -63,7 +63,7 @@ std::vector<float> rows_input(const AnyArray& a, const char* name, size_t n_seqs
 void bind_model_cache(nb::module_& m) {
   nb::class_<ModelCache>(
       m, "ModelCache",
-      "The engine's CPU cache layer for a model and a cache spec (src/engine/cpu_kv_cache.h): per-layer\n"
+      "The engine's CPU cache layer for a model and a cache spec (src/engine/device/cpu_kv_cache.h): per-layer\n"
       "formats, key centring (+c, +s), attention sinks (+sink<N>) and the recent window (+w<N>, +wq<B>,\n"
       "+fill<B>), merged with the compressed part by log-sum-exp as the engine does. Keys and queries\n"
       "are in the engine's channel order (the GGUF's: RoPE on adjacent pairs for Llama). A call that raises\n"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/cache_spec.h"
+#include "engine/cache/cache_spec.h"
 
 namespace tqkv::python {
 

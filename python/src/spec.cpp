@@ -1,4 +1,4 @@
-// Cache specs by name (src/engine/cache_spec.h) and their key centring (key_centring.h): the
+// Cache specs by name (src/engine/cache/cache_spec.h) and their key centring (key_centring.h): the
 // engine's code, compiled into the module on its own (it needs only the core's formats), so that
 // a spec means the same per-layer formats and the same channel means here as in `tqkv generate
 // --kv-cache-dtype`. Recipe names and key statistics come from recipes/*.json, read by the caller
@@ -15,8 +15,8 @@
 
 #include "arrays.h"
 #include "bindings.h"
-#include "engine/cache_spec.h"
-#include "engine/key_centring.h"
+#include "engine/cache/cache_spec.h"
+#include "engine/cache/key_centring.h"
 #include "model_spec.h"
 #include "tqkv/error.h"
 
@@ -136,7 +136,7 @@ void bind_spec(nb::module_& m) {
       nb::arg("rope_base"), nb::arg("rope_halves"), nb::arg("key_mean"), nb::arg("key_sq"), nb::arg("query_sq"),
       nb::arg("capacity"), nb::arg("recipes") = std::map<std::string, std::string>{},
       "The key centring of a spec with +c or +s, as the engine applies it to a cache of `capacity`\n"
-      "positions (src/engine/key_centring.h): None without +c/+s, else (mean, scale), each\n"
+      "positions (src/engine/cache/key_centring.h): None without +c/+s, else (mean, scale), each\n"
       "[n_layers, n_kv_heads, head_dim] float32 (scale None without +s). Keys are cached as\n"
       "(k - mean) / scale and queries multiplied by scale. The statistics (a recipe file's key_stats,\n"
       "flat [n_layers * n_kv_heads * head_dim]) and the result use RoPE's channel order: adjacent pairs\n"

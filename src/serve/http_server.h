@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/tokenizer.h"
+#include "engine/gguf/tokenizer.h"
 #include "engine_loop.h"
 
 namespace httplib {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "engine/batch.h"
+#include "engine/core/batch.h"
 #include "tqkv/error.h"
 
 namespace tqkv::serve {

@@ -14,10 +14,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/kv_cache.h"
-#include "engine/model.h"
-#include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "engine/cache/kv_cache.h"
+#include "engine/model/model.h"
+#include "engine/core/sampler.h"
+#include "engine/gguf/tokenizer.h"
 #include "scheduler.h"
 
 namespace tqkv::serve {

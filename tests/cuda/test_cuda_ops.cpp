@@ -1,5 +1,5 @@
 // The forward-pass ops (tqkv/cuda_ops.h) vs scalar CPU references written here the way the
-// CPU device (src/engine/cpu_device.cpp) computes them. Every test skips without a CUDA device
+// CPU device (src/engine/device/cpu_device.cpp) computes them. Every test skips without a CUDA device
 // (fails under TQKV_REQUIRE_CUDA=1).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

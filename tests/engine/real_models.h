@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/architecture.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/model_recipes.h"
-#include "engine/qgemv.h"
-#include "engine/tokenizer.h"
+#include "engine/model/architecture.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/model.h"
+#include "engine/cache/model_recipes.h"
+#include "engine/weights/qgemv.h"
+#include "engine/gguf/tokenizer.h"
 #include "tqkv/format.h"
 #include "tqkv/threads.h"
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/generate.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/model/generate.h"
+#include "engine/model/model.h"
+#include "engine/gguf/tokenizer.h"
 #include "real_models.h"
 #include "reference.h"
 #include "tqkv/format.h"

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <random>
 
-#include "engine/dequant.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/weights/dequant.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/tokenizer.h"
 #include "gguf_builder.h"
 #include "tqkv/error.h"
 

@@ -13,12 +13,12 @@
 #include <sstream>
 #include <unistd.h>
 
-#include "engine/generate.h"
-#include "engine/sampler.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
+#include "engine/model/generate.h"
+#include "engine/core/sampler.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/model.h"
 #include "eval/perplexity.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/tokenizer.h"
 #include "real_models.h"
 #include "reference.h"
 #include "gguf_builder.h"

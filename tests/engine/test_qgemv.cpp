@@ -13,11 +13,11 @@
 #include <limits>
 #include <random>
 
-#include "engine/cpu_device.h"
-#include "engine/dequant.h"
-#include "engine/gguf.h"
-#include "engine/block_groups.h"
-#include "engine/qgemv.h"
+#include "engine/device/cpu_device.h"
+#include "engine/weights/dequant.h"
+#include "engine/gguf/gguf.h"
+#include "engine/weights/block_groups.h"
+#include "engine/weights/qgemv.h"
 #include "tqkv/error.h"
 #include "tqkv/half.h"
 #include "tqkv/simd.h"

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/generate.h"
-#include "engine/model.h"
-#include "engine/recipe.h"
-#include "engine/recipe_fit.h"
-#include "engine/tokenizer.h"
+#include "engine/model/generate.h"
+#include "engine/model/model.h"
+#include "engine/cache/recipe.h"
+#include "engine/cache/recipe_fit.h"
+#include "engine/gguf/tokenizer.h"
 #include "real_models.h"
 #include "reference.h"
 #include "tqkv/format.h"

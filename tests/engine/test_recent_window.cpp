@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/recent_window.h"
+#include "engine/cache/recent_window.h"
 #include "tqkv/error.h"
 #include "tqkv/half.h"
 

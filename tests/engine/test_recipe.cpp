@@ -14,9 +14,9 @@
 #include <random>
 #include <sstream>
 
-#include "engine/cache_spec.h"
-#include "engine/gguf.h"
-#include "engine/recipe.h"
+#include "engine/cache/cache_spec.h"
+#include "engine/gguf/gguf.h"
+#include "engine/cache/recipe.h"
 #include "gguf_builder.h"
 #include "real_models.h"
 #include "tqkv/error.h"

@@ -12,12 +12,12 @@
 #include <memory>
 #include <unistd.h>
 
-#include "engine/cache_spec.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/model_recipes.h"
-#include "engine/recipe.h"
-#include "engine/recipe_fit.h"
+#include "engine/cache/cache_spec.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/model.h"
+#include "engine/cache/model_recipes.h"
+#include "engine/cache/recipe.h"
+#include "engine/cache/recipe_fit.h"
 #include "real_models.h"
 #include "tqkv/codebook.h"
 #include "tqkv/error.h"

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/rope.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/model.h"
+#include "engine/core/rope.h"
 #include "gguf_builder.h"
 #include "tqkv/error.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "../common/test_seed.h"
-#include "engine/sampler.h"
+#include "engine/core/sampler.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {

@@ -9,10 +9,10 @@
 #include <unistd.h>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/synth_model.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/model.h"
+#include "engine/gguf/synth_model.h"
+#include "engine/gguf/tokenizer.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {

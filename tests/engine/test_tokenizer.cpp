@@ -9,8 +9,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/tokenizer.h"
 #include "gguf_builder.h"
 #include "tqkv/error.h"
 

@@ -15,7 +15,7 @@
 #include <map>
 #include <mutex>
 
-#include "engine/generate.h"
+#include "engine/model/generate.h"
 #include "engine/real_models.h"  // tests/engine/real_models.h
 #include "serve/engine_loop.h"
 #include "tqkv/error.h"

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
-#include "engine/recipe_fit.h"
+#include "engine/model/model.h"
+#include "engine/cache/recipe_fit.h"
 
 namespace tqkv::eval {
 

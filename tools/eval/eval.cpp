@@ -9,7 +9,7 @@
 #include <stdexcept>
 
 #include "perplexity.h"
-#include "engine/sampler.h"
+#include "engine/core/sampler.h"
 #include "tqkv/error.h"
 
 namespace tqkv::eval {

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/cache_spec.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/cache/cache_spec.h"
+#include "engine/model/model.h"
+#include "engine/gguf/tokenizer.h"
 
 namespace tqkv::eval {
 

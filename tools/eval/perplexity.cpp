@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cmath>
 
-#include "engine/cache_spec.h"
-#include "engine/sampler.h"
+#include "engine/cache/cache_spec.h"
+#include "engine/core/sampler.h"
 #include "tqkv/error.h"
 
 namespace tqkv::eval {

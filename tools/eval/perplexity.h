@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 namespace tqkv::eval {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/recipe_fit.h"
+#include "engine/cache/recipe_fit.h"
 
 namespace tqkv::eval {
 

@@ -7,9 +7,9 @@
 #include <span>
 #include <vector>
 
-#include "engine/dequant.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/weights/dequant.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/tokenizer.h"
 #include "tqkv/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -16,8 +16,8 @@ mkdir -p "$OUT/corpus"
 CXX="${CXX_FUZZ:-clang++}"
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$ROOT/include" -I"$ROOT/src" \
-  "$ROOT/tests/engine/fuzz/fuzz_gguf.cpp" "$ROOT/src/engine/gguf.cpp" "$ROOT/src/engine/dequant.cpp" \
-  "$ROOT/src/engine/tokenizer.cpp" -o "$OUT/fuzz_gguf"
+  "$ROOT/tests/engine/fuzz/fuzz_gguf.cpp" "$ROOT/src/engine/gguf/gguf.cpp" "$ROOT/src/engine/weights/dequant.cpp" \
+  "$ROOT/src/engine/gguf/tokenizer.cpp" -o "$OUT/fuzz_gguf"
 cd "$OUT"
 ./fuzz_gguf -max_total_time="$SECONDS_TO_RUN" -max_len=8192 -rss_limit_mb=2048 -timeout=10 \
   corpus "$ROOT/tests/engine/fuzz_corpus"

@@ -1,0 +1,94 @@
+// The cache layer: a model's KV cache with everything its spec adds (cache_spec.h) —
+// per-layer formats and skipped layers, key centring and channel scales, attention sinks, the
+// recent window, layer types — behind one interface that every device implements
+// (cpu_kv_cache.h; the CUDA device adds its own). The model definition calls attend() once
+// per layer and knows nothing of formats, copies or centring; the scheduler reads bytes().
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+
+#include "engine/core/batch.h"
+#include "engine/cache/cache_spec.h"
+
+namespace tqkv::engine {
+
+// Sizes of a cache to make: positions per sequence and how many sequences it serves at once.
+struct CacheShape {
+  int capacity = 0;
+  int max_seqs = 1;
+};
+
+// Called by attend() with a layer's new keys (after RoPE and centring, before they are
+// stored) and its queries, both in device memory: calibration reads them (calibrate.h), a
+// study may rewrite the keys. k: [n, n_kv_heads, head_dim], q: [n, n_heads, head_dim].
+using KeyHook = std::function<void(int layer, int n, float* k, const float* q)>;
+
+class KvCache {
+ public:
+  explicit KvCache(const CacheSpec& spec, const CacheShape& shape) : spec_(spec), shape_(shape) {}
+  virtual ~KvCache() = default;
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const CacheSpec& spec() const { return spec_; }
+  int capacity() const { return shape_.capacity; }  // positions per sequence
+  int max_seqs() const { return shape_.max_seqs; }
+
+  // Sequences. Ids are never reused; an unknown id throws tqkv::Error(OutOfRange).
+  // add_sequence throws Error(Capacity) when max_seqs are live.
+  virtual int64_t add_sequence() = 0;
+  virtual void free_sequence(int64_t seq) = 0;
+  virtual int64_t seq_len(int64_t seq) const = 0;
+
+  // The most tokens of one sequence a single step may append (the copies' workspace); the
+  // model splits longer batches, and attend() refuses them.
+  virtual int max_step_tokens() const = 0;
+
+  // Checks a whole batch before a forward changes anything (however many steps it then takes):
+  // known sequences, each run starting at the sequence's length, room for it. Throws
+  // tqkv::Error (OutOfRange, Capacity).
+  virtual void check(const Batch& batch) const = 0;
+
+  // One layer of a step (the batch passed check()): centres k and scales q as the spec asks,
+  // stores k and v at the batch's positions, then computes the causal attention of every query
+  // over its sequence's cached positions, the new ones included (GQA; the layer's sliding
+  // window). Device memory:
+  //   q: [n, n_heads, head_dim] (scaled in place by channel scales), k: [n, n_kv_heads,
+  //   head_dim] (centred in place), v: [n, n_kv_heads, head_dim], out: [n, n_heads, head_dim].
+  virtual void attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) = 0;
+
+  // Decodes positions [start, start + count) of one sequence and layer, keys or values, into
+  // host memory out [count, n_kv_heads, head_dim], in the model's domain: centring and channel
+  // scales undone (k = s * decoded + mu), so a caller never sees the cache's internal shift.
+  // Throws tqkv::Error(OutOfRange) for positions the sequence does not hold.
+  virtual void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const = 0;
+
+  // Prefix sharing: makes the empty sequence dst hold the first n positions of src, copied as
+  // stored (compressed slots, sink and window copies; nothing recomputed), so that dst goes on
+  // at position n. Returns false, changing nothing, where the cache cannot (a device without
+  // it, copies src no longer holds); the caller then computes the positions. Throws
+  // tqkv::Error(OutOfRange) for unknown sequences, a dst that is not empty or n > seq_len(src).
+  virtual bool copy_prefix(int64_t src, int64_t dst, int64_t n) {
+    (void)src, (void)dst, (void)n;
+    return false;
+  }
+
+  // Memory holding one sequence's positions, by the one accounting every command reports
+  // (CacheSpec::bytes, cache_spec.h).
+  CacheBytes bytes(int64_t seq) const {
+    return spec_.bytes(std::min<int64_t>(seq_len(seq), shape_.capacity), shape_.capacity);
+  }
+
+  void set_key_hook(KeyHook hook) { hook_ = std::move(hook); }
+
+ protected:
+  const KeyHook& key_hook() const { return hook_; }
+
+ private:
+  CacheSpec spec_;
+  CacheShape shape_;
+  KeyHook hook_;
+};
+
+}  // namespace tqkv::engine

@@ -1,0 +1,79 @@
+// The CPU cache layer: each sequence owns a tqkv::ContiguousCache of the spec's per-layer
+// formats (a ring of `capacity` positions) and, when the spec asks for copies, a RecentWindow
+// (sinks and recent window, merged with the compressed part by log-sum-exp). Sliding-window
+// layers (Gemma 3's local layers) live in a second ContiguousCache whose ring holds only
+// CacheSpec::ring_positions (the window plus one step), with copies of their own. Attention
+// runs on the compressed slots through tqkv::attention (SIMD, threads).
+#pragma once
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/cache/key_centring.h"
+#include "engine/cache/kv_cache.h"
+#include "engine/cache/recent_window.h"
+#include "tqkv/contiguous_cache.h"
+
+namespace tqkv::engine {
+
+class CpuKvCache final : public KvCache {
+ public:
+  // Throws tqkv::Error(InvalidArgument) for a capacity or sequence count below 1.
+  CpuKvCache(const CacheSpec& spec, const CacheShape& shape);
+
+  int64_t add_sequence() override;
+  void free_sequence(int64_t seq) override;
+  int64_t seq_len(int64_t seq) const override;
+  int max_step_tokens() const override;
+  void check(const Batch& batch) const override;
+  void attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) override;
+  void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
+  bool copy_prefix(int64_t src, int64_t dst, int64_t n) override;
+
+  // attend() in two steps, for callers that get the keys and values of a layer before its
+  // queries (tqkv.transformers): store() centres k in place and writes k, v at the batch's
+  // positions; attend_stored() scales q in place and computes the attention of the batch's
+  // queries over what is stored, those positions included. attend() = store + attend_stored
+  // (no key hook here). A sequence may take at most max_step_tokens() positions between the two.
+  // The layer's last store() is kept (its keys and values as given), so that attend_stored()
+  // folds each query's own position in from it as attend() does (RecentWindow::attention).
+  void store(int layer, const Batch& batch, float* k, const float* v);
+  void attend_stored(int layer, const Batch& batch, float* q, float* out);
+
+  // The compressed cache of one sequence (tests, tools that read slots; keys as stored, centred).
+  const ContiguousCache& slots(int64_t seq) const { return at(seq).main; }
+  const KeyCentring& centring() const { return centring_; }
+
+ private:
+  struct Sequence {
+    ContiguousCache main;                   // full-attention layers (every layer without a ring)
+    std::unique_ptr<ContiguousCache> ring;  // sliding-window layers, when they keep a ring
+    std::unique_ptr<RecentWindow> copies;       // the copies of main's layers
+    std::unique_ptr<RecentWindow> ring_copies;  // the copies of ring's layers
+  };
+  // The copies of a layer of seq (null when it has none), by its index in main or ring.
+  RecentWindow* copies_of(Sequence& s, int layer) const;
+  const Sequence& at(int64_t seq) const;
+  void write(int layer, const Batch& batch, const float* k, const float* v);
+  // k_new, v_new: the batch's keys and values as written, folded in exactly at each query's own
+  // position (layers with copies; null: every position read back from the cache).
+  void attention(int layer, const Batch& batch, const float* q, float* out, const float* k_new, const float* v_new);
+
+  // A layer's last store(): the batch it wrote and its keys (centred) and values.
+  struct Stored {
+    std::vector<Batch::Run> runs;
+    std::vector<float> k, v;
+  };
+  std::vector<Stored> stored_;  // [n_layers]
+  bool fold_newest_ = true;     // TQKV_FOLD_NEWEST=0: every position read back from the cache
+
+  KeyCentring centring_;
+  ContiguousCacheConfig config_, ring_config_;
+  std::vector<int> index_;    // [n_layers]: the layer's index in main or ring
+  std::vector<bool> in_ring_;  // [n_layers]
+  int window_ = 0;
+  std::unordered_map<int64_t, Sequence> seqs_;
+  int64_t next_id_ = 0;
+};
+
+}  // namespace tqkv::engine
