@@ -68,6 +68,7 @@
 #include <type_traits>
 
 #include "kernel.h"
+#include "tqkv/options.h"
 
 namespace tqkv::cpu {
 namespace {
@@ -407,7 +408,7 @@ struct Kernel {
   }
 
   static bool shared_levels() {
-    static const bool on = [] { const char* e = std::getenv("TQKV_SHARED_LEVELS"); return !e || *e != '0'; }();
+    static const bool on = env_bool("TQKV_SHARED_LEVELS");
     return on;
   }
 

@@ -250,24 +250,11 @@ bool CacheCodec::decode_supported() const { return detail::find_kernel(*this).fn
 
 namespace {
 
-// A minimum of tiles per warp from the environment variable `name` (1 to 32), else `fallback`.
-int min_tiles_env(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  if (*end || v < 1 || v > 32) detail::throw_arg(std::string(name) + "=" + e + ": give 1 to 32");
-  return static_cast<int>(v);
-}
-
 // Whether a grid fills one CTA an SM ("sms") rather than every resident CTA slot ("slots"): the
 // environment variable `name`, else `fallback`.
 bool fill_sms_env(const char* name, bool fallback) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return fallback;
-  const std::string v = e;
-  if (v != "slots" && v != "sms") detail::throw_arg(std::string(name) + "=" + v + ": give slots or sms");
-  return v == "sms";
+  const std::optional<std::string> v = env_choice_if_set(name);
+  return v ? *v == "sms" : fallback;
 }
 
 }  // namespace
@@ -310,8 +297,8 @@ DecodePlan plan_decode(const CacheCodec& codec, const PagedKv& kv, int batch, in
       const int64_t ctas16 = std::max<int64_t>(1, tiles / (16 * k.warps));
       return units * ctas16 * 10 >= device_sms() * 9 ? 16 : 8;
     };
-    const int64_t min_tiles = tiles <= 512 ? min_tiles_env("TQKV_DECODE_MIN_TILES", 2)
-                                           : min_tiles_env("TQKV_DECODE_LONG_MIN_TILES", long_min_tiles());
+    const int64_t min_tiles = tiles <= 512 ? env_count("TQKV_DECODE_MIN_TILES")
+                                           : env_count("TQKV_DECODE_LONG_MIN_TILES", long_min_tiles());
     // Short contexts: at most one cluster of CTAs per (sequence, kv head), merged in DSMEM.
     const int64_t cap = tiles > 512 ? kMaxSplits / k.warps
                         : use_cluster(k, units, kMaxClusterCtasNonPortable) ? kMaxClusterCtasNonPortable

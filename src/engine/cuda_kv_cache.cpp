@@ -9,7 +9,7 @@
 #include <string>
 
 #include "tqkv/cuda_ops.h"
-#include "tqkv/env.h"
+#include "tqkv/options.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -77,45 +77,27 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   const ModelConfig& m = spec.model;
   sinks_ = spec.sinks;
   window_ = spec.window_at(shape.capacity);
-  if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
-  sliding_rows_ = env_count("TQKV_SLIDING_ROWS", "(0 or 1: sliding-window layers attend as decode rows)", 1, 0, 1) != 0;
-  copies_tiled_ = env_count("TQKV_COPIES_TILED", "(0 or 1: copies' prefill runs may take the tiled kernel)", 1, 0, 1) != 0;
-  empty_middles_ = env_count("TQKV_EMPTY_MIDDLES", "(0 or 1: no CTA for a middle the window covers)", 1, 0, 1) != 0;
-  sliding_plan_ = env_count("TQKV_SLIDING_PLAN", "(0 or 1: sliding layers plan their decode for their window)", 1, 0, 1) != 0;
-  fold_newest_ = env_count("TQKV_FOLD_NEWEST", "(0 or 1: fold each query's own position in exactly)", 1, 0, 1) != 0;
-  if (const char* e = std::getenv("TQKV_FUSED_STORE")) fused_store_ = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_STORE_SPLIT_KV")) store_split_kv_ = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_FUSED_SPREAD")) fused_options_.spread = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_FUSED_CLUSTER")) fused_options_.cluster = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_FUSED_CLUSTER_FIT")) fused_options_.cluster_fit = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_FUSED_SHORT_FIRST")) {
-    const std::string v = e;
-    if (v != "0" && v != "1" && v != "auto" && !v.empty())
-      throw Error(ErrorCode::InvalidArgument, "TQKV_FUSED_SHORT_FIRST=" + v + ": give 0, 1 or auto");
-    fused_options_.short_first = v == "0" ? 0 : v == "1" ? 1 : -1;
-  }
-  if (const char* e = std::getenv("TQKV_PLAN_BY_LEN")) plan_by_len_ = std::string(e) != "0";
-  fused_options_.main_tiles_per_warp =
-      static_cast<int>(env_count("TQKV_FUSED_MAIN_TILES", "tiles per warp", 0, 0, 1 << 20));
-  fused_options_.copy_tiles_per_warp = static_cast<int>(
-      env_count("TQKV_FUSED_COPY_TILES", "tiles per warp", fused_options_.copy_tiles_per_warp, 1, 1 << 20));
-  if (const char* e = std::getenv("TQKV_PREFILL_PATH")) {
-    const std::string path = e;
-    if (path == "tiled")
-      prefill_path_ = PrefillPath::Tiled;
-    else if (path == "rows")
-      prefill_path_ = PrefillPath::Rows;
-    else if (path != "auto" && !path.empty())
-      throw Error(ErrorCode::InvalidArgument, "TQKV_PREFILL_PATH=" + path + ": give auto, tiled or rows");
-  }
-  fused_max_rows_ = static_cast<int>(env_count("TQKV_FUSED_MAX_ROWS", "rows", kFusedMaxRows, 0, INT_MAX));
-  tiled_from_ = env_count("TQKV_PREFILL_TILED_FROM", "queries", kPrefillTiledFrom, 2, LLONG_MAX);
-  if (const char* e = std::getenv("TQKV_PREFILL_WORKSPACE")) {
-    const std::string ws = e;
-    if (ws != "f16" && ws != "bf16" && !ws.empty())
-      throw Error(ErrorCode::InvalidArgument, "TQKV_PREFILL_WORKSPACE=" + ws + ": give f16 or bf16");
-    workspace_bf16_ = ws == "bf16";
-  }
+  fused_ = env_bool("TQKV_FUSED_DECODE");
+  sliding_rows_ = env_bool("TQKV_SLIDING_ROWS");
+  copies_tiled_ = env_bool("TQKV_COPIES_TILED");
+  empty_middles_ = env_bool("TQKV_EMPTY_MIDDLES");
+  sliding_plan_ = env_bool("TQKV_SLIDING_PLAN");
+  fold_newest_ = env_bool("TQKV_FOLD_NEWEST");
+  fused_store_ = env_bool("TQKV_FUSED_STORE");
+  store_split_kv_ = env_bool("TQKV_STORE_SPLIT_KV");
+  fused_options_.spread = env_bool("TQKV_FUSED_SPREAD");
+  fused_options_.cluster = env_bool("TQKV_FUSED_CLUSTER");
+  fused_options_.cluster_fit = env_bool("TQKV_FUSED_CLUSTER_FIT");
+  const std::string short_first = env_choice("TQKV_FUSED_SHORT_FIRST");
+  fused_options_.short_first = short_first == "0" ? 0 : short_first == "1" ? 1 : -1;
+  plan_by_len_ = env_bool("TQKV_PLAN_BY_LEN");
+  fused_options_.main_tiles_per_warp = static_cast<int>(env_count("TQKV_FUSED_MAIN_TILES"));
+  fused_options_.copy_tiles_per_warp = static_cast<int>(env_count("TQKV_FUSED_COPY_TILES"));
+  const std::string path = env_choice("TQKV_PREFILL_PATH");
+  prefill_path_ = path == "tiled" ? PrefillPath::Tiled : path == "rows" ? PrefillPath::Rows : PrefillPath::Auto;
+  fused_max_rows_ = static_cast<int>(env_count("TQKV_FUSED_MAX_ROWS", kFusedMaxRows));
+  tiled_from_ = env_count("TQKV_PREFILL_TILED_FROM", kPrefillTiledFrom);
+  workspace_bf16_ = env_choice("TQKV_PREFILL_WORKSPACE") == "bf16";
   if (copies()) {
     // Sliding-window layers take the copies with their window as a cut of every part; a sink is
     // read while it is inside the window (one sink: all or nothing, so one per-row length).
@@ -143,7 +125,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   if (longest_ring > 0) slide_ring_blocks_ = static_cast<int>((longest_ring + kBlockSize - 1) / kBlockSize) + 1;
   if (slide_ring_blocks_ >= blocks_per_seq_) slide_ring_blocks_ = 0;  // no smaller than the whole sequence
   // TQKV_GPU_RINGS=0: every position of every layer kept, as before (before/after runs in one binary).
-  if (env_count("TQKV_GPU_RINGS", "(0 or 1: sliding-window layers keep rings)", 1, 0, 1) == 0) slide_ring_blocks_ = 0;
+  if (!env_bool("TQKV_GPU_RINGS")) slide_ring_blocks_ = 0;
   layers_.reserve(m.n_layers);
   try {
     for (int l = 0; l < m.n_layers; ++l) {
