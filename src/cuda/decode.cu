@@ -401,7 +401,10 @@ detail::FusedKernel fused_kernel(const DecodePart (&parts)[3]) {
 }  // namespace
 
 // The middle takes plan_decode's CTAs (it fills the device as a plain decode would); the window
-// and the sinks, short ranges, one CTA per options.copy_tiles_per_warp tiles a warp, at most 8.
+// and the sinks, short ranges, one CTA per kCopyTilesPerWarp tiles a warp, at most 8 (8 and 16
+// tiles measured within 2% of 4 on the H200, fewer and more middle CTAs within 1.5%). Each
+// part's splits share the tiles of its own key range (known before its first page id is read,
+// since the parts have cuts), so a sequence far shorter than the cache keeps every split busy.
 FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n_q_heads,
                                   const FusedDecodeOptions& options) {
   using namespace detail;
@@ -415,7 +418,8 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
   for (int i : {kFusedWindow, kFusedSinks}) {
     if (!parts[i].codec) continue;
     const int tiles = (std::max(parts[i].max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
-    const int per_cta = std::max(1, options.copy_tiles_per_warp) * k.warps;
+    constexpr int kCopyTilesPerWarp = 4;
+    const int per_cta = kCopyTilesPerWarp * k.warps;
     plan.ctas[i] = std::clamp((tiles + per_cta - 1) / per_cta, 1, 8);
     others += plan.ctas[i];
   }
@@ -423,12 +427,6 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
   // A middle with no positions (max_seq_len 0: the window covers every position a row may read,
   // as in a sliding-window layer whose copy spans its whole window) takes no CTA at all.
   if (parts[kFusedMain].max_seq_len == 0 && others > 0) plan.ctas[kFusedMain] = 0;
-  if (options.main_tiles_per_warp > 0 && plan.ctas[kFusedMain] > 0) {
-    const int64_t tiles = (std::max(parts[kFusedMain].max_seq_len, 1) + kTileTokens - 1) / kTileTokens;
-    const int64_t per_cta = static_cast<int64_t>(options.main_tiles_per_warp) * k.warps;
-    plan.ctas[kFusedMain] =
-        static_cast<int>(std::clamp<int64_t>((tiles + per_cta - 1) / per_cta, 1, plan.ctas[kFusedMain]));
-  }
   // The copies' parts (a few hundred positions at most) take no more CTAs per (row, kv head) than
   // the compressed middle: with many rows (prefill chunks as decode rows) plan_decode gives the
   // middle one CTA each, and a fixed share of up to 8 for the window left most CTAs nearly idle.
@@ -441,14 +439,7 @@ FusedDecodePlan plan_fused_decode(const DecodePart (&parts)[3], int batch, int n
         plan.ctas[i] = std::min(plan.ctas[i], plan.ctas[kFusedMain]);
       }
   const int64_t units = static_cast<int64_t>(batch) * parts[kFusedMain].kv.n_kv_heads;
-  plan.spread = options.spread;
-  if (options.cluster) {
-    const int room = kMaxClusterCtasNonPortable - others;
-    if (options.cluster_fit && options.spread && room >= 1 && plan.ctas[kFusedMain] > room &&
-        use_cluster(k, units, kMaxClusterCtasNonPortable))
-      plan.ctas[kFusedMain] = room;
-    plan.cluster_merge = use_cluster(k, units, plan.ctas[kFusedMain] + others);
-  }
+  if (options.cluster) plan.cluster_merge = use_cluster(k, units, plan.ctas[kFusedMain] + others);
   // The short parts first only where the grid takes more than one wave: in one wave every CTA
   // starts at once whatever the order, and on the H200 the grid order was then 9% faster (batch
   // 1 x 32K, 35 CTAs).
@@ -501,7 +492,7 @@ void run_fused_decode(const DecodePart (&parts)[3], const DecodeArgs& a, const F
       // The softmax scale is the query's, whichever part's head dim rounding: the middle's.
       if (pa.params.scale == 0) pa.params.scale = 1.0f / std::sqrt(static_cast<float>(main.head_dim()));
       fp.part[i] = range_params(*part.codec, part.kv, pa, plan.ctas[i] * k.warps, part.max_seq_len);
-      fp.part[i].spread = plan.spread;
+      fp.part[i].spread = true;
       end += plan.ctas[i];
     }
     fp.cta_end[i] = end;

@@ -133,14 +133,14 @@ TEST(Options, TheRegistryIsWellFormed) {
 }
 
 // docs/ENV.md: one row per registry entry in its tables, `| \`NAME\` | takes | default | what |`,
-// the takes and the default as the registry says; the tests' section lists only names the
-// registry does not have.
+// the takes and the default as the registry says; the tests' section and the deleted switches'
+// list only names the registry does not have.
 TEST(Options, TheDocsTableIsTheRegistry) {
   std::ifstream in(std::string(TQKV_SOURCE_DIR) + "/docs/ENV.md");
   ASSERT_TRUE(in) << "docs/ENV.md";
   std::map<std::string, std::pair<std::string, std::string>> rows;  // name -> (takes, default)
-  std::set<std::string> test_only;
-  bool tests_section = false;
+  std::set<std::string> not_read;  // the tests' variables and the deleted switches
+  bool other_section = false;
   auto cell = [](std::string s) {
     while (!s.empty() && s.front() == ' ') s.erase(0, 1);
     while (!s.empty() && s.back() == ' ') s.pop_back();
@@ -148,13 +148,17 @@ TEST(Options, TheDocsTableIsTheRegistry) {
     return s;
   };
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind("## ", 0) == 0) tests_section = line.find("tests") != std::string::npos;
+    if (line.rfind("## ", 0) == 0)
+      other_section = line.find("tests") != std::string::npos || line.find("Deleted") != std::string::npos;
     if (line.rfind("| `TQKV_", 0) != 0) continue;
     std::vector<std::string> cells;
     std::stringstream ss(line.substr(1));
     for (std::string c; std::getline(ss, c, '|');) cells.push_back(cell(c));
-    if (tests_section) {
-      test_only.insert(cells[0]);
+    if (other_section) {
+      std::string names;  // "`A`, `B`" in one cell: both
+      for (char ch : cells[0]) names += ch == '`' || ch == ' ' ? "" : std::string(1, ch);
+      std::stringstream ns(names);
+      for (std::string n; std::getline(ns, n, ',');) not_read.insert(n);
       continue;
     }
     ASSERT_GE(cells.size(), 4u) << line;
@@ -171,10 +175,10 @@ TEST(Options, TheDocsTableIsTheRegistry) {
     EXPECT_EQ(it->second.first, tqkv::option_allowed(o)) << "row of " << o.name << "; the registry's:\n" << want;
     EXPECT_EQ(it->second.second, o.fallback) << "row of " << o.name << "; the registry's:\n" << want;
     rows.erase(it);
-    EXPECT_EQ(test_only.count(o.name), 0u) << o.name << " is read by the product, not only by the tests";
+    EXPECT_EQ(not_read.count(o.name), 0u) << o.name << " is read by the product, not only by the tests or deleted";
   }
   for (const auto& [name, r] : rows) ADD_FAILURE() << name << " is in docs/ENV.md but tqkv does not read it";
-  EXPECT_TRUE(test_only.count("TQKV_TEST_SEED")) << "docs/ENV.md lists the tests' variables too";
+  EXPECT_TRUE(not_read.count("TQKV_TEST_SEED")) << "docs/ENV.md lists the tests' variables too";
 }
 
 }  // namespace
