@@ -10,7 +10,7 @@
 #   scripts/gpu_prefill_ab.sh MODEL OUT [FORMATS] [DEPTHS]
 #     FORMATS default f16,turboquant_4bit_nc,tq-4.375; DEPTHS default 1024,4096,8192,16384.
 #     TQKV: the binary (default: the first tqkv under /tmp/b, else build-gpu/tqkv).
-#     MODES: the paths to run (default "tensor-cores unsplit warps8 rows scalar-tiled copies-as-rows").
+#     MODES: the paths to run (default "tensor-cores unsplit warps8 rows scalar-tiled").
 #   scripts/gpu_prefill_ab.sh --table OUT     the tables again from OUT's JSON files
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -51,9 +51,8 @@ modes=("tensor-cores:TQKV_PREFILL_PATH=auto"
        "unsplit:TQKV_PREFILL_PATH=auto TQKV_PREFILL_SPLITS=1"
        "warps8:TQKV_PREFILL_PATH=auto TQKV_PREFILL_WARPS=8"
        "rows:TQKV_PREFILL_PATH=rows"
-       "scalar-tiled:TQKV_PREFILL_PATH=tiled TQKV_PREFILL_KERNEL=scalar TQKV_COPIES_TILED=0"
-       "copies-as-rows:TQKV_PREFILL_PATH=auto TQKV_COPIES_TILED=0")
-want=" ${MODES:-tensor-cores unsplit warps8 rows scalar-tiled copies-as-rows} "
+       "scalar-tiled:TQKV_PREFILL_PATH=tiled TQKV_PREFILL_KERNEL=scalar")
+want=" ${MODES:-tensor-cores unsplit warps8 rows scalar-tiled} "
 for m in "${modes[@]}"; do
   name=${m%%:*} envs=${m#*:}
   [[ "$want" == *" $name "* ]] || continue

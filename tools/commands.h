@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 void register_formats(CLI::App& app);
+void register_env(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_codebook(CLI::App& app);
 void register_quality(CLI::App& app);

@@ -3,13 +3,16 @@
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <iostream>
+#include <string_view>
 
 #include "commands.h"
+#include "tqkv/options.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tqkv: TurboQuant-style compressed KV caches — formats, codebooks, quality, engine"};
   app.require_subcommand(1);
   register_formats(app);
+  register_env(app);
   register_bench(app);
   register_codebook(app);
   register_quality(app);
@@ -26,6 +29,8 @@ int main(int argc, char** argv) {
   register_serve(app);
 #endif
   try {
+    // Every TQKV_* variable checked before any work (`tqkv env` shows a bad one, then fails).
+    if (argc < 2 || std::string_view(argv[1]) != "env") tqkv::check_options();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -203,9 +203,7 @@ FusedRow time_fused(const tqkv::cuda::CacheCodec& codec, const tqkv::cuda::Paged
   a.batch = s.batch;
   a.params.n_q_heads = s.hq;
   a.params.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
-  tc::FusedDecodeOptions options;  // TQKV_FUSED_COPY_TILES as the engine reads it
-  if (const char* e = std::getenv("TQKV_FUSED_COPY_TILES")) options.copy_tiles_per_warp = std::max(1, std::atoi(e));
-  const tc::FusedDecodePlan fplan = tc::plan_fused_decode(parts, s.batch, s.hq, options);
+  const tc::FusedDecodePlan fplan = tc::plan_fused_decode(parts, s.batch, s.hq, tc::FusedDecodeOptions{});
   void* fws = nullptr;
   CK(cudaMalloc(&fws, std::max<size_t>(fplan.workspace_bytes, 256)));
   tc::init_fused_decode_workspace(fplan, s.hkv, fws);

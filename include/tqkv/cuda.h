@@ -188,31 +188,16 @@ struct FusedDecodePlan {
   int ctas[3] = {0, 0, 0};  // CTAs per (sequence, kv head) of each part
   size_t workspace_bytes = 0;
   bool cluster_merge = false;  // the CTAs of a (sequence, kv head) merge as one cluster, in DSMEM
-  bool spread = false;         // each part's splits share its own key range, not max_seq_len's tiles
   bool short_first = false;    // without a cluster merge: the window's and sinks' CTAs start first
 };
 // The choices of plan_fused_decode; the defaults are the measured ones
-// (docs/journal/RESULTS-journal.md, "Batch 1, kernel by kernel"), the others stay selectable to
-// compare (engine: TQKV_FUSED_SPREAD, TQKV_FUSED_SHORT_FIRST, TQKV_FUSED_CLUSTER,
-// TQKV_FUSED_CLUSTER_FIT).
+// (docs/journal/RESULTS-journal.md, "Batch 1, kernel by kernel"), the others stay selectable
+// (engine: TQKV_FUSED_CLUSTER, TQKV_FUSED_SHORT_FIRST).
 struct FusedDecodeOptions {
-  // Each part's splits share the tiles of its own key range (known before its first page id is
-  // read, since the parts have cuts) instead of max_seq_len's: a sequence far shorter than the
-  // cache keeps every split busy.
-  bool spread = true;
   // Where every (sequence, kv head)'s CTAs fit one resident thread-block cluster (at most 16, the
   // whole grid resident: batch 1), they merge in distributed shared memory, not through the
   // workspace and a counter.
   bool cluster = true;
-  // With spread and cluster: cap the middle's CTAs so that a (sequence, kv head) fits one cluster
-  // where the whole grid then stays resident.
-  bool cluster_fit = false;
-  // > 0: the middle takes no more CTAs than one per this many tiles a warp over its plan length
-  // (fewer, longer CTAs: fewer prologues and a smaller merge for a short middle); 0: as many as
-  // plan_decode gives it.
-  int main_tiles_per_warp = 0;
-  // The window's and the sinks' parts take one CTA per this many tiles a warp (at most 8 CTAs).
-  int copy_tiles_per_warp = 4;
   // Without a cluster merge, the grid starts every (sequence, kv head)'s window and sink CTAs
   // before any middle CTA (the longest), instead of one (sequence, kv head) after another:
   // 1 always, 0 never, -1 (the default) where the grid takes more than one wave.

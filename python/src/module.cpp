@@ -4,8 +4,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <stdexcept>
+#include <string>
+
 #include "bindings.h"
 #include "tqkv/error.h"
+#include "tqkv/options.h"
 #include "tqkv/simd.h"
 #include "tqkv/threads.h"
 
@@ -55,6 +59,28 @@ NB_MODULE(_core, m) {
   m.def(
       "set_simd_level", [](const std::string& name) { tqkv::set_simd_level(tqkv::parse_simd_level(name)); },
       nb::arg("name"), "Forces a CPU kernel level ('scalar', 'avx2', 'avx512'); raises Error if the CPU lacks it.");
+
+  m.def(
+      "env",
+      [](const std::string& name) -> nb::object {
+        const tqkv::OptionInfo& o = tqkv::option_info(name);
+        const char* n = o.name;
+        try {  // each reader's strict parse; a default worked out at run time is std::logic_error here
+          switch (o.kind) {
+            case tqkv::OptionKind::Bool: return nb::bool_(tqkv::env_bool(n));
+            case tqkv::OptionKind::Count: return nb::int_(tqkv::env_count(n));
+            case tqkv::OptionKind::Choice: return nb::str(tqkv::env_choice(n).c_str());
+            case tqkv::OptionKind::Path:
+            case tqkv::OptionKind::Text: return nb::str(tqkv::env_text(n).c_str());
+          }
+        } catch (const std::logic_error&) {
+        }
+        return nb::none();
+      },
+      nb::arg("name"),
+      "The value of the TQKV_* variable `name` as tqkv reads it (bool, int or str; a path or text '' where "
+      "unset; None where the default is worked out at run time); raises Error for a malformed value or a "
+      "name tqkv does not read. `tqkv env` lists them all.");
 
   tqkv::python::bind_format(m);
   tqkv::python::bind_caches(m);

@@ -78,7 +78,7 @@ _ARCH = {"gemma3_text": "gemma3", "gemma3": "gemma3", "qwen2": "qwen2", "llama":
 def _recipe_dirs() -> list[str]:
     """$TQKV_RECIPES (colon-separated), ./recipes, the package's recipes/, the source tree's."""
     here = os.path.dirname(os.path.abspath(__file__))
-    dirs = [d for d in os.environ.get("TQKV_RECIPES", "").split(":") if d]
+    dirs = [d for d in _core.env("TQKV_RECIPES").split(":") if d]
     dirs += ["recipes", os.path.join(here, "recipes"), os.path.join(here, "..", "..", "recipes")]
     out, seen = [], set()
     for d in dirs:
@@ -250,10 +250,7 @@ _DEVICE_PATH_ON_CPU = False
 
 def _fold_newest() -> bool:
     """TQKV_FOLD_NEWEST as the engine reads it: each query's own position folded in exactly (default)."""
-    v = os.environ.get("TQKV_FOLD_NEWEST", "")
-    if v not in ("", "0", "1"):
-        raise ValueError(f"TQKV_FOLD_NEWEST={v}: give 0 or 1")
-    return v != "0"
+    return _core.env("TQKV_FOLD_NEWEST")
 
 
 def _device_path(device: torch.device) -> bool:

@@ -406,11 +406,6 @@ struct Kernel {
     return n;
   }
 
-  static bool shared_levels() {
-    static const bool on = [] { const char* e = std::getenv("TQKV_SHARED_LEVELS"); return !e || *e != '0'; }();
-    return on;
-  }
-
   // The SIMD builds' int8 value sums of one tile for all R rows when they take more than one
   // pass (GQA 4 and up): each block of 4W channels has its keys' level vectors decoded once into
   // a buffer in L1, then every pass of rows reads them there, instead of each pass decoding them
@@ -482,7 +477,7 @@ struct Kernel {
     if constexpr (has_i8_values<I>()) {
       const int d = f.dim;
       constexpr int kRows = i8v_rows<I>();
-      if (W > 1 && i8v_pass_rows(R) < R && shared_levels()) {  // several passes: levels decoded once
+      if (W > 1 && i8v_pass_rows(R) < R) {  // several passes: levels decoded once
         const auto go = [&](auto b) {
           constexpr int B = decltype(b)::value;
           if constexpr (I::i8v_block(B) > 0)

@@ -2,11 +2,12 @@
 #include "tqkv/simd.h"
 
 #include <atomic>
-#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "kernel.h"
 #include "tqkv/error.h"
+#include "tqkv/options.h"
 
 namespace tqkv {
 namespace {
@@ -19,11 +20,11 @@ std::atomic<int> g_scores{kUnset};
 
 SimdLevel level_from_env() {
   SimdLevel level = detected_simd_level();
-  if (const char* env = std::getenv("TQKV_SIMD"); env && *env) {
-    const SimdLevel want = parse_simd_level(env);
+  if (const std::optional<std::string> env = env_choice_if_set("TQKV_SIMD")) {
+    const SimdLevel want = parse_simd_level(*env);
     if (!simd_level_supported(want))
       throw Error(ErrorCode::InvalidArgument,
-                  "TQKV_SIMD=" + std::string(env) + " is not supported by this CPU (best: " +
+                  "TQKV_SIMD=" + *env + " is not supported by this CPU (best: " +
                       std::string(simd_level_name(level)) + ")");
     level = want;
   }
@@ -106,8 +107,7 @@ KeyScores parse_key_scores(std::string_view name) {
 KeyScores active_key_scores() {
   int v = g_scores.load(std::memory_order_relaxed);
   if (v == kUnset) {
-    const char* env = std::getenv("TQKV_SCORES");
-    v = static_cast<int>(env && *env ? parse_key_scores(env) : KeyScores::Int8);
+    v = static_cast<int>(parse_key_scores(env_choice("TQKV_SCORES")));
     int expected = kUnset;
     g_scores.compare_exchange_strong(expected, v);
     v = g_scores.load(std::memory_order_relaxed);

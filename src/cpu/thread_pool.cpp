@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "tqkv/env.h"
+#include "tqkv/options.h"
 #include "tqkv/threads.h"
 
 namespace tqkv {
@@ -28,7 +28,7 @@ int num_threads() {
   int n = g_threads.load(std::memory_order_relaxed);
   if (n > 0) return n;
   n = static_cast<int>(std::thread::hardware_concurrency());
-  n = static_cast<int>(env_count("TQKV_THREADS", "threads", n, 1, 4096));
+  n = static_cast<int>(env_count("TQKV_THREADS", n));
   return n > 0 ? n : 1;
 }
 
@@ -40,7 +40,7 @@ namespace {
 // Read on the caller's thread (Pool::run asks before it starts any worker), so a malformed
 // value reaches the caller as an Error rather than a worker.
 int spin_from_env() {
-  return static_cast<int>(env_count("TQKV_POOL_SPIN_US", "microseconds", kDefaultPoolSpinUs, 0, 1'000'000));
+  return static_cast<int>(env_count("TQKV_POOL_SPIN_US", kDefaultPoolSpinUs));
 }
 
 std::atomic<int> g_spin_us{-1};  // -1: not read from the environment yet

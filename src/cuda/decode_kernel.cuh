@@ -33,9 +33,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "decode.cuh"
 #include "mma.cuh"
+#include "tqkv/options.h"
 
 namespace tqkv::cuda::detail {
 
@@ -1697,11 +1700,10 @@ struct Kernel {
 };
 
 // What the environment variable `name` asks of a variant bit (read at every pick): 1 if it is
-// `on`, 0 if `off`, -1 if unset or anything else (the default).
-inline int env_variant(const char* name, const char* on, const char* off) {
-  const char* e = std::getenv(name);
-  if (!e) return -1;
-  return std::strcmp(e, on) == 0 ? 1 : std::strcmp(e, off) == 0 ? 0 : -1;
+// `on`, 0 if the other name it takes, -1 if unset (the default).
+inline int env_variant(const char* name, const char* on) {
+  const std::optional<std::string> e = env_choice_if_set(name);
+  return !e ? -1 : *e == on ? 1 : 0;
 }
 
 template <int D, int KK, int VK, int VA>
@@ -1714,11 +1716,11 @@ Kernel make_kernel() {
   constexpr int def = va_default(D, KK, VK);
   int va = def;
   if constexpr (vreg_lut(VK)) {
-    const int e = env_variant("TQKV_DECODE_VALUE_LUT", "smem", "reg");
+    const int e = env_variant("TQKV_DECODE_VALUE_LUT", "smem");
     if (e >= 0) va = e ? va | kVaValueSmem : va & ~kVaValueSmem;
   }
   if constexpr (key256_ok(D, KK)) {
-    const int e = env_variant("TQKV_DECODE_KEY_LUT", "256", "128");
+    const int e = env_variant("TQKV_DECODE_KEY_LUT", "256");
     if (e >= 0) va = e ? va | kVaKey256 : va & ~kVaKey256;
   }
   if constexpr (vreg_lut(VK))

@@ -100,3 +100,23 @@ def test_paged_bad_inputs(rng):
     codec = tqkv.SlotCodec("tq-k4v2", 32)
     with pytest.raises(tqkv.Error, match="slots"):
         codec.decode_keys(np.zeros((2, codec.slot_bytes + 1), np.uint8))
+
+
+def test_environment_variables_read_strictly(monkeypatch):
+    """tqkv._core.env reads a TQKV_* variable as the C++ code does (docs/ENV.md): typed, default
+    where unset, and a malformed value an Error naming the variable."""
+    env = tqkv._core.env
+    monkeypatch.delenv("TQKV_FOLD_NEWEST", raising=False)
+    monkeypatch.delenv("TQKV_POOL_SPIN_US", raising=False)
+    assert env("TQKV_FOLD_NEWEST") is True
+    assert env("TQKV_POOL_SPIN_US") == 50
+    assert env("TQKV_THREADS") is None or isinstance(env("TQKV_THREADS"), int)  # worked out at run time if unset
+    monkeypatch.setenv("TQKV_FOLD_NEWEST", "0")
+    assert env("TQKV_FOLD_NEWEST") is False
+    monkeypatch.setenv("TQKV_RECIPES", "/a:/b")
+    assert env("TQKV_RECIPES") == "/a:/b"
+    monkeypatch.setenv("TQKV_FOLD_NEWEST", "yes")
+    with pytest.raises(tqkv.Error, match="TQKV_FOLD_NEWEST=yes: give 0 or 1"):
+        env("TQKV_FOLD_NEWEST")
+    with pytest.raises(tqkv.Error, match="TQKV_NO_SUCH"):
+        env("TQKV_NO_SUCH")

@@ -32,12 +32,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <cuda_bf16.h>
 
 #include "../mma.cuh"
 #include "launch.cuh"
-#include "tqkv/env.h"
+#include "tqkv/options.h"
 
 namespace tqkv::cuda {
 namespace {
@@ -523,15 +524,13 @@ void launch(const Params& p, cudaStream_t stream) {
 bool mma_kernel_fits(const PrefillArgs& a) {
   if (a.kv_dtype == DType::F32) return false;
   if ((reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v)) % 16 != 0) return false;
-  const char* e = std::getenv("TQKV_PREFILL_KERNEL");
-  return !(e && std::strcmp(e, "scalar") == 0);
+  return env_choice("TQKV_PREFILL_KERNEL") != "scalar";
 }
 
 // The tensor-core kernel's warps a CTA: kMmaWarps, or TQKV_PREFILL_WARPS (4 or 8).
 int mma_warps() {
-  const long long w = env_count("TQKV_PREFILL_WARPS", "warps of a prefill CTA", kMmaWarps, 4, 8);
-  if (w != 4 && w != 8) detail::throw_arg("TQKV_PREFILL_WARPS must be 4 or 8");
-  return static_cast<int>(w);
+  const std::optional<std::string> w = env_choice_if_set("TQKV_PREFILL_WARPS");
+  return w ? std::stoi(*w) : kMmaWarps;
 }
 
 // A split of keys keeps at least this many tiles of the longest CTA (fewer: the merge and the
@@ -547,7 +546,7 @@ template <int D, bool BF, int W>
 int wanted_splits(const PrefillArgs& a) {
   constexpr int kMmaRows = 16 * W;
   if (a.splits > 0) return a.splits;
-  const int cap = static_cast<int>(env_count("TQKV_PREFILL_SPLITS", "most splits of a prefill CTA's keys", kMaxSplits, 1, 64));
+  const int cap = static_cast<int>(env_count("TQKV_PREFILL_SPLITS", kMaxSplits));
   if (cap <= 1) return 1;
   int dev = 0, sms = 0;
   TQKV_CUDA_CHECK(cudaGetDevice(&dev));

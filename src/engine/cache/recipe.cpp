@@ -18,6 +18,7 @@
 
 #include "engine/gguf/gguf.h"
 #include "tqkv/error.h"
+#include "tqkv/options.h"
 
 namespace tqkv::engine {
 namespace {
@@ -414,9 +415,9 @@ void save_recipe_file(const RecipeFile& f, const std::string& path) {
 
 std::vector<std::string> recipe_dirs() {
   std::vector<std::string> candidates;
-  if (const char* e = std::getenv("TQKV_RECIPES"); e && *e) {
+  if (const std::string e = env_text("TQKV_RECIPES"); !e.empty()) {
     std::string cur;
-    for (const char* p = e;; ++p) {
+    for (const char* p = e.c_str();; ++p) {
       if (*p == ':' || *p == '\0') {
         if (!cur.empty()) candidates.push_back(cur);
         cur.clear();

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "tqkv/attention.h"
-#include "tqkv/env.h"
+#include "tqkv/options.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -39,7 +39,7 @@ CpuKvCache::CpuKvCache(const CacheSpec& spec, const CacheShape& shape)
   ring_config_.n_layers = static_cast<int>(ring_config_.layer_formats.size());
   window_ = spec.window_at(shape.capacity);
   stored_.resize(spec.model.n_layers);
-  fold_newest_ = env_count("TQKV_FOLD_NEWEST", "(0 or 1: fold each query's own position in exactly)", 1, 0, 1) != 0;
+  fold_newest_ = env_bool("TQKV_FOLD_NEWEST");
 }
 
 int64_t CpuKvCache::add_sequence() {

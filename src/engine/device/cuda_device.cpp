@@ -22,6 +22,7 @@
 #include "engine/gguf/gguf.h"
 #include "tqkv/cuda_ops.h"
 #include "tqkv/error.h"
+#include "tqkv/options.h"
 #include "tqkv/half.h"
 
 namespace tqkv::engine {
@@ -253,12 +254,9 @@ CudaDevice::CudaDevice(int ordinal) : impl_(std::make_unique<Impl>()) {
   ck_blas(cublasSetStream(impl_->blas, impl_->stream), "set stream");
   ck(cudaMalloc(&impl_->blas_workspace, kBlasWorkspace), "allocating cuBLAS's workspace");
   ck_blas(cublasSetWorkspace(impl_->blas, impl_->blas_workspace, kBlasWorkspace), "set workspace");
-  const char* env = std::getenv("TQKV_CUDA_GRAPHS");  // 0: every step op by op
-  impl_->graphs = !(env && std::strcmp(env, "0") == 0);
-  const char* fuse = std::getenv("TQKV_FUSE_OPS");  // 0: the fused operations as their plain ones
-  impl_->fused = !(fuse && std::strcmp(fuse, "0") == 0);
-  const char* skinny = std::getenv("TQKV_CUDA_SKINNY_MAX");
-  impl_->skinny_max = std::clamp(skinny && *skinny ? std::atoi(skinny) : kSkinnyDefault, 0, cuda::kSkinnyMaxRows);
+  impl_->graphs = env_bool("TQKV_CUDA_GRAPHS");  // 0: every step op by op
+  impl_->fused = env_bool("TQKV_FUSE_OPS");      // 0: the fused operations as their plain ones
+  impl_->skinny_max = static_cast<int>(env_count("TQKV_CUDA_SKINNY_MAX", kSkinnyDefault));
 }
 
 CudaDevice::~CudaDevice() {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "tqkv/cuda_ops.h"
-#include "tqkv/env.h"
+#include "tqkv/options.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
@@ -77,45 +77,15 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   const ModelConfig& m = spec.model;
   sinks_ = spec.sinks;
   window_ = spec.window_at(shape.capacity);
-  if (const char* e = std::getenv("TQKV_FUSED_DECODE")) fused_ = std::string(e) != "0";
-  sliding_rows_ = env_count("TQKV_SLIDING_ROWS", "(0 or 1: sliding-window layers attend as decode rows)", 1, 0, 1) != 0;
-  copies_tiled_ = env_count("TQKV_COPIES_TILED", "(0 or 1: copies' prefill runs may take the tiled kernel)", 1, 0, 1) != 0;
-  empty_middles_ = env_count("TQKV_EMPTY_MIDDLES", "(0 or 1: no CTA for a middle the window covers)", 1, 0, 1) != 0;
-  sliding_plan_ = env_count("TQKV_SLIDING_PLAN", "(0 or 1: sliding layers plan their decode for their window)", 1, 0, 1) != 0;
-  fold_newest_ = env_count("TQKV_FOLD_NEWEST", "(0 or 1: fold each query's own position in exactly)", 1, 0, 1) != 0;
-  if (const char* e = std::getenv("TQKV_FUSED_STORE")) fused_store_ = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_STORE_SPLIT_KV")) store_split_kv_ = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_FUSED_SPREAD")) fused_options_.spread = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_FUSED_CLUSTER")) fused_options_.cluster = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_FUSED_CLUSTER_FIT")) fused_options_.cluster_fit = std::string(e) != "0";
-  if (const char* e = std::getenv("TQKV_FUSED_SHORT_FIRST")) {
-    const std::string v = e;
-    if (v != "0" && v != "1" && v != "auto" && !v.empty())
-      throw Error(ErrorCode::InvalidArgument, "TQKV_FUSED_SHORT_FIRST=" + v + ": give 0, 1 or auto");
-    fused_options_.short_first = v == "0" ? 0 : v == "1" ? 1 : -1;
-  }
-  if (const char* e = std::getenv("TQKV_PLAN_BY_LEN")) plan_by_len_ = std::string(e) != "0";
-  fused_options_.main_tiles_per_warp =
-      static_cast<int>(env_count("TQKV_FUSED_MAIN_TILES", "tiles per warp", 0, 0, 1 << 20));
-  fused_options_.copy_tiles_per_warp = static_cast<int>(
-      env_count("TQKV_FUSED_COPY_TILES", "tiles per warp", fused_options_.copy_tiles_per_warp, 1, 1 << 20));
-  if (const char* e = std::getenv("TQKV_PREFILL_PATH")) {
-    const std::string path = e;
-    if (path == "tiled")
-      prefill_path_ = PrefillPath::Tiled;
-    else if (path == "rows")
-      prefill_path_ = PrefillPath::Rows;
-    else if (path != "auto" && !path.empty())
-      throw Error(ErrorCode::InvalidArgument, "TQKV_PREFILL_PATH=" + path + ": give auto, tiled or rows");
-  }
-  fused_max_rows_ = static_cast<int>(env_count("TQKV_FUSED_MAX_ROWS", "rows", kFusedMaxRows, 0, INT_MAX));
-  tiled_from_ = env_count("TQKV_PREFILL_TILED_FROM", "queries", kPrefillTiledFrom, 2, LLONG_MAX);
-  if (const char* e = std::getenv("TQKV_PREFILL_WORKSPACE")) {
-    const std::string ws = e;
-    if (ws != "f16" && ws != "bf16" && !ws.empty())
-      throw Error(ErrorCode::InvalidArgument, "TQKV_PREFILL_WORKSPACE=" + ws + ": give f16 or bf16");
-    workspace_bf16_ = ws == "bf16";
-  }
+  fold_newest_ = env_bool("TQKV_FOLD_NEWEST");
+  fused_options_.cluster = env_bool("TQKV_FUSED_CLUSTER");
+  const std::string short_first = env_choice("TQKV_FUSED_SHORT_FIRST");
+  fused_options_.short_first = short_first == "0" ? 0 : short_first == "1" ? 1 : -1;
+  const std::string path = env_choice("TQKV_PREFILL_PATH");
+  prefill_path_ = path == "tiled" ? PrefillPath::Tiled : path == "rows" ? PrefillPath::Rows : PrefillPath::Auto;
+  fused_max_rows_ = static_cast<int>(env_count("TQKV_FUSED_MAX_ROWS", kFusedMaxRows));
+  tiled_from_ = env_count("TQKV_PREFILL_TILED_FROM", kPrefillTiledFrom);
+  workspace_bf16_ = env_choice("TQKV_PREFILL_WORKSPACE") == "bf16";
   if (copies()) {
     // Sliding-window layers take the copies with their window as a cut of every part; a sink is
     // read while it is inside the window (one sink: all or nothing, so one per-row length).
@@ -142,8 +112,6 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   for (int l = 0; l < m.n_layers; ++l) longest_ring = std::max(longest_ring, spec.ring_positions(l, shape.capacity));
   if (longest_ring > 0) slide_ring_blocks_ = static_cast<int>((longest_ring + kBlockSize - 1) / kBlockSize) + 1;
   if (slide_ring_blocks_ >= blocks_per_seq_) slide_ring_blocks_ = 0;  // no smaller than the whole sequence
-  // TQKV_GPU_RINGS=0: every position of every layer kept, as before (before/after runs in one binary).
-  if (env_count("TQKV_GPU_RINGS", "(0 or 1: sliding-window layers keep rings)", 1, 0, 1) == 0) slide_ring_blocks_ = 0;
   layers_.reserve(m.n_layers);
   try {
     for (int l = 0; l < m.n_layers; ++l) {
@@ -175,7 +143,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
                     " or the window format " + wf.name() + " (no decode kernel for 1-bit codes or f32)");
         L.window_kv = cuda::PagedKv{nullptr, ring_blocks_ * shape.max_seqs, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
         L.sink_kv = cuda::PagedKv{nullptr, sink_blocks_ * shape.max_seqs, kBlockSize, m.n_kv_heads, cuda::PageLayout::Page};
-        L.fused = fused_ && !L.generic && !L.generic_window &&
+        L.fused = !L.generic && !L.generic_window &&
                   cuda::fused_decode_supported(*codec, window_ > 0 ? &*L.window_codec : nullptr);
       }
       layers_.push_back(L);
@@ -303,7 +271,7 @@ bool CudaKvCache::prefill_rows(int count) const {
   // Copies: each query has its own window, so the tiled path runs a layer's parts one by one
   // (prefill_parts); a model with sliding-window layers keeps the rows (its parts are cut by
   // the layer's window as well).
-  if (copies() && (slide_ > 0 || !copies_tiled_)) return true;
+  if (copies() && slide_ > 0) return true;
   switch (prefill_path_) {
     case PrefillPath::Tiled: return false;
     case PrefillPath::Rows: return true;
@@ -531,7 +499,6 @@ cuda::StoreArgs CudaKvCache::store_args(const void* k, const void* v, const int6
   sa.dtype = cuda::DType::F32;
   sa.slot_mapping = slots;
   sa.n_tokens = n_tokens;
-  sa.split_kv = store_split_kv_;
   return sa;
 }
 
@@ -562,9 +529,8 @@ bool CudaKvCache::graphs_supported() const {
   if (key_hook()) return false;  // host code between the layers
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    // A sliding-window layer attends as rows (replayable) with copies, or by sliding_rows_.
-    const bool tiled = spec().model.window(static_cast<int>(l)) != 0 && !sliding_rows_ && !L.window_codec;
-    if (!L.decode || L.generic_window || tiled) return false;
+    // A sliding-window layer attends as rows too (replayable), its window a cut.
+    if (!L.decode || L.generic_window) return false;
   }
   return true;
 }
@@ -585,7 +551,6 @@ int CudaKvCache::graphs_recorded() const {
 }
 
 int CudaKvCache::plan_len(int64_t longest) const {
-  if (!plan_by_len_) return capacity();
   int64_t c = kMinPlanLen;
   while (c < longest) c *= 2;
   return static_cast<int>(std::min<int64_t>(c, capacity()));
@@ -661,7 +626,7 @@ void CudaKvCache::fused_decode(const Layer& L, int layer_window, const Attention
   const int newest = fold_newest_ ? 1 : 0;
   // In a sliding-window layer whose recent copy spans the whole window (Gemma's tq-3.375 from a
   // capacity of ~5.9K), the middle [S, p - N] never meets the window (p - W, p]: no CTA for it.
-  const bool middle_empty = empty_middles_ && layer_window > 0 && std::max(window_, newest) >= layer_window;
+  const bool middle_empty = layer_window > 0 && std::max(window_, newest) >= layer_window;
   const int main_len = middle_empty ? 0 : layer_plan_len(layer_window);
   parts[cuda::kFusedMain] = {&L.codec, L.kv, row_tables(L), blocks_per_seq_, dec_lens_, main_len, sinks_,
                              layer_window, std::max(window_, newest)};
@@ -709,7 +674,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   const size_t centring_off = static_cast<size_t>(layer) * hkv * D;
   // The one-launch store centres the keys itself, unless the queries need the channel scales too
   // or a hook must see the centred keys.
-  const bool centre_in_store = fused_store_ && centring_.active() && !centring_.scales() && !key_hook();
+  const bool centre_in_store = centring_.active() && !centring_.scales() && !key_hook();
   if (centring_.active() && !centre_in_store)
     cuda::centre_keys(k, q, mean_ + centring_off, scale_ + centring_off, n, hkv, hq / hkv, D, centring_.scales(),
                       stream_);
@@ -720,8 +685,8 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   const bool covered = L.window_codec.has_value();  // the layer keeps copies (same centred keys)
   const int window = m.window(layer);
   // A sliding-window layer attends as rows too, its window a cut of every part (the tiled path
-  // stays for layers without a decode kernel and, by TQKV_SLIDING_ROWS=0, for sliding layers).
-  const bool rows = (L.decode || L.generic) && (window == 0 || covered || sliding_rows_) && step_.n_rows > 0;
+  // stays for layers without a decode kernel).
+  const bool rows = (L.decode || L.generic) && step_.n_rows > 0;
   // The fold: each row's own position from k and v as computed (the keys centred as stored).
   const bool fold = fold_newest_ && covered && rows;
   cuda::NewestKv nk;
@@ -738,14 +703,14 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   if (covered && rows) ck(cudaStreamIsCapturing(stream_, &capture), "querying the stream");
   const bool capturing = capture == cudaStreamCaptureStatusActive;
   // One token per sequence: as many runs as tokens, every token a decode row.
-  const bool store_aside = capturing && fold && fused_store_ && !L.generic && !L.generic_window &&
+  const bool store_aside = capturing && fold && !L.generic && !L.generic_window &&
                            step_.n_rows == n && static_cast<int>(step_.runs.size()) == n;
   const cudaStream_t store_stream = store_aside ? side_[2] : stream_;
   if (store_aside) {
     ck(cudaEventRecord(fork_store_, stream_), "forking the store");
     ck(cudaStreamWaitEvent(store_stream, fork_store_, 0), "forking the store");
   }
-  if (fused_store_) {  // the compressed pages and the copies in one launch
+  {  // the compressed pages and the copies in one launch
     cuda::StoreTarget targets[cuda::kMaxStoreTargets];
     int n_targets = 0;
     targets[n_targets++] = {&L.codec, L.kv, main_slots};
@@ -754,16 +719,6 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     cuda::store_many(targets, n_targets, sa, centre_in_store ? mean_ + centring_off : nullptr,
                      centre_in_store ? scale_ + centring_off : nullptr, store_stream);
     if (store_aside) ck(cudaEventRecord(join_[2], store_stream), "joining the store");
-  } else {
-    cuda::store(L.codec, L.kv, sa, stream_);
-    if (covered && window_ > 0) {
-      sa.slot_mapping = win_slots_;
-      cuda::store(*L.window_codec, L.window_kv, sa, stream_);
-    }
-    if (covered && sinks_ > 0) {
-      sa.slot_mapping = sink_slots_;
-      cuda::store(*L.sink_codec, L.sink_kv, sa, stream_);
-    }
   }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));

@@ -21,7 +21,7 @@
 // the parts merge by their log-sum-exps: in one fused launch (cuda::run_fused_decode, whose
 // last CTA per (sequence, kv head) merges every part) where a fused kernel is compiled for the
 // layer's pair and window pair (src/cuda/decode_pairs.cmake: the recipes'), else in three
-// launches and two cuda::merge_attention (also with TQKV_FUSED_DECODE=0); in a recorded step
+// launches and two cuda::merge_attention (also above TQKV_FUSED_MAX_ROWS rows); in a recorded step
 // (CUDA graphs) the three launches' window and sinks are forked onto two side streams, parallel
 // branches beside the compressed one. A pair without a compiled decode kernel takes the three
 // launches over an f16 conversion of its pool (Layer::generic), without graphs. Copies need no
@@ -46,7 +46,6 @@
 // are kept per (model, bucket, plan length), so a replay runs the plan of its own length class.
 // A plan stays correct for any longer sequence (its last split takes the tiles beyond the
 // plan's length; a part with cuts spreads its splits over its own range), only slower.
-// TQKV_PLAN_BY_LEN=0 plans for the capacity, as before (before/after runs from one binary).
 //
 // Pairs without a compiled decode kernel (src/cuda/decode_pairs.cmake compiles the recipes' and
 // the named formats' pairs): without copies they attend through dequantize + the tiled kernel;
@@ -104,11 +103,10 @@ class CudaKvCache final : public KvCache {
   // the cache holds on the GPU for max_seqs sequences of `capacity` positions.
   size_t pool_bytes() const;
   // Whether a run of `count` queries attends as decode rows (else: dequantize + tiled kernel).
-  // Always for one token, and with copies where the model has sliding-window layers or
-  // TQKV_COPIES_TILED=0; else by the environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for
-  // auto, the run's length against the crossover (kPrefillTiledFrom; TQKV_PREFILL_TILED_FROM
-  // overrides it). Layers without a decode kernel take the tiled path whatever this says (and,
-  // with TQKV_SLIDING_ROWS=0, those with a sliding window).
+  // Always for one token, and with copies where the model has sliding-window layers; else by the
+  // environment's TQKV_PREFILL_PATH (auto, tiled, rows) and, for auto, the run's length against
+  // the crossover (kPrefillTiledFrom; TQKV_PREFILL_TILED_FROM overrides it). Layers without a
+  // decode kernel take the tiled path whatever this says.
   bool prefill_rows(int count) const;
   // Layers whose copies attend in one fused launch (tests).
   int fused_layers() const {
@@ -219,15 +217,12 @@ class CudaKvCache final : public KvCache {
   const int32_t* row_tables(const Layer& L) const { return L.ring ? slide_dec_tables_ : dec_tables_; }
   // The compressed (or only) part's plan length in a layer with sliding window `layer_window`
   // (0: full attention): the step's, or the window's where that is shorter, so that the splits
-  // cover the positions the layer reads, not the longest sequence (TQKV_SLIDING_PLAN=0: the
-  // step's always, as before).
+  // cover the positions the layer reads, not the longest sequence.
   int layer_plan_len(int layer_window) const {
-    return layer_window > 0 && sliding_plan_ ? std::min(layer_window + kBlockSize, step_plan_len_) : step_plan_len_;
+    return layer_window > 0 ? std::min(layer_window + kBlockSize, step_plan_len_) : step_plan_len_;
   }
   // The window part's plan length: its positions, or fewer where every sequence is shorter.
-  int window_plan_len() const {
-    return plan_by_len_ ? std::min(window_ + kBlockSize, step_plan_len_) : window_ + kBlockSize;
-  }
+  int window_plan_len() const { return std::min(window_ + kBlockSize, step_plan_len_); }
   // Floats of the copies' parts for `rows` decode rows: the window's and the sinks' outputs
   // [rows, n_heads, head_dim] each, then the log-sum-exps of the compressed part, the window's
   // and the sinks' [rows, n_heads] each.
@@ -283,19 +278,12 @@ class CudaKvCache final : public KvCache {
   int64_t next_id_ = 0;
   Step step_;
   std::map<std::tuple<std::string, Part, int, int>, Plan> plans_;
-  // Layers with copies: one fused launch per layer (TQKV_FUSED_DECODE=0: the three launches and
-  // two merges instead, for comparison), plans by (middle format, window format, rows, plan length).
-  bool fused_ = true;
-  // A layer's stores (compressed pages, window ring, sinks) and its key centring in one launch
-  // (cuda::store_many); TQKV_FUSED_STORE=0 keeps one launch each, for before/after measurements.
-  bool fused_store_ = true;
-  // The fused decode's plan choices (cuda::FusedDecodeOptions): TQKV_FUSED_SPREAD=0,
-  // TQKV_FUSED_CLUSTER=0, TQKV_FUSED_CLUSTER_FIT=1 and TQKV_FUSED_MAIN_TILES=N select the others,
-  // for before/after runs.
+  // Layers with copies: one fused launch per layer (Layer::fused), plans by (middle format, window
+  // format, rows, plan length). A layer's stores (compressed pages, window ring, sinks) and its key
+  // centring are one launch too (cuda::store_many), keys and values by separate warps.
+  // The fused decode's plan choices (cuda::FusedDecodeOptions): the defaults, but
+  // TQKV_FUSED_CLUSTER=0 (no cluster merge) and TQKV_FUSED_SHORT_FIRST (the grid's order).
   cuda::FusedDecodeOptions fused_options_;
-  // Keys and values stored by separate warps (cuda::StoreArgs::split_kv); TQKV_STORE_SPLIT_KV=0:
-  // one warp each (token, kv head), for before/after runs.
-  bool store_split_kv_ = true;
   // Prefill chunks (prefill_rows): auto, or forced to either path.
   enum class PrefillPath { Auto, Tiled, Rows };
   PrefillPath prefill_path_ = PrefillPath::Auto;
@@ -305,7 +293,7 @@ class CudaKvCache final : public KvCache {
   // launches stay: 1K-row prefill steps measured 5-20% slower fused on the H200, and still
   // 4-24% slower with the copies' parts capped at the middle's CTAs above 256 rows
   // (plan_fused_decode; docs/journal/RESULTS-journal.md, GPU serving, fourth run).
-  // TQKV_FUSED_MAX_ROWS=N moves the limit (before/after runs from one binary). Decode steps of
+  // TQKV_FUSED_MAX_ROWS=N moves the limit (0: the three launches for every step). Decode steps of
   // every CUDA-graph bucket (at most 256 sequences) stay fused.
   static constexpr int kFusedMaxRows = 256;
   int fused_max_rows_ = kFusedMaxRows;
@@ -323,13 +311,9 @@ class CudaKvCache final : public KvCache {
   bool fold_newest_ = true;
   // Sliding-window layers without copies attend as decode rows cut by their window, as the
   // layers with copies do (on the H200, Gemma-3-270m f16 at batch 1: the tiled path per token
-  // took 88% of a step); TQKV_SLIDING_ROWS=0: the tiled path, as before (before/after runs).
-  bool sliding_rows_ = true;
-  bool sliding_plan_ = true;  // layer_plan_len
-  bool empty_middles_ = true;  // fused_decode: no CTA for a middle that the window covers
-  // Prefill runs of layers with copies may take the tiled kernel, part by part (prefill_rows;
-  // TQKV_COPIES_TILED=0: always the rows, as before).
-  bool copies_tiled_ = true;
+  // took 88% of a step), planned for their window (layer_plan_len); fused_decode gives no CTA to
+  // a middle that the window covers. Prefill runs of layers with copies may take the tiled
+  // kernel, part by part (prefill_rows).
   // Device buffers of the step (grown, never shrunk).
   void* slots_ = nullptr;  // int64 [n]
   size_t slots_bytes_ = 0;
@@ -362,8 +346,7 @@ class CudaKvCache final : public KvCache {
   int bucket_pending_ = 0;
   std::map<std::tuple<const void*, int, int>, std::unique_ptr<StepGraph>> graphs_;
   std::map<std::pair<const void*, int>, std::shared_ptr<StepActivations>> step_acts_;  // per (model, bucket)
-  // Plans by the step's longest sequence (plan_len) or, with TQKV_PLAN_BY_LEN=0, the capacity.
-  bool plan_by_len_ = true;
+  // Plans by the step's longest sequence (plan_len).
   int step_plan_len_ = 0;  // this step's (prepare)
   // The generic path (Layer::generic, generic_window): the f16 codec and pools, and the step's
   // blocks to convert with their slots (the main pool's blocks of the step's sequences, their

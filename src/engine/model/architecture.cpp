@@ -8,6 +8,7 @@
 #include "engine/weights/dequant.h"
 #include "engine/gguf/gguf.h"
 #include "tqkv/error.h"
+#include "tqkv/options.h"
 
 namespace tqkv::engine {
 namespace {
@@ -128,10 +129,7 @@ void StepProducts::gate_up_glu(Device::Glu kind, const float* x, const LayerWeig
 
 namespace {
 std::atomic<bool>& group_slot() {
-  static std::atomic<bool> on{[] {
-    const char* e = std::getenv("TQKV_GROUP_PRODUCTS");
-    return !(e && std::string_view(e) == "0");
-  }()};
+  static std::atomic<bool> on{env_bool("TQKV_GROUP_PRODUCTS")};  // set_group_products overrides
   return on;
 }
 }  // namespace

@@ -1,13 +1,14 @@
 #include "engine/model/paths.h"
 
-#include <cstdlib>
 #include <filesystem>
+
+#include "tqkv/options.h"
 
 namespace tqkv::engine {
 namespace {
 
 std::string find(const char* env, const char* rel) {
-  if (const char* e = std::getenv(env); e && *e) return e;
+  if (std::string e = env_text(env); !e.empty()) return e;
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(rel, ec)) return rel;

@@ -7,6 +7,7 @@
 #include "engine/gguf/gguf.h"
 #include "engine/weights/qgemv.h"
 #include "tqkv/error.h"
+#include "tqkv/options.h"
 #include "tqkv/simd.h"
 
 namespace tqkv::engine {
@@ -152,12 +153,6 @@ void over_rows(const Layout& l, const uint8_t* src, size_t rows, int cols, uint8
   }
 }
 
-// TQKV_<name>=0|1 if set, else `fallback`.
-bool env_flag(const char* name, bool fallback) {
-  if (const char* e = std::getenv(name); e && *e) return std::strcmp(e, "0") != 0;
-  return fallback;
-}
-
 }  // namespace
 
 bool is_grouped(uint32_t type) { return find_layout(type, false) != nullptr; }
@@ -203,7 +198,7 @@ uint32_t group_at_load(uint32_t gguf_type) {
   const Layout* l = find_layout(gguf_type, true);
   if (!l) return 0;
   const bool avx2_int8 = qdot_mode() == QdotMode::Int8 && std::strcmp(qdot_isa(), "avx2") == 0;
-  return env_flag(l->env, avx2_int8) ? l->grouped : 0;
+  return env_bool(l->env, avx2_int8) ? l->grouped : 0;
 }
 
 }  // namespace tqkv::engine

@@ -11,6 +11,7 @@
 #include "engine/weights/block_groups.h"
 #include "engine/weights/qgemv_kernels.h"
 #include "tqkv/error.h"
+#include "tqkv/options.h"
 #include "tqkv/half.h"
 #include "tqkv/simd.h"
 
@@ -243,8 +244,7 @@ const detail::QdotKernels& qdot_kernels_for(SimdLevel level) {
 }
 
 QdotMode mode_from_env() {
-  const char* e = std::getenv("TQKV_QDOT");
-  return e && *e ? parse_qdot_mode(e) : QdotMode::Int8;
+  return parse_qdot_mode(env_choice("TQKV_QDOT"));
 }
 
 std::atomic<int>& mode_slot() {
