@@ -9,15 +9,10 @@
 #include <functional>
 
 #include "engine/core/batch.h"
+#include "engine/cache/cache_plan.h"
 #include "engine/cache/cache_spec.h"
 
 namespace tqkv::engine {
-
-// Sizes of a cache to make: positions per sequence and how many sequences it serves at once.
-struct CacheShape {
-  int capacity = 0;
-  int max_seqs = 1;
-};
 
 // Called by attend() with a layer's new keys (after RoPE and centring, before they are
 // stored) and its queries, both in device memory: calibration reads them (calibrate.h), a
@@ -26,12 +21,14 @@ using KeyHook = std::function<void(int layer, int n, float* k, const float* q)>;
 
 class KvCache {
  public:
-  explicit KvCache(const CacheSpec& spec, const CacheShape& shape) : spec_(spec), shape_(shape) {}
+  // Plans the cache (plan_cache; throws its errors).
+  KvCache(const CacheSpec& spec, const CacheShape& shape) : spec_(spec), shape_(shape), plan_(plan_cache(spec, shape)) {}
   virtual ~KvCache() = default;
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
   const CacheSpec& spec() const { return spec_; }
+  const CachePlan& plan() const { return plan_; }
   int capacity() const { return shape_.capacity; }  // positions per sequence
   int max_seqs() const { return shape_.max_seqs; }
 
@@ -41,9 +38,9 @@ class KvCache {
   virtual void free_sequence(int64_t seq) = 0;
   virtual int64_t seq_len(int64_t seq) const = 0;
 
-  // The most tokens of one sequence a single step may append (the copies' workspace); the
+  // The most tokens of one sequence a single step may append (CachePlan::step_tokens); the
   // model splits longer batches, and attend() refuses them.
-  virtual int max_step_tokens() const = 0;
+  int max_step_tokens() const { return plan_.step_tokens; }
 
   // Checks a whole batch before a forward changes anything (however many steps it then takes):
   // known sequences, each run starting at the sequence's length, room for it. Throws
@@ -88,6 +85,7 @@ class KvCache {
  private:
   CacheSpec spec_;
   CacheShape shape_;
+  CachePlan plan_;
   KeyHook hook_;
 };
 

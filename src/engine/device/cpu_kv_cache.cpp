@@ -10,34 +10,25 @@
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
-namespace {
-
-// Rows of the largest prefill piece the copies' ring takes at once.
-constexpr int kCopyStepTokens = 512;
-
-}  // namespace
-
 CpuKvCache::CpuKvCache(const CacheSpec& spec, const CacheShape& shape)
     : KvCache(spec, shape), centring_(spec, shape.capacity) {
-  if (shape.capacity < 1 || shape.max_seqs < 1)
-    throw Error(ErrorCode::InvalidArgument, "cache: capacity and sequence count must be at least 1");
+  const CachePlan& p = plan();
   config_.n_kv_heads = ring_config_.n_kv_heads = spec.model.n_kv_heads;
   config_.head_dim = ring_config_.head_dim = spec.model.head_dim;
-  config_.capacity = shape.capacity;
+  config_.capacity = p.capacity;
   ring_config_.capacity = 0;
   config_.layer_formats.clear();
   ring_config_.layer_formats.clear();
-  for (int l = 0; l < spec.model.n_layers; ++l) {
-    const int64_t ring = spec.ring_positions(l, shape.capacity);
-    in_ring_.push_back(ring > 0);
-    ContiguousCacheConfig& c = ring > 0 ? ring_config_ : config_;
+  // Full-attention layers in one ContiguousCache, the sliding-window layers with rings in another.
+  for (const LayerPlan& L : p.layers) {
+    in_ring_.push_back(L.ring > 0);
+    ContiguousCacheConfig& c = L.ring > 0 ? ring_config_ : config_;
     index_.push_back(static_cast<int>(c.layer_formats.size()));
-    c.layer_formats.push_back(spec.layers[l]);
-    c.capacity = std::max<int>(c.capacity, static_cast<int>(ring));
+    c.layer_formats.push_back(L.format);
+    c.capacity = std::max<int>(c.capacity, static_cast<int>(L.ring));
   }
   config_.n_layers = static_cast<int>(config_.layer_formats.size());
   ring_config_.n_layers = static_cast<int>(ring_config_.layer_formats.size());
-  window_ = spec.window_at(shape.capacity);
   stored_.resize(spec.model.n_layers);
   fold_newest_ = env_bool("TQKV_FOLD_NEWEST");
 }
@@ -47,10 +38,11 @@ int64_t CpuKvCache::add_sequence() {
     throw Error(ErrorCode::Capacity, "cache: all " + std::to_string(max_seqs()) + " sequences are in use");
   Sequence s{ContiguousCache(config_), nullptr, nullptr, nullptr};
   if (ring_config_.n_layers > 0) s.ring = std::make_unique<ContiguousCache>(ring_config_);
-  if (window_ > 0 || spec().sinks > 0) {
-    const Format* wf = spec().window_format ? &*spec().window_format : nullptr;
-    if (config_.n_layers > 0) s.copies = std::make_unique<RecentWindow>(s.main, window_, kCopyStepTokens, spec().sinks, wf);
-    if (s.ring) s.ring_copies = std::make_unique<RecentWindow>(*s.ring, window_, kCopyStepTokens, spec().sinks, wf);
+  const CachePlan& p = plan();
+  if (p.copies()) {
+    const Format* wf = p.window_format ? &*p.window_format : nullptr;
+    if (config_.n_layers > 0) s.copies = std::make_unique<RecentWindow>(s.main, p.window, CachePlan::kCopyStepTokens, p.sinks, wf);
+    if (s.ring) s.ring_copies = std::make_unique<RecentWindow>(*s.ring, p.window, CachePlan::kCopyStepTokens, p.sinks, wf);
   }
   const int64_t id = next_id_++;
   seqs_.emplace(id, std::move(s));
@@ -69,13 +61,6 @@ const CpuKvCache::Sequence& CpuKvCache::at(int64_t seq) const {
 }
 
 int64_t CpuKvCache::seq_len(int64_t seq) const { return at(seq).main.seq_len(); }
-
-int CpuKvCache::max_step_tokens() const {
-  int n = INT_MAX;
-  if (window_ > 0 || spec().sinks > 0) n = kCopyStepTokens;
-  if (ring_config_.n_layers > 0) n = std::min(n, CacheSpec::kWindowStepTokens);
-  return n;
-}
 
 RecentWindow* CpuKvCache::copies_of(Sequence& s, int layer) const {
   RecentWindow* c = in_ring_[layer] ? s.ring_copies.get() : s.copies.get();

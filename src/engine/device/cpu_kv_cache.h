@@ -24,7 +24,6 @@ class CpuKvCache final : public KvCache {
   int64_t add_sequence() override;
   void free_sequence(int64_t seq) override;
   int64_t seq_len(int64_t seq) const override;
-  int max_step_tokens() const override;
   void check(const Batch& batch) const override;
   void attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) override;
   void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;
@@ -71,7 +70,6 @@ class CpuKvCache final : public KvCache {
   ContiguousCacheConfig config_, ring_config_;
   std::vector<int> index_;    // [n_layers]: the layer's index in main or ring
   std::vector<bool> in_ring_;  // [n_layers]
-  int window_ = 0;
   std::unordered_map<int64_t, Sequence> seqs_;
   int64_t next_id_ = 0;
 };

@@ -24,8 +24,7 @@ void ck(cudaError_t e, const char* what) {
   throw Error(ErrorCode::InvalidArgument, "cache spec: " + what + " is not on the GPU yet (use --device cpu)");
 }
 
-// Rows of the largest step the copies' ring takes at once (the CPU's RecentWindow max_batch).
-constexpr int kCopyStepTokens = 512;
+constexpr int kCopyStepTokens = CachePlan::kCopyStepTokens;  // the copies' ring holds the window and one step
 
 // Prefill runs, TQKV_PREFILL_PATH=auto: runs of at least this many queries dequantize their
 // history and take the tiled kernel (tensor cores), shorter ones attend as decode rows. Measured
@@ -72,11 +71,10 @@ void zero_pool(const Format& f, int head_dim, const cuda::PagedKv& kv) {
 
 CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::shared_ptr<CUstream_st> stream)
     : KvCache(spec, shape), owner_(std::move(stream)), stream_(owner_.get()), centring_(spec, shape.capacity) {
-  if (shape.capacity < 1 || shape.max_seqs < 1)
-    throw Error(ErrorCode::InvalidArgument, "cache: capacity and sequence count must be at least 1");
   const ModelConfig& m = spec.model;
-  sinks_ = spec.sinks;
-  window_ = spec.window_at(shape.capacity);
+  const CachePlan& p = plan();  // checked the shape and the spec's layers
+  sinks_ = p.sinks;
+  window_ = p.window;
   fold_newest_ = env_bool("TQKV_FOLD_NEWEST");
   fused_options_.cluster = env_bool("TQKV_FUSED_CLUSTER");
   const std::string short_first = env_choice("TQKV_FUSED_SHORT_FIRST");
@@ -102,14 +100,12 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
   }
   if (m.head_dim != 64 && m.head_dim != 128 && m.head_dim != 256)
     not_yet("head_dim " + std::to_string(m.head_dim) + " (the kernels take 64, 128, 256)");
-  if (static_cast<int>(spec.layers.size()) != m.n_layers)
-    throw Error(ErrorCode::InvalidArgument, "cache: the spec has no format for every layer");
   blocks_per_seq_ = (shape.capacity + kBlockSize - 1) / kBlockSize;
   const int num_blocks = blocks_per_seq_ * shape.max_seqs;
   // Sliding-window layers keep a ring where the CPU keeps one (Layer::ring): blocks for the
   // longest ring, plus one for a ring that does not start at a block's first position.
   int64_t longest_ring = 0;
-  for (int l = 0; l < m.n_layers; ++l) longest_ring = std::max(longest_ring, spec.ring_positions(l, shape.capacity));
+  for (const LayerPlan& L : p.layers) longest_ring = std::max(longest_ring, L.ring);
   if (longest_ring > 0) slide_ring_blocks_ = static_cast<int>((longest_ring + kBlockSize - 1) / kBlockSize) + 1;
   if (slide_ring_blocks_ >= blocks_per_seq_) slide_ring_blocks_ = 0;  // no smaller than the whole sequence
   layers_.reserve(m.n_layers);
@@ -123,12 +119,12 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
         not_yet("layer " + std::to_string(l) + "'s format " + f.name() + " (" + e.what() + ")");
       }
       Layer L{*codec, {}, false, std::nullopt, std::nullopt, {}, {}, false};
-      L.ring = slide_ring_blocks_ > 0 && spec.ring_positions(l, shape.capacity) > 0;
+      L.ring = slide_ring_blocks_ > 0 && p.layers[l].ring > 0;
       L.kv = cuda::PagedKv{nullptr, L.ring ? slide_ring_blocks_ * shape.max_seqs : num_blocks, kBlockSize,
                            m.n_kv_heads, cuda::PageLayout::Page};
       L.decode = L.codec.decode_supported() && m.n_heads / m.n_kv_heads <= 8;
-      if (copies() && f.compressed()) {  // the CPU's RecentWindow covers the compressed layers
-        const Format wf = spec.window_format ? *spec.window_format : find_format("f16");
+      if (p.layers[l].copies) {
+        const Format wf = p.window_format ? *p.window_format : find_format("f16");
         L.window_codec.emplace(wf, m.head_dim);
         L.sink_codec.emplace(find_format("f16"), m.head_dim);
         // A pair without a compiled kernel reads an f16 conversion of its pool (Layer::generic);
@@ -278,13 +274,6 @@ bool CudaKvCache::prefill_rows(int count) const {
     case PrefillPath::Auto: break;
   }
   return count < tiled_from_;
-}
-
-int CudaKvCache::max_step_tokens() const {
-  int n = copies() ? kCopyStepTokens : INT_MAX;
-  // A ring holds the window and one step: its query at pos0 reads back to pos0 - window + 1.
-  if (slide_ring_blocks_ > 0) n = std::min(n, CacheSpec::kWindowStepTokens);
-  return n;
 }
 
 void CudaKvCache::check(const Batch& batch) const {

@@ -93,7 +93,6 @@ class CudaKvCache final : public KvCache {
   int64_t add_sequence() override;
   void free_sequence(int64_t seq) override;
   int64_t seq_len(int64_t seq) const override;
-  int max_step_tokens() const override;
   void check(const Batch& batch) const override;
   void attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) override;
   void read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const override;

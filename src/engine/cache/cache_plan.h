@@ -1,0 +1,50 @@
+// A cache's plan: what every layer of a model's cache does, decided once from its spec
+// (cache_spec.h) and shape, the same for every device. The CPU and CUDA caches (device/) build
+// storage and run kernels for a plan; neither decides any of it again.
+#pragma once
+#include <climits>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "engine/cache/cache_spec.h"
+
+namespace tqkv::engine {
+
+// Sizes of a cache to make: positions per sequence and how many sequences it serves at once.
+struct CacheShape {
+  int capacity = 0;
+  int max_seqs = 1;
+};
+
+struct LayerPlan {
+  Format format;       // of its slots
+  int window = 0;      // its sliding window (0: it attends to every position)
+  int64_t ring = 0;    // positions its slots keep, a ring (0: every position, up to the capacity)
+  bool copies = false;  // sinks and recent window kept beside its slots (the compressed layers)
+};
+
+struct CachePlan {
+  // Tokens of one sequence a step may append when the copies keep a ring of the recent window:
+  // the ring holds the window plus one step.
+  static constexpr int kCopyStepTokens = 512;
+
+  int capacity = 0, max_seqs = 1;
+  int sinks = 0;   // first positions copied (f16)
+  int window = 0;  // recent positions copied (f16, or window_format)
+  std::optional<Format> window_format;
+  // The most tokens of one sequence one step may append: the copies' ring (kCopyStepTokens) and
+  // the sliding-window layers' rings (CacheSpec::kWindowStepTokens) bound it; the model runs
+  // longer batches in pieces.
+  int step_tokens = INT_MAX;
+  std::vector<LayerPlan> layers;  // [n_layers]
+
+  bool copies() const { return sinks > 0 || window > 0; }
+  bool rings() const;
+};
+
+// Throws tqkv::Error(InvalidArgument) for a capacity or sequence count below 1 or a spec without a
+// format for every layer.
+CachePlan plan_cache(const CacheSpec& spec, const CacheShape& shape);
+
+}  // namespace tqkv::engine
