@@ -16,6 +16,15 @@
 #include "utf8.h"
 
 namespace tqkv::serve {
+
+// A checked generation request: prompt tokens and what the engine needs.
+struct ParsedRequest {
+  std::vector<int32_t> prompt;
+  RequestOptions opt;
+  bool stream = false;
+  bool include_usage_in_stream = true;
+};
+
 namespace {
 
 using json = nlohmann::json;
@@ -103,6 +112,11 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(wire(error_json(message, type, param)), "application/json");
 }
 
+// A tqkv::Error with the HTTP status its code maps to (http_status).
+void send_error(httplib::Response& res, const Error& e, const std::string& param = "") {
+  send_error(res, http_status(e.code()), e.what(), param);
+}
+
 // Events of one request, handed from the engine thread to its handler thread.
 struct Channel {
   std::mutex mu;
@@ -160,15 +174,9 @@ bool bool_field(const json& body, const char* name, bool dflt) {
 
 constexpr int kMaxTopLogprobs = 20;  // OpenAI's limit for chat (5 for completions; we allow 20)
 
-struct Parsed {
-  std::vector<int32_t> prompt;
-  RequestOptions opt;
-  bool stream = false;
-  bool include_usage_in_stream = true;
-};
 
 // What completions and chat completions share: sampling, limits, stop, stream.
-void parse_common(const json& body, Parsed& p, int max_seq_len, bool chat) {
+void parse_common(const json& body, ParsedRequest& p, int max_seq_len, bool chat) {
   if (const json* m = field(body, "model"); m && !m->is_string()) throw BadRequest{400, "'model' must be a string", "model"};
   if (int_field(body, "n", 1, 1, 1) != 1) throw BadRequest{400, "only n = 1 is supported", "n"};
   // logprobs: completions take the number of alternatives (false: none); chat takes a boolean
@@ -311,6 +319,162 @@ class LogprobList {
        top_logprobs_ = json::array(), text_offset_ = json::array();
 };
 
+
+// The prompt of a completions request: a string, one string in an array, or token ids.
+std::vector<int32_t> completion_prompt(const engine::Tokenizer& tok, const json& body) {
+  std::vector<int32_t> prompt;
+  const json* pr = field(body, "prompt");
+  if (!pr) throw BadRequest{400, "'prompt' is required", "prompt"};
+  if (pr->is_string()) {
+    prompt = encode(tok, pr->get<std::string>());
+  } else if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) {
+    prompt = encode(tok, (*pr)[0].get<std::string>());
+  } else if (pr->is_array() && !pr->empty() && (*pr)[0].is_number_integer()) {
+    for (const json& t : *pr) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
+        throw BadRequest{400, "'prompt' token ids must be integers in [0, " + std::to_string(tok.n_vocab()) + ")",
+                         "prompt"};
+      prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  } else {
+    throw BadRequest{400, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt"};
+  }
+  if (prompt.empty()) throw BadRequest{400, "the prompt is empty", "prompt"};
+  return prompt;
+}
+
+// The messages of a chat request.
+std::vector<engine::ChatMessage> chat_messages(const json& body) {
+  const json* msgs = field(body, "messages");
+  if (!msgs || !msgs->is_array() || msgs->empty()) throw BadRequest{400, "'messages' must be a non-empty array", "messages"};
+  std::vector<engine::ChatMessage> out;
+  for (const json& m : *msgs) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw BadRequest{400, "each message needs a string 'role'", "messages"};
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant")
+      throw BadRequest{400, "unknown role '" + role + "'", "messages"};
+    if (!m.contains("content") || !m["content"].is_string())
+      throw BadRequest{400, "each message needs a string 'content'", "messages"};
+    out.push_back({role, m["content"].get<std::string>()});
+  }
+  return out;
+}
+
+// What every response of one request carries.
+struct Reply {
+  std::string id;
+  int64_t created;
+  std::string model;
+  bool chat;
+  bool logprobs;
+};
+
+// A non-streamed answer: waits for the request's last event.
+void whole_reply(const engine::Tokenizer& tok, Channel& ch, const Reply& r, httplib::Response& res) {
+  std::string text;
+  TokenEvent last;
+  LogprobList lps(tok, r.chat);
+  for (bool done = false; !done;)
+    for (const TokenEvent& ev : ch.take(std::chrono::milliseconds(1000))) {
+      text += ev.text;
+      if (r.logprobs) lps.add(ev);
+      if (ev.finish != FinishReason::None) {
+        last = ev;
+        done = true;
+      }
+    }
+  if (last.finish == FinishReason::Abort) return send_error(res, 503, "the request was cancelled: the server is stopping");
+  json choice = {{"index", 0}, {"finish_reason", finish_reason_name(last.finish)}};
+  if (r.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else choice["text"] = text;
+  choice["logprobs"] = r.logprobs ? lps.take() : json(nullptr);
+  json out = {{"id", r.id},
+              {"object", r.chat ? "chat.completion" : "text_completion"},
+              {"created", r.created},
+              {"model", r.model},
+              {"choices", json::array({choice})},
+              {"usage", usage_json(last)}};
+  res.set_content(wire(out), "application/json");
+}
+
+// A streamed answer: one SSE event per step's text; the last carries finish_reason and usage.
+// A client that goes away is noticed at the next write and its request cancelled.
+void stream_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, std::shared_ptr<Channel> ch,
+                  const Reply& r, httplib::Response& res) {
+  struct StreamState {
+    bool finished = false, first = true;
+    std::string pending;   // bytes of a character the next token completes
+    LogprobList logprobs;  // of the tokens not yet sent
+  };
+  auto st = std::make_shared<StreamState>(StreamState{false, true, {}, LogprobList(tok, r.chat)});
+  EngineLoop* lp = &loop;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [ch, st, id, r, lp](size_t, httplib::DataSink& sink) {
+        auto chunk = [&](const std::string& text, const TokenEvent* end) {
+          json c = {{"index", 0}};
+          if (r.chat) {
+            json delta = json::object();
+            if (st->first) delta["role"] = "assistant";
+            if (!text.empty() || st->first) delta["content"] = text;
+            c["delta"] = delta;
+          } else {
+            c["text"] = text;
+          }
+          c["logprobs"] = r.logprobs && !st->logprobs.empty() ? st->logprobs.take() : json(nullptr);
+          c["finish_reason"] = end ? json(finish_reason_name(end->finish)) : json(nullptr);
+          json out = {{"id", r.id},
+                      {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
+                      {"created", r.created},
+                      {"model", r.model},
+                      {"choices", json::array({c})}};
+          if (end) out["usage"] = usage_json(*end);
+          st->first = false;
+          const std::string line = "data: " + wire(out) + "\n\n";
+          return sink.write(line.data(), line.size());
+        };
+        for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(500))) {
+          if (ev.finish == FinishReason::Abort) {
+            st->finished = true;
+            const std::string err = "data: " + wire(error_json("the request was cancelled", "server_error", "")) + "\n\n";
+            sink.write(err.data(), err.size());
+            sink.done();
+            return true;
+          }
+          bool ok = true;
+          st->pending += ev.text;
+          if (r.logprobs) st->logprobs.add(ev);
+          if (ev.finish != FinishReason::None) {
+            st->finished = true;
+            const std::string rest = std::move(st->pending);
+            ok = (rest.empty() || chunk(rest, nullptr)) && chunk("", &ev);
+            if (ok) {
+              static const std::string kDone = "data: [DONE]\n\n";
+              ok = sink.write(kDone.data(), kDone.size());
+            }
+            if (ok) sink.done();
+            return ok;
+          }
+          const size_t ready = complete_utf8_prefix(st->pending);
+          if (ready > 0 || st->first) {
+            ok = chunk(st->pending.substr(0, ready), nullptr);
+            st->pending.erase(0, ready);
+          }
+          if (!ok) {  // the client went away: free its sequence at the next step
+            lp->cancel(id);
+            st->finished = true;
+            return false;
+          }
+        }
+        return true;
+      },
+      [st, id, lp](bool) {
+        if (!st->finished) lp->cancel(id);
+      });
+}
+
 }  // namespace
 
 std::string prometheus_text(const EngineMetrics& m) {
@@ -337,6 +501,21 @@ std::string prometheus_text(const EngineMetrics& m) {
   histogram(o, "tqkv_time_to_first_token_seconds", "Time from arrival to the first token.", m.ttft);
   histogram(o, "tqkv_time_per_output_token_seconds", "Mean time per token after the first, per request.", m.tpot);
   return o.str();
+}
+
+int http_status(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::Ok: return 200;
+    case ErrorCode::InvalidArgument:  // the request asks for what cannot be done
+    case ErrorCode::NonFinite:
+    case ErrorCode::OutOfRange:
+    case ErrorCode::Overflow: return 400;
+    case ErrorCode::Capacity:  // full now; the same request may succeed later
+    case ErrorCode::Busy: return 503;
+    case ErrorCode::Format:  // the server's own files or devices
+    case ErrorCode::Device: return 500;
+  }
+  return 500;
 }
 
 HttpServer::HttpServer(EngineLoop& loop, const engine::Tokenizer& tok, const HttpConfig& cfg)
@@ -381,193 +560,83 @@ void HttpServer::routes() {
     send_error(res, res.status, msg);
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string msg = "internal error";
     try {
       if (ep) std::rethrow_exception(ep);
+      send_error(res, 500, "internal error");
+    } catch (const Error& e) {
+      send_error(res, e);
     } catch (const std::exception& e) {
-      msg = e.what();
+      send_error(res, 500, e.what());
     } catch (...) {
+      send_error(res, 500, "internal error");
     }
-    send_error(res, 500, msg);
   });
+  using Handler = void (HttpServer::*)(const httplib::Request&, httplib::Response&);
+  auto bind = [this](Handler h) { return [this, h](const httplib::Request& req, httplib::Response& res) { (this->*h)(req, res); }; };
+  s.Get("/health", bind(&HttpServer::health));
+  s.Get("/metrics", bind(&HttpServer::metrics));
+  s.Get("/v1/models", bind(&HttpServer::models));
+  s.Post("/v1/completions", bind(&HttpServer::completions));
+  s.Post("/v1/chat/completions", bind(&HttpServer::chat_completions));
+}
 
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const std::string fatal = loop_.fatal_error();
-    if (!fatal.empty()) return send_error(res, 503, "the engine stopped: " + fatal);
-    res.set_content(R"({"status":"ok"})", "application/json");
-  });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(prometheus_text(loop_.metrics()), "text/plain; version=0.0.4");
-  });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json m = {{"object", "list"},
-              {"data", json::array({{{"id", cfg_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tqkv"}}})}};
-    res.set_content(wire(m), "application/json");
-  });
+void HttpServer::health(const httplib::Request&, httplib::Response& res) {
+  const std::string fatal = loop_.fatal_error();
+  if (!fatal.empty()) return send_error(res, 503, "the engine stopped: " + fatal);
+  res.set_content(R"({"status":"ok"})", "application/json");
+}
 
-  auto handle = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
-    Parsed p;
-    try {
-      const json body = parse_body(req.body);
-      if (chat) {
-        const json* msgs = field(body, "messages");
-        if (!msgs || !msgs->is_array() || msgs->empty())
-          throw BadRequest{400, "'messages' must be a non-empty array", "messages"};
-        std::vector<engine::ChatMessage> chat_msgs;
-        for (const json& m : *msgs) {
-          if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-            throw BadRequest{400, "each message needs a string 'role'", "messages"};
-          const std::string role = m["role"].get<std::string>();
-          if (role != "system" && role != "user" && role != "assistant")
-            throw BadRequest{400, "unknown role '" + role + "'", "messages"};
-          if (!m.contains("content") || !m["content"].is_string())
-            throw BadRequest{400, "each message needs a string 'content'", "messages"};
-          chat_msgs.push_back({role, m["content"].get<std::string>()});
-        }
-        p.prompt = encode(tok_, tok_.apply_chat_template(chat_msgs, true));
-      } else {
-        const json* pr = field(body, "prompt");
-        if (!pr) throw BadRequest{400, "'prompt' is required", "prompt"};
-        if (pr->is_string()) {
-          p.prompt = encode(tok_, pr->get<std::string>());
-        } else if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) {
-          p.prompt = encode(tok_, (*pr)[0].get<std::string>());
-        } else if (pr->is_array() && !pr->empty() && (*pr)[0].is_number_integer()) {
-          for (const json& t : *pr) {
-            if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok_.n_vocab())
-              throw BadRequest{400, "'prompt' token ids must be integers in [0, " + std::to_string(tok_.n_vocab()) + ")",
-                               "prompt"};
-            p.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
-          }
-        } else {
-          throw BadRequest{400, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt"};
-        }
-        if (p.prompt.empty()) throw BadRequest{400, "the prompt is empty", "prompt"};
-      }
-      parse_common(body, p, loop_.config().max_seq_len, chat);
-    } catch (const BadRequest& e) {
-      return send_error(res, e.status, e.message, e.param);
-    } catch (const Error& e) {
-      return send_error(res, 400, e.what());
-    }
+void HttpServer::metrics(const httplib::Request&, httplib::Response& res) {
+  res.set_content(prometheus_text(loop_.metrics()), "text/plain; version=0.0.4");
+}
 
-    auto ch = std::make_shared<Channel>();
-    int64_t id = 0;
-    try {
-      id = loop_.submit(p.prompt, p.opt, [ch](const TokenEvent& ev) { ch->push(ev); });
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      return send_error(res, msg.find("shutting down") != std::string::npos ? 503 : 400, msg,
-                        msg.find("max_tokens") != std::string::npos ? "max_tokens" : "prompt");
-    }
-    const std::string rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(id);
-    const int64_t created = unix_now();
-    const std::string model = cfg_.model_name;
+void HttpServer::models(const httplib::Request&, httplib::Response& res) {
+  json m = {{"object", "list"},
+            {"data", json::array({{{"id", cfg_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tqkv"}}})}};
+  res.set_content(wire(m), "application/json");
+}
 
-    const bool want_logprobs = p.opt.logprobs >= 0;
-    if (!p.stream) {
-      std::string text;
-      TokenEvent last;
-      LogprobList lps(tok_, chat);
-      for (bool done = false; !done;)
-        for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(1000))) {
-          text += ev.text;
-          if (want_logprobs) lps.add(ev);
-          if (ev.finish != FinishReason::None) {
-            last = ev;
-            done = true;
-          }
-        }
-      if (last.finish == FinishReason::Abort) return send_error(res, 503, "the request was cancelled: the server is stopping");
-      json choice = {{"index", 0}, {"finish_reason", finish_reason_name(last.finish)}};
-      if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-      else choice["text"] = text;
-      choice["logprobs"] = want_logprobs ? lps.take() : json(nullptr);
-      json out = {{"id", rid},
-                  {"object", chat ? "chat.completion" : "text_completion"},
-                  {"created", created},
-                  {"model", model},
-                  {"choices", json::array({choice})},
-                  {"usage", usage_json(last)}};
-      res.set_content(wire(out), "application/json");
-      return;
-    }
+void HttpServer::completions(const httplib::Request& req, httplib::Response& res) {
+  ParsedRequest p;
+  try {
+    const json body = parse_body(req.body);
+    p.prompt = completion_prompt(tok_, body);
+    parse_common(body, p, loop_.config().max_seq_len, false);
+  } catch (const BadRequest& e) {
+    return send_error(res, e.status, e.message, e.param);
+  }
+  generate(p, res, false);
+}
 
-    // Streaming: one SSE event per step's text; the last carries finish_reason and usage.
-    struct StreamState {
-      bool finished = false, first = true;
-      std::string pending;  // bytes of a character the next token completes
-      LogprobList logprobs;  // of the tokens not yet sent
-    };
-    auto st = std::make_shared<StreamState>(StreamState{false, true, {}, LogprobList(tok_, chat)});
-    EngineLoop* loop = &loop_;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [ch, st, id, rid, created, model, chat, loop, want_logprobs](size_t, httplib::DataSink& sink) {
-          auto chunk = [&](const std::string& text, const TokenEvent* end) {
-            json c = {{"index", 0}};
-            if (chat) {
-              json delta = json::object();
-              if (st->first) delta["role"] = "assistant";
-              if (!text.empty() || st->first) delta["content"] = text;
-              c["delta"] = delta;
-            } else {
-              c["text"] = text;
-            }
-            c["logprobs"] = want_logprobs && !st->logprobs.empty() ? st->logprobs.take() : json(nullptr);
-            c["finish_reason"] = end ? json(finish_reason_name(end->finish)) : json(nullptr);
-            json out = {{"id", rid},
-                        {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                        {"created", created},
-                        {"model", model},
-                        {"choices", json::array({c})}};
-            if (end) out["usage"] = usage_json(*end);
-            st->first = false;
-            const std::string line = "data: " + wire(out) + "\n\n";
-            return sink.write(line.data(), line.size());
-          };
-          for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(500))) {
-            if (ev.finish == FinishReason::Abort) {
-              st->finished = true;
-              const std::string err = "data: " + wire(error_json("the request was cancelled", "server_error", "")) + "\n\n";
-              sink.write(err.data(), err.size());
-              sink.done();
-              return true;
-            }
-            bool ok = true;
-            st->pending += ev.text;
-            if (want_logprobs) st->logprobs.add(ev);
-            if (ev.finish != FinishReason::None) {
-              st->finished = true;
-              const std::string rest = std::move(st->pending);
-              ok = (rest.empty() || chunk(rest, nullptr)) && chunk("", &ev);
-              if (ok) {
-                static const std::string kDone = "data: [DONE]\n\n";
-                ok = sink.write(kDone.data(), kDone.size());
-              }
-              if (ok) sink.done();
-              return ok;
-            }
-            const size_t ready = complete_utf8_prefix(st->pending);
-            if (ready > 0 || st->first) {
-              ok = chunk(st->pending.substr(0, ready), nullptr);
-              st->pending.erase(0, ready);
-            }
-            if (!ok) {  // the client went away: free its sequence at the next step
-              loop->cancel(id);
-              st->finished = true;
-              return false;
-            }
-          }
-          return true;
-        },
-        [st, id, loop](bool) {
-          if (!st->finished) loop->cancel(id);
-        });
-  };
-  s.Post("/v1/completions", [handle](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
-  s.Post("/v1/chat/completions", [handle](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
+void HttpServer::chat_completions(const httplib::Request& req, httplib::Response& res) {
+  ParsedRequest p;
+  try {
+    const json body = parse_body(req.body);
+    p.prompt = encode(tok_, tok_.apply_chat_template(chat_messages(body), true));
+    parse_common(body, p, loop_.config().max_seq_len, true);
+  } catch (const BadRequest& e) {
+    return send_error(res, e.status, e.message, e.param);
+  } catch (const Error& e) {  // a model without a chat template
+    return send_error(res, e);
+  }
+  generate(p, res, true);
+}
+
+// Submits a checked request and answers it whole or as a stream.
+void HttpServer::generate(const ParsedRequest& p, httplib::Response& res, bool chat) {
+  auto ch = std::make_shared<Channel>();
+  int64_t id = 0;
+  try {
+    id = loop_.submit(p.prompt, p.opt, [ch](const TokenEvent& ev) { ch->push(ev); });
+  } catch (const Error& e) {
+    // Scheduler::check: the prompt alone, or the prompt with max_tokens, beyond what fits.
+    const bool prompt_too_long = static_cast<int64_t>(p.prompt.size()) >= loop_.config().max_seq_len;
+    return send_error(res, e, prompt_too_long ? "prompt" : "max_tokens");
+  }
+  const Reply r{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(id), unix_now(), cfg_.model_name, chat,
+                p.opt.logprobs >= 0};
+  if (p.stream) stream_reply(tok_, loop_, id, ch, r, res);
+  else whole_reply(tok_, *ch, r, res);
 }
 
 }  // namespace tqkv::serve

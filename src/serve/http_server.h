@@ -12,12 +12,17 @@
 
 #include "engine/tokenizer.h"
 #include "engine_loop.h"
+#include "tqkv/error.h"
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
 }
 
 namespace tqkv::serve {
+
+struct ParsedRequest;
 
 struct HttpConfig {
   std::string host = "127.0.0.1";
@@ -39,11 +44,23 @@ class HttpServer {
 
  private:
   void routes();
+  // One handler per endpoint.
+  void health(const httplib::Request& req, httplib::Response& res);
+  void metrics(const httplib::Request& req, httplib::Response& res);
+  void models(const httplib::Request& req, httplib::Response& res);
+  void completions(const httplib::Request& req, httplib::Response& res);
+  void chat_completions(const httplib::Request& req, httplib::Response& res);
+  void generate(const ParsedRequest& p, httplib::Response& res, bool chat);
   EngineLoop& loop_;
   const engine::Tokenizer& tok_;
   HttpConfig cfg_;
   std::unique_ptr<httplib::Server> svr_;
 };
+
+// The HTTP status of a tqkv::Error by its code: the one table (no message text is read).
+// 400: the request asks for what cannot be done; 503: not now (Busy, Capacity); 500: the
+// server's own files or device failed.
+int http_status(ErrorCode code);
 
 // Prometheus text of the engine's metrics (also used by tests).
 std::string prometheus_text(const EngineMetrics& m);

@@ -212,6 +212,13 @@ TEST_F(ModelRunnerTest, EngineLoopServesConcurrentRequestsAndCancels) {
   EXPECT_EQ(m.requests_aborted, 1);
   EXPECT_EQ(m.pages_used, 0);
   EXPECT_THROW(loop.submit({}, RequestOptions{}, [](const TokenEvent&) {}), tqkv::Error);
+  loop.stop();
+  try {  // a stopped loop refuses work as Busy (HTTP 503), not as a bad request
+    loop.submit(chat(kQuestions[0]), RequestOptions{}, [](const TokenEvent&) {});
+    ADD_FAILURE() << "a stopped loop took a request";
+  } catch (const tqkv::Error& e) {
+    EXPECT_EQ(e.code(), tqkv::ErrorCode::Busy) << e.what();
+  }
 }
 
 }  // namespace
