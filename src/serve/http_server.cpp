@@ -1,11 +1,19 @@
 #include "http_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -34,22 +42,31 @@ using json = nlohmann::json;
 // instead of an exception (which was an HTTP 500).
 std::string wire(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-
 // cpp-httplib's ThreadPool has a fixed number of workers, and a connection holds one for as
 // long as it is open (a whole stream, then the keep-alive wait for its next request): with as
 // many open connections as workers, a new one waits unserved. This pool starts a worker
-// whenever the queued connections outnumber the idle workers, up to `max_threads`; workers
-// stay (idle ones cost a stack) until shutdown().
+// whenever the queued connections outnumber the idle workers, up to `max_threads`; a worker
+// idle for `retire_after` ends (joined at the next enqueue or at shutdown).
 class GrowingPool final : public httplib::TaskQueue {
  public:
-  explicit GrowingPool(size_t max_threads) : max_(std::max<size_t>(1, max_threads)) {}
+  GrowingPool(size_t max_threads, std::chrono::milliseconds retire_after)
+      : max_(std::max<size_t>(1, max_threads)), retire_after_(retire_after) {}
   ~GrowingPool() override { shutdown(); }
 
   void enqueue(std::function<void()> fn) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(std::move(fn));
-    if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
-    else cv_.notify_one();
+    std::list<std::thread> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done.swap(retired_);
+      jobs_.push_back(std::move(fn));
+      if (jobs_.size() > idle_ && threads_.size() < max_) {
+        threads_.emplace_back();
+        threads_.back() = std::thread([this, it = std::prev(threads_.end())] { work(it); });
+      } else {
+        cv_.notify_one();
+      }
+    }
+    for (std::thread& t : done) t.join();
   }
   // Runs what is queued, then joins every worker (the listener has stopped enqueuing).
   void shutdown() override {
@@ -59,17 +76,29 @@ class GrowingPool final : public httplib::TaskQueue {
       stopping_ = true;
     }
     cv_.notify_all();
-    for (std::thread& t : threads_) t.join();
+    for (;;) {  // workers retiring meanwhile move themselves to retired_
+      std::list<std::thread> all;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        all.splice(all.end(), threads_);
+        all.splice(all.end(), retired_);
+      }
+      if (all.empty()) return;
+      for (std::thread& t : all) t.join();
+    }
   }
 
  private:
-  void work() {
+  void work(std::list<std::thread>::iterator self) {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       ++idle_;
-      cv_.wait(lock, [&] { return !jobs_.empty() || stopping_; });
+      const bool woke = cv_.wait_for(lock, retire_after_, [&] { return !jobs_.empty() || stopping_; });
       --idle_;
-      if (jobs_.empty()) return;
+      if (!woke || jobs_.empty()) {  // idle too long, or shutting down with nothing queued
+        if (!stopping_) retired_.splice(retired_.end(), threads_, self);
+        return;
+      }
       std::function<void()> fn = std::move(jobs_.front());
       jobs_.pop_front();
       lock.unlock();
@@ -79,18 +108,193 @@ class GrowingPool final : public httplib::TaskQueue {
   }
 
   const size_t max_;
+  const std::chrono::milliseconds retire_after_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;
+  std::list<std::thread> threads_, retired_;
   size_t idle_ = 0;
   bool stopping_ = false;
 };
 
-// The listening socket, to widen cpp-httplib 0.11's compiled-in listen backlog of 5.
+using Clock = std::chrono::steady_clock;
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, seconds) * 1000.0));
+}
+
+// One connection's socket with deadlines, as cpp-httplib reads and writes it: a request (its
+// line, headers and body) must arrive whole within `read_timeout` of its first byte and within
+// `max_request_bytes`; a write must make progress within `write_timeout`. What ended a read is
+// kept for the error handler (408 for a deadline, 413 for too many bytes).
+class DeadlineStream final : public httplib::Stream {
+ public:
+  DeadlineStream(int fd, const HttpConfig& cfg) : fd_(fd), cfg_(cfg) {}
+
+  // Waits (in slices, so that `stopping` is seen) for the first byte of the next request, at
+  // most the idle timeout. False: the client closed, went quiet, or the server stops.
+  bool wait_for_request(const std::function<bool()>& stopping) {
+    const Clock::time_point end = Clock::now() + millis(cfg_.idle_timeout_s);
+    while (pos_ == len_) {
+      if (stopping()) return false;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+      if (left.count() <= 0) return false;
+      if (poll_for(POLLIN, std::min<int64_t>(left.count(), 100))) return true;
+    }
+    return true;
+  }
+  // A request starts: its deadline and byte budget.
+  void begin_request() {
+    deadline_ = Clock::now() + millis(cfg_.read_timeout_s);
+    budget_ = cfg_.max_body_bytes + kHeaderBytes;
+    timed_out_ = over_budget_ = false;
+  }
+  bool timed_out() const { return timed_out_; }
+  bool over_budget() const { return over_budget_; }
+  // The client closed its end (or reset): nothing it sent is unread.
+  bool peer_gone() const {
+    if (pos_ < len_) return false;
+    pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
+    char c;
+    return ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+  }
+
+  bool is_readable() const override { return pos_ < len_ || poll_until(POLLIN, deadline_); }
+  bool is_writable() const override { return poll_for(POLLOUT, millis(cfg_.write_timeout_s).count()); }
+  ssize_t read(char* ptr, size_t size) override {
+    if (pos_ == len_) {
+      if (!poll_until(POLLIN, deadline_)) {
+        timed_out_ = true;
+        return -1;
+      }
+      if (fill() <= 0) return -1;
+    }
+    const size_t n = std::min(size, len_ - pos_);
+    std::memcpy(ptr, buf_ + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    return ::send(fd_, ptr, size, MSG_NOSIGNAL);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { address(::getpeername, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { address(::getsockname, ip, port); }
+  socket_t socket() const override { return fd_; }
+
+ private:
+  static constexpr size_t kHeaderBytes = 64 << 10;  // request line and headers, beyond the body limit
+
+  ssize_t fill() {
+    if (budget_ == 0) {
+      over_budget_ = true;
+      return -1;
+    }
+    const ssize_t n = ::recv(fd_, buf_, std::min(sizeof buf_, budget_), 0);
+    if (n <= 0) return n;
+    budget_ -= static_cast<size_t>(n);
+    pos_ = 0;
+    len_ = static_cast<size_t>(n);
+    return n;
+  }
+  bool poll_for(short events, int64_t ms) const {
+    pollfd p{fd_, events, 0};
+    return ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30))) > 0;
+  }
+  bool poll_until(short events, Clock::time_point end) const {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
+    return left > 0 && poll_for(events, left);
+  }
+  template <typename Name>
+  void address(Name name, std::string& ip, int& port) const {
+    sockaddr_storage a{};
+    socklen_t n = sizeof a;
+    char host[INET6_ADDRSTRLEN] = "";
+    port = 0;
+    if (name(fd_, reinterpret_cast<sockaddr*>(&a), &n) != 0) return;
+    if (a.ss_family == AF_INET) {
+      const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+      inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+      port = ntohs(v4->sin_port);
+    } else if (a.ss_family == AF_INET6) {
+      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+      inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+      port = ntohs(v6->sin6_port);
+    }
+    ip = host;
+  }
+
+  const int fd_;
+  const HttpConfig& cfg_;
+  char buf_[16 << 10];
+  size_t pos_ = 0, len_ = 0;
+  Clock::time_point deadline_ = Clock::now();
+  size_t budget_ = 0;
+  bool timed_out_ = false, over_budget_ = false;
+};
+
+// The connection a handler thread serves (handlers and the error handler run on it).
+struct Connection {
+  DeadlineStream* stream = nullptr;
+  bool close_after = false;  // the request's body was left unread: no keep-alive
+};
+thread_local Connection* t_connection = nullptr;
+
+// cpp-httplib's server with our own connection loop around its request parser: deadlines and
+// byte limits on every read (DeadlineStream), an idle timeout between requests, a prompt close
+// on stop(), and the listen backlog widened from cpp-httplib 0.11's compiled-in 5.
 class Listener final : public httplib::Server {
  public:
+  explicit Listener(const HttpConfig& cfg) : cfg_(cfg) {}
   int fd() const { return static_cast<int>(svr_sock_); }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    DeadlineStream strm(sock, cfg_);
+    Connection conn{&strm};
+    t_connection = &conn;
+    auto stopping = [this] { return svr_sock_ == INVALID_SOCKET; };
+    bool ok = true;
+    while (ok && !conn.close_after && strm.wait_for_request(stopping)) {
+      strm.begin_request();
+      bool closed = false;
+      ok = process_request(strm, false, closed, nullptr);
+      if (!ok && strm.timed_out()) timeout_reply(strm);  // cut in the request line: no answer was written
+      ok = ok && !closed && !strm.timed_out() && !strm.over_budget();
+    }
+    t_connection = nullptr;
+    if (conn.close_after || strm.over_budget()) linger(sock);
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+  }
+  // A request refused with its body unsent or unread: closing at once would reset the
+  // connection under a client still sending, which then never reads its answer. As web
+  // servers do, say we are done writing and discard what still comes, for at most 2 s and
+  // 64 MiB.
+  static void linger(int sock) {
+    ::shutdown(sock, SHUT_WR);
+    const Clock::time_point end = Clock::now() + std::chrono::seconds(2);
+    char sink[16 << 10];
+    for (size_t left = size_t{64} << 20; left > 0;) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
+      pollfd p{sock, POLLIN, 0};
+      if (ms <= 0 || ::poll(&p, 1, static_cast<int>(ms)) <= 0) return;
+      const ssize_t n = ::recv(sock, sink, sizeof sink, 0);
+      if (n <= 0) return;
+      left -= std::min(left, static_cast<size_t>(n));
+    }
+  }
+  void timeout_reply(DeadlineStream& strm) const {
+    const std::string body = R"({"error":{"message":"the request did not arrive within the read timeout",)"
+                             R"("type":"invalid_request_error","param":null,"code":null}})";
+    const std::string head = "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+    strm.write((head + body).data(), head.size() + body.size());
+  }
+  const HttpConfig& cfg_;
 };
 
 // A request the client got wrong: OpenAI's error object with a 4xx status.
@@ -100,16 +304,45 @@ struct BadRequest {
   std::string param;
 };
 
-json error_json(const std::string& message, const std::string& type, const std::string& param) {
-  json e = {{"message", message}, {"type", type}, {"code", nullptr}};
+json error_json(const std::string& message, const std::string& type, const std::string& param,
+                const std::string& code = "") {
+  json e = {{"message", message}, {"type", type}};
   e["param"] = param.empty() ? json(nullptr) : json(param);
+  e["code"] = code.empty() ? json(nullptr) : json(code);
   return json{{"error", e}};
 }
 
-void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "") {
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
+                const std::string& code = "") {
   res.status = status;
   const std::string type = status >= 500 ? "server_error" : "invalid_request_error";
-  res.set_content(wire(error_json(message, type, param)), "application/json");
+  res.set_content(wire(error_json(message, type, param, code)), "application/json");
+}
+
+// An error answered before the request's body was read: the connection closes after it.
+void refuse(httplib::Response& res, int status, const std::string& message, const std::string& code = "") {
+  send_error(res, status, message, "", code);
+  res.set_header("Connection", "close");
+  if (t_connection) t_connection->close_after = true;
+}
+
+// The method an endpoint answers; nullptr for an unknown path.
+const char* allowed_method(const std::string& path) {
+  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (path == "/health" || path == "/metrics" || path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "GET";
+  return nullptr;
+}
+
+// a == b in time that does not depend on where they differ.
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return d == 0;
+}
+
+bool all_digits(const std::string& v) {
+  return !v.empty() && v.size() <= 18 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 // A tqkv::Error with the HTTP status its code maps to (http_status).
@@ -519,16 +752,11 @@ int http_status(ErrorCode code) {
 }
 
 HttpServer::HttpServer(EngineLoop& loop, const engine::Tokenizer& tok, const HttpConfig& cfg)
-    : loop_(loop), tok_(tok), cfg_(cfg), svr_(std::make_unique<Listener>()) {
-  const int threads = cfg_.threads;
-  svr_->new_task_queue = [threads] { return new GrowingPool(static_cast<size_t>(threads)); };
+    : loop_(loop), tok_(tok), cfg_(cfg), svr_(std::make_unique<Listener>(cfg_)) {
+  const size_t threads = static_cast<size_t>(cfg_.threads);
+  const std::chrono::milliseconds retire = std::max(millis(cfg_.idle_timeout_s), std::chrono::milliseconds(100));
+  svr_->new_task_queue = [threads, retire] { return new GrowingPool(threads, retire); };
   svr_->set_payload_max_length(cfg_.max_body_bytes);
-  // cpp-httplib 0.11 waits this long for every request on a connection, the first one included:
-  // at 1 s, a client whose request arrived late (a handshake retried after a full accept
-  // queue, a busy client process) had its connection closed unanswered — the resets seen at 64
-  // concurrent clients. 5 s is the library's (and llama-server's) default; stop() waits at most
-  // this long for idle connections.
-  svr_->set_keep_alive_timeout(5);
   routes();
 }
 
@@ -551,13 +779,53 @@ void HttpServer::stop() {
 
 void HttpServer::routes() {
   httplib::Server& s = *svr_;
-  // Errors httplib answers itself (413 body too large, 404, ...) get a JSON body too.
-  s.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+  // Before the body is read: the API key, then the framing (a Content-Length that is a number
+  // within --max-body, or chunked alone); a refused request's connection closes.
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    using R = httplib::Server::HandlerResponse;
+    if (!cfg_.api_key.empty() && req.path != "/health" &&
+        !same_secret(req.get_header_value("Authorization"), "Bearer " + cfg_.api_key)) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      refuse(res, 401, "a valid API key is required: send 'Authorization: Bearer KEY'", "invalid_api_key");
+      return R::Handled;
+    }
+    const bool has_length = req.has_header("Content-Length");
+    if (req.has_header("Transfer-Encoding")) {
+      std::string te = req.get_header_value("Transfer-Encoding");
+      std::transform(te.begin(), te.end(), te.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (te != "chunked" || has_length || req.get_header_value_count("Transfer-Encoding") > 1) {
+        refuse(res, 400, "Transfer-Encoding must be 'chunked' alone, without Content-Length");
+        return R::Handled;
+      }
+    }
+    if (has_length) {
+      const std::string v = req.get_header_value("Content-Length");
+      if (!all_digits(v) || req.get_header_value_count("Content-Length") > 1) {
+        refuse(res, 400, "Content-Length must be one non-negative integer");
+        return R::Handled;
+      }
+      if (std::stoull(v) > cfg_.max_body_bytes) {
+        refuse(res, 413, "the request body is larger than the limit of " + std::to_string(cfg_.max_body_bytes) + " bytes");
+        return R::Handled;
+      }
+    }
+    return R::Unhandled;
+  });
+  // Errors httplib answers itself (a request cut by a deadline or the byte limit, 404, a wrong
+  // method) get OpenAI's error JSON too.
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    const std::string msg = res.status == 413 ? "the request body is too large"
-                            : res.status == 404 ? "no such endpoint"
-                                                : "request failed";
-    send_error(res, res.status, msg);
+    const DeadlineStream* strm = t_connection ? t_connection->stream : nullptr;
+    if (strm && strm->over_budget())
+      return refuse(res, 413, "the request body is larger than the limit of " + std::to_string(cfg_.max_body_bytes) + " bytes");
+    if (strm && strm->timed_out())
+      return refuse(res, 408, "the request did not arrive within " + std::to_string(cfg_.read_timeout_s) + " s");
+    const char* allowed = allowed_method(req.path);
+    if (allowed && req.method != allowed && !(req.method == "HEAD" && std::string(allowed) == "GET")) {
+      res.set_header("Allow", allowed);
+      return send_error(res, 405, "method " + req.method + " is not allowed on " + req.path + " (use " + allowed + ")");
+    }
+    send_error(res, res.status, res.status == 404 ? "no such endpoint" : "request failed");
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     try {

@@ -28,8 +28,14 @@ struct HttpConfig {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port
   std::string model_name = "tqkv";
-  size_t max_body_bytes = 1 << 20;
+  size_t max_body_bytes = 1 << 20;  // every transfer encoding (chunked bodies included)
   int threads = 1024;  // most handler threads, started on demand (each open connection holds one)
+  // Deadlines, in seconds: a connection waiting for its next request is closed after
+  // idle_timeout (and a handler thread idle that long ends); a request's line, headers and
+  // body must arrive within read_timeout of its first byte (else 408 and close); a write that
+  // makes no progress for write_timeout ends the connection (and cancels its request).
+  double idle_timeout_s = 5, read_timeout_s = 30, write_timeout_s = 30;
+  std::string api_key;  // non-empty: every endpoint but /health needs "Authorization: Bearer KEY"
 };
 
 class HttpServer {

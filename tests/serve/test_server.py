@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -32,10 +33,10 @@ if not os.path.exists(BIN):
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, env=None):
         self.proc = subprocess.Popen(
             [BIN, "serve", "-m", MODEL, "--port", "0", "--ctx", str(CTX), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline()
         m = re.search(r"listening on http://([\d.]+):(\d+)", line)
         if not m:
@@ -51,6 +52,7 @@ class Server:
                     return
             except OSError:
                 time.sleep(0.1)
+        self.proc.kill()
         raise RuntimeError("no /health")
 
     def get(self, path):
@@ -365,3 +367,136 @@ def test_tiny_cache_preempts_and_completes_everything():
             s.client.completions.create(model="m", prompt="hi", max_tokens=300)
     finally:
         assert s.stop() == 0
+
+
+# ---- Hostile clients (issue 45): deadlines, byte limits, framing, methods, keys ----------------
+# One server with short limits, set by options, so that each test takes a second or two.
+HARD_OPTS = ("--max-seqs", "4", "--http-threads", "4", "--max-body", "65536", "--idle-timeout", "0.5",
+             "--read-timeout", "1", "--write-timeout", "1")
+
+
+@pytest.fixture(scope="module")
+def hard():
+    s = Server(*HARD_OPTS)
+    yield s
+    assert s.stop() == 0
+
+
+def raw_exchange(port, data, timeout=10.0, send_delay=0.0):
+    """Sends `data` (bytes, or a list of pieces sent send_delay apart) on a fresh connection and
+    returns (everything the server sent until it closed or went quiet for `timeout`, seconds taken)."""
+    t0 = time.time()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        try:
+            for piece in data if isinstance(data, list) else [data]:
+                s.sendall(piece)
+                time.sleep(send_delay)
+        except OSError:  # the server closed while we were sending
+            pass
+        out = b""
+        try:
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    break
+                out += d
+        except (socket.timeout, ConnectionResetError):
+            pass
+    return out.decode(errors="replace"), time.time() - t0
+
+
+def status_of(reply):
+    m = re.match(r"HTTP/1\.1 (\d+)", reply)
+    return int(m.group(1)) if m else None
+
+
+def post_head(path="/v1/completions", extra=""):
+    return (f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{extra}").encode()
+
+
+def test_chunked_body_beyond_max_body_is_413(hard):
+    # A chunked body was read whole whatever its size (200 MB: 200 OK, ~400 MB of memory).
+    chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
+    reply, took = raw_exchange(hard.port, [post_head(extra="Transfer-Encoding: chunked\r\n\r\n")] + [chunk] * 32)
+    assert status_of(reply) == 413, reply[:300]
+    assert "invalid_request_error" in reply and took < 5
+    # Within the limit a chunked body is served.
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2, "temperature": 0}).encode()
+    reply, _ = raw_exchange(hard.port, post_head(extra="Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n") +
+                            b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    assert status_of(reply) == 200 and '"completion_tokens":2' in reply, reply[:300]
+
+
+def test_content_length_is_checked_before_the_body(hard):
+    for value, want in (("-5", 400), ("abc", 400), ("1e3", 400), ("99999999", 413)):
+        reply, took = raw_exchange(hard.port, post_head(extra=f"Content-Length: {value}\r\n\r\n").decode().encode())
+        assert status_of(reply) == want and took < 0.9, (value, reply[:200], took)  # not after a read timeout
+    reply, _ = raw_exchange(hard.port, post_head(extra="Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}"))
+    assert status_of(reply) == 400
+
+
+def test_slow_headers_time_out_and_do_not_starve_others(hard):
+    # Headers a byte at a time kept a handler thread forever; four of them (--http-threads 4)
+    # starved every other request.
+    head = post_head(extra="Content-Length: 2\r\n\r\n") + b"{}"
+
+    def slow(_):
+        return raw_exchange(hard.port, [bytes([b]) for b in head], send_delay=0.05)
+
+    with cf.ThreadPoolExecutor(4) as ex:
+        slows = [ex.submit(slow, i) for i in range(4)]
+        time.sleep(0.3)
+        t0 = time.time()
+        r = hard.client.completions.create(model="m", prompt="Hi", max_tokens=2, temperature=0)
+        served_in = time.time() - t0
+        results = [f.result() for f in slows]
+    assert r.usage.completion_tokens <= 2 and served_in < 4, served_in
+    for reply, took in results:
+        assert status_of(reply) == 408 and took < 4, (reply[:200], took)
+
+
+def test_idle_connections_close_and_threads_retire(hard):
+    def threads():
+        with open(f"/proc/{hard.proc.pid}/status") as f:
+            return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
+
+    time.sleep(1.0)
+    before = threads()
+    # A connection that sends nothing is closed after --idle-timeout (it waited forever before).
+    reply, took = raw_exchange(hard.port, b"", timeout=5)
+    assert reply == "" and 0.3 < took < 3, took
+    with cf.ThreadPoolExecutor(4) as ex:  # four handler threads at once
+        list(ex.map(lambda i: raw_exchange(hard.port, b"", timeout=5), range(4)))
+    deadline = time.time() + 5
+    while threads() > before and time.time() < deadline:
+        time.sleep(0.1)
+    assert threads() <= before
+
+
+def test_wrong_method_is_405(hard):
+    for method, path, allowed in (("GET", "/v1/completions", "POST"), ("PUT", "/v1/chat/completions", "POST"),
+                                  ("POST", "/v1/models", "GET"), ("DELETE", "/health", "GET")):
+        reply, _ = raw_exchange(hard.port, f"{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                                           f"Content-Length: 0\r\n\r\n".encode())
+        assert status_of(reply) == 405 and f"Allow: {allowed}" in reply, (method, path, reply[:300])
+    assert status_of(raw_exchange(hard.port, b"GET /nothing HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")[0]) == 404
+
+
+def test_api_key():
+    for s in (Server("--api-key", "sesame"), Server(env={"TQKV_API_KEY": "sesame"})):
+        try:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+                code, text = s.post_raw("/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 1}),
+                                        {"Content-Type": "application/json", **headers})
+                assert code == 401 and json.loads(text)["error"]["code"] == "invalid_api_key", (headers, code, text)
+            for path in ("/v1/models", "/metrics"):
+                with pytest.raises(urllib.error.HTTPError) as e:
+                    s.get(path)
+                assert e.value.code == 401
+            assert s.get("/health")[0] == 200  # probes need no key
+            with pytest.raises(openai.AuthenticationError):
+                s.client.models.list()
+            good = openai.OpenAI(base_url=s.base + "/v1", api_key="sesame", max_retries=0, timeout=60)
+            assert good.completions.create(model="m", prompt="Hi", max_tokens=1).usage.completion_tokens <= 1
+        finally:
+            assert s.stop() == 0
