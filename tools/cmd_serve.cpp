@@ -130,7 +130,7 @@ void register_serve(CLI::App& app) {
     std::thread watcher([&] {
       while (!done.load()) {
         if (g_signal.load() != 0) {
-          http.stop();
+          http.shutdown();  // cancels what is in flight, lets its answers out, stops listening
           return;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -594,6 +594,8 @@ std::vector<engine::ChatMessage> chat_messages(const json& body) {
   return out;
 }
 
+const std::string kDone = "data: [DONE]\n\n";
+
 // What every response of one request carries.
 struct Reply {
   std::string id;
@@ -603,13 +605,27 @@ struct Reply {
   bool logprobs;
 };
 
-// A non-streamed answer: waits for the request's last event.
-void whole_reply(const engine::Tokenizer& tok, Channel& ch, const Reply& r, httplib::Response& res) {
+// Why a request the client did not cancel was aborted: shutdown, or the engine failed.
+std::string abort_message(const EngineLoop& loop) {
+  const std::string fatal = loop.fatal_error();
+  return fatal.empty() ? "the request was cancelled: the server is shutting down"
+                       : "the request was cancelled: the engine failed: " + fatal;
+}
+
+// A non-streamed answer: waits for the request's last event. A client that closes its
+// connection meanwhile has its request cancelled (freed at the next step).
+void whole_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, Channel& ch, const Reply& r,
+                 httplib::Response& res) {
   std::string text;
   TokenEvent last;
   LogprobList lps(tok, r.chat);
-  for (bool done = false; !done;)
-    for (const TokenEvent& ev : ch.take(std::chrono::milliseconds(1000))) {
+  for (bool done = false; !done;) {
+    if (t_connection && t_connection->stream->peer_gone()) {
+      loop.cancel(id);
+      t_connection->close_after = true;
+      return send_error(res, 499, "the client closed the connection");
+    }
+    for (const TokenEvent& ev : ch.take(std::chrono::milliseconds(100))) {
       text += ev.text;
       if (r.logprobs) lps.add(ev);
       if (ev.finish != FinishReason::None) {
@@ -617,7 +633,8 @@ void whole_reply(const engine::Tokenizer& tok, Channel& ch, const Reply& r, http
         done = true;
       }
     }
-  if (last.finish == FinishReason::Abort) return send_error(res, 503, "the request was cancelled: the server is stopping");
+  }
+  if (last.finish == FinishReason::Abort) return send_error(res, 503, abort_message(loop));
   json choice = {{"index", 0}, {"finish_reason", finish_reason_name(last.finish)}};
   if (r.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
   else choice["text"] = text;
@@ -634,7 +651,7 @@ void whole_reply(const engine::Tokenizer& tok, Channel& ch, const Reply& r, http
 // A streamed answer: one SSE event per step's text; the last carries finish_reason and usage.
 // A client that goes away is noticed at the next write and its request cancelled.
 void stream_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, std::shared_ptr<Channel> ch,
-                  const Reply& r, httplib::Response& res) {
+                  const Reply& r, std::shared_ptr<void> in_flight, httplib::Response& res) {
   struct StreamState {
     bool finished = false, first = true;
     std::string pending;   // bytes of a character the next token completes
@@ -669,11 +686,10 @@ void stream_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, st
           return sink.write(line.data(), line.size());
         };
         for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(500))) {
-          if (ev.finish == FinishReason::Abort) {
+          if (ev.finish == FinishReason::Abort) {  // shutdown or a failed engine: an error event, then [DONE]
             st->finished = true;
-            const std::string err = "data: " + wire(error_json("the request was cancelled", "server_error", "")) + "\n\n";
-            sink.write(err.data(), err.size());
-            sink.done();
+            const std::string end = "data: " + wire(error_json(abort_message(*lp), "server_error", "")) + "\n\n" + kDone;
+            if (sink.write(end.data(), end.size())) sink.done();
             return true;
           }
           bool ok = true;
@@ -683,10 +699,7 @@ void stream_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, st
             st->finished = true;
             const std::string rest = std::move(st->pending);
             ok = (rest.empty() || chunk(rest, nullptr)) && chunk("", &ev);
-            if (ok) {
-              static const std::string kDone = "data: [DONE]\n\n";
-              ok = sink.write(kDone.data(), kDone.size());
-            }
+            if (ok) ok = sink.write(kDone.data(), kDone.size());
             if (ok) sink.done();
             return ok;
           }
@@ -703,7 +716,7 @@ void stream_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, st
         }
         return true;
       },
-      [st, id, lp](bool) {
+      [st, id, lp, in_flight](bool) {
         if (!st->finished) lp->cancel(id);
       });
 }
@@ -773,6 +786,15 @@ int HttpServer::bind() {
 }
 
 void HttpServer::listen() { svr_->listen_after_bind(); }
+
+void HttpServer::shutdown(std::chrono::milliseconds grace) {
+  loop_.stop();  // every request in flight gets its Abort event; new ones are refused (Busy: 503)
+  {
+    std::unique_lock<std::mutex> lock(in_flight_mu_);
+    in_flight_cv_.wait_for(lock, grace, [&] { return in_flight_ == 0; });
+  }
+  stop();
+}
 void HttpServer::stop() {
   if (svr_) svr_->stop();
 }
@@ -903,8 +925,17 @@ void HttpServer::generate(const ParsedRequest& p, httplib::Response& res, bool c
   }
   const Reply r{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(id), unix_now(), cfg_.model_name, chat,
                 p.opt.logprobs >= 0};
-  if (p.stream) stream_reply(tok_, loop_, id, ch, r, res);
-  else whole_reply(tok_, *ch, r, res);
+  // Counted until its answer is written (a stream: until the response is released).
+  auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) {
+    std::lock_guard<std::mutex> lock(in_flight_mu_);
+    if (--in_flight_ == 0) in_flight_cv_.notify_all();
+  });
+  {
+    std::lock_guard<std::mutex> lock(in_flight_mu_);
+    ++in_flight_;
+  }
+  if (p.stream) stream_reply(tok_, loop_, id, ch, r, std::move(in_flight), res);
+  else whole_reply(tok_, loop_, id, *ch, r, res);
 }
 
 }  // namespace tqkv::serve

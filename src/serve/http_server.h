@@ -6,8 +6,11 @@
 // reaches the engine. A streaming client that goes away is noticed at its next write and its
 // request cancelled (freed at the next step).
 #pragma once
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "engine/tokenizer.h"
@@ -46,7 +49,12 @@ class HttpServer {
   int bind();
   // Serves until stop() (from any thread, e.g. a signal watcher).
   void listen();
+  // Stops listening; connections close after their current request.
   void stop();
+  // A graceful stop: stops the engine loop, so that every request in flight is cancelled (a
+  // stream ends with an error event and `data: [DONE]`, a waiting request gets 503) and new ones
+  // get 503; waits up to `grace` for those answers to be written; then stop().
+  void shutdown(std::chrono::milliseconds grace = std::chrono::seconds(5));
 
  private:
   void routes();
@@ -61,6 +69,9 @@ class HttpServer {
   const engine::Tokenizer& tok_;
   HttpConfig cfg_;
   std::unique_ptr<httplib::Server> svr_;
+  std::mutex in_flight_mu_;
+  std::condition_variable in_flight_cv_;
+  int in_flight_ = 0;  // requests submitted whose answers are not yet written
 };
 
 // The HTTP status of a tqkv::Error by its code: the one table (no message text is read).

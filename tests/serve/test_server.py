@@ -500,3 +500,51 @@ def test_api_key():
             assert good.completions.create(model="m", prompt="Hi", max_tokens=1).usage.completion_tokens <= 1
         finally:
             assert s.stop() == 0
+
+
+def test_non_streamed_client_disconnect_cancels(server):
+    # A non-streamed request ran to its end after its client had gone.
+    before = server.metrics()
+    body = json.dumps({"prompt": PROMPTS[5], "max_tokens": 400, "ignore_eos": True, "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(post_head(extra=f"Content-Length: {len(body)}\r\n\r\n") + body)
+        deadline = time.time() + 30
+        while server.metrics()["tqkv_requests_running"] == 0 and time.time() < deadline:
+            time.sleep(0.05)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = server.metrics()
+        if m["tqkv_requests_aborted_total"] > before["tqkv_requests_aborted_total"] and m["tqkv_requests_running"] == 0:
+            break
+        time.sleep(0.05)
+    assert m["tqkv_requests_aborted_total"] == before["tqkv_requests_aborted_total"] + 1
+    assert m["tqkv_kv_pages_used"] == 0
+    assert m["tqkv_generation_tokens_total"] - before["tqkv_generation_tokens_total"] < 400
+
+
+def test_sigterm_cancels_what_is_in_flight():
+    # SIGTERM ended a stream with a bare EOF and let non-streamed work run on.
+    s = Server("--max-seqs", "4")
+    try:
+        started = threading.Barrier(3)
+        long = {"prompt": PROMPTS[6], "max_tokens": 450, "ignore_eos": True, "temperature": 0}
+        with cf.ThreadPoolExecutor(3) as ex:
+            streams = [ex.submit(stream_raw, s.port, {**long, "stream": True}, 0.0, 0.0, started.wait) for _ in range(2)]
+            whole = ex.submit(s.post_raw, "/v1/completions", json.dumps(long))
+            started.wait(timeout=30)
+            t0 = time.time()
+            s.proc.send_signal(signal.SIGTERM)
+            assert s.proc.wait(timeout=10) == 0
+            stopped_in = time.time() - t0
+            bodies = [f.result(timeout=10) for f in streams]
+            code, text = whole.result(timeout=10)
+        assert stopped_in < 5, stopped_in
+        for b in bodies:
+            events = [line[6:] for line in b.split("\n") if line.startswith("data: ")]
+            assert events[-1] == "[DONE]", b[-300:]
+            err = json.loads(events[-2])["error"]
+            assert err["type"] == "server_error" and "shutting down" in err["message"], err
+        assert code == 503 and "shutting down" in json.loads(text)["error"]["message"], (code, text)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
