@@ -1,8 +1,6 @@
 #include "http_server.h"
 
-#include <arpa/inet.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,7 +9,6 @@
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <list>
 #include <mutex>
@@ -20,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "deadline_stream.h"
 #include "tqkv/error.h"
 #include "utf8.h"
 
@@ -30,7 +28,15 @@ struct ParsedRequest {
   std::vector<int32_t> prompt;
   RequestOptions opt;
   bool stream = false;
-  bool include_usage_in_stream = true;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage alone
+  std::string echo;            // completions' echo: the prompt's text, before the answer
+};
+
+// What a request is checked against.
+struct Limits {
+  int max_seq_len;
+  int n_vocab;
+  const std::string& model;  // the one model served
 };
 
 namespace {
@@ -119,122 +125,6 @@ class GrowingPool final : public httplib::TaskQueue {
 
 using Clock = std::chrono::steady_clock;
 
-std::chrono::milliseconds millis(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, seconds) * 1000.0));
-}
-
-// One connection's socket with deadlines, as cpp-httplib reads and writes it: a request (its
-// line, headers and body) must arrive whole within `read_timeout` of its first byte and within
-// `max_request_bytes`; a write must make progress within `write_timeout`. What ended a read is
-// kept for the error handler (408 for a deadline, 413 for too many bytes).
-class DeadlineStream final : public httplib::Stream {
- public:
-  DeadlineStream(int fd, const HttpConfig& cfg) : fd_(fd), cfg_(cfg) {}
-
-  // Waits (in slices, so that `stopping` is seen) for the first byte of the next request, at
-  // most the idle timeout. False: the client closed, went quiet, or the server stops.
-  bool wait_for_request(const std::function<bool()>& stopping) {
-    const Clock::time_point end = Clock::now() + millis(cfg_.idle_timeout_s);
-    while (pos_ == len_) {
-      if (stopping()) return false;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
-      if (left.count() <= 0) return false;
-      if (poll_for(POLLIN, std::min<int64_t>(left.count(), 100))) return true;
-    }
-    return true;
-  }
-  // A request starts: its deadline and byte budget.
-  void begin_request() {
-    deadline_ = Clock::now() + millis(cfg_.read_timeout_s);
-    budget_ = cfg_.max_body_bytes + kHeaderBytes;
-    timed_out_ = over_budget_ = false;
-  }
-  bool timed_out() const { return timed_out_; }
-  bool over_budget() const { return over_budget_; }
-  // The client closed its end (or reset): nothing it sent is unread.
-  bool peer_gone() const {
-    if (pos_ < len_) return false;
-    pollfd p{fd_, POLLIN | POLLRDHUP, 0};
-    if (::poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
-    char c;
-    return ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
-  }
-
-  bool is_readable() const override { return pos_ < len_ || poll_until(POLLIN, deadline_); }
-  bool is_writable() const override { return poll_for(POLLOUT, millis(cfg_.write_timeout_s).count()); }
-  ssize_t read(char* ptr, size_t size) override {
-    if (pos_ == len_) {
-      if (!poll_until(POLLIN, deadline_)) {
-        timed_out_ = true;
-        return -1;
-      }
-      if (fill() <= 0) return -1;
-    }
-    const size_t n = std::min(size, len_ - pos_);
-    std::memcpy(ptr, buf_ + pos_, n);
-    pos_ += n;
-    return static_cast<ssize_t>(n);
-  }
-  ssize_t write(const char* ptr, size_t size) override {
-    if (!is_writable()) return -1;
-    return ::send(fd_, ptr, size, MSG_NOSIGNAL);
-  }
-  void get_remote_ip_and_port(std::string& ip, int& port) const override { address(::getpeername, ip, port); }
-  void get_local_ip_and_port(std::string& ip, int& port) const override { address(::getsockname, ip, port); }
-  socket_t socket() const override { return fd_; }
-
- private:
-  static constexpr size_t kHeaderBytes = 64 << 10;  // request line and headers, beyond the body limit
-
-  ssize_t fill() {
-    if (budget_ == 0) {
-      over_budget_ = true;
-      return -1;
-    }
-    const ssize_t n = ::recv(fd_, buf_, std::min(sizeof buf_, budget_), 0);
-    if (n <= 0) return n;
-    budget_ -= static_cast<size_t>(n);
-    pos_ = 0;
-    len_ = static_cast<size_t>(n);
-    return n;
-  }
-  bool poll_for(short events, int64_t ms) const {
-    pollfd p{fd_, events, 0};
-    return ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30))) > 0;
-  }
-  bool poll_until(short events, Clock::time_point end) const {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
-    return left > 0 && poll_for(events, left);
-  }
-  template <typename Name>
-  void address(Name name, std::string& ip, int& port) const {
-    sockaddr_storage a{};
-    socklen_t n = sizeof a;
-    char host[INET6_ADDRSTRLEN] = "";
-    port = 0;
-    if (name(fd_, reinterpret_cast<sockaddr*>(&a), &n) != 0) return;
-    if (a.ss_family == AF_INET) {
-      const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
-      inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
-      port = ntohs(v4->sin_port);
-    } else if (a.ss_family == AF_INET6) {
-      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
-      inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
-      port = ntohs(v6->sin6_port);
-    }
-    ip = host;
-  }
-
-  const int fd_;
-  const HttpConfig& cfg_;
-  char buf_[16 << 10];
-  size_t pos_ = 0, len_ = 0;
-  Clock::time_point deadline_ = Clock::now();
-  size_t budget_ = 0;
-  bool timed_out_ = false, over_budget_ = false;
-};
-
 // The connection a handler thread serves (handlers and the error handler run on it).
 struct Connection {
   DeadlineStream* stream = nullptr;
@@ -247,12 +137,13 @@ thread_local Connection* t_connection = nullptr;
 // on stop(), and the listen backlog widened from cpp-httplib 0.11's compiled-in 5.
 class Listener final : public httplib::Server {
  public:
-  explicit Listener(const HttpConfig& cfg) : cfg_(cfg) {}
+  explicit Listener(const HttpConfig& cfg)
+      : limits_{cfg.idle_timeout_s, cfg.read_timeout_s, cfg.write_timeout_s, cfg.max_body_bytes + kHeaderBytes} {}
   int fd() const { return static_cast<int>(svr_sock_); }
 
  private:
   bool process_and_close_socket(socket_t sock) override {
-    DeadlineStream strm(sock, cfg_);
+    DeadlineStream strm(sock, limits_);
     Connection conn{&strm};
     t_connection = &conn;
     auto stopping = [this] { return svr_sock_ == INVALID_SOCKET; };
@@ -294,7 +185,8 @@ class Listener final : public httplib::Server {
                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
     strm.write((head + body).data(), head.size() + body.size());
   }
-  const HttpConfig& cfg_;
+  static constexpr size_t kHeaderBytes = 64 << 10;  // request line and headers, beyond the body limit
+  const StreamLimits limits_;
 };
 
 // A request the client got wrong: OpenAI's error object with a 4xx status.
@@ -302,6 +194,7 @@ struct BadRequest {
   int status;
   std::string message;
   std::string param;
+  std::string code = "";
 };
 
 json error_json(const std::string& message, const std::string& type, const std::string& param,
@@ -408,10 +301,55 @@ bool bool_field(const json& body, const char* name, bool dflt) {
 constexpr int kMaxTopLogprobs = 20;  // OpenAI's limit for chat (5 for completions; we allow 20)
 
 
-// What completions and chat completions share: sampling, limits, stop, stream.
-void parse_common(const json& body, ParsedRequest& p, int max_seq_len, bool chat) {
-  if (const json* m = field(body, "model"); m && !m->is_string()) throw BadRequest{400, "'model' must be a string", "model"};
-  if (int_field(body, "n", 1, 1, 1) != 1) throw BadRequest{400, "only n = 1 is supported", "n"};
+
+[[noreturn]] void unsupported(const char* name, const std::string& why) {
+  throw BadRequest{400, std::string("'") + name + "' " + why + " is not supported", name};
+}
+
+// logit_bias: {"token id": bias in [-100, 100]}.
+std::vector<std::pair<int32_t, float>> logit_bias(const json& body, int n_vocab) {
+  std::vector<std::pair<int32_t, float>> out;
+  const json* b = field(body, "logit_bias");
+  if (!b) return out;
+  if (!b->is_object() || b->size() > 1024)
+    throw BadRequest{400, "'logit_bias' must be an object of at most 1024 token ids", "logit_bias"};
+  for (const auto& [key, v] : b->items()) {
+    char* end = nullptr;
+    const long id = std::strtol(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || id < 0 || id >= n_vocab)
+      throw BadRequest{400, "'logit_bias' keys must be token ids in [0, " + std::to_string(n_vocab) + "), got '" + key + "'",
+                       "logit_bias"};
+    if (!v.is_number() || !(v.get<double>() >= -100 && v.get<double>() <= 100))
+      throw BadRequest{400, "'logit_bias' values must be numbers in [-100, 100]", "logit_bias"};
+    out.emplace_back(static_cast<int32_t>(id), v.get<float>());
+  }
+  return out;
+}
+
+// Fields whose meaning the engine cannot give: refused by name rather than ignored.
+void refuse_unsupported(const json& body, bool chat, bool logprobs) {
+  if (int_field(body, "n", 1, 1, 1 << 20) != 1) unsupported("n", "other than 1");
+  if (int_field(body, "best_of", 1, 1, 1 << 20) != 1) unsupported("best_of", "other than 1");
+  if (const json* s = field(body, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
+    unsupported("suffix", "(insertion after the answer)");
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      throw BadRequest{400, "'response_format' must be an object with a string 'type'", "response_format"};
+    if ((*rf)["type"] != "text") unsupported("response_format", "type '" + (*rf)["type"].get<std::string>() + "'");
+  }
+  for (const char* name : {"tools", "functions"})
+    if (const json* t = field(body, name); t && !(t->is_array() && t->empty())) unsupported(name, "(tool calling)");
+  if (!chat && bool_field(body, "echo", false) && logprobs) unsupported("echo", "with 'logprobs' (prompt log-probabilities)");
+}
+
+// What completions and chat completions share: model, sampling, limits, stop, stream.
+void parse_common(const json& body, ParsedRequest& p, const Limits& lim, bool chat) {
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) throw BadRequest{400, "'model' must be a string", "model"};
+    if (m->get<std::string>() != lim.model)
+      throw BadRequest{404, "the model '" + m->get<std::string>() + "' does not exist (this server has '" + lim.model + "')",
+                       "model", "model_not_found"};
+  }
   // logprobs: completions take the number of alternatives (false: none); chat takes a boolean
   // and the number in top_logprobs.
   if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>())) {
@@ -425,9 +363,10 @@ void parse_common(const json& body, ParsedRequest& p, int max_seq_len, bool chat
     int_field(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
     throw BadRequest{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs"};
   }
+  refuse_unsupported(body, chat, p.opt.logprobs >= 0);
   p.stream = bool_field(body, "stream", false);
   const int n = static_cast<int>(p.prompt.size());
-  const int room = std::max(1, max_seq_len - n);
+  const int room = std::max(1, lim.max_seq_len - n);
   const char* max_name = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   // OpenAI: 16 for completions; chat answers may fill what the context leaves (capped).
   p.opt.max_tokens = int_field(body, max_name, chat ? std::min(room, 512) : 16, 1, 1 << 30);
@@ -441,6 +380,9 @@ void parse_common(const json& body, ParsedRequest& p, int max_seq_len, bool chat
     p.opt.sampler.seed = std::random_device{}();
   }
   p.opt.ignore_eos = bool_field(body, "ignore_eos", false);
+  p.opt.logit_bias = logit_bias(body, lim.n_vocab);
+  p.opt.presence_penalty = static_cast<float>(num_field(body, "presence_penalty", 0.0, -2.0, 2.0));
+  p.opt.frequency_penalty = static_cast<float>(num_field(body, "frequency_penalty", 0.0, -2.0, 2.0));
   if (const json* s = field(body, "stop")) {
     if (s->is_string()) {
       p.opt.stop.push_back(s->get<std::string>());
@@ -457,6 +399,8 @@ void parse_common(const json& body, ParsedRequest& p, int max_seq_len, bool chat
   }
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) throw BadRequest{400, "'stream_options' must be an object", "stream_options"};
+    if (!p.stream) throw BadRequest{400, "'stream_options' needs 'stream': true", "stream_options"};
+    p.include_usage = bool_field(*so, "include_usage", false);
   }
 }
 
@@ -479,6 +423,8 @@ std::vector<int32_t> encode(const engine::Tokenizer& tok, const std::string& tex
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+
+json model_json(const std::string& id) { return {{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "tqkv"}}; }
 
 json usage_json(const TokenEvent& ev) {
   return {{"prompt_tokens", ev.n_prompt},
@@ -558,10 +504,9 @@ std::vector<int32_t> completion_prompt(const engine::Tokenizer& tok, const json&
   std::vector<int32_t> prompt;
   const json* pr = field(body, "prompt");
   if (!pr) throw BadRequest{400, "'prompt' is required", "prompt"};
+  if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) pr = &(*pr)[0];
   if (pr->is_string()) {
     prompt = encode(tok, pr->get<std::string>());
-  } else if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) {
-    prompt = encode(tok, (*pr)[0].get<std::string>());
   } else if (pr->is_array() && !pr->empty() && (*pr)[0].is_number_integer()) {
     for (const json& t : *pr) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
@@ -576,20 +521,43 @@ std::vector<int32_t> completion_prompt(const engine::Tokenizer& tok, const json&
   return prompt;
 }
 
-// The messages of a chat request.
+// A message's text: a string, or an array of text parts (joined by newlines); an assistant's
+// may be null (a turn that only called tools).
+std::string message_text(const json& m, const std::string& role, const std::string& where) {
+  const auto it = m.find("content");
+  if (it != m.end() && it->is_string()) return it->get<std::string>();
+  if (role == "assistant" && (it == m.end() || it->is_null())) return "";
+  if (it == m.end() || !it->is_array())
+    throw BadRequest{400, where + ".content must be a string or an array of text parts", "messages"};
+  std::string text;
+  for (size_t j = 0; j < it->size(); ++j) {
+    const json& part = (*it)[j];
+    const std::string at = where + ".content[" + std::to_string(j) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      throw BadRequest{400, at + " must be an object with a string 'type'", "messages"};
+    if (part["type"] != "text") unsupported("messages", "content part type '" + part["type"].get<std::string>() + "' (" + at + ")");
+    if (!part.contains("text") || !part["text"].is_string()) throw BadRequest{400, at + ".text must be a string", "messages"};
+    if (j > 0) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+// The messages of a chat request. "developer" (OpenAI's newer name for system) is a system turn.
 std::vector<engine::ChatMessage> chat_messages(const json& body) {
   const json* msgs = field(body, "messages");
   if (!msgs || !msgs->is_array() || msgs->empty()) throw BadRequest{400, "'messages' must be a non-empty array", "messages"};
   std::vector<engine::ChatMessage> out;
-  for (const json& m : *msgs) {
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-      throw BadRequest{400, "each message needs a string 'role'", "messages"};
-    const std::string role = m["role"].get<std::string>();
+      throw BadRequest{400, where + " needs a string 'role'", "messages"};
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
     if (role != "system" && role != "user" && role != "assistant")
-      throw BadRequest{400, "unknown role '" + role + "'", "messages"};
-    if (!m.contains("content") || !m["content"].is_string())
-      throw BadRequest{400, "each message needs a string 'content'", "messages"};
-    out.push_back({role, m["content"].get<std::string>()});
+      throw BadRequest{400, "unknown role '" + role + "' in " + where + " (system, developer, user, assistant)", "messages"};
+    out.push_back({role, message_text(m, role, where)});
   }
   return out;
 }
@@ -603,6 +571,8 @@ struct Reply {
   std::string model;
   bool chat;
   bool logprobs;
+  bool include_usage;  // streams: usage in a last chunk of its own (else on the finish chunk)
+  std::string echo;    // text before the answer
 };
 
 // Why a request the client did not cancel was aborted: shutdown, or the engine failed.
@@ -616,7 +586,7 @@ std::string abort_message(const EngineLoop& loop) {
 // connection meanwhile has its request cancelled (freed at the next step).
 void whole_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, Channel& ch, const Reply& r,
                  httplib::Response& res) {
-  std::string text;
+  std::string text = r.echo;
   TokenEvent last;
   LogprobList lps(tok, r.chat);
   for (bool done = false; !done;) {
@@ -657,7 +627,7 @@ void stream_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, st
     std::string pending;   // bytes of a character the next token completes
     LogprobList logprobs;  // of the tokens not yet sent
   };
-  auto st = std::make_shared<StreamState>(StreamState{false, true, {}, LogprobList(tok, r.chat)});
+  auto st = std::make_shared<StreamState>(StreamState{false, true, r.echo, LogprobList(tok, r.chat)});
   EngineLoop* lp = &loop;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -680,9 +650,14 @@ void stream_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, st
                       {"created", r.created},
                       {"model", r.model},
                       {"choices", json::array({c})}};
-          if (end) out["usage"] = usage_json(*end);
+          if (end && !r.include_usage) out["usage"] = usage_json(*end);
           st->first = false;
-          const std::string line = "data: " + wire(out) + "\n\n";
+          std::string line = "data: " + wire(out) + "\n\n";
+          if (end && r.include_usage) {  // OpenAI's usage chunk: no choices
+            out["choices"] = json::array();
+            out["usage"] = usage_json(*end);
+            line += "data: " + wire(out) + "\n\n";
+          }
           return sink.write(line.data(), line.size());
         };
         for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(500))) {
@@ -866,6 +841,7 @@ void HttpServer::routes() {
   s.Get("/health", bind(&HttpServer::health));
   s.Get("/metrics", bind(&HttpServer::metrics));
   s.Get("/v1/models", bind(&HttpServer::models));
+  s.Get(R"(/v1/models/(.+))", bind(&HttpServer::model));
   s.Post("/v1/completions", bind(&HttpServer::completions));
   s.Post("/v1/chat/completions", bind(&HttpServer::chat_completions));
 }
@@ -881,19 +857,27 @@ void HttpServer::metrics(const httplib::Request&, httplib::Response& res) {
 }
 
 void HttpServer::models(const httplib::Request&, httplib::Response& res) {
-  json m = {{"object", "list"},
-            {"data", json::array({{{"id", cfg_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tqkv"}}})}};
-  res.set_content(wire(m), "application/json");
+  res.set_content(wire({{"object", "list"}, {"data", json::array({model_json(cfg_.model_name)})}}), "application/json");
 }
+
+void HttpServer::model(const httplib::Request& req, httplib::Response& res) {
+  const std::string id = req.matches[1];
+  if (id != cfg_.model_name)
+    return send_error(res, 404, "the model '" + id + "' does not exist", "model", "model_not_found");
+  res.set_content(wire(model_json(id)), "application/json");
+}
+
+Limits HttpServer::limits() const { return {loop_.config().max_seq_len, tok_.n_vocab(), cfg_.model_name}; }
 
 void HttpServer::completions(const httplib::Request& req, httplib::Response& res) {
   ParsedRequest p;
   try {
     const json body = parse_body(req.body);
     p.prompt = completion_prompt(tok_, body);
-    parse_common(body, p, loop_.config().max_seq_len, false);
+    parse_common(body, p, limits(), false);
+    if (bool_field(body, "echo", false)) p.echo = tok_.decode(p.prompt, /*skip_control=*/false);
   } catch (const BadRequest& e) {
-    return send_error(res, e.status, e.message, e.param);
+    return send_error(res, e.status, e.message, e.param, e.code);
   }
   generate(p, res, false);
 }
@@ -903,9 +887,9 @@ void HttpServer::chat_completions(const httplib::Request& req, httplib::Response
   try {
     const json body = parse_body(req.body);
     p.prompt = encode(tok_, tok_.apply_chat_template(chat_messages(body), true));
-    parse_common(body, p, loop_.config().max_seq_len, true);
+    parse_common(body, p, limits(), true);
   } catch (const BadRequest& e) {
-    return send_error(res, e.status, e.message, e.param);
+    return send_error(res, e.status, e.message, e.param, e.code);
   } catch (const Error& e) {  // a model without a chat template
     return send_error(res, e);
   }
@@ -924,7 +908,7 @@ void HttpServer::generate(const ParsedRequest& p, httplib::Response& res, bool c
     return send_error(res, e, prompt_too_long ? "prompt" : "max_tokens");
   }
   const Reply r{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(id), unix_now(), cfg_.model_name, chat,
-                p.opt.logprobs >= 0};
+                p.opt.logprobs >= 0, p.include_usage, p.echo};
   // Counted until its answer is written (a stream: until the response is released).
   auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) {
     std::lock_guard<std::mutex> lock(in_flight_mu_);

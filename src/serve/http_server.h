@@ -26,6 +26,7 @@ struct Response;
 namespace tqkv::serve {
 
 struct ParsedRequest;
+struct Limits;
 
 struct HttpConfig {
   std::string host = "127.0.0.1";
@@ -62,9 +63,11 @@ class HttpServer {
   void health(const httplib::Request& req, httplib::Response& res);
   void metrics(const httplib::Request& req, httplib::Response& res);
   void models(const httplib::Request& req, httplib::Response& res);
+  void model(const httplib::Request& req, httplib::Response& res);  // /v1/models/{id}
   void completions(const httplib::Request& req, httplib::Response& res);
   void chat_completions(const httplib::Request& req, httplib::Response& res);
   void generate(const ParsedRequest& p, httplib::Response& res, bool chat);
+  Limits limits() const;
   EngineLoop& loop_;
   const engine::Tokenizer& tok_;
   HttpConfig cfg_;

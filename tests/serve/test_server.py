@@ -24,6 +24,7 @@ openai = pytest.importorskip("openai")
 REPO = os.environ.get("TQKV_REPO_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("TQKV_BIN", os.path.join(REPO, "build", "tqkv"))
 MODEL = os.path.join(REPO, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+MODEL_ID = os.path.basename(MODEL)  # the served model's id (--served-model-name's default)
 CTX = 512
 
 if not os.path.exists(MODEL):
@@ -93,7 +94,7 @@ PROMPTS = [f"Question {i}: what is {i} plus {i + 1}? Answer:" for i in range(8)]
 
 
 def complete(server, prompt, n=12, **kw):
-    return server.client.completions.create(model="m", prompt=prompt, max_tokens=n, temperature=0, **kw)
+    return server.client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=n, temperature=0, **kw)
 
 
 def test_models_and_health(server):
@@ -108,16 +109,16 @@ def test_completion_and_chat(server):
     assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens == 5
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     c = server.client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Say hello."}], max_tokens=10, temperature=0)
+        model=MODEL_ID, messages=[{"role": "user", "content": "Say hello."}], max_tokens=10, temperature=0)
     assert c.choices[0].message.role == "assistant" and c.choices[0].message.content
     assert c.usage.completion_tokens <= 10
 
 
 def test_stream_equals_non_stream(server):
     msgs = [{"role": "user", "content": "Name three fruits."}]
-    full = server.client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0)
+    full = server.client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=16, temperature=0)
     parts, usage, finish = [], None, None
-    for chunk in server.client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0,
+    for chunk in server.client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=16, temperature=0,
                                                        stream=True):
         if chunk.choices:
             parts.append(chunk.choices[0].delta.content or "")
@@ -127,7 +128,7 @@ def test_stream_equals_non_stream(server):
     assert finish == full.choices[0].finish_reason
     assert usage.completion_tokens == full.usage.completion_tokens
     text = "".join(c.choices[0].text for c in server.client.completions.create(
-        model="m", prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True))
+        model=MODEL_ID, prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True))
     assert text == complete(server, PROMPTS[0]).choices[0].text
 
 
@@ -154,7 +155,7 @@ def test_bounded_load(server):
     n_req = int(os.environ.get("TQKV_SERVE_LOAD_REQUESTS", "100"))
 
     def one(i):
-        r = server.client.completions.create(model="m", prompt=SHARED + PROMPTS[i % 8], max_tokens=6, temperature=0.7,
+        r = server.client.completions.create(model=MODEL_ID, prompt=SHARED + PROMPTS[i % 8], max_tokens=6, temperature=0.7,
                                              seed=i, extra_body={"ignore_eos": True})
         return r.usage.completion_tokens
 
@@ -260,7 +261,7 @@ def test_logprobs(server):
     assert complete(server, "The capital of France is", n=2, logprobs=0).choices[0].logprobs.top_logprobs == [{}, {}]
 
     msgs = [{"role": "user", "content": "Name a colour."}]
-    c = server.client.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+    c = server.client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=6, temperature=0, logprobs=True,
                                               top_logprobs=2)
     content = c.choices[0].logprobs.content
     assert len(content) == c.usage.completion_tokens and "".join(t.token for t in content) == c.choices[0].message.content
@@ -269,10 +270,10 @@ def test_logprobs(server):
         assert t.top_logprobs[0].logprob == pytest.approx(t.logprob) and t.top_logprobs[1].logprob <= t.logprob
         assert bytes(t.bytes).decode() == t.token
     streamed = [t for ch in server.client.chat.completions.create(
-        model="m", messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True)
+        model=MODEL_ID, messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True)
         if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
     assert [(t.token, round(t.logprob, 5)) for t in streamed] == [(t.token, round(t.logprob, 5)) for t in content]
-    assert server.client.chat.completions.create(model="m", messages=msgs, max_tokens=2).choices[0].logprobs is None
+    assert server.client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=2).choices[0].logprobs is None
     for bad in ({"logprobs": 21}, {"logprobs": "yes"}):
         code, _ = server.post_raw("/v1/completions", json.dumps({"prompt": "hi", **bad}))
         assert code == 400, bad
@@ -313,7 +314,7 @@ def test_faults(server):
     err({"prompt": "hi"}, status=404, path="/v1/nothing")
     # The openai client sees the same as exceptions.
     with pytest.raises(openai.BadRequestError):
-        server.client.completions.create(model="m", prompt="hi", max_tokens=-1)
+        server.client.completions.create(model=MODEL_ID, prompt="hi", max_tokens=-1)
     # Unknown fields are ignored; nothing changed for later requests.
     code, text = server.post_raw("/v1/completions", json.dumps(
         {"prompt": PROMPTS[2], "max_tokens": 12, "temperature": 0, "frobnicate": {"x": 1}}))
@@ -352,7 +353,7 @@ def test_tiny_cache_preempts_and_completes_everything():
     s = Server("--max-seqs", "8", "--kv-cache-pages", "12", "--block-size", "16", "--token-budget", "64")
     try:
         def one(i):
-            r = s.client.completions.create(model="m", prompt=PROMPTS[i % 8] * 2, max_tokens=40, temperature=0,
+            r = s.client.completions.create(model=MODEL_ID, prompt=PROMPTS[i % 8] * 2, max_tokens=40, temperature=0,
                                             extra_body={"ignore_eos": True})
             return r.usage.completion_tokens, r.choices[0].finish_reason
 
@@ -364,7 +365,7 @@ def test_tiny_cache_preempts_and_completes_everything():
         assert m["tqkv_requests_finished_total"] == 12 and m["tqkv_kv_pages_used"] == 0
         # A request that could never fit the pool is refused up front, not queued forever.
         with pytest.raises(openai.BadRequestError):
-            s.client.completions.create(model="m", prompt="hi", max_tokens=300)
+            s.client.completions.create(model=MODEL_ID, prompt="hi", max_tokens=300)
     finally:
         assert s.stop() == 0
 
@@ -447,7 +448,7 @@ def test_slow_headers_time_out_and_do_not_starve_others(hard):
         slows = [ex.submit(slow, i) for i in range(4)]
         time.sleep(0.3)
         t0 = time.time()
-        r = hard.client.completions.create(model="m", prompt="Hi", max_tokens=2, temperature=0)
+        r = hard.client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=2, temperature=0)
         served_in = time.time() - t0
         results = [f.result() for f in slows]
     assert r.usage.completion_tokens <= 2 and served_in < 4, served_in
@@ -497,7 +498,7 @@ def test_api_key():
             with pytest.raises(openai.AuthenticationError):
                 s.client.models.list()
             good = openai.OpenAI(base_url=s.base + "/v1", api_key="sesame", max_retries=0, timeout=60)
-            assert good.completions.create(model="m", prompt="Hi", max_tokens=1).usage.completion_tokens <= 1
+            assert good.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=1).usage.completion_tokens <= 1
         finally:
             assert s.stop() == 0
 
@@ -548,3 +549,82 @@ def test_sigterm_cancels_what_is_in_flight():
     finally:
         if s.proc.poll() is None:
             s.proc.kill()
+
+
+def test_openai_surface(server):
+    """Issue 45, item 6: the model id is checked, /v1/models/{id} answers, and the fields that
+    change an answer are honoured or refused by name, never ignored."""
+    c = server.client
+    for call in (lambda: c.completions.create(model="gpt-4", prompt="Hi", max_tokens=1),
+                 lambda: c.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "Hi"}], max_tokens=1),
+                 lambda: c.models.retrieve("gpt-4")):
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        assert e.value.code == "model_not_found"
+    assert c.models.retrieve(MODEL_ID).id == MODEL_ID
+
+    # echo: the prompt, then the answer (streamed too).
+    plain = complete(server, PROMPTS[0], n=6).choices[0].text
+    assert complete(server, PROMPTS[0], n=6, echo=True).choices[0].text == PROMPTS[0] + plain
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=MODEL_ID, prompt=PROMPTS[0], max_tokens=6, temperature=0, echo=True, stream=True))
+    assert streamed == PROMPTS[0] + plain
+
+    # logit_bias: +100 makes one token the only answer; penalties change a repetitive answer.
+    forced = complete(server, PROMPTS[0], n=4, logit_bias={"905": 100}, extra_body={"ignore_eos": True})
+    assert forced.choices[0].text == " world" * 4
+    colours = "Red, green, blue, red, green, blue,"
+    free = complete(server, colours, n=24, extra_body={"ignore_eos": True}).choices[0].text
+    assert free.startswith(" red, green, blue, red, green, blue, red"), free
+    for kw in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        assert not complete(server, colours, n=24, extra_body={"ignore_eos": True}, **kw).choices[0].text.startswith(
+            free[:40]), kw
+
+    # stream_options.include_usage: OpenAI's last chunk with usage and no choices.
+    chunks = list(c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert all(ch.usage is None for ch in chunks[:-1]) and chunks[-2].choices[0].finish_reason
+
+    # Chat content as text parts, the developer role, an assistant turn without content.
+    def chat(messages):
+        return c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=8, temperature=0).choices[0].message.content
+
+    parts = [{"type": "text", "text": "Name a"}, {"type": "text", "text": "colour."}]
+    assert chat([{"role": "user", "content": parts}]) == chat([{"role": "user", "content": "Name a\ncolour."}])
+    assert chat([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]) == \
+        chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert chat([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None},
+                 {"role": "user", "content": "Hi again"}])
+
+    # What the engine cannot do is a 400 naming the field.
+    bad = [("/v1/completions", {"prompt": "Hi", "suffix": "end"}, "suffix"),
+           ("/v1/completions", {"prompt": "Hi", "best_of": 2}, "best_of"),
+           ("/v1/completions", {"prompt": "Hi", "echo": True, "logprobs": 2}, "echo"),
+           ("/v1/completions", {"prompt": "Hi", "logit_bias": {"-1": 5}}, "logit_bias"),
+           ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 101}}, "logit_bias"),
+           ("/v1/completions", {"prompt": "Hi", "presence_penalty": 2.5}, "presence_penalty"),
+           ("/v1/completions", {"prompt": "Hi", "stream_options": {"include_usage": True}}, "stream_options"),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                     "response_format": {"type": "json_object"}}, "response_format"),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                     "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+               {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]}, "messages")]
+    for path, body, param in bad:
+        code, text = server.post_raw(path, json.dumps(body))
+        e = json.loads(text)["error"]
+        assert code == 400 and e["param"] == param, (body, code, text)
+        if param not in ("logit_bias", "presence_penalty", "messages", "stream_options"):
+            assert param in e["message"] and "not supported" in e["message"], e
+    for ok in ({"best_of": 1}, {"suffix": ""}, {"response_format": {"type": "text"}}, {"tools": []}):
+        assert server.post_raw("/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 1, **ok}))[0] == 200, ok
+
+
+def test_one_long_word_is_refused_quickly(server):
+    # "a" * 200000 took over 93 s to tokenize before its length check said 400.
+    t0 = time.time()
+    code, text = server.post_raw("/v1/completions", json.dumps({"prompt": "a" * 200000, "max_tokens": 1}))
+    assert code == 400 and json.loads(text)["error"]["param"] == "prompt"
+    assert time.time() - t0 < 5
