@@ -336,6 +336,7 @@ void Tokenizer::build_index() {
   index_.reserve(tokens_.size());
   for (size_t i = 0; i < tokens_.size(); ++i) {
     index_.emplace(tokens_[i], static_cast<int32_t>(i));
+    max_token_bytes_ = std::max(max_token_bytes_, tokens_[i].size());
     const int t = types_[i];
     if ((t == kTypeControl || t == kTypeUser) && !tokens_[i].empty())
       specials_[static_cast<unsigned char>(tokens_[i][0])].push_back(static_cast<int32_t>(i));

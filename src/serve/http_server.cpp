@@ -415,7 +415,14 @@ json parse_body(const std::string& body) {
   return j;
 }
 
-std::vector<int32_t> encode(const engine::Tokenizer& tok, const std::string& text) {
+// The prompt's tokens. Text that could never fit the context (more bytes than max_seq_len
+// tokens can cover) is refused before it is tokenized.
+std::vector<int32_t> encode(const engine::Tokenizer& tok, const std::string& text, int max_seq_len) {
+  const size_t fewest = text.size() / tok.max_token_bytes();
+  if (fewest >= static_cast<size_t>(max_seq_len))
+    throw BadRequest{400, "the prompt has " + std::to_string(text.size()) + " bytes, at least " + std::to_string(fewest) +
+                              " tokens, but the context holds " + std::to_string(max_seq_len),
+                     "prompt"};
   const bool bos_in_text = tok.bos() >= 0 && text.rfind(tok.piece(tok.bos()), 0) == 0;
   return tok.encode(text, true, tok.add_bos() && !bos_in_text);
 }
@@ -500,13 +507,13 @@ class LogprobList {
 
 
 // The prompt of a completions request: a string, one string in an array, or token ids.
-std::vector<int32_t> completion_prompt(const engine::Tokenizer& tok, const json& body) {
+std::vector<int32_t> completion_prompt(const engine::Tokenizer& tok, const json& body, int max_seq_len) {
   std::vector<int32_t> prompt;
   const json* pr = field(body, "prompt");
   if (!pr) throw BadRequest{400, "'prompt' is required", "prompt"};
   if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) pr = &(*pr)[0];
   if (pr->is_string()) {
-    prompt = encode(tok, pr->get<std::string>());
+    prompt = encode(tok, pr->get<std::string>(), max_seq_len);
   } else if (pr->is_array() && !pr->empty() && (*pr)[0].is_number_integer()) {
     for (const json& t : *pr) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
@@ -873,7 +880,7 @@ void HttpServer::completions(const httplib::Request& req, httplib::Response& res
   ParsedRequest p;
   try {
     const json body = parse_body(req.body);
-    p.prompt = completion_prompt(tok_, body);
+    p.prompt = completion_prompt(tok_, body, loop_.config().max_seq_len);
     parse_common(body, p, limits(), false);
     if (bool_field(body, "echo", false)) p.echo = tok_.decode(p.prompt, /*skip_control=*/false);
   } catch (const BadRequest& e) {
@@ -886,7 +893,7 @@ void HttpServer::chat_completions(const httplib::Request& req, httplib::Response
   ParsedRequest p;
   try {
     const json body = parse_body(req.body);
-    p.prompt = encode(tok_, tok_.apply_chat_template(chat_messages(body), true));
+    p.prompt = encode(tok_, tok_.apply_chat_template(chat_messages(body), true), loop_.config().max_seq_len);
     parse_common(body, p, limits(), true);
   } catch (const BadRequest& e) {
     return send_error(res, e.status, e.message, e.param, e.code);

@@ -264,6 +264,11 @@ TEST_F(SmolTokenizer, LongWordsMatchTheScanAndAreFast) {
   const auto ids = tok_->encode(big, false);
   EXPECT_LT(elapsed_since(t0), 5.0);  // 0.1-0.3 s; the scan took hours
   EXPECT_EQ(tok_->decode(ids), big);
+  // max_token_bytes bounds the tokens of any text from below (the server's early length check).
+  EXPECT_GE(ids.size() * tok_->max_token_bytes(), big.size());
+  for (const std::string& text : {std::string("  leading spaces\ttabs\n\nnewlines  "), std::string(5000, ' '),
+                                  std::string(3000, '\n'), std::string("<|im_start|><|im_end|>")})
+    EXPECT_GE(tok_->encode(text).size() * tok_->max_token_bytes(), text.size()) << text.substr(0, 20);
 }
 
 TEST_F(SmolTokenizer, SpecialTokensOnlyWhenAsked) {
