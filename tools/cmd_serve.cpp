@@ -33,8 +33,9 @@ void register_serve(CLI::App& app) {
   struct Opts {
     std::string model, format = "turboquant_k8v4", device = "cpu", host = "127.0.0.1", name;
     int port = 8080, ctx = 2048, max_seqs = 8, block = 16, budget = 512, threads = 0, pages = 0, http_threads = 1024;
-    double memory = 0;
+    double memory = 0, idle_timeout = 5, read_timeout = 30, write_timeout = 30;
     size_t max_body = 1 << 20;
+    std::string api_key;
     bool no_prefix = false;
   };
   static Opts o;
@@ -57,7 +58,17 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--token-budget", o.budget, "tokens per step (decodes + prefill chunks)")->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--served-model-name", o.name, "model id in /v1/models and responses (default: the file name)");
-  cmd->add_option("--max-body", o.max_body, "largest request body in bytes")->capture_default_str();
+  cmd->add_option("--max-body", o.max_body, "largest request body in bytes (every transfer encoding)")->capture_default_str();
+  cmd->add_option("--api-key", o.api_key, "require 'Authorization: Bearer KEY' on every endpoint but /health")
+      ->envname("TQKV_API_KEY");
+  cmd->add_option("--idle-timeout", o.idle_timeout, "seconds a connection may wait between requests (idle handler "
+                                                    "threads end after as long)")
+      ->check(CLI::Range(0.05, 3600.0))->capture_default_str();
+  cmd->add_option("--read-timeout", o.read_timeout, "seconds for a request's line, headers and body to arrive (408)")
+      ->check(CLI::Range(0.05, 3600.0))->capture_default_str();
+  cmd->add_option("--write-timeout", o.write_timeout, "seconds a response write may make no progress before the "
+                                                      "connection is closed")
+      ->check(CLI::Range(0.05, 3600.0))->capture_default_str();
   cmd->add_option("--http-threads", o.http_threads, "most HTTP handler threads (started on demand; each open connection holds one)")->check(CLI::Range(2, 4096))->capture_default_str();
   cmd->add_flag("--no-prefix-sharing", o.no_prefix, "do not share full prompt pages between requests");
   cmd->callback([] {
@@ -92,6 +103,10 @@ void register_serve(CLI::App& app) {
     hc.port = o.port;
     hc.max_body_bytes = o.max_body;
     hc.threads = o.http_threads;
+    hc.idle_timeout_s = o.idle_timeout;
+    hc.read_timeout_s = o.read_timeout;
+    hc.write_timeout_s = o.write_timeout;
+    hc.api_key = o.api_key;
     hc.model_name = o.name.empty() ? path.substr(path.find_last_of('/') + 1) : o.name;
     HttpServer http(loop, tok, hc);
     const int port = http.bind();
@@ -103,6 +118,9 @@ void register_serve(CLI::App& app) {
                  hc.model_name.c_str(), c.arch.c_str(), c.n_layers, model.device().name().c_str(), o.format.c_str(),
                  spec.bits_at(ctx), per_token, sc.max_seqs, ctx, sc.num_pages, sc.block_size,
                  static_cast<long long>(sc.num_pages) * sc.block_size, pool_bytes / 1048576.0, sc.token_budget);
+    std::fprintf(stderr, "tqkv serve: %s; body limit %zu bytes; timeouts idle %gs, read %gs, write %gs\n",
+                 o.api_key.empty() ? "no API key (anyone who reaches the port can use it)" : "API key required",
+                 o.max_body, o.idle_timeout, o.read_timeout, o.write_timeout);
     std::printf("tqkv serve: listening on http://%s:%d\n", o.host.c_str(), port);
     std::fflush(stdout);
 
@@ -112,7 +130,7 @@ void register_serve(CLI::App& app) {
     std::thread watcher([&] {
       while (!done.load()) {
         if (g_signal.load() != 0) {
-          http.stop();
+          http.shutdown();  // cancels what is in flight, lets its answers out, stops listening
           return;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));

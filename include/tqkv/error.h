@@ -1,4 +1,4 @@
-// One exception type for bad input anywhere in tqkv. Every operation that throws it has
+// One exception type for bad input (and refused or failed work) anywhere in tqkv. Every operation that throws it has
 // changed nothing (caches, buffers and outputs are left as they were).
 #pragma once
 #include <stdexcept>
@@ -14,6 +14,8 @@ enum class ErrorCode : int {
   Capacity = 4,         // cache or block pool exhausted
   Overflow = 5,         // a norm or scale beyond what fp16 metadata can hold
   Format = 6,           // corrupt or unsupported file contents
+  Busy = 7,             // cannot take the work now (shutting down); the same call may succeed later
+  Device = 8,           // the device runtime failed (a CUDA or cuBLAS call, no device present)
 };
 
 class Error : public std::runtime_error {

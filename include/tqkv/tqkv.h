@@ -38,7 +38,8 @@ typedef enum {
   FA_TQ_ERR_NON_FINITE = 2,
   FA_TQ_ERR_OUT_OF_RANGE = 3,
   FA_TQ_ERR_CAPACITY = 4,
-  FA_TQ_ERR_OVERFLOW = 5
+  FA_TQ_ERR_OVERFLOW = 5,
+  FA_TQ_ERR_DEVICE = 6 /* the device runtime failed (CUDA) */
 } fa_tq_status;
 
 fa_tq_config fa_tq_config_default(void);

@@ -26,6 +26,8 @@ const char* error_code_name(tqkv::ErrorCode c) {
     case tqkv::ErrorCode::Capacity: return "capacity";
     case tqkv::ErrorCode::Overflow: return "overflow";
     case tqkv::ErrorCode::Format: return "format";
+    case tqkv::ErrorCode::Busy: return "busy";
+    case tqkv::ErrorCode::Device: return "device";
   }
   return "unknown";
 }
@@ -39,7 +41,7 @@ NB_MODULE(_core, m) {
   static nb::object error_type = nb::exception<tqkv::Error>(m, "Error", PyExc_ValueError);
   error_type.attr("__doc__") =
       "Bad input anywhere in tqkv (the C++ tqkv::Error): the message is the C++ one, .code names the "
-      "kind (invalid_argument, non_finite, out_of_range, capacity, overflow, format). The call changed nothing.";
+      "kind (invalid_argument, non_finite, out_of_range, capacity, overflow, format, busy, device). The call changed nothing.";
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

@@ -38,6 +38,22 @@ void set_error(fa_tq_status s, const std::string& msg) {
   g_message = msg;
 }
 
+// tqkv::ErrorCode -> the C status, one entry per code.
+fa_tq_status status_of(tqkv::ErrorCode c) {
+  switch (c) {
+    case tqkv::ErrorCode::Ok: return FA_TQ_OK;
+    case tqkv::ErrorCode::InvalidArgument: return FA_TQ_ERR_INVALID_ARGUMENT;
+    case tqkv::ErrorCode::NonFinite: return FA_TQ_ERR_NON_FINITE;
+    case tqkv::ErrorCode::OutOfRange: return FA_TQ_ERR_OUT_OF_RANGE;
+    case tqkv::ErrorCode::Capacity: return FA_TQ_ERR_CAPACITY;
+    case tqkv::ErrorCode::Overflow: return FA_TQ_ERR_OVERFLOW;
+    case tqkv::ErrorCode::Format: return FA_TQ_ERR_INVALID_ARGUMENT;
+    case tqkv::ErrorCode::Busy: return FA_TQ_ERR_CAPACITY;
+    case tqkv::ErrorCode::Device: return FA_TQ_ERR_DEVICE;
+  }
+  return FA_TQ_ERR_INVALID_ARGUMENT;
+}
+
 // Runs f, turning exceptions into the thread's error status. Returns true on success.
 template <typename F>
 bool guarded(F&& f) {
@@ -46,7 +62,7 @@ bool guarded(F&& f) {
     set_ok();
     return true;
   } catch (const tqkv::Error& e) {
-    set_error(static_cast<fa_tq_status>(static_cast<int>(e.code()) <= 5 ? static_cast<int>(e.code()) : 1), e.what());
+    set_error(status_of(e.code()), e.what());
   } catch (const std::bad_alloc&) {
     set_error(FA_TQ_ERR_CAPACITY, "out of memory");
   } catch (const std::exception& e) {

@@ -10,7 +10,7 @@ namespace tqkv::cuda {
 namespace detail {
 
 void throw_cuda(cudaError_t err, const char* expr, const char* file, int line) {
-  throw Error(ErrorCode::InvalidArgument, std::string("CUDA error ") + cudaGetErrorName(err) + " (" +
+  throw Error(ErrorCode::Device, std::string("CUDA error ") + cudaGetErrorName(err) + " (" +
                                               cudaGetErrorString(err) + ") in " + expr + " at " + file + ":" +
                                               std::to_string(line));
 }

@@ -35,7 +35,7 @@ int64_t EngineLoop::submit(std::vector<int32_t> prompt, const RequestOptions& op
   Scheduler::check(cfg_, static_cast<int64_t>(prompt.size()), opt.max_tokens);
   engine::Sampler check_params(opt.sampler);  // throws for bad parameters here, not on the engine thread
   std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) throw Error(ErrorCode::InvalidArgument, "the server is shutting down");
+  if (stopping_) throw Error(ErrorCode::Busy, "the server is shutting down");
   const int64_t id = next_id_++;
   pending_.push_back({id, std::move(prompt), opt, std::move(on_event)});
   cv_.notify_one();

@@ -54,7 +54,7 @@ class EngineLoop {
   const SchedulerConfig& config() const { return cfg_; }
   // Queues a request; returns its id. Throws tqkv::Error(InvalidArgument) when it could never
   // run (empty prompt, max_tokens < 1, beyond the context or the pool, bad sampling
-  // parameters) (also after stop()). on_event gets every
+  // parameters), tqkv::Error(Busy) after stop(). on_event gets every
   // event, the last one with a finish reason (Abort after cancel() or stop()).
   int64_t submit(std::vector<int32_t> prompt, const RequestOptions& opt, Callback on_event);
   // The request's sequence is freed at the next step; its callback gets an Abort event.

@@ -1,21 +1,44 @@
 #include "http_server.h"
 
 #include <httplib.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include "deadline_stream.h"
 #include "tqkv/error.h"
 #include "utf8.h"
 
 namespace tqkv::serve {
+
+// A checked generation request: prompt tokens and what the engine needs.
+struct ParsedRequest {
+  std::vector<int32_t> prompt;
+  RequestOptions opt;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage alone
+  std::string echo;            // completions' echo: the prompt's text, before the answer
+};
+
+// What a request is checked against.
+struct Limits {
+  int max_seq_len;
+  int n_vocab;
+  const std::string& model;  // the one model served
+};
+
 namespace {
 
 using json = nlohmann::json;
@@ -25,22 +48,31 @@ using json = nlohmann::json;
 // instead of an exception (which was an HTTP 500).
 std::string wire(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-
 // cpp-httplib's ThreadPool has a fixed number of workers, and a connection holds one for as
 // long as it is open (a whole stream, then the keep-alive wait for its next request): with as
 // many open connections as workers, a new one waits unserved. This pool starts a worker
-// whenever the queued connections outnumber the idle workers, up to `max_threads`; workers
-// stay (idle ones cost a stack) until shutdown().
+// whenever the queued connections outnumber the idle workers, up to `max_threads`; a worker
+// idle for `retire_after` ends (joined at the next enqueue or at shutdown).
 class GrowingPool final : public httplib::TaskQueue {
  public:
-  explicit GrowingPool(size_t max_threads) : max_(std::max<size_t>(1, max_threads)) {}
+  GrowingPool(size_t max_threads, std::chrono::milliseconds retire_after)
+      : max_(std::max<size_t>(1, max_threads)), retire_after_(retire_after) {}
   ~GrowingPool() override { shutdown(); }
 
   void enqueue(std::function<void()> fn) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(std::move(fn));
-    if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
-    else cv_.notify_one();
+    std::list<std::thread> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done.swap(retired_);
+      jobs_.push_back(std::move(fn));
+      if (jobs_.size() > idle_ && threads_.size() < max_) {
+        threads_.emplace_back();
+        threads_.back() = std::thread([this, it = std::prev(threads_.end())] { work(it); });
+      } else {
+        cv_.notify_one();
+      }
+    }
+    for (std::thread& t : done) t.join();
   }
   // Runs what is queued, then joins every worker (the listener has stopped enqueuing).
   void shutdown() override {
@@ -50,17 +82,29 @@ class GrowingPool final : public httplib::TaskQueue {
       stopping_ = true;
     }
     cv_.notify_all();
-    for (std::thread& t : threads_) t.join();
+    for (;;) {  // workers retiring meanwhile move themselves to retired_
+      std::list<std::thread> all;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        all.splice(all.end(), threads_);
+        all.splice(all.end(), retired_);
+      }
+      if (all.empty()) return;
+      for (std::thread& t : all) t.join();
+    }
   }
 
  private:
-  void work() {
+  void work(std::list<std::thread>::iterator self) {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       ++idle_;
-      cv_.wait(lock, [&] { return !jobs_.empty() || stopping_; });
+      const bool woke = cv_.wait_for(lock, retire_after_, [&] { return !jobs_.empty() || stopping_; });
       --idle_;
-      if (jobs_.empty()) return;
+      if (!woke || jobs_.empty()) {  // idle too long, or shutting down with nothing queued
+        if (!stopping_) retired_.splice(retired_.end(), threads_, self);
+        return;
+      }
       std::function<void()> fn = std::move(jobs_.front());
       jobs_.pop_front();
       lock.unlock();
@@ -70,18 +114,79 @@ class GrowingPool final : public httplib::TaskQueue {
   }
 
   const size_t max_;
+  const std::chrono::milliseconds retire_after_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;
+  std::list<std::thread> threads_, retired_;
   size_t idle_ = 0;
   bool stopping_ = false;
 };
 
-// The listening socket, to widen cpp-httplib 0.11's compiled-in listen backlog of 5.
+using Clock = std::chrono::steady_clock;
+
+// The connection a handler thread serves (handlers and the error handler run on it).
+struct Connection {
+  DeadlineStream* stream = nullptr;
+  bool close_after = false;  // the request's body was left unread: no keep-alive
+};
+thread_local Connection* t_connection = nullptr;
+
+// cpp-httplib's server with our own connection loop around its request parser: deadlines and
+// byte limits on every read (DeadlineStream), an idle timeout between requests, a prompt close
+// on stop(), and the listen backlog widened from cpp-httplib 0.11's compiled-in 5.
 class Listener final : public httplib::Server {
  public:
+  explicit Listener(const HttpConfig& cfg)
+      : limits_{cfg.idle_timeout_s, cfg.read_timeout_s, cfg.write_timeout_s, cfg.max_body_bytes + kHeaderBytes} {}
   int fd() const { return static_cast<int>(svr_sock_); }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    DeadlineStream strm(sock, limits_);
+    Connection conn{&strm};
+    t_connection = &conn;
+    auto stopping = [this] { return svr_sock_ == INVALID_SOCKET; };
+    bool ok = true;
+    while (ok && !conn.close_after && strm.wait_for_request(stopping)) {
+      strm.begin_request();
+      bool closed = false;
+      ok = process_request(strm, false, closed, nullptr);
+      if (!ok && strm.timed_out()) timeout_reply(strm);  // cut in the request line: no answer was written
+      ok = ok && !closed && !strm.timed_out() && !strm.over_budget();
+    }
+    t_connection = nullptr;
+    if (conn.close_after || strm.over_budget()) linger(sock);
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+  }
+  // A request refused with its body unsent or unread: closing at once would reset the
+  // connection under a client still sending, which then never reads its answer. As web
+  // servers do, say we are done writing and discard what still comes, for at most 2 s and
+  // 64 MiB.
+  static void linger(int sock) {
+    ::shutdown(sock, SHUT_WR);
+    const Clock::time_point end = Clock::now() + std::chrono::seconds(2);
+    char sink[16 << 10];
+    for (size_t left = size_t{64} << 20; left > 0;) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
+      pollfd p{sock, POLLIN, 0};
+      if (ms <= 0 || ::poll(&p, 1, static_cast<int>(ms)) <= 0) return;
+      const ssize_t n = ::recv(sock, sink, sizeof sink, 0);
+      if (n <= 0) return;
+      left -= std::min(left, static_cast<size_t>(n));
+    }
+  }
+  void timeout_reply(DeadlineStream& strm) const {
+    const std::string body = R"({"error":{"message":"the request did not arrive within the read timeout",)"
+                             R"("type":"invalid_request_error","param":null,"code":null}})";
+    const std::string head = "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+    strm.write((head + body).data(), head.size() + body.size());
+  }
+  static constexpr size_t kHeaderBytes = 64 << 10;  // request line and headers, beyond the body limit
+  const StreamLimits limits_;
 };
 
 // A request the client got wrong: OpenAI's error object with a 4xx status.
@@ -89,18 +194,53 @@ struct BadRequest {
   int status;
   std::string message;
   std::string param;
+  std::string code = "";
 };
 
-json error_json(const std::string& message, const std::string& type, const std::string& param) {
-  json e = {{"message", message}, {"type", type}, {"code", nullptr}};
+json error_json(const std::string& message, const std::string& type, const std::string& param,
+                const std::string& code = "") {
+  json e = {{"message", message}, {"type", type}};
   e["param"] = param.empty() ? json(nullptr) : json(param);
+  e["code"] = code.empty() ? json(nullptr) : json(code);
   return json{{"error", e}};
 }
 
-void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "") {
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
+                const std::string& code = "") {
   res.status = status;
   const std::string type = status >= 500 ? "server_error" : "invalid_request_error";
-  res.set_content(wire(error_json(message, type, param)), "application/json");
+  res.set_content(wire(error_json(message, type, param, code)), "application/json");
+}
+
+// An error answered before the request's body was read: the connection closes after it.
+void refuse(httplib::Response& res, int status, const std::string& message, const std::string& code = "") {
+  send_error(res, status, message, "", code);
+  res.set_header("Connection", "close");
+  if (t_connection) t_connection->close_after = true;
+}
+
+// The method an endpoint answers; nullptr for an unknown path.
+const char* allowed_method(const std::string& path) {
+  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  if (path == "/health" || path == "/metrics" || path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "GET";
+  return nullptr;
+}
+
+// a == b in time that does not depend on where they differ.
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return d == 0;
+}
+
+bool all_digits(const std::string& v) {
+  return !v.empty() && v.size() <= 18 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// A tqkv::Error with the HTTP status its code maps to (http_status).
+void send_error(httplib::Response& res, const Error& e, const std::string& param = "") {
+  send_error(res, http_status(e.code()), e.what(), param);
 }
 
 // Events of one request, handed from the engine thread to its handler thread.
@@ -160,17 +300,56 @@ bool bool_field(const json& body, const char* name, bool dflt) {
 
 constexpr int kMaxTopLogprobs = 20;  // OpenAI's limit for chat (5 for completions; we allow 20)
 
-struct Parsed {
-  std::vector<int32_t> prompt;
-  RequestOptions opt;
-  bool stream = false;
-  bool include_usage_in_stream = true;
-};
 
-// What completions and chat completions share: sampling, limits, stop, stream.
-void parse_common(const json& body, Parsed& p, int max_seq_len, bool chat) {
-  if (const json* m = field(body, "model"); m && !m->is_string()) throw BadRequest{400, "'model' must be a string", "model"};
-  if (int_field(body, "n", 1, 1, 1) != 1) throw BadRequest{400, "only n = 1 is supported", "n"};
+
+[[noreturn]] void unsupported(const char* name, const std::string& why) {
+  throw BadRequest{400, std::string("'") + name + "' " + why + " is not supported", name};
+}
+
+// logit_bias: {"token id": bias in [-100, 100]}.
+std::vector<std::pair<int32_t, float>> logit_bias(const json& body, int n_vocab) {
+  std::vector<std::pair<int32_t, float>> out;
+  const json* b = field(body, "logit_bias");
+  if (!b) return out;
+  if (!b->is_object() || b->size() > 1024)
+    throw BadRequest{400, "'logit_bias' must be an object of at most 1024 token ids", "logit_bias"};
+  for (const auto& [key, v] : b->items()) {
+    char* end = nullptr;
+    const long id = std::strtol(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || id < 0 || id >= n_vocab)
+      throw BadRequest{400, "'logit_bias' keys must be token ids in [0, " + std::to_string(n_vocab) + "), got '" + key + "'",
+                       "logit_bias"};
+    if (!v.is_number() || !(v.get<double>() >= -100 && v.get<double>() <= 100))
+      throw BadRequest{400, "'logit_bias' values must be numbers in [-100, 100]", "logit_bias"};
+    out.emplace_back(static_cast<int32_t>(id), v.get<float>());
+  }
+  return out;
+}
+
+// Fields whose meaning the engine cannot give: refused by name rather than ignored.
+void refuse_unsupported(const json& body, bool chat, bool logprobs) {
+  if (int_field(body, "n", 1, 1, 1 << 20) != 1) unsupported("n", "other than 1");
+  if (int_field(body, "best_of", 1, 1, 1 << 20) != 1) unsupported("best_of", "other than 1");
+  if (const json* s = field(body, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
+    unsupported("suffix", "(insertion after the answer)");
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      throw BadRequest{400, "'response_format' must be an object with a string 'type'", "response_format"};
+    if ((*rf)["type"] != "text") unsupported("response_format", "type '" + (*rf)["type"].get<std::string>() + "'");
+  }
+  for (const char* name : {"tools", "functions"})
+    if (const json* t = field(body, name); t && !(t->is_array() && t->empty())) unsupported(name, "(tool calling)");
+  if (!chat && bool_field(body, "echo", false) && logprobs) unsupported("echo", "with 'logprobs' (prompt log-probabilities)");
+}
+
+// What completions and chat completions share: model, sampling, limits, stop, stream.
+void parse_common(const json& body, ParsedRequest& p, const Limits& lim, bool chat) {
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) throw BadRequest{400, "'model' must be a string", "model"};
+    if (m->get<std::string>() != lim.model)
+      throw BadRequest{404, "the model '" + m->get<std::string>() + "' does not exist (this server has '" + lim.model + "')",
+                       "model", "model_not_found"};
+  }
   // logprobs: completions take the number of alternatives (false: none); chat takes a boolean
   // and the number in top_logprobs.
   if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>())) {
@@ -184,9 +363,10 @@ void parse_common(const json& body, Parsed& p, int max_seq_len, bool chat) {
     int_field(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
     throw BadRequest{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs"};
   }
+  refuse_unsupported(body, chat, p.opt.logprobs >= 0);
   p.stream = bool_field(body, "stream", false);
   const int n = static_cast<int>(p.prompt.size());
-  const int room = std::max(1, max_seq_len - n);
+  const int room = std::max(1, lim.max_seq_len - n);
   const char* max_name = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   // OpenAI: 16 for completions; chat answers may fill what the context leaves (capped).
   p.opt.max_tokens = int_field(body, max_name, chat ? std::min(room, 512) : 16, 1, 1 << 30);
@@ -200,6 +380,9 @@ void parse_common(const json& body, Parsed& p, int max_seq_len, bool chat) {
     p.opt.sampler.seed = std::random_device{}();
   }
   p.opt.ignore_eos = bool_field(body, "ignore_eos", false);
+  p.opt.logit_bias = logit_bias(body, lim.n_vocab);
+  p.opt.presence_penalty = static_cast<float>(num_field(body, "presence_penalty", 0.0, -2.0, 2.0));
+  p.opt.frequency_penalty = static_cast<float>(num_field(body, "frequency_penalty", 0.0, -2.0, 2.0));
   if (const json* s = field(body, "stop")) {
     if (s->is_string()) {
       p.opt.stop.push_back(s->get<std::string>());
@@ -216,6 +399,8 @@ void parse_common(const json& body, Parsed& p, int max_seq_len, bool chat) {
   }
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) throw BadRequest{400, "'stream_options' must be an object", "stream_options"};
+    if (!p.stream) throw BadRequest{400, "'stream_options' needs 'stream': true", "stream_options"};
+    p.include_usage = bool_field(*so, "include_usage", false);
   }
 }
 
@@ -230,7 +415,14 @@ json parse_body(const std::string& body) {
   return j;
 }
 
-std::vector<int32_t> encode(const engine::Tokenizer& tok, const std::string& text) {
+// The prompt's tokens. Text that could never fit the context (more bytes than max_seq_len
+// tokens can cover) is refused before it is tokenized.
+std::vector<int32_t> encode(const engine::Tokenizer& tok, const std::string& text, int max_seq_len) {
+  const size_t fewest = text.size() / tok.max_token_bytes();
+  if (fewest >= static_cast<size_t>(max_seq_len))
+    throw BadRequest{400, "the prompt has " + std::to_string(text.size()) + " bytes, at least " + std::to_string(fewest) +
+                              " tokens, but the context holds " + std::to_string(max_seq_len),
+                     "prompt"};
   const bool bos_in_text = tok.bos() >= 0 && text.rfind(tok.piece(tok.bos()), 0) == 0;
   return tok.encode(text, true, tok.add_bos() && !bos_in_text);
 }
@@ -238,6 +430,8 @@ std::vector<int32_t> encode(const engine::Tokenizer& tok, const std::string& tex
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+
+json model_json(const std::string& id) { return {{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "tqkv"}}; }
 
 json usage_json(const TokenEvent& ev) {
   return {{"prompt_tokens", ev.n_prompt},
@@ -311,6 +505,204 @@ class LogprobList {
        top_logprobs_ = json::array(), text_offset_ = json::array();
 };
 
+
+// The prompt of a completions request: a string, one string in an array, or token ids.
+std::vector<int32_t> completion_prompt(const engine::Tokenizer& tok, const json& body, int max_seq_len) {
+  std::vector<int32_t> prompt;
+  const json* pr = field(body, "prompt");
+  if (!pr) throw BadRequest{400, "'prompt' is required", "prompt"};
+  if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) pr = &(*pr)[0];
+  if (pr->is_string()) {
+    prompt = encode(tok, pr->get<std::string>(), max_seq_len);
+  } else if (pr->is_array() && !pr->empty() && (*pr)[0].is_number_integer()) {
+    for (const json& t : *pr) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
+        throw BadRequest{400, "'prompt' token ids must be integers in [0, " + std::to_string(tok.n_vocab()) + ")",
+                         "prompt"};
+      prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  } else {
+    throw BadRequest{400, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt"};
+  }
+  if (prompt.empty()) throw BadRequest{400, "the prompt is empty", "prompt"};
+  return prompt;
+}
+
+// A message's text: a string, or an array of text parts (joined by newlines); an assistant's
+// may be null (a turn that only called tools).
+std::string message_text(const json& m, const std::string& role, const std::string& where) {
+  const auto it = m.find("content");
+  if (it != m.end() && it->is_string()) return it->get<std::string>();
+  if (role == "assistant" && (it == m.end() || it->is_null())) return "";
+  if (it == m.end() || !it->is_array())
+    throw BadRequest{400, where + ".content must be a string or an array of text parts", "messages"};
+  std::string text;
+  for (size_t j = 0; j < it->size(); ++j) {
+    const json& part = (*it)[j];
+    const std::string at = where + ".content[" + std::to_string(j) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      throw BadRequest{400, at + " must be an object with a string 'type'", "messages"};
+    if (part["type"] != "text") unsupported("messages", "content part type '" + part["type"].get<std::string>() + "' (" + at + ")");
+    if (!part.contains("text") || !part["text"].is_string()) throw BadRequest{400, at + ".text must be a string", "messages"};
+    if (j > 0) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+// The messages of a chat request. "developer" (OpenAI's newer name for system) is a system turn.
+std::vector<engine::ChatMessage> chat_messages(const json& body) {
+  const json* msgs = field(body, "messages");
+  if (!msgs || !msgs->is_array() || msgs->empty()) throw BadRequest{400, "'messages' must be a non-empty array", "messages"};
+  std::vector<engine::ChatMessage> out;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw BadRequest{400, where + " needs a string 'role'", "messages"};
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant")
+      throw BadRequest{400, "unknown role '" + role + "' in " + where + " (system, developer, user, assistant)", "messages"};
+    out.push_back({role, message_text(m, role, where)});
+  }
+  return out;
+}
+
+const std::string kDone = "data: [DONE]\n\n";
+
+// What every response of one request carries.
+struct Reply {
+  std::string id;
+  int64_t created;
+  std::string model;
+  bool chat;
+  bool logprobs;
+  bool include_usage;  // streams: usage in a last chunk of its own (else on the finish chunk)
+  std::string echo;    // text before the answer
+};
+
+// Why a request the client did not cancel was aborted: shutdown, or the engine failed.
+std::string abort_message(const EngineLoop& loop) {
+  const std::string fatal = loop.fatal_error();
+  return fatal.empty() ? "the request was cancelled: the server is shutting down"
+                       : "the request was cancelled: the engine failed: " + fatal;
+}
+
+// A non-streamed answer: waits for the request's last event. A client that closes its
+// connection meanwhile has its request cancelled (freed at the next step).
+void whole_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, Channel& ch, const Reply& r,
+                 httplib::Response& res) {
+  std::string text = r.echo;
+  TokenEvent last;
+  LogprobList lps(tok, r.chat);
+  for (bool done = false; !done;) {
+    if (t_connection && t_connection->stream->peer_gone()) {
+      loop.cancel(id);
+      t_connection->close_after = true;
+      return send_error(res, 499, "the client closed the connection");
+    }
+    for (const TokenEvent& ev : ch.take(std::chrono::milliseconds(100))) {
+      text += ev.text;
+      if (r.logprobs) lps.add(ev);
+      if (ev.finish != FinishReason::None) {
+        last = ev;
+        done = true;
+      }
+    }
+  }
+  if (last.finish == FinishReason::Abort) return send_error(res, 503, abort_message(loop));
+  json choice = {{"index", 0}, {"finish_reason", finish_reason_name(last.finish)}};
+  if (r.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else choice["text"] = text;
+  choice["logprobs"] = r.logprobs ? lps.take() : json(nullptr);
+  json out = {{"id", r.id},
+              {"object", r.chat ? "chat.completion" : "text_completion"},
+              {"created", r.created},
+              {"model", r.model},
+              {"choices", json::array({choice})},
+              {"usage", usage_json(last)}};
+  res.set_content(wire(out), "application/json");
+}
+
+// A streamed answer: one SSE event per step's text; the last carries finish_reason and usage.
+// A client that goes away is noticed at the next write and its request cancelled.
+void stream_reply(const engine::Tokenizer& tok, EngineLoop& loop, int64_t id, std::shared_ptr<Channel> ch,
+                  const Reply& r, std::shared_ptr<void> in_flight, httplib::Response& res) {
+  struct StreamState {
+    bool finished = false, first = true;
+    std::string pending;   // bytes of a character the next token completes
+    LogprobList logprobs;  // of the tokens not yet sent
+  };
+  auto st = std::make_shared<StreamState>(StreamState{false, true, r.echo, LogprobList(tok, r.chat)});
+  EngineLoop* lp = &loop;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [ch, st, id, r, lp](size_t, httplib::DataSink& sink) {
+        auto chunk = [&](const std::string& text, const TokenEvent* end) {
+          json c = {{"index", 0}};
+          if (r.chat) {
+            json delta = json::object();
+            if (st->first) delta["role"] = "assistant";
+            if (!text.empty() || st->first) delta["content"] = text;
+            c["delta"] = delta;
+          } else {
+            c["text"] = text;
+          }
+          c["logprobs"] = r.logprobs && !st->logprobs.empty() ? st->logprobs.take() : json(nullptr);
+          c["finish_reason"] = end ? json(finish_reason_name(end->finish)) : json(nullptr);
+          json out = {{"id", r.id},
+                      {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
+                      {"created", r.created},
+                      {"model", r.model},
+                      {"choices", json::array({c})}};
+          if (end && !r.include_usage) out["usage"] = usage_json(*end);
+          st->first = false;
+          std::string line = "data: " + wire(out) + "\n\n";
+          if (end && r.include_usage) {  // OpenAI's usage chunk: no choices
+            out["choices"] = json::array();
+            out["usage"] = usage_json(*end);
+            line += "data: " + wire(out) + "\n\n";
+          }
+          return sink.write(line.data(), line.size());
+        };
+        for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(500))) {
+          if (ev.finish == FinishReason::Abort) {  // shutdown or a failed engine: an error event, then [DONE]
+            st->finished = true;
+            const std::string end = "data: " + wire(error_json(abort_message(*lp), "server_error", "")) + "\n\n" + kDone;
+            if (sink.write(end.data(), end.size())) sink.done();
+            return true;
+          }
+          bool ok = true;
+          st->pending += ev.text;
+          if (r.logprobs) st->logprobs.add(ev);
+          if (ev.finish != FinishReason::None) {
+            st->finished = true;
+            const std::string rest = std::move(st->pending);
+            ok = (rest.empty() || chunk(rest, nullptr)) && chunk("", &ev);
+            if (ok) ok = sink.write(kDone.data(), kDone.size());
+            if (ok) sink.done();
+            return ok;
+          }
+          const size_t ready = complete_utf8_prefix(st->pending);
+          if (ready > 0 || st->first) {
+            ok = chunk(st->pending.substr(0, ready), nullptr);
+            st->pending.erase(0, ready);
+          }
+          if (!ok) {  // the client went away: free its sequence at the next step
+            lp->cancel(id);
+            st->finished = true;
+            return false;
+          }
+        }
+        return true;
+      },
+      [st, id, lp, in_flight](bool) {
+        if (!st->finished) lp->cancel(id);
+      });
+}
+
 }  // namespace
 
 std::string prometheus_text(const EngineMetrics& m) {
@@ -339,17 +731,27 @@ std::string prometheus_text(const EngineMetrics& m) {
   return o.str();
 }
 
+int http_status(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::Ok: return 200;
+    case ErrorCode::InvalidArgument:  // the request asks for what cannot be done
+    case ErrorCode::NonFinite:
+    case ErrorCode::OutOfRange:
+    case ErrorCode::Overflow: return 400;
+    case ErrorCode::Capacity:  // full now; the same request may succeed later
+    case ErrorCode::Busy: return 503;
+    case ErrorCode::Format:  // the server's own files or devices
+    case ErrorCode::Device: return 500;
+  }
+  return 500;
+}
+
 HttpServer::HttpServer(EngineLoop& loop, const engine::Tokenizer& tok, const HttpConfig& cfg)
-    : loop_(loop), tok_(tok), cfg_(cfg), svr_(std::make_unique<Listener>()) {
-  const int threads = cfg_.threads;
-  svr_->new_task_queue = [threads] { return new GrowingPool(static_cast<size_t>(threads)); };
+    : loop_(loop), tok_(tok), cfg_(cfg), svr_(std::make_unique<Listener>(cfg_)) {
+  const size_t threads = static_cast<size_t>(cfg_.threads);
+  const std::chrono::milliseconds retire = std::max(millis(cfg_.idle_timeout_s), std::chrono::milliseconds(100));
+  svr_->new_task_queue = [threads, retire] { return new GrowingPool(threads, retire); };
   svr_->set_payload_max_length(cfg_.max_body_bytes);
-  // cpp-httplib 0.11 waits this long for every request on a connection, the first one included:
-  // at 1 s, a client whose request arrived late (a handshake retried after a full accept
-  // queue, a busy client process) had its connection closed unanswered — the resets seen at 64
-  // concurrent clients. 5 s is the library's (and llama-server's) default; stop() waits at most
-  // this long for idle connections.
-  svr_->set_keep_alive_timeout(5);
   routes();
 }
 
@@ -366,208 +768,165 @@ int HttpServer::bind() {
 }
 
 void HttpServer::listen() { svr_->listen_after_bind(); }
+
+void HttpServer::shutdown(std::chrono::milliseconds grace) {
+  loop_.stop();  // every request in flight gets its Abort event; new ones are refused (Busy: 503)
+  {
+    std::unique_lock<std::mutex> lock(in_flight_mu_);
+    in_flight_cv_.wait_for(lock, grace, [&] { return in_flight_ == 0; });
+  }
+  stop();
+}
 void HttpServer::stop() {
   if (svr_) svr_->stop();
 }
 
 void HttpServer::routes() {
   httplib::Server& s = *svr_;
-  // Errors httplib answers itself (413 body too large, 404, ...) get a JSON body too.
-  s.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+  // Before the body is read: the API key, then the framing (a Content-Length that is a number
+  // within --max-body, or chunked alone); a refused request's connection closes.
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    using R = httplib::Server::HandlerResponse;
+    if (!cfg_.api_key.empty() && req.path != "/health" &&
+        !same_secret(req.get_header_value("Authorization"), "Bearer " + cfg_.api_key)) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      refuse(res, 401, "a valid API key is required: send 'Authorization: Bearer KEY'", "invalid_api_key");
+      return R::Handled;
+    }
+    const bool has_length = req.has_header("Content-Length");
+    if (req.has_header("Transfer-Encoding")) {
+      std::string te = req.get_header_value("Transfer-Encoding");
+      std::transform(te.begin(), te.end(), te.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (te != "chunked" || has_length || req.get_header_value_count("Transfer-Encoding") > 1) {
+        refuse(res, 400, "Transfer-Encoding must be 'chunked' alone, without Content-Length");
+        return R::Handled;
+      }
+    }
+    if (has_length) {
+      const std::string v = req.get_header_value("Content-Length");
+      if (!all_digits(v) || req.get_header_value_count("Content-Length") > 1) {
+        refuse(res, 400, "Content-Length must be one non-negative integer");
+        return R::Handled;
+      }
+      if (std::stoull(v) > cfg_.max_body_bytes) {
+        refuse(res, 413, "the request body is larger than the limit of " + std::to_string(cfg_.max_body_bytes) + " bytes");
+        return R::Handled;
+      }
+    }
+    return R::Unhandled;
+  });
+  // Errors httplib answers itself (a request cut by a deadline or the byte limit, 404, a wrong
+  // method) get OpenAI's error JSON too.
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    const std::string msg = res.status == 413 ? "the request body is too large"
-                            : res.status == 404 ? "no such endpoint"
-                                                : "request failed";
-    send_error(res, res.status, msg);
+    const DeadlineStream* strm = t_connection ? t_connection->stream : nullptr;
+    if (strm && strm->over_budget())
+      return refuse(res, 413, "the request body is larger than the limit of " + std::to_string(cfg_.max_body_bytes) + " bytes");
+    if (strm && strm->timed_out())
+      return refuse(res, 408, "the request did not arrive within " + std::to_string(cfg_.read_timeout_s) + " s");
+    const char* allowed = allowed_method(req.path);
+    if (allowed && req.method != allowed && !(req.method == "HEAD" && std::string(allowed) == "GET")) {
+      res.set_header("Allow", allowed);
+      return send_error(res, 405, "method " + req.method + " is not allowed on " + req.path + " (use " + allowed + ")");
+    }
+    send_error(res, res.status, res.status == 404 ? "no such endpoint" : "request failed");
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string msg = "internal error";
     try {
       if (ep) std::rethrow_exception(ep);
+      send_error(res, 500, "internal error");
+    } catch (const Error& e) {
+      send_error(res, e);
     } catch (const std::exception& e) {
-      msg = e.what();
+      send_error(res, 500, e.what());
     } catch (...) {
+      send_error(res, 500, "internal error");
     }
-    send_error(res, 500, msg);
   });
+  using Handler = void (HttpServer::*)(const httplib::Request&, httplib::Response&);
+  auto bind = [this](Handler h) { return [this, h](const httplib::Request& req, httplib::Response& res) { (this->*h)(req, res); }; };
+  s.Get("/health", bind(&HttpServer::health));
+  s.Get("/metrics", bind(&HttpServer::metrics));
+  s.Get("/v1/models", bind(&HttpServer::models));
+  s.Get(R"(/v1/models/(.+))", bind(&HttpServer::model));
+  s.Post("/v1/completions", bind(&HttpServer::completions));
+  s.Post("/v1/chat/completions", bind(&HttpServer::chat_completions));
+}
 
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const std::string fatal = loop_.fatal_error();
-    if (!fatal.empty()) return send_error(res, 503, "the engine stopped: " + fatal);
-    res.set_content(R"({"status":"ok"})", "application/json");
+void HttpServer::health(const httplib::Request&, httplib::Response& res) {
+  const std::string fatal = loop_.fatal_error();
+  if (!fatal.empty()) return send_error(res, 503, "the engine stopped: " + fatal);
+  res.set_content(R"({"status":"ok"})", "application/json");
+}
+
+void HttpServer::metrics(const httplib::Request&, httplib::Response& res) {
+  res.set_content(prometheus_text(loop_.metrics()), "text/plain; version=0.0.4");
+}
+
+void HttpServer::models(const httplib::Request&, httplib::Response& res) {
+  res.set_content(wire({{"object", "list"}, {"data", json::array({model_json(cfg_.model_name)})}}), "application/json");
+}
+
+void HttpServer::model(const httplib::Request& req, httplib::Response& res) {
+  const std::string id = req.matches[1];
+  if (id != cfg_.model_name)
+    return send_error(res, 404, "the model '" + id + "' does not exist", "model", "model_not_found");
+  res.set_content(wire(model_json(id)), "application/json");
+}
+
+Limits HttpServer::limits() const { return {loop_.config().max_seq_len, tok_.n_vocab(), cfg_.model_name}; }
+
+void HttpServer::completions(const httplib::Request& req, httplib::Response& res) {
+  ParsedRequest p;
+  try {
+    const json body = parse_body(req.body);
+    p.prompt = completion_prompt(tok_, body, loop_.config().max_seq_len);
+    parse_common(body, p, limits(), false);
+    if (bool_field(body, "echo", false)) p.echo = tok_.decode(p.prompt, /*skip_control=*/false);
+  } catch (const BadRequest& e) {
+    return send_error(res, e.status, e.message, e.param, e.code);
+  }
+  generate(p, res, false);
+}
+
+void HttpServer::chat_completions(const httplib::Request& req, httplib::Response& res) {
+  ParsedRequest p;
+  try {
+    const json body = parse_body(req.body);
+    p.prompt = encode(tok_, tok_.apply_chat_template(chat_messages(body), true), loop_.config().max_seq_len);
+    parse_common(body, p, limits(), true);
+  } catch (const BadRequest& e) {
+    return send_error(res, e.status, e.message, e.param, e.code);
+  } catch (const Error& e) {  // a model without a chat template
+    return send_error(res, e);
+  }
+  generate(p, res, true);
+}
+
+// Submits a checked request and answers it whole or as a stream.
+void HttpServer::generate(const ParsedRequest& p, httplib::Response& res, bool chat) {
+  auto ch = std::make_shared<Channel>();
+  int64_t id = 0;
+  try {
+    id = loop_.submit(p.prompt, p.opt, [ch](const TokenEvent& ev) { ch->push(ev); });
+  } catch (const Error& e) {
+    // Scheduler::check: the prompt alone, or the prompt with max_tokens, beyond what fits.
+    const bool prompt_too_long = static_cast<int64_t>(p.prompt.size()) >= loop_.config().max_seq_len;
+    return send_error(res, e, prompt_too_long ? "prompt" : "max_tokens");
+  }
+  const Reply r{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(id), unix_now(), cfg_.model_name, chat,
+                p.opt.logprobs >= 0, p.include_usage, p.echo};
+  // Counted until its answer is written (a stream: until the response is released).
+  auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) {
+    std::lock_guard<std::mutex> lock(in_flight_mu_);
+    if (--in_flight_ == 0) in_flight_cv_.notify_all();
   });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(prometheus_text(loop_.metrics()), "text/plain; version=0.0.4");
-  });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json m = {{"object", "list"},
-              {"data", json::array({{{"id", cfg_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "tqkv"}}})}};
-    res.set_content(wire(m), "application/json");
-  });
-
-  auto handle = [this](const httplib::Request& req, httplib::Response& res, bool chat) {
-    Parsed p;
-    try {
-      const json body = parse_body(req.body);
-      if (chat) {
-        const json* msgs = field(body, "messages");
-        if (!msgs || !msgs->is_array() || msgs->empty())
-          throw BadRequest{400, "'messages' must be a non-empty array", "messages"};
-        std::vector<engine::ChatMessage> chat_msgs;
-        for (const json& m : *msgs) {
-          if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-            throw BadRequest{400, "each message needs a string 'role'", "messages"};
-          const std::string role = m["role"].get<std::string>();
-          if (role != "system" && role != "user" && role != "assistant")
-            throw BadRequest{400, "unknown role '" + role + "'", "messages"};
-          if (!m.contains("content") || !m["content"].is_string())
-            throw BadRequest{400, "each message needs a string 'content'", "messages"};
-          chat_msgs.push_back({role, m["content"].get<std::string>()});
-        }
-        p.prompt = encode(tok_, tok_.apply_chat_template(chat_msgs, true));
-      } else {
-        const json* pr = field(body, "prompt");
-        if (!pr) throw BadRequest{400, "'prompt' is required", "prompt"};
-        if (pr->is_string()) {
-          p.prompt = encode(tok_, pr->get<std::string>());
-        } else if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) {
-          p.prompt = encode(tok_, (*pr)[0].get<std::string>());
-        } else if (pr->is_array() && !pr->empty() && (*pr)[0].is_number_integer()) {
-          for (const json& t : *pr) {
-            if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok_.n_vocab())
-              throw BadRequest{400, "'prompt' token ids must be integers in [0, " + std::to_string(tok_.n_vocab()) + ")",
-                               "prompt"};
-            p.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
-          }
-        } else {
-          throw BadRequest{400, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt"};
-        }
-        if (p.prompt.empty()) throw BadRequest{400, "the prompt is empty", "prompt"};
-      }
-      parse_common(body, p, loop_.config().max_seq_len, chat);
-    } catch (const BadRequest& e) {
-      return send_error(res, e.status, e.message, e.param);
-    } catch (const Error& e) {
-      return send_error(res, 400, e.what());
-    }
-
-    auto ch = std::make_shared<Channel>();
-    int64_t id = 0;
-    try {
-      id = loop_.submit(p.prompt, p.opt, [ch](const TokenEvent& ev) { ch->push(ev); });
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      return send_error(res, msg.find("shutting down") != std::string::npos ? 503 : 400, msg,
-                        msg.find("max_tokens") != std::string::npos ? "max_tokens" : "prompt");
-    }
-    const std::string rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(id);
-    const int64_t created = unix_now();
-    const std::string model = cfg_.model_name;
-
-    const bool want_logprobs = p.opt.logprobs >= 0;
-    if (!p.stream) {
-      std::string text;
-      TokenEvent last;
-      LogprobList lps(tok_, chat);
-      for (bool done = false; !done;)
-        for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(1000))) {
-          text += ev.text;
-          if (want_logprobs) lps.add(ev);
-          if (ev.finish != FinishReason::None) {
-            last = ev;
-            done = true;
-          }
-        }
-      if (last.finish == FinishReason::Abort) return send_error(res, 503, "the request was cancelled: the server is stopping");
-      json choice = {{"index", 0}, {"finish_reason", finish_reason_name(last.finish)}};
-      if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-      else choice["text"] = text;
-      choice["logprobs"] = want_logprobs ? lps.take() : json(nullptr);
-      json out = {{"id", rid},
-                  {"object", chat ? "chat.completion" : "text_completion"},
-                  {"created", created},
-                  {"model", model},
-                  {"choices", json::array({choice})},
-                  {"usage", usage_json(last)}};
-      res.set_content(wire(out), "application/json");
-      return;
-    }
-
-    // Streaming: one SSE event per step's text; the last carries finish_reason and usage.
-    struct StreamState {
-      bool finished = false, first = true;
-      std::string pending;  // bytes of a character the next token completes
-      LogprobList logprobs;  // of the tokens not yet sent
-    };
-    auto st = std::make_shared<StreamState>(StreamState{false, true, {}, LogprobList(tok_, chat)});
-    EngineLoop* loop = &loop_;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [ch, st, id, rid, created, model, chat, loop, want_logprobs](size_t, httplib::DataSink& sink) {
-          auto chunk = [&](const std::string& text, const TokenEvent* end) {
-            json c = {{"index", 0}};
-            if (chat) {
-              json delta = json::object();
-              if (st->first) delta["role"] = "assistant";
-              if (!text.empty() || st->first) delta["content"] = text;
-              c["delta"] = delta;
-            } else {
-              c["text"] = text;
-            }
-            c["logprobs"] = want_logprobs && !st->logprobs.empty() ? st->logprobs.take() : json(nullptr);
-            c["finish_reason"] = end ? json(finish_reason_name(end->finish)) : json(nullptr);
-            json out = {{"id", rid},
-                        {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                        {"created", created},
-                        {"model", model},
-                        {"choices", json::array({c})}};
-            if (end) out["usage"] = usage_json(*end);
-            st->first = false;
-            const std::string line = "data: " + wire(out) + "\n\n";
-            return sink.write(line.data(), line.size());
-          };
-          for (const TokenEvent& ev : ch->take(std::chrono::milliseconds(500))) {
-            if (ev.finish == FinishReason::Abort) {
-              st->finished = true;
-              const std::string err = "data: " + wire(error_json("the request was cancelled", "server_error", "")) + "\n\n";
-              sink.write(err.data(), err.size());
-              sink.done();
-              return true;
-            }
-            bool ok = true;
-            st->pending += ev.text;
-            if (want_logprobs) st->logprobs.add(ev);
-            if (ev.finish != FinishReason::None) {
-              st->finished = true;
-              const std::string rest = std::move(st->pending);
-              ok = (rest.empty() || chunk(rest, nullptr)) && chunk("", &ev);
-              if (ok) {
-                static const std::string kDone = "data: [DONE]\n\n";
-                ok = sink.write(kDone.data(), kDone.size());
-              }
-              if (ok) sink.done();
-              return ok;
-            }
-            const size_t ready = complete_utf8_prefix(st->pending);
-            if (ready > 0 || st->first) {
-              ok = chunk(st->pending.substr(0, ready), nullptr);
-              st->pending.erase(0, ready);
-            }
-            if (!ok) {  // the client went away: free its sequence at the next step
-              loop->cancel(id);
-              st->finished = true;
-              return false;
-            }
-          }
-          return true;
-        },
-        [st, id, loop](bool) {
-          if (!st->finished) loop->cancel(id);
-        });
-  };
-  s.Post("/v1/completions", [handle](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
-  s.Post("/v1/chat/completions", [handle](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
+  {
+    std::lock_guard<std::mutex> lock(in_flight_mu_);
+    ++in_flight_;
+  }
+  if (p.stream) stream_reply(tok_, loop_, id, ch, r, std::move(in_flight), res);
+  else whole_reply(tok_, loop_, id, *ch, r, res);
 }
 
 }  // namespace tqkv::serve

@@ -111,6 +111,16 @@ std::string ModelRunner::take_emittable(State& s, bool final) {
   return out;
 }
 
+const float* ModelRunner::sampling_logits(const State& s, const float* row, int n_vocab) {
+  if (!s.opt.adjusts_logits()) return row;
+  adjusted_.assign(row, row + n_vocab);
+  for (const auto& [token, bias] : s.opt.logit_bias)
+    if (token >= 0 && token < n_vocab) adjusted_[token] += bias;
+  for (const auto& [token, n] : s.counts)
+    adjusted_[token] -= s.opt.presence_penalty + s.opt.frequency_penalty * static_cast<float>(n);
+  return adjusted_.data();
+}
+
 std::vector<TokenEvent> ModelRunner::step(const StepPlan& plan, Scheduler& sched) {
   for (int64_t id : plan.preempted) {
     auto it = reqs_.find(id);
@@ -149,7 +159,7 @@ std::vector<TokenEvent> ModelRunner::step(const StepPlan& plan, Scheduler& sched
   bool greedy_only = !sampled.empty();
   for (const int64_t id : sampled) {
     const RequestOptions& o = reqs_.at(id).opt;
-    greedy_only = greedy_only && o.sampler.temperature == 0.0f && o.logprobs < 0;
+    greedy_only = greedy_only && o.sampler.temperature == 0.0f && o.logprobs < 0 && !o.adjusts_logits();
   }
   std::vector<int32_t> picks(greedy_only ? sampled.size() : 0);
   if (greedy_only) {
@@ -167,13 +177,14 @@ std::vector<TokenEvent> ModelRunner::step(const StepPlan& plan, Scheduler& sched
     ev.request = id;
     ev.n_prompt = s.n_prompt;
     const float* logits = greedy_only ? nullptr : logits_.data() + i * V;
-    const int32_t token = greedy_only ? picks[i] : s.sampler->sample(logits, V);
+    const int32_t token = greedy_only ? picks[i] : s.sampler->sample(sampling_logits(s, logits, V), V);
     if (!s.opt.ignore_eos && tok_.is_end_of_generation(token)) {
       ev.finish = FinishReason::Stop;
     } else {
       ev.token = token;
       if (s.opt.logprobs >= 0) ev.logprob = token_logprobs(logits, V, token, s.opt.logprobs, ev.top);
       ++s.n_generated;
+      if (s.opt.presence_penalty != 0 || s.opt.frequency_penalty != 0) ++s.counts[token];
       if (append_text(s, token)) ev.finish = FinishReason::Stop;
       else if (s.n_generated >= s.opt.max_tokens) ev.finish = FinishReason::Length;
     }

@@ -31,6 +31,12 @@ struct RequestOptions {
   // completions `logprobs` N, chat `top_logprobs` N), from the model's distribution (the
   // log-softmax of the logits, before temperature, top-k and top-p); -1: none.
   int logprobs = -1;
+  // Added to the logits before sampling (OpenAI's logit_bias: token id -> bias).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // OpenAI's penalties over the tokens generated so far: a token's logit loses presence once
+  // it has appeared and frequency for every time it has.
+  float presence_penalty = 0, frequency_penalty = 0;
+  bool adjusts_logits() const { return !logit_bias.empty() || presence_penalty != 0 || frequency_penalty != 0; }
 };
 
 struct TokenLogprob {
@@ -90,7 +96,11 @@ class ModelRunner {
     int n_generated = 0;
     std::string text;     // the whole answer so far
     size_t emitted = 0;   // bytes of text already reported
+    std::unordered_map<int32_t, int> counts;  // generated tokens (for the penalties)
   };
+  // The logits a request samples from: its row with logit_bias and the penalties applied
+  // (in adjusted_), or the row itself when it asks for neither.
+  const float* sampling_logits(const State& s, const float* row, int n_vocab);
   // Appends a token's text; returns true when a stop string ended the answer (text cut there).
   bool append_text(State& s, int32_t token);
   std::string take_emittable(State& s, bool final);
@@ -99,7 +109,7 @@ class ModelRunner {
   const engine::Tokenizer& tok_;
   std::unique_ptr<engine::KvCache> cache_;
   std::unordered_map<int64_t, State> reqs_;
-  std::vector<float> logits_;
+  std::vector<float> logits_, adjusted_;
   int64_t copied_tokens_ = 0;
 };
 

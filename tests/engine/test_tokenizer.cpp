@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <limits>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include "engine/gguf/gguf.h"
 #include "engine/gguf/tokenizer.h"
@@ -40,10 +44,8 @@ TEST(Tokenizer, Gpt2MergesByRank) {
   EXPECT_THROW(tok.encode("ab<|eot|>c", /*parse_special=*/false), Error);
 }
 
-TEST(Tokenizer, SentencePieceScoresAndByteFallback) {
-  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
-  std::vector<int> types = {2, 3, 3};
-  std::vector<float> scores = {0, 0, 0};
+// SentencePiece's 256 byte-fallback tokens <0x00>..<0xFF> (type 6, score 0).
+void add_byte_tokens(std::vector<std::string>& tokens, std::vector<int>& types, std::vector<float>& scores) {
   for (int b = 0; b < 256; ++b) {
     char buf[8];
     std::snprintf(buf, sizeof buf, "<0x%02X>", b);
@@ -51,6 +53,13 @@ TEST(Tokenizer, SentencePieceScoresAndByteFallback) {
     types.push_back(6);
     scores.push_back(0);
   }
+}
+
+TEST(Tokenizer, SentencePieceScoresAndByteFallback) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int> types = {2, 3, 3};
+  std::vector<float> scores = {0, 0, 0};
+  add_byte_tokens(tokens, types, scores);
   const int base = static_cast<int>(tokens.size());
   // "▁hello" reachable only through "▁h" + "ello" (higher scores merge first).
   for (auto [t, s] : std::vector<std::pair<const char*, float>>{{"\xe2\x96\x81", -1},
@@ -102,6 +111,82 @@ TEST(Tokenizer, FromGgufRejectsBadMetadata) {
   EXPECT_THROW(Tokenizer::from_gguf(h), Error);  // eos out of range
 }
 
+// The merge loop as it was before the heap (issue 45): after every merge, scan all adjacent
+// pairs for the best one (lowest priority, ties to the leftmost); priority NaN: no merge. The
+// tokenizer must give exactly its answer, which the Hugging Face ids above pin.
+template <typename Priority>
+std::vector<std::string> quadratic_merge(std::vector<std::string> sym, Priority priority) {
+  while (sym.size() > 1) {
+    double best = std::numeric_limits<double>::infinity();
+    size_t at = sym.size();
+    for (size_t k = 0; k + 1 < sym.size(); ++k) {
+      const double p = priority(sym[k], sym[k + 1]);
+      if (p < best) {
+        best = p;
+        at = k;
+      }
+    }
+    if (at == sym.size()) break;
+    sym[at] += sym[at + 1];
+    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  }
+  return sym;
+}
+
+double elapsed_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Hostile input (issue 45): one long word took 93 s for 200,000 characters through the
+// quadratic scan; merging through a heap gives the scan's answer in O(n log n).
+TEST(Tokenizer, SentencePieceLongTextMatchesTheScanAndIsFast) {
+  std::vector<std::string> tokens = {"<unk>"};
+  std::vector<int> types = {2};
+  std::vector<float> scores = {0};
+  add_byte_tokens(tokens, types, scores);
+  // Every string of 1-4 letters over {a, b, c, U+2581}, with random scores (ties included).
+  std::mt19937 rng(7);
+  const std::vector<std::string> alphabet = {"a", "b", "c", "\xe2\x96\x81"};
+  std::vector<std::string> level = {""};
+  for (int len = 1; len <= 4; ++len) {
+    std::vector<std::string> next;
+    for (const std::string& p : level)
+      for (const std::string& c : alphabet) next.push_back(p + c);
+    for (const std::string& t : next) {
+      tokens.push_back(t);
+      types.push_back(1);
+      scores.push_back(-static_cast<float>(rng() % 16));
+    }
+    level = next;
+  }
+  Tokenizer tok(Tokenizer::Kind::SentencePiece, tokens, types, scores, {});
+  std::unordered_map<std::string, int32_t> id;
+  for (size_t i = 0; i < tokens.size(); ++i) id.emplace(tokens[i], static_cast<int32_t>(i));
+  auto reference = [&](const std::string& text) {
+    std::vector<std::string> sym = {alphabet[3]};  // the dummy prefix
+    for (char c : text) sym.push_back(c == ' ' ? alphabet[3] : std::string(1, c));
+    std::vector<int32_t> ids;
+    for (const std::string& s : quadratic_merge(sym, [&](const std::string& a, const std::string& b) {
+           auto it = id.find(a + b);
+           return it == id.end() ? std::numeric_limits<double>::quiet_NaN() : -static_cast<double>(scores[it->second]);
+         }))
+      ids.push_back(id.at(s));
+    return ids;
+  };
+  for (int n : {1, 2, 3, 7, 40, 300, 1000}) {
+    std::string text;
+    for (int i = 0; i < n; ++i) text += "abc "[rng() % 4];
+    SCOPED_TRACE(text);
+    EXPECT_EQ(tok.encode(text, false), reference(text));
+  }
+  const std::string a(3000, 'a');
+  EXPECT_EQ(tok.encode(a, false), reference(a));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string big(200000, 'a');
+  EXPECT_EQ(tok.decode(tok.encode(big, false)), big);
+  EXPECT_LT(elapsed_since(t0), 5.0);  // 0.1-0.3 s; the scan took hours
+}
+
 class SmolTokenizer : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -146,6 +231,44 @@ TEST_F(SmolTokenizer, KnownIds) {
     EXPECT_EQ(tok_->decode(ids), text);
   }
   EXPECT_TRUE(tok_->encode("").empty());
+}
+
+// One long word of the real vocabulary, as the server met it (issue 45): the scan's answer, in
+// linear-ish time ("a" * 200,000 took 93 s before the heap).
+TEST_F(SmolTokenizer, LongWordsMatchTheScanAndAreFast) {
+  const std::vector<std::string> merges = file_->get_string_array("tokenizer.ggml.merges");
+  std::unordered_map<std::string, int> rank;
+  for (size_t r = 0; r < merges.size(); ++r) rank.emplace(merges[r], static_cast<int>(r));
+  // Words of ASCII letters: one pre-token each, and GPT-2's byte map leaves letters as they are.
+  auto reference = [&](const std::string& word) {
+    std::vector<std::string> sym;
+    for (char c : word) sym.emplace_back(1, c);
+    std::vector<int32_t> ids;
+    for (const std::string& s : quadratic_merge(sym, [&](const std::string& a, const std::string& b) {
+           auto it = rank.find(a + " " + b);
+           return it == rank.end() ? std::numeric_limits<double>::quiet_NaN() : static_cast<double>(it->second);
+         }))
+      ids.push_back(tok_->token_id(s));
+    return ids;
+  };
+  std::mt19937 rng(11);
+  for (int n : {1, 5, 17, 64, 300, 1500}) {
+    std::string word;
+    for (int i = 0; i < n; ++i) word += static_cast<char>((rng() % 3 == 0 ? 'A' : 'a') + rng() % 26);
+    SCOPED_TRACE(word);
+    EXPECT_EQ(tok_->encode(word, false), reference(word));
+  }
+  for (int n : {2, 3, 1001, 3000}) EXPECT_EQ(tok_->encode(std::string(n, 'a'), false), reference(std::string(n, 'a')));
+  const std::string big(200000, 'a');
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto ids = tok_->encode(big, false);
+  EXPECT_LT(elapsed_since(t0), 5.0);  // 0.1-0.3 s; the scan took hours
+  EXPECT_EQ(tok_->decode(ids), big);
+  // max_token_bytes bounds the tokens of any text from below (the server's early length check).
+  EXPECT_GE(ids.size() * tok_->max_token_bytes(), big.size());
+  for (const std::string& text : {std::string("  leading spaces\ttabs\n\nnewlines  "), std::string(5000, ' '),
+                                  std::string(3000, '\n'), std::string("<|im_start|><|im_end|>")})
+    EXPECT_GE(tok_->encode(text).size() * tok_->max_token_bytes(), text.size()) << text.substr(0, 20);
 }
 
 TEST_F(SmolTokenizer, SpecialTokensOnlyWhenAsked) {

@@ -181,6 +181,50 @@ TEST_F(ModelRunnerTest, StopStringsEndTheAnswerAndAreNotShown) {
   EXPECT_EQ(cut, full.substr(0, full.find(stop))) << "stop '" << stop << "'";
 }
 
+// OpenAI's logit_bias and presence/frequency penalties (issue 45): greedy answers, so every
+// token follows from the adjusted logits.
+TEST_F(ModelRunnerTest, LogitBiasAndPenaltiesSteerSampling) {
+  SchedulerConfig cfg{.block_size = 16, .num_pages = 64, .max_seqs = 1, .max_seq_len = kCtx, .token_budget = 256};
+  const std::vector<int32_t> p = chat(kQuestions[3]);
+  auto run = [&](const RequestOptions& opt) {
+    Scheduler sched(cfg);
+    ModelRunner runner(*model_, *tok_, model_->resolve(kSpec), kCtx, 1);
+    runner.add(0, opt, static_cast<int>(p.size()));
+    sched.add({0, p, opt.max_tokens});
+    std::vector<int32_t> out;
+    while (sched.has_work())
+      for (const TokenEvent& ev : runner.step(sched.schedule(), sched))
+        if (ev.token >= 0) out.push_back(ev.token);
+    return out;
+  };
+  RequestOptions opt;
+  opt.max_tokens = 10;
+  opt.ignore_eos = true;
+  const std::vector<int32_t> free = run(opt);
+  ASSERT_EQ(free, alone(p, 10));
+  const int32_t x = tok_->token_id("Ġsea");
+  ASSERT_GE(x, 0);
+  RequestOptions forced = opt;
+  forced.logit_bias = {{x, 100.0f}};
+  EXPECT_EQ(run(forced), std::vector<int32_t>(10, x));
+  RequestOptions banned = opt;
+  banned.logit_bias = {{free[0], -100.0f}};
+  const std::vector<int32_t> other = run(banned);
+  EXPECT_EQ(std::count(other.begin(), other.end(), free[0]), 0);
+  // A penalty far beyond the logits' spread: no token is picked twice.
+  for (float RequestOptions::*penalty : {&RequestOptions::presence_penalty, &RequestOptions::frequency_penalty}) {
+    RequestOptions pen = opt;
+    pen.*penalty = 1000.0f;
+    std::vector<int32_t> got = run(pen);
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(std::adjacent_find(got.begin(), got.end()), got.end());
+  }
+  // A small frequency penalty only lowers what repeats: the first token is the free one.
+  RequestOptions mild = opt;
+  mild.frequency_penalty = 0.5f;
+  EXPECT_EQ(run(mild)[0], free[0]);
+}
+
 TEST_F(ModelRunnerTest, EngineLoopServesConcurrentRequestsAndCancels) {
   SchedulerConfig cfg{.block_size = 16, .num_pages = 256, .max_seqs = 4, .max_seq_len = kCtx, .token_budget = 64};
   EngineLoop loop(*model_, *tok_, model_->resolve(kSpec), cfg);
@@ -212,6 +256,13 @@ TEST_F(ModelRunnerTest, EngineLoopServesConcurrentRequestsAndCancels) {
   EXPECT_EQ(m.requests_aborted, 1);
   EXPECT_EQ(m.pages_used, 0);
   EXPECT_THROW(loop.submit({}, RequestOptions{}, [](const TokenEvent&) {}), tqkv::Error);
+  loop.stop();
+  try {  // a stopped loop refuses work as Busy (HTTP 503), not as a bad request
+    loop.submit(chat(kQuestions[0]), RequestOptions{}, [](const TokenEvent&) {});
+    ADD_FAILURE() << "a stopped loop took a request";
+  } catch (const tqkv::Error& e) {
+    EXPECT_EQ(e.code(), tqkv::ErrorCode::Busy) << e.what();
+  }
 }
 
 }  // namespace

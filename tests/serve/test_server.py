@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -23,6 +24,7 @@ openai = pytest.importorskip("openai")
 REPO = os.environ.get("TQKV_REPO_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("TQKV_BIN", os.path.join(REPO, "build", "tqkv"))
 MODEL = os.path.join(REPO, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+MODEL_ID = os.path.basename(MODEL)  # the served model's id (--served-model-name's default)
 CTX = 512
 
 if not os.path.exists(MODEL):
@@ -32,10 +34,10 @@ if not os.path.exists(BIN):
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, env=None):
         self.proc = subprocess.Popen(
             [BIN, "serve", "-m", MODEL, "--port", "0", "--ctx", str(CTX), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline()
         m = re.search(r"listening on http://([\d.]+):(\d+)", line)
         if not m:
@@ -51,6 +53,7 @@ class Server:
                     return
             except OSError:
                 time.sleep(0.1)
+        self.proc.kill()
         raise RuntimeError("no /health")
 
     def get(self, path):
@@ -91,7 +94,7 @@ PROMPTS = [f"Question {i}: what is {i} plus {i + 1}? Answer:" for i in range(8)]
 
 
 def complete(server, prompt, n=12, **kw):
-    return server.client.completions.create(model="m", prompt=prompt, max_tokens=n, temperature=0, **kw)
+    return server.client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=n, temperature=0, **kw)
 
 
 def test_models_and_health(server):
@@ -106,16 +109,16 @@ def test_completion_and_chat(server):
     assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens == 5
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     c = server.client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Say hello."}], max_tokens=10, temperature=0)
+        model=MODEL_ID, messages=[{"role": "user", "content": "Say hello."}], max_tokens=10, temperature=0)
     assert c.choices[0].message.role == "assistant" and c.choices[0].message.content
     assert c.usage.completion_tokens <= 10
 
 
 def test_stream_equals_non_stream(server):
     msgs = [{"role": "user", "content": "Name three fruits."}]
-    full = server.client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0)
+    full = server.client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=16, temperature=0)
     parts, usage, finish = [], None, None
-    for chunk in server.client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0,
+    for chunk in server.client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=16, temperature=0,
                                                        stream=True):
         if chunk.choices:
             parts.append(chunk.choices[0].delta.content or "")
@@ -125,7 +128,7 @@ def test_stream_equals_non_stream(server):
     assert finish == full.choices[0].finish_reason
     assert usage.completion_tokens == full.usage.completion_tokens
     text = "".join(c.choices[0].text for c in server.client.completions.create(
-        model="m", prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True))
+        model=MODEL_ID, prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True))
     assert text == complete(server, PROMPTS[0]).choices[0].text
 
 
@@ -152,7 +155,7 @@ def test_bounded_load(server):
     n_req = int(os.environ.get("TQKV_SERVE_LOAD_REQUESTS", "100"))
 
     def one(i):
-        r = server.client.completions.create(model="m", prompt=SHARED + PROMPTS[i % 8], max_tokens=6, temperature=0.7,
+        r = server.client.completions.create(model=MODEL_ID, prompt=SHARED + PROMPTS[i % 8], max_tokens=6, temperature=0.7,
                                              seed=i, extra_body={"ignore_eos": True})
         return r.usage.completion_tokens
 
@@ -258,7 +261,7 @@ def test_logprobs(server):
     assert complete(server, "The capital of France is", n=2, logprobs=0).choices[0].logprobs.top_logprobs == [{}, {}]
 
     msgs = [{"role": "user", "content": "Name a colour."}]
-    c = server.client.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+    c = server.client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=6, temperature=0, logprobs=True,
                                               top_logprobs=2)
     content = c.choices[0].logprobs.content
     assert len(content) == c.usage.completion_tokens and "".join(t.token for t in content) == c.choices[0].message.content
@@ -267,10 +270,10 @@ def test_logprobs(server):
         assert t.top_logprobs[0].logprob == pytest.approx(t.logprob) and t.top_logprobs[1].logprob <= t.logprob
         assert bytes(t.bytes).decode() == t.token
     streamed = [t for ch in server.client.chat.completions.create(
-        model="m", messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True)
+        model=MODEL_ID, messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True)
         if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
     assert [(t.token, round(t.logprob, 5)) for t in streamed] == [(t.token, round(t.logprob, 5)) for t in content]
-    assert server.client.chat.completions.create(model="m", messages=msgs, max_tokens=2).choices[0].logprobs is None
+    assert server.client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=2).choices[0].logprobs is None
     for bad in ({"logprobs": 21}, {"logprobs": "yes"}):
         code, _ = server.post_raw("/v1/completions", json.dumps({"prompt": "hi", **bad}))
         assert code == 400, bad
@@ -311,7 +314,7 @@ def test_faults(server):
     err({"prompt": "hi"}, status=404, path="/v1/nothing")
     # The openai client sees the same as exceptions.
     with pytest.raises(openai.BadRequestError):
-        server.client.completions.create(model="m", prompt="hi", max_tokens=-1)
+        server.client.completions.create(model=MODEL_ID, prompt="hi", max_tokens=-1)
     # Unknown fields are ignored; nothing changed for later requests.
     code, text = server.post_raw("/v1/completions", json.dumps(
         {"prompt": PROMPTS[2], "max_tokens": 12, "temperature": 0, "frobnicate": {"x": 1}}))
@@ -350,7 +353,7 @@ def test_tiny_cache_preempts_and_completes_everything():
     s = Server("--max-seqs", "8", "--kv-cache-pages", "12", "--block-size", "16", "--token-budget", "64")
     try:
         def one(i):
-            r = s.client.completions.create(model="m", prompt=PROMPTS[i % 8] * 2, max_tokens=40, temperature=0,
+            r = s.client.completions.create(model=MODEL_ID, prompt=PROMPTS[i % 8] * 2, max_tokens=40, temperature=0,
                                             extra_body={"ignore_eos": True})
             return r.usage.completion_tokens, r.choices[0].finish_reason
 
@@ -362,6 +365,268 @@ def test_tiny_cache_preempts_and_completes_everything():
         assert m["tqkv_requests_finished_total"] == 12 and m["tqkv_kv_pages_used"] == 0
         # A request that could never fit the pool is refused up front, not queued forever.
         with pytest.raises(openai.BadRequestError):
-            s.client.completions.create(model="m", prompt="hi", max_tokens=300)
+            s.client.completions.create(model=MODEL_ID, prompt="hi", max_tokens=300)
     finally:
         assert s.stop() == 0
+
+
+# ---- Hostile clients (issue 45): deadlines, byte limits, framing, methods, keys ----------------
+# One server with short limits, set by options, so that each test takes a second or two.
+HARD_OPTS = ("--max-seqs", "4", "--http-threads", "4", "--max-body", "65536", "--idle-timeout", "0.5",
+             "--read-timeout", "1", "--write-timeout", "1")
+
+
+@pytest.fixture(scope="module")
+def hard():
+    s = Server(*HARD_OPTS)
+    yield s
+    assert s.stop() == 0
+
+
+def raw_exchange(port, data, timeout=10.0, send_delay=0.0):
+    """Sends `data` (bytes, or a list of pieces sent send_delay apart) on a fresh connection and
+    returns (everything the server sent until it closed or went quiet for `timeout`, seconds taken)."""
+    t0 = time.time()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        try:
+            for piece in data if isinstance(data, list) else [data]:
+                s.sendall(piece)
+                time.sleep(send_delay)
+        except OSError:  # the server closed while we were sending
+            pass
+        out = b""
+        try:
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    break
+                out += d
+        except (socket.timeout, ConnectionResetError):
+            pass
+    return out.decode(errors="replace"), time.time() - t0
+
+
+def status_of(reply):
+    m = re.match(r"HTTP/1\.1 (\d+)", reply)
+    return int(m.group(1)) if m else None
+
+
+def post_head(path="/v1/completions", extra=""):
+    return (f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n{extra}").encode()
+
+
+def test_chunked_body_beyond_max_body_is_413(hard):
+    # A chunked body was read whole whatever its size (200 MB: 200 OK, ~400 MB of memory).
+    chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
+    reply, took = raw_exchange(hard.port, [post_head(extra="Transfer-Encoding: chunked\r\n\r\n")] + [chunk] * 32)
+    assert status_of(reply) == 413, reply[:300]
+    assert "invalid_request_error" in reply and took < 5
+    # Within the limit a chunked body is served.
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2, "temperature": 0}).encode()
+    reply, _ = raw_exchange(hard.port, post_head(extra="Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n") +
+                            b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    assert status_of(reply) == 200 and '"completion_tokens":2' in reply, reply[:300]
+
+
+def test_content_length_is_checked_before_the_body(hard):
+    for value, want in (("-5", 400), ("abc", 400), ("1e3", 400), ("99999999", 413)):
+        reply, took = raw_exchange(hard.port, post_head(extra=f"Content-Length: {value}\r\n\r\n").decode().encode())
+        assert status_of(reply) == want and took < 0.9, (value, reply[:200], took)  # not after a read timeout
+    reply, _ = raw_exchange(hard.port, post_head(extra="Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}"))
+    assert status_of(reply) == 400
+
+
+def test_slow_headers_time_out_and_do_not_starve_others(hard):
+    # Headers a byte at a time kept a handler thread forever; four of them (--http-threads 4)
+    # starved every other request.
+    head = post_head(extra="Content-Length: 2\r\n\r\n") + b"{}"
+
+    def slow(_):
+        return raw_exchange(hard.port, [bytes([b]) for b in head], send_delay=0.05)
+
+    with cf.ThreadPoolExecutor(4) as ex:
+        slows = [ex.submit(slow, i) for i in range(4)]
+        time.sleep(0.3)
+        t0 = time.time()
+        r = hard.client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=2, temperature=0)
+        served_in = time.time() - t0
+        results = [f.result() for f in slows]
+    assert r.usage.completion_tokens <= 2 and served_in < 4, served_in
+    for reply, took in results:
+        assert status_of(reply) == 408 and took < 4, (reply[:200], took)
+
+
+def test_idle_connections_close_and_threads_retire(hard):
+    def threads():
+        with open(f"/proc/{hard.proc.pid}/status") as f:
+            return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
+
+    time.sleep(1.0)
+    before = threads()
+    # A connection that sends nothing is closed after --idle-timeout (it waited forever before).
+    reply, took = raw_exchange(hard.port, b"", timeout=5)
+    assert reply == "" and 0.3 < took < 3, took
+    with cf.ThreadPoolExecutor(4) as ex:  # four handler threads at once
+        list(ex.map(lambda i: raw_exchange(hard.port, b"", timeout=5), range(4)))
+    deadline = time.time() + 5
+    while threads() > before and time.time() < deadline:
+        time.sleep(0.1)
+    assert threads() <= before
+
+
+def test_wrong_method_is_405(hard):
+    for method, path, allowed in (("GET", "/v1/completions", "POST"), ("PUT", "/v1/chat/completions", "POST"),
+                                  ("POST", "/v1/models", "GET"), ("DELETE", "/health", "GET")):
+        reply, _ = raw_exchange(hard.port, f"{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                                           f"Content-Length: 0\r\n\r\n".encode())
+        assert status_of(reply) == 405 and f"Allow: {allowed}" in reply, (method, path, reply[:300])
+    assert status_of(raw_exchange(hard.port, b"GET /nothing HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")[0]) == 404
+
+
+def test_api_key():
+    for s in (Server("--api-key", "sesame"), Server(env={"TQKV_API_KEY": "sesame"})):
+        try:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+                code, text = s.post_raw("/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 1}),
+                                        {"Content-Type": "application/json", **headers})
+                assert code == 401 and json.loads(text)["error"]["code"] == "invalid_api_key", (headers, code, text)
+            for path in ("/v1/models", "/metrics"):
+                with pytest.raises(urllib.error.HTTPError) as e:
+                    s.get(path)
+                assert e.value.code == 401
+            assert s.get("/health")[0] == 200  # probes need no key
+            with pytest.raises(openai.AuthenticationError):
+                s.client.models.list()
+            good = openai.OpenAI(base_url=s.base + "/v1", api_key="sesame", max_retries=0, timeout=60)
+            assert good.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=1).usage.completion_tokens <= 1
+        finally:
+            assert s.stop() == 0
+
+
+def test_non_streamed_client_disconnect_cancels(server):
+    # A non-streamed request ran to its end after its client had gone.
+    before = server.metrics()
+    body = json.dumps({"prompt": PROMPTS[5], "max_tokens": 400, "ignore_eos": True, "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(post_head(extra=f"Content-Length: {len(body)}\r\n\r\n") + body)
+        deadline = time.time() + 30
+        while server.metrics()["tqkv_requests_running"] == 0 and time.time() < deadline:
+            time.sleep(0.05)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = server.metrics()
+        if m["tqkv_requests_aborted_total"] > before["tqkv_requests_aborted_total"] and m["tqkv_requests_running"] == 0:
+            break
+        time.sleep(0.05)
+    assert m["tqkv_requests_aborted_total"] == before["tqkv_requests_aborted_total"] + 1
+    assert m["tqkv_kv_pages_used"] == 0
+    assert m["tqkv_generation_tokens_total"] - before["tqkv_generation_tokens_total"] < 400
+
+
+def test_sigterm_cancels_what_is_in_flight():
+    # SIGTERM ended a stream with a bare EOF and let non-streamed work run on.
+    s = Server("--max-seqs", "4")
+    try:
+        started = threading.Barrier(3)
+        long = {"prompt": PROMPTS[6], "max_tokens": 450, "ignore_eos": True, "temperature": 0}
+        with cf.ThreadPoolExecutor(3) as ex:
+            streams = [ex.submit(stream_raw, s.port, {**long, "stream": True}, 0.0, 0.0, started.wait) for _ in range(2)]
+            whole = ex.submit(s.post_raw, "/v1/completions", json.dumps(long))
+            started.wait(timeout=30)
+            t0 = time.time()
+            s.proc.send_signal(signal.SIGTERM)
+            assert s.proc.wait(timeout=10) == 0
+            stopped_in = time.time() - t0
+            bodies = [f.result(timeout=10) for f in streams]
+            code, text = whole.result(timeout=10)
+        assert stopped_in < 5, stopped_in
+        for b in bodies:
+            events = [line[6:] for line in b.split("\n") if line.startswith("data: ")]
+            assert events[-1] == "[DONE]", b[-300:]
+            err = json.loads(events[-2])["error"]
+            assert err["type"] == "server_error" and "shutting down" in err["message"], err
+        assert code == 503 and "shutting down" in json.loads(text)["error"]["message"], (code, text)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+
+
+def test_openai_surface(server):
+    """Issue 45, item 6: the model id is checked, /v1/models/{id} answers, and the fields that
+    change an answer are honoured or refused by name, never ignored."""
+    c = server.client
+    for call in (lambda: c.completions.create(model="gpt-4", prompt="Hi", max_tokens=1),
+                 lambda: c.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "Hi"}], max_tokens=1),
+                 lambda: c.models.retrieve("gpt-4")):
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        assert e.value.code == "model_not_found"
+    assert c.models.retrieve(MODEL_ID).id == MODEL_ID
+
+    # echo: the prompt, then the answer (streamed too).
+    plain = complete(server, PROMPTS[0], n=6).choices[0].text
+    assert complete(server, PROMPTS[0], n=6, echo=True).choices[0].text == PROMPTS[0] + plain
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=MODEL_ID, prompt=PROMPTS[0], max_tokens=6, temperature=0, echo=True, stream=True))
+    assert streamed == PROMPTS[0] + plain
+
+    # logit_bias: +100 makes one token the only answer; penalties change a repetitive answer.
+    forced = complete(server, PROMPTS[0], n=4, logit_bias={"905": 100}, extra_body={"ignore_eos": True})
+    assert forced.choices[0].text == " world" * 4
+    colours = "Red, green, blue, red, green, blue,"
+    free = complete(server, colours, n=24, extra_body={"ignore_eos": True}).choices[0].text
+    assert free.startswith(" red, green, blue, red, green, blue, red"), free
+    for kw in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        assert not complete(server, colours, n=24, extra_body={"ignore_eos": True}, **kw).choices[0].text.startswith(
+            free[:40]), kw
+
+    # stream_options.include_usage: OpenAI's last chunk with usage and no choices.
+    chunks = list(c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert all(ch.usage is None for ch in chunks[:-1]) and chunks[-2].choices[0].finish_reason
+
+    # Chat content as text parts, the developer role, an assistant turn without content.
+    def chat(messages):
+        return c.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=8, temperature=0).choices[0].message.content
+
+    parts = [{"type": "text", "text": "Name a"}, {"type": "text", "text": "colour."}]
+    assert chat([{"role": "user", "content": parts}]) == chat([{"role": "user", "content": "Name a\ncolour."}])
+    assert chat([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]) == \
+        chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert chat([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None},
+                 {"role": "user", "content": "Hi again"}])
+
+    # What the engine cannot do is a 400 naming the field.
+    bad = [("/v1/completions", {"prompt": "Hi", "suffix": "end"}, "suffix"),
+           ("/v1/completions", {"prompt": "Hi", "best_of": 2}, "best_of"),
+           ("/v1/completions", {"prompt": "Hi", "echo": True, "logprobs": 2}, "echo"),
+           ("/v1/completions", {"prompt": "Hi", "logit_bias": {"-1": 5}}, "logit_bias"),
+           ("/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 101}}, "logit_bias"),
+           ("/v1/completions", {"prompt": "Hi", "presence_penalty": 2.5}, "presence_penalty"),
+           ("/v1/completions", {"prompt": "Hi", "stream_options": {"include_usage": True}}, "stream_options"),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                     "response_format": {"type": "json_object"}}, "response_format"),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                     "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+               {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]}, "messages")]
+    for path, body, param in bad:
+        code, text = server.post_raw(path, json.dumps(body))
+        e = json.loads(text)["error"]
+        assert code == 400 and e["param"] == param, (body, code, text)
+        if param not in ("logit_bias", "presence_penalty", "messages", "stream_options"):
+            assert param in e["message"] and "not supported" in e["message"], e
+    for ok in ({"best_of": 1}, {"suffix": ""}, {"response_format": {"type": "text"}}, {"tools": []}):
+        assert server.post_raw("/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 1, **ok}))[0] == 200, ok
+
+
+def test_one_long_word_is_refused_quickly(server):
+    # "a" * 50000 took 15.7 s to tokenize before its length check said 400, "a" * 200000 over
+    # 93 s. Now the first is tokenized (O(n log n)) and the second refused by its bytes alone.
+    for n in (50000, 200000):
+        t0 = time.time()
+        code, text = server.post_raw("/v1/completions", json.dumps({"prompt": "a" * n, "max_tokens": 1}))
+        assert code == 400 and json.loads(text)["error"]["param"] == "prompt", text
+        assert time.time() - t0 < 5

@@ -29,14 +29,14 @@ namespace tqkv::engine {
 namespace {
 
 [[noreturn]] void fail(const std::string& what, cudaError_t e) {
-  throw Error(ErrorCode::InvalidArgument, "cuda: " + what + ": " + cudaGetErrorString(e));
+  throw Error(ErrorCode::Device, "cuda: " + what + ": " + cudaGetErrorString(e));
 }
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail(what, e);
 }
 void ck_blas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(ErrorCode::InvalidArgument, std::string("cuda: cuBLAS ") + what + " failed (status " +
+    throw Error(ErrorCode::Device, std::string("cuda: cuBLAS ") + what + " failed (status " +
                                                 std::to_string(static_cast<int>(s)) + ")");
 }
 
@@ -246,7 +246,7 @@ struct CudaDevice::Impl {
 
 CudaDevice::CudaDevice(int ordinal) : impl_(std::make_unique<Impl>()) {
   if (!cuda_device_present())
-    throw Error(ErrorCode::InvalidArgument, "device 'cuda': no CUDA device is present (use --device cpu)");
+    throw Error(ErrorCode::Device, "device 'cuda': no CUDA device is present (use --device cpu)");
   ck(cudaSetDevice(ordinal), "selecting the device");
   ck(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "creating a stream");
   impl_->owner = std::shared_ptr<CUstream_st>(impl_->stream, [](cudaStream_t s) { cudaStreamDestroy(s); });

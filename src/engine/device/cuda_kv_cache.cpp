@@ -17,7 +17,7 @@ namespace {
 
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
-    throw Error(ErrorCode::InvalidArgument, std::string("cuda cache: ") + what + ": " + cudaGetErrorString(e));
+    throw Error(ErrorCode::Device, std::string("cuda cache: ") + what + ": " + cudaGetErrorString(e));
 }
 
 [[noreturn]] void not_yet(const std::string& what) {

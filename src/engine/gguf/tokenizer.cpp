@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <limits>
+#include <queue>
 
 #include "engine/gguf/gguf.h"
 #include "tqkv/error.h"
@@ -251,6 +253,67 @@ int cp_to_byte(uint32_t cp) {
 
 constexpr int kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeUser = 4, kTypeByte = 6;
 
+// ---- BPE merging ------------------------------------------------------------------------
+// A symbol of a word being merged: a byte span of the text, linked to its neighbours.
+struct Symbol {
+  uint32_t off, len;  // len 0: merged into the symbol before it
+  int prev, next;     // -1 at the ends
+};
+
+// Repeatedly merges the adjacent pair of symbols that `priority` ranks first (lowest value;
+// ties to the leftmost pair) until no pair is mergeable; returns the symbols left, in order.
+// priority(left, right) gives the pair's rank or NaN when the pair does not merge. This is the
+// same answer as scanning every pair after every merge, but each merge costs a heap push and
+// pop instead of a scan of the whole word, so a long word (a megabyte of "a") is
+// O(n log n), not O(n^2). Entries go stale when a neighbour merges; they are skipped when
+// popped (the left symbol gone, its neighbour changed, or either one grown since).
+template <typename Priority>
+std::vector<std::string_view> bpe_merge(std::string_view text, std::vector<Symbol>& sym, Priority priority) {
+  struct Candidate {
+    double rank;
+    int left, right;
+    uint32_t len;  // the pair's bytes when pushed
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  auto span = [&](int i) { return text.substr(sym[i].off, sym[i].len); };
+  auto push = [&](int l) {
+    const int r = l < 0 ? -1 : sym[l].next;
+    if (r < 0) return;
+    const double rank = priority(span(l), span(r));
+    if (rank == rank) heap.push({rank, l, r, sym[l].len + sym[r].len});
+  };
+  for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) push(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    Symbol& l = sym[c.left];
+    if (l.len == 0 || l.next != c.right || l.len + sym[c.right].len != c.len) continue;
+    Symbol& r = sym[c.right];
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (l.next >= 0) sym[l.next].prev = c.left;
+    push(l.prev);
+    push(c.left);
+  }
+  std::vector<std::string_view> out;
+  for (int i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) out.push_back(span(i));
+  return out;
+}
+
+// One symbol per character (UTF-8 sequence, or invalid byte) of text[0, n).
+void char_symbols(std::string_view text, std::vector<Symbol>& sym) {
+  sym.clear();
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_len(text, i);
+    const int k = static_cast<int>(sym.size());
+    sym.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(n), k - 1, -1});
+    if (k > 0) sym[k - 1].next = k;
+    i += n;
+  }
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer(Kind kind, std::vector<std::string> tokens, std::vector<int> types, std::vector<float> scores,
@@ -273,6 +336,7 @@ void Tokenizer::build_index() {
   index_.reserve(tokens_.size());
   for (size_t i = 0; i < tokens_.size(); ++i) {
     index_.emplace(tokens_[i], static_cast<int32_t>(i));
+    max_token_bytes_ = std::max(max_token_bytes_, tokens_[i].size());
     const int t = types_[i];
     if ((t == kTypeControl || t == kTypeUser) && !tokens_[i].empty())
       specials_[static_cast<unsigned char>(tokens_[i][0])].push_back(static_cast<int32_t>(i));
@@ -401,33 +465,20 @@ void Tokenizer::encode_gpt2(std::string_view text, std::vector<int32_t>& out) co
     }
   }
   const auto& b2c = byte_to_cp();
-  std::vector<std::string> sym;
+  std::string mapped;  // the word's bytes as GPT-2's printable code points
+  std::vector<Symbol> sym;
+  std::string key;
   for (std::string_view w : words) {
-    sym.clear();
-    for (unsigned char c : w) {
-      std::string s;
-      utf8_append(s, b2c[c]);
-      sym.push_back(std::move(s));
-    }
-    // Merge the adjacent pair of lowest rank until none is mergeable. Words are short, so
-    // the quadratic scan is cheaper than a heap.
-    std::string key;
-    while (sym.size() > 1) {
-      int best = std::numeric_limits<int>::max();
-      size_t at = 0;
-      for (size_t k = 0; k + 1 < sym.size(); ++k) {
-        key.assign(sym[k]).append(" ").append(sym[k + 1]);
-        auto it = merge_rank_.find(key);
-        if (it != merge_rank_.end() && it->second < best) {
-          best = it->second;
-          at = k;
-        }
-      }
-      if (best == std::numeric_limits<int>::max()) break;
-      sym[at] += sym[at + 1];
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
-    }
-    for (const std::string& s : sym) {
+    mapped.clear();
+    for (unsigned char c : w) utf8_append(mapped, b2c[c]);
+    char_symbols(mapped, sym);
+    // Merge the adjacent pair of lowest rank until none is mergeable.
+    const auto pieces = bpe_merge(mapped, sym, [&](std::string_view a, std::string_view b) {
+      key.assign(a).append(" ").append(b);
+      auto it = merge_rank_.find(key);
+      return it == merge_rank_.end() ? std::numeric_limits<double>::quiet_NaN() : static_cast<double>(it->second);
+    });
+    for (std::string_view s : pieces) {
       const int32_t id = token_id(s);
       if (id >= 0) out.push_back(id);
       else if (unk_ >= 0) out.push_back(unk_);
@@ -444,30 +495,18 @@ void Tokenizer::encode_spm(std::string_view text, std::vector<int32_t>& out, boo
     if (c == ' ') norm += kSpace;
     else norm += c;
   }
-  std::vector<std::string> sym;
-  for (size_t i = 0; i < norm.size();) {
-    const size_t n = utf8_len(norm, i);
-    sym.emplace_back(norm.substr(i, n));
-    i += n;
-  }
+  std::vector<Symbol> sym;
+  char_symbols(norm, sym);
   // Merge the adjacent pair whose union is the highest-scoring vocabulary entry.
   std::string cat;
-  while (sym.size() > 1) {
-    float best = -std::numeric_limits<float>::infinity();
-    size_t at = sym.size();
-    for (size_t k = 0; k + 1 < sym.size(); ++k) {
-      cat.assign(sym[k]).append(sym[k + 1]);
-      const int32_t id = token_id(cat);
-      if (id >= 0 && scores_[id] > best) {
-        best = scores_[id];
-        at = k;
-      }
-    }
-    if (at == sym.size()) break;
-    sym[at] += sym[at + 1];
-    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
-  }
-  for (const std::string& s : sym) {
+  const auto pieces = bpe_merge(norm, sym, [&](std::string_view a, std::string_view b) {
+    cat.assign(a).append(b);
+    const int32_t id = token_id(cat);
+    // Scores that never beat the scan's starting -inf do not merge (NaN, -inf).
+    return id >= 0 && scores_[id] > -std::numeric_limits<float>::infinity() ? -static_cast<double>(scores_[id])
+                                                                            : std::numeric_limits<double>::quiet_NaN();
+  });
+  for (std::string_view s : pieces) {
     const int32_t id = token_id(s);
     if (id >= 0) {
       out.push_back(id);

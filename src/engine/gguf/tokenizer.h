@@ -56,6 +56,10 @@ class Tokenizer {
   // End of generation: eos, or a control token that ends a turn (<|im_end|>, <|eot_id|>, ...).
   bool is_end_of_generation(int32_t id) const;
   int32_t token_id(std::string_view text) const;  // -1 when absent
+  // At least as many bytes as any one token covers in the text (a stored piece is never shorter
+  // than the text it stands for), so text of n bytes encodes to at least n / max_token_bytes()
+  // tokens: a server refuses an oversized prompt before tokenizing it.
+  size_t max_token_bytes() const { return max_token_bytes_; }
 
   // The model's chat template (tokenizer.chat_template) rendered for these messages. The
   // templates are Jinja; rather than embed a Jinja engine we recognise the common families
@@ -84,6 +88,7 @@ class Tokenizer {
   std::array<std::vector<int32_t>, 256> specials_;
   std::vector<int32_t> end_of_gen_;
   int32_t bos_ = -1, eos_ = -1, unk_ = -1;
+  size_t max_token_bytes_ = 1;
   bool add_bos_ = false;
   bool add_space_prefix_ = true;
   bool split_digits_ = false;  // the pre-tokenizer isolates every digit (SmolLM, StarCoder)
