@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unistd.h>
 
 #include "tqkv/options.h"
 
@@ -17,9 +18,15 @@ struct Outcome {
   int status = -1;
 };
 
-// The tool run through the shell with `env_prefix` (VAR=value ...) before it; stdout and stderr.
+// The tool run through the shell with `env_prefix` (VAR=value ...) before it and no other TQKV_*
+// variable (CI sets test switches such as TQKV_REQUIRE_REFERENCE); stdout and stderr.
 Outcome run_tqkv(const std::string& env_prefix, const std::string& args) {
-  const std::string cmd = "env -u TQKV_FUSE_OPS -u TQKV_QDOT " + env_prefix + " '" TQKV_BIN "' " + args + " 2>&1";
+  std::string cmd = "env";
+  for (char** e = environ; *e; ++e) {
+    const std::string var = *e;
+    if (var.rfind("TQKV_", 0) == 0) cmd += " -u " + var.substr(0, var.find('='));
+  }
+  cmd += " " + env_prefix + " '" TQKV_BIN "' " + args + " 2>&1";
   Outcome r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
