@@ -245,10 +245,11 @@ size_t write_synthetic_model(const std::string& path, const SynthShape& s, Synth
   Rng rng{seed * 0x9E3779B97F4A7C15ULL + 1};
   w.write(path, [&](size_t i, std::span<uint8_t> out) {
     const Init& in = init[i];
-    std::vector<float> v(out.size() / 4);
+    if (in.fill == Fill::Weights) return fill_weights(out, in.type, in.sd, rng);
+    std::vector<float> v(out.size() / 4);  // the F32 vectors only (norms, biases, factors)
     switch (in.fill) {
       case Fill::Weights:
-        return fill_weights(out, in.type, in.sd, rng);
+        break;
       case Fill::Ones:
         v.assign(v.size(), 1.0f);
         break;
