@@ -52,6 +52,15 @@ void pool_decode(const SlotCodec& codec, const PagePool& pool, const PagedSeq& s
 void pool_attention(const SlotCodec& codec, const PagePool& pool, std::span<const PagedSeq> seqs, const float* q,
                     const AttentionParams& params, float* out);
 
+// Causal attention of one sequence's n_q query tokens at positions q_pos0 .. q_pos0 + n_q - 1
+// (a prefill chunk; its own keys already stored) over its tokens up to each query's position,
+// honouring every field of params as tqkv::attention does (lse: [n_q, n_q_heads]).
+//   q, out: [n_q, n_q_heads, head_dim]
+// Throws tqkv::Error (changing nothing) for query positions outside [0, seq.len) and as
+// pool_attention does.
+void pool_chunk_attention(const SlotCodec& codec, const PagePool& pool, const PagedSeq& seq, const float* q, int n_q,
+                          int64_t q_pos0, const AttentionParams& params, float* out);
+
 // The same through the scalar reference (tqkv::reference_attention), for tests.
 void pool_attention_reference(const SlotCodec& codec, const PagePool& pool, std::span<const PagedSeq> seqs,
                               const float* q, const AttentionParams& params, float* out);

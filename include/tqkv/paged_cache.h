@@ -71,6 +71,10 @@ class PagedCache {
   // Sequences. Ids are never reused. Unknown ids throw Error(OutOfRange).
   int64_t add_sequence();
   int64_t fork(int64_t parent);  // shares every page of the parent
+  // Makes the empty sequence dst hold the first n positions of src by sharing their pages (a
+  // partly filled last page too: the first append to either copies it first). Throws
+  // Error(OutOfRange) for unknown sequences, a dst that is not empty or n outside [0, seq_len(src)].
+  void share_prefix(int64_t src, int64_t dst, int64_t n);
   void free_sequence(int64_t seq);
   bool has_sequence(int64_t seq) const { return seqs_.count(seq) != 0; }
   int64_t seq_len(int64_t seq) const;
@@ -137,6 +141,12 @@ class PagedCache {
 // or head dim.
 void paged_attention(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,
                      const AttentionParams& params, float* out);
+
+// Causal attention of a chunk of one sequence (pool_chunk_attention, page_pool.h): its n_q
+// query tokens at positions q_pos0 .. over its stored tokens. Throws tqkv::Error (changing
+// nothing) for a bad layer, an unknown sequence, positions it does not hold, head count or dim.
+void paged_chunk_attention(const PagedCache& cache, int layer, int64_t seq, const float* q, int n_q, int64_t q_pos0,
+                           const AttentionParams& params, float* out);
 
 // The same through the scalar reference (tqkv::reference_attention), for tests.
 void paged_attention_reference(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,

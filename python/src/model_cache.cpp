@@ -179,14 +179,17 @@ void bind_model_cache(nb::module_& m) {
           "undone -> [count, n_kv_heads, head_dim] float32.")
       .def(
           "slots",
-          [](nb::pointer_and_handle<ModelCache> self, int64_t seq, int layer, int head) {
-            const ContiguousCache& cc = self.p->cache().slots(seq);
-            if (head < 0 || head >= cc.n_kv_heads()) throw Error(ErrorCode::OutOfRange, "head out of range");
-            return byte_view(cc.ring(layer, head), {static_cast<size_t>(cc.capacity()), cc.slot_bytes(layer)}, self.h);
+          [](ModelCache& self, int64_t seq, int layer, int head) {
+            const std::vector<uint8_t> bytes = self.cache().stored_slots(layer, seq, head);
+            const int64_t n = self.cache().seq_len(seq);
+            const size_t sb = n > 0 ? bytes.size() / static_cast<size_t>(n) : 0;
+            auto out = new_array<uint8_t>({static_cast<size_t>(n), sb});
+            std::copy(bytes.begin(), bytes.end(), out.data());
+            return out;
           },
           nb::arg("seq"), nb::arg("layer"), nb::arg("head"),
-          "A read-only view of the compressed slots of (sequence, layer, head) of the full-attention layers:\n"
-          "[capacity, slot_bytes] uint8, keys as stored (centred).");
+          "A copy of the compressed slots of (sequence, layer, head) of the full-attention layers, in the\n"
+          "slot layout: [seq_len, slot_bytes] uint8, keys as stored (centred).");
 }
 
 }  // namespace tqkv::python

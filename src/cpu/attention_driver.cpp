@@ -120,6 +120,37 @@ void push_query(const SlotCodec& codec, const float* q, float scale, AttnGroup& 
   for (int i = 0; i < d; ++i) row[i] *= scale;
 }
 
+void push_chunk_groups(const SlotCodec& codec, const KvSource& src, int n_kv_heads, int group, float scale,
+                       const float* q, int n_q, int64_t q_pos0, int64_t first_key, const AttentionParams& params,
+                       float* out, std::vector<AttnGroup>& groups) {
+  // Rows per block: enough query tokens of a prefill chunk to amortise each decoded tile.
+  constexpr int kMaxRows = 64;
+  const int Hq = n_kv_heads * group, d = codec.dim();
+  const int tokens_per_block = std::max(1, kMaxRows / group);
+  for (int h = 0; h < n_kv_heads; ++h) {
+    for (int t0 = 0; t0 < n_q; t0 += tokens_per_block) {
+      const int t1 = std::min(n_q, t0 + tokens_per_block);
+      AttnGroup& g = groups.emplace_back();
+      g.src = &src;
+      g.head = h;
+      for (int t = t0; t < t1; ++t) {
+        const int64_t pos = q_pos0 + t;
+        int64_t begin = std::max(first_key, params.min_key_pos);
+        if (params.window > 0) begin = std::max(begin, pos - params.window + 1);
+        for (int j = 0; j < group; ++j) {
+          const size_t row = static_cast<size_t>(t) * Hq + static_cast<size_t>(h) * group + j;
+          push_query(codec, q + row * d, scale, g);
+          g.begin.push_back(begin);
+          g.end.push_back(pos - params.exclude_recent);
+          g.out.push_back(out + row * d);
+          if (params.lse) g.lse.push_back(params.lse + row);
+          ++g.rows;
+        }
+      }
+    }
+  }
+}
+
 namespace {
 
 struct Task {

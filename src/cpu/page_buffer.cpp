@@ -22,7 +22,9 @@ PageBuffer::PageBuffer(size_t bytes) : size_(bytes) {
   const bool huge = bytes >= kHuge;
   const size_t rounded = huge ? (bytes + kHuge - 1) / kHuge * kHuge : bytes;
   map_bytes_ = huge ? rounded + kHuge : bytes;
-  map_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // MAP_NORESERVE: a pool is address space for its worst case (every sequence at capacity) and
+  // commits only the pages written, so the kernel's overcommit heuristic must not count it whole.
+  map_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
     throw std::bad_alloc();

@@ -109,30 +109,34 @@ std::vector<PagedSeq> cache_seqs(const PagedCache& cache, int layer, std::span<c
 void pool_attention(const SlotCodec& codec, const PagePool& pool, std::span<const PagedSeq> seqs, const float* q,
                     const AttentionParams& params, float* out) {
   const PagedPlan plan = check_paged(codec, pool, seqs, params);
-  const int H = pool.geometry.n_kv_heads, Hq = params.n_q_heads, G = plan.group, d = codec.dim();
+  const int H = pool.geometry.n_kv_heads, Hq = params.n_q_heads, d = codec.dim();
   std::vector<PageSource> sources;
   sources.reserve(seqs.size());
   for (const PagedSeq& s : seqs) sources.emplace_back(pool, s.blocks);
   std::vector<cpu::AttnGroup> groups;
   groups.reserve(seqs.size() * H);
-  for (size_t b = 0; b < seqs.size(); ++b) {
-    const int64_t pos = seqs[b].len - 1;
-    const int64_t begin = paged_key_begin(pos, params), end = paged_key_end(pos, params);
-    for (int h = 0; h < H; ++h) {
-      cpu::AttnGroup& g = groups.emplace_back();
-      g.src = &sources[b];
-      g.head = h;
-      for (int j = 0; j < G; ++j) {
-        const size_t off = (b * Hq + static_cast<size_t>(h) * G + j) * d;
-        cpu::push_query(codec, q + off, plan.scale, g);
-        g.begin.push_back(begin);
-        g.end.push_back(end);
-        g.out.push_back(out + off);
-        if (params.lse) g.lse.push_back(params.lse + b * Hq + static_cast<size_t>(h) * G + j);
-        ++g.rows;
-      }
-    }
+  AttentionParams row = params;
+  for (size_t b = 0; b < seqs.size(); ++b) {  // sequence b: one query at its last position
+    if (params.lse) row.lse = params.lse + b * Hq;
+    cpu::push_chunk_groups(codec, sources[b], H, plan.group, plan.scale, q + b * Hq * d, 1, seqs[b].len - 1, 0, row,
+                           out + b * Hq * d, groups);
   }
+  cpu::run_attention_groups(codec, groups);
+}
+
+void pool_chunk_attention(const SlotCodec& codec, const PagePool& pool, const PagedSeq& seq, const float* q, int n_q,
+                          int64_t q_pos0, const AttentionParams& params, float* out) {
+  if (n_q < 0) throw Error(ErrorCode::InvalidArgument, "paged attention: negative query count");
+  if (n_q == 0) return;
+  if (q_pos0 < 0 || q_pos0 + n_q > seq.len)
+    throw Error(ErrorCode::OutOfRange, "paged attention: query positions [" + std::to_string(q_pos0) + ", " +
+                                           std::to_string(q_pos0 + n_q) + ") are not in the sequence's [0, " +
+                                           std::to_string(seq.len) + ")");
+  const PagedPlan plan = check_paged(codec, pool, std::span<const PagedSeq>(&seq, 1), params);
+  const PageSource src(pool, seq.blocks);
+  std::vector<cpu::AttnGroup> groups;
+  cpu::push_chunk_groups(codec, src, pool.geometry.n_kv_heads, plan.group, plan.scale, q, n_q, q_pos0, 0, params, out,
+                         groups);
   cpu::run_attention_groups(codec, groups);
 }
 
@@ -166,6 +170,13 @@ void paged_attention(const PagedCache& cache, int layer, std::span<const int64_t
                      const AttentionParams& params, float* out) {
   const std::vector<PagedSeq> s = cache_seqs(cache, layer, seqs);
   pool_attention(cache.codec(layer), cache.page_pool(layer), s, q, params, out);
+}
+
+void paged_chunk_attention(const PagedCache& cache, int layer, int64_t seq, const float* q, int n_q, int64_t q_pos0,
+                           const AttentionParams& params, float* out) {
+  const int64_t one[1] = {seq};
+  const std::vector<PagedSeq> s = cache_seqs(cache, layer, one);
+  pool_chunk_attention(cache.codec(layer), cache.page_pool(layer), s[0], q, n_q, q_pos0, params, out);
 }
 
 void paged_attention_reference(const PagedCache& cache, int layer, std::span<const int64_t> seqs, const float* q,

@@ -81,10 +81,25 @@ int64_t PagedCache::add_sequence() {
 }
 
 int64_t PagedCache::fork(int64_t parent) {
-  Sequence child = seq_at(parent);
-  for (int32_t b : child.blocks) ++refs_[b];
-  seqs_.emplace(next_id_, std::move(child));
-  return next_id_++;
+  const int64_t n = seq_len(parent);
+  const int64_t child = add_sequence();
+  share_prefix(parent, child, n);
+  return child;
+}
+
+void PagedCache::share_prefix(int64_t src, int64_t dst, int64_t n) {
+  const Sequence& a = seq_at(src);
+  seq_at(dst);
+  Sequence& b = seqs_[dst];
+  if (b.len != 0 || !b.blocks.empty())
+    throw Error(ErrorCode::OutOfRange, "share_prefix: sequence " + std::to_string(dst) + " is not empty");
+  if (n < 0 || n > a.len)
+    throw Error(ErrorCode::OutOfRange, "share_prefix: " + std::to_string(n) + " positions asked, sequence " +
+                                           std::to_string(src) + " holds " + std::to_string(a.len));
+  const int bs = config_.block_size;
+  b.blocks.assign(a.blocks.begin(), a.blocks.begin() + (n + bs - 1) / bs);
+  for (int32_t blk : b.blocks) ++refs_[blk];
+  b.len = n;
 }
 
 void PagedCache::free_sequence(int64_t seq) {

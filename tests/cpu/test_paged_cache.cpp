@@ -42,6 +42,19 @@ std::pair<std::vector<float>, std::vector<float>> append(PagedCache& cache, int6
   return {k, v};
 }
 
+// The same tokens (k, v: [n, H, d]) in a one-layer contiguous cache of `format`, for comparisons.
+ContiguousCache flat_copy(const char* format, int H, int d, int capacity, int n, const std::vector<float>& k,
+                          const std::vector<float>& v) {
+  ContiguousCacheConfig cc;
+  cc.n_kv_heads = H;
+  cc.head_dim = d;
+  cc.capacity = capacity;
+  cc.layer_formats = {find_format(format)};
+  ContiguousCache flat(cc);
+  flat.write(0, 0, n, k.data(), v.data());
+  return flat;
+}
+
 TEST(PagedCache, PoolFreeListAndRefCounts) {
   PagedCache cache(config("tq-k4v2", 16, PageLayout::Slot, 4));
   EXPECT_EQ(cache.free_blocks(), 4);
@@ -219,13 +232,7 @@ TEST(PagedAttention, BatchMatchesReferenceAndContiguousEveryLevel) {
             }
           }
           // The same tokens in a contiguous cache give the same answer for sequence a.
-          ContiguousCacheConfig cc;
-          cc.n_kv_heads = H;
-          cc.head_dim = d;
-          cc.capacity = 512;
-          cc.layer_formats = {find_format(name)};
-          ContiguousCache flat(cc);
-          flat.write(0, 0, 300, kv_a.first.data(), kv_a.second.data());
+          const ContiguousCache flat = flat_copy(name, H, d, 512, 300, kv_a.first, kv_a.second);
           AttentionParams ap;
           ap.n_q_heads = Hq;
           ap.window = window;
@@ -248,13 +255,7 @@ TEST(PagedCache, AttentionParamsMatchContiguous) {
     PagedCache cache(config("tq-k4v2", 16, layout, 16, H, d));
     const int64_t a = cache.add_sequence();
     const auto kv = append(cache, a, n, 50);
-    ContiguousCacheConfig cc;
-    cc.n_kv_heads = H;
-    cc.head_dim = d;
-    cc.capacity = 128;
-    cc.layer_formats = {find_format("tq-k4v2")};
-    ContiguousCache flat(cc);
-    flat.write(0, 0, n, kv.first.data(), kv.second.data());
+    const ContiguousCache flat = flat_copy("tq-k4v2", H, d, 128, n, kv.first, kv.second);
     const auto q = gaussian(Hq * d, 60);
     struct Cut {
       int window;
@@ -295,6 +296,100 @@ TEST(PagedCache, AttentionParamsMatchContiguous) {
       }
     }
   }
+}
+
+// A prefill chunk on the pages (paged_chunk_attention): every query of the chunk, cut causally
+// and by every AttentionParams field, gives what tqkv::attention gives on a contiguous cache of
+// the same tokens: the same kernel over the same slot bytes, so within float rounding of the
+// tiles' order (1e-5), across formats, both layouts and block sizes that cut the chunk mid-page.
+TEST(PagedCache, ChunkAttentionMatchesContiguous) {
+  testing_util::ScoresGuard exact(KeyScores::Exact);  // int8 scores are rounded per tile of keys
+  const int H = 2, Hq = 6, d = 64, n = 150, nq = 41;
+  struct Cut {
+    int window;
+    int64_t min_key_pos;
+    int exclude_recent;
+  };
+  for (const char* name : {"f32", "f16", "turboquant_k8v4", "tq-k4v2", "tq-k3v2", "tq-k4v4"}) {
+    for (PageLayout layout : {PageLayout::Slot, PageLayout::Page}) {
+      for (int bs : {16, 64}) {
+        PagedCache cache(config(name, bs, layout, 16, H, d));
+        const int64_t a = cache.add_sequence();
+        const auto kv = append(cache, a, n, 70);
+        const ContiguousCache flat = flat_copy(name, H, d, 256, n, kv.first, kv.second);
+        const auto q = gaussian(static_cast<size_t>(nq) * Hq * d, 80);
+        // Chunks from the start (rows that see no key), at a page boundary and mid-page.
+        for (int q0 : {0, 64, 97})
+        for (const Cut& c : {Cut{0, 0, 0}, Cut{33, 0, 0}, Cut{0, 2, 64}, Cut{512, 2, 64}, Cut{20, 90, 1}}) {
+          AttentionParams p;
+          p.n_q_heads = Hq;
+          p.window = c.window;
+          p.min_key_pos = c.min_key_pos;
+          p.exclude_recent = c.exclude_recent;
+          std::vector<float> want(q.size()), got(q.size(), NAN), want_lse(nq * Hq), got_lse(nq * Hq, NAN);
+          p.lse = want_lse.data();
+          attention(flat, 0, q.data(), nq, q0, p, want.data());
+          p.lse = got_lse.data();
+          paged_chunk_attention(cache, 1, a, q.data(), nq, q0, p, got.data());
+          const std::string what = std::string(name) + " bs " + std::to_string(bs) + " q0 " + std::to_string(q0) + " window " +
+                                   std::to_string(c.window) + " min " + std::to_string(c.min_key_pos) + " excl " +
+                                   std::to_string(c.exclude_recent);
+          for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << what << " at " << i;
+          for (size_t i = 0; i < want_lse.size(); ++i) {
+            if (std::isinf(want_lse[i])) ASSERT_EQ(got_lse[i], want_lse[i]) << what;  // saw no key
+            else ASSERT_NEAR(got_lse[i], want_lse[i], 1e-5) << what;
+          }
+        }
+        // Positions the sequence does not hold are refused, changing nothing.
+        std::vector<float> out(q.size());
+        AttentionParams p;
+        p.n_q_heads = Hq;
+        EXPECT_THROW(paged_chunk_attention(cache, 1, a, q.data(), nq, n - nq + 1, p, out.data()), Error);
+        EXPECT_THROW(paged_chunk_attention(cache, 1, a, q.data(), nq, -1, p, out.data()), Error);
+        EXPECT_THROW(paged_chunk_attention(cache, 2, a, q.data(), nq, 0, p, out.data()), Error);
+        EXPECT_THROW(paged_chunk_attention(cache, 1, a + 1, q.data(), nq, 0, p, out.data()), Error);
+      }
+    }
+  }
+}
+
+// share_prefix gives an empty sequence the first n positions of another by sharing pages; the
+// first write to a shared, partly filled page copies it, so neither sequence sees the other's.
+TEST(PagedCache, SharePrefixSharesPagesAndCopiesOnWrite) {
+  const int H = 2, d = 64, bs = 16;
+  PagedCache cache(config("tq-k4v2", bs, PageLayout::Page, 16, H, d));
+  const int64_t a = cache.add_sequence(), b = cache.add_sequence();
+  append(cache, a, 40, 1);  // pages 0, 1 full, 2 holds 8
+  std::vector<float> before(static_cast<size_t>(40) * H * d), after(before.size());
+  cache.decode(0, a, 0, 40, true, before.data());
+  cache.share_prefix(a, b, 37);
+  EXPECT_EQ(cache.seq_len(b), 37);
+  EXPECT_EQ(cache.free_blocks(), 13);  // nothing taken
+  for (int32_t blk : cache.block_table(b)) EXPECT_EQ(cache.ref_count(blk), 2);
+  const auto kv_b = append(cache, b, 5, 2);  // b writes 37..41: its copy of page 2, then page 3
+  EXPECT_NE(cache.block_table(b)[2], cache.block_table(a)[2]);
+  EXPECT_EQ(cache.block_table(b)[1], cache.block_table(a)[1]);
+  cache.decode(0, a, 0, 40, true, after.data());
+  EXPECT_EQ(before, after) << "a's positions 37..39 are its own";
+  std::vector<float> mine(static_cast<size_t>(5) * H * d);
+  cache.decode(0, b, 37, 5, true, mine.data());
+  std::vector<float> want(mine.size());
+  {  // the same keys through a sequence of its own
+    const int64_t c = cache.add_sequence();
+    const auto slots = cache.append_slots(c, 5);
+    cache.store(0, slots, kv_b.first.data(), kv_b.second.data(), H, d);
+    cache.decode(0, c, 0, 5, true, want.data());
+    cache.free_sequence(c);
+  }
+  EXPECT_EQ(mine, want);
+  EXPECT_THROW(cache.share_prefix(a, b, 1), Error) << "b is not empty";
+  const int64_t e = cache.add_sequence();
+  EXPECT_THROW(cache.share_prefix(a, e, 41), Error) << "a holds 40";
+  EXPECT_THROW(cache.share_prefix(a + 100, e, 1), Error);
+  EXPECT_EQ(cache.seq_len(e), 0);
+  cache.free_sequence(a);
+  cache.free_sequence(b);
+  EXPECT_EQ(cache.free_blocks(), 16);
 }
 
 TEST(PagedCache, BadInputThrowsAndWritesNothing) {

@@ -2,6 +2,8 @@
 // caches — which layers keep copies, which keep rings, and how long a step may be.
 #include <gtest/gtest.h>
 
+#include "tiny_config.h"
+
 #include <climits>
 
 #include "engine/cache/cache_plan.h"
@@ -11,22 +13,10 @@
 namespace tqkv::engine {
 namespace {
 
-ModelConfig model(int layers, int window_every = 0, int window = 0) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.n_layers = layers;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 64;
-  c.rope.n_rot = 64;
-  c.layer_window.assign(layers, 0);
-  for (int l = 0; l < layers && window_every > 0; ++l)
-    if ((l + 1) % window_every != 0) c.layer_window[l] = window;
-  return c;
-}
+using testing_util::tiny_config;
 
 TEST(CachePlan, PlainFormatsHaveNoCopiesNoRingsNoStepLimit) {
-  const CachePlan p = plan_cache(resolve_cache_spec("turboquant_4bit_nc", model(6)), {4096, 8});
+  const CachePlan p = plan_cache(resolve_cache_spec("turboquant_4bit_nc", tiny_config(6)), {4096, 8});
   EXPECT_EQ(p.capacity, 4096);
   EXPECT_EQ(p.max_seqs, 8);
   EXPECT_FALSE(p.copies());
@@ -38,7 +28,7 @@ TEST(CachePlan, PlainFormatsHaveNoCopiesNoRingsNoStepLimit) {
 
 TEST(CachePlan, CopiesCoverTheCompressedLayersAndBoundTheStep) {
   // skip1: the first and last layer in f16, the others compressed.
-  const CacheSpec spec = resolve_cache_spec("k4v3+skip1+w64+sink4+wq6", model(6));
+  const CacheSpec spec = resolve_cache_spec("k4v3+skip1+w64+sink4+wq6", tiny_config(6));
   const CachePlan p = plan_cache(spec, {1024, 1});
   EXPECT_EQ(p.sinks, 4);
   EXPECT_EQ(p.window, 64);
@@ -48,20 +38,20 @@ TEST(CachePlan, CopiesCoverTheCompressedLayersAndBoundTheStep) {
 }
 
 TEST(CachePlan, SlidingLayersKeepRingsShorterThanTheCapacity) {
-  const CachePlan p = plan_cache(resolve_cache_spec("f16", model(6, 3, 128)), {8192, 1});
+  const CachePlan p = plan_cache(resolve_cache_spec("f16", tiny_config(6, 3, 128)), {8192, 1});
   for (int l = 0; l < 6; ++l) {
     EXPECT_EQ(p.layers[l].window, (l + 1) % 3 ? 128 : 0);
     EXPECT_EQ(p.layers[l].ring, (l + 1) % 3 ? 128 + CacheSpec::kWindowStepTokens - 1 : 0) << l;
   }
   EXPECT_EQ(p.step_tokens, CacheSpec::kWindowStepTokens);
   // A ring no shorter than the capacity: every position kept, no step limit.
-  const CachePlan small = plan_cache(resolve_cache_spec("f16", model(6, 3, 128)), {256, 1});
+  const CachePlan small = plan_cache(resolve_cache_spec("f16", tiny_config(6, 3, 128)), {256, 1});
   EXPECT_FALSE(small.rings());
   EXPECT_EQ(small.step_tokens, INT_MAX);
 }
 
 TEST(CachePlan, BadShapesAreErrors) {
-  const CacheSpec spec = resolve_cache_spec("f16", model(2));
+  const CacheSpec spec = resolve_cache_spec("f16", tiny_config(2));
   EXPECT_THROW(plan_cache(spec, {0, 1}), Error);
   EXPECT_THROW(plan_cache(spec, {16, 0}), Error);
   CacheSpec short_spec = spec;

@@ -306,7 +306,7 @@ TEST_F(SmolEval, ReadUndoesCentring) {
   std::vector<float> ka(static_cast<size_t>(n) * H * d), kb(ka.size()), raw(ka.size());
   plain->read(7, a, 0, n, true, ka.data());
   centred->read(7, b, 0, n, true, kb.data());
-  static_cast<const CpuKvCache&>(*centred).slots(b).decode(7, 0, n, true, raw.data());
+  static_cast<const CpuKvCache&>(*centred).read_stored(7, b, 0, n, true, raw.data());
   double worst = 0, shifted = 0;
   for (size_t i = 0; i < ka.size(); ++i) {
     worst = std::max(worst, std::abs(double(ka[i]) - kb[i]));

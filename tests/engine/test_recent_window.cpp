@@ -30,6 +30,11 @@ struct TwoLayerCache {
   static constexpr int H = 2, Hq = 6, d = 64, cap = 64;
   ContiguousCache cache;
   explicit TwoLayerCache(const char* fmt) : cache(config(fmt)) {}
+  // What the copies sit beside, and the compressed part of layer l's attention.
+  CopiedLayers layers() const { return {cache.config().layer_formats, H, d, cache.config().seed}; }
+  CompressedPart part(int l, const float* q, int n, int64_t pos0) const {
+    return [=, this](const AttentionParams& p, float* out) { tqkv::attention(cache, l, q, n, pos0, p, out); };
+  }
   static ContiguousCacheConfig config(const char* fmt) {
     ContiguousCacheConfig c;
     c.n_layers = 2;
@@ -108,7 +113,7 @@ std::vector<float> run_batches(TwoLayerCache& s, RecentWindow& rw, const std::ve
       s.cache.write(l, p, m, k.data() + kv_off, v.data() + kv_off);
       rw.write(l, p, m, k.data() + kv_off, v.data() + kv_off);
     }
-    rw.attention(s.cache, 1, q.data() + q_off, m, p, ap, out.data() + q_off, fold ? k.data() + kv_off : nullptr,
+    rw.attention(s.part(1, q.data() + q_off, m, p), 1, q.data() + q_off, m, p, ap, out.data() + q_off, fold ? k.data() + kv_off : nullptr,
                  fold ? v.data() + kv_off : nullptr);
     p += m;
   }
@@ -124,7 +129,7 @@ TEST(RecentWindow, SinksWindowAndCompressedPartsMergeExactly) {
   const auto q = gaussian(static_cast<size_t>(n_total) * Hq * d, 3);
   for (auto [S, W] : {std::pair{1, 0}, std::pair{3, 0}, std::pair{0, 5}, std::pair{2, 5}, std::pair{4, 1}}) {
     TwoLayerCache s("tq-k2v2");
-    RecentWindow rw(s.cache, W, 8, S);
+    RecentWindow rw(s.layers(), W, 8, S);
     EXPECT_EQ(rw.sinks(), S);
     const auto out = run_batches(s, rw, k, v, q, false);
     const auto want = oracle(s.cache, 1, k, v, q, n_total, 0, S, W);
@@ -145,7 +150,7 @@ TEST(RecentWindow, OwnPositionFoldedInExactly) {
   const auto q = gaussian(static_cast<size_t>(n_total) * Hq * d, 13);
   for (auto [S, W] : {std::pair{1, 0}, std::pair{3, 0}, std::pair{0, 5}, std::pair{2, 5}, std::pair{4, 1}}) {
     TwoLayerCache s("tq-k2v2");
-    RecentWindow rw(s.cache, W, 8, S);
+    RecentWindow rw(s.layers(), W, 8, S);
     const auto out = run_batches(s, rw, k, v, q, true);
     const auto want = oracle(s.cache, 1, k, v, q, n_total, 0, S, W, true);
     EXPECT_LT(rel_error(out, want), 1e-5) << "S=" << S << " W=" << W;
@@ -159,12 +164,12 @@ TEST(RecentWindow, OwnPositionFoldedInExactly) {
 
 TEST(RecentWindow, BadArgumentsAndOverflowChangeNothing) {
   TwoLayerCache s("tq-k4v4");
-  EXPECT_THROW(RecentWindow(s.cache, 0, 8, 0), Error);
-  EXPECT_THROW(RecentWindow(s.cache, -1, 8, 2), Error);
-  EXPECT_THROW(RecentWindow(s.cache, 4, 8, -1), Error);
-  EXPECT_THROW(RecentWindow(s.cache, 4, 8, RecentWindow::kMaxSinks + 1), Error);
-  EXPECT_THROW(RecentWindow(s.cache, 4, 0, 1), Error);
-  RecentWindow rw(s.cache, 0, 8, 2);
+  EXPECT_THROW(RecentWindow(s.layers(), 0, 8, 0), Error);
+  EXPECT_THROW(RecentWindow(s.layers(), -1, 8, 2), Error);
+  EXPECT_THROW(RecentWindow(s.layers(), 4, 8, -1), Error);
+  EXPECT_THROW(RecentWindow(s.layers(), 4, 8, RecentWindow::kMaxSinks + 1), Error);
+  EXPECT_THROW(RecentWindow(s.layers(), 4, 0, 1), Error);
+  RecentWindow rw(s.layers(), 0, 8, 2);
   const int H = TwoLayerCache::H, d = TwoLayerCache::d, Hq = TwoLayerCache::Hq;
   auto k = gaussian(static_cast<size_t>(2) * H * d, 4), v = gaussian(k.size(), 5);
   const auto q = gaussian(static_cast<size_t>(2) * Hq * d, 6);
@@ -179,7 +184,7 @@ TEST(RecentWindow, BadArgumentsAndOverflowChangeNothing) {
   AttentionParams ap;
   ap.n_q_heads = Hq;
   std::vector<float> out(q.size());
-  rw.attention(s.cache, 1, q.data(), 2, 0, ap, out.data());
+  rw.attention(s.part(1, q.data(), 2, 0), 1, q.data(), 2, 0, ap, out.data());
   EXPECT_LT(rel_error(out, oracle(s.cache, 1, k, v, q, 2, 0, 2, 0)), 1e-5);
 }
 

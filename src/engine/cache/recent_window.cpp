@@ -13,7 +13,7 @@ namespace {
 
 constexpr float kNone = -std::numeric_limits<float>::infinity();
 
-ContiguousCacheConfig copy_config(const ContiguousCache& main, int window, int max_batch, int sinks,
+ContiguousCacheConfig copy_config(const CopiedLayers& main, int window, int max_batch, int sinks,
                                   const Format* window_format) {
   if (window < 0 || sinks < 0 || window + sinks < 1)
     throw Error(ErrorCode::InvalidArgument, "uncompressed copies: need a recent window or sinks of at least 1 token");
@@ -21,12 +21,12 @@ ContiguousCacheConfig copy_config(const ContiguousCache& main, int window, int m
     throw Error(ErrorCode::InvalidArgument, "attention sinks: at most " + std::to_string(RecentWindow::kMaxSinks));
   if (max_batch < 1) throw Error(ErrorCode::InvalidArgument, "recent window: max_batch must be at least 1");
   ContiguousCacheConfig c;
-  c.n_layers = main.n_layers();
-  c.n_kv_heads = main.n_kv_heads();
-  c.head_dim = main.head_dim();
+  c.n_layers = static_cast<int>(main.formats.size());
+  c.n_kv_heads = main.n_kv_heads;
+  c.head_dim = main.head_dim;
   c.capacity = window > 0 ? window + max_batch : 1;  // a sinks-only instance never writes it
-  c.layer_formats.assign(main.n_layers(), window_format ? *window_format : find_format("f16"));
-  c.seed = main.config().seed;
+  c.layer_formats.assign(main.formats.size(), window_format ? *window_format : find_format("f16"));
+  c.seed = main.seed;
   return c;
 }
 
@@ -50,17 +50,16 @@ void merge_part(size_t rows, int d, float* out, float* lse, const float* part, c
 
 }  // namespace
 
-RecentWindow::RecentWindow(const ContiguousCache& main, int window, int max_batch, int sinks,
+RecentWindow::RecentWindow(const CopiedLayers& main, int window, int max_batch, int sinks,
                            const Format* window_format)
     : window_(window),
       max_batch_(max_batch),
       sinks_(sinks),
-      n_kv_heads_(main.n_kv_heads()),
-      head_dim_(main.head_dim()),
+      n_kv_heads_(main.n_kv_heads),
+      head_dim_(main.head_dim),
       copies_(copy_config(main, window, max_batch, sinks, window_format)) {
-  covered_.resize(main.n_layers());
-  for (int l = 0; l < main.n_layers(); ++l) covered_[l] = main.format(l).compressed();
-  const size_t n = static_cast<size_t>(main.n_layers()) * n_kv_heads_ * sinks_ * head_dim_;
+  for (const Format& f : main.formats) covered_.push_back(f.compressed());
+  const size_t n = main.formats.size() * n_kv_heads_ * sinks_ * head_dim_;
   sink_k_.assign(n, 0.0f);
   sink_v_.assign(n, 0.0f);
 }
@@ -157,9 +156,9 @@ void RecentWindow::newest_attention(const float* q, int n, int64_t pos0, const A
   }
 }
 
-void RecentWindow::attention(const ContiguousCache& main, int layer, const float* q, int n, int64_t pos0,
+void RecentWindow::attention(const CompressedPart& main, int layer, const float* q, int n, int64_t pos0,
                              const AttentionParams& params, float* out, const float* k_new, const float* v_new) {
-  const int Hq = params.n_q_heads, d = main.head_dim();
+  const int Hq = params.n_q_heads, d = head_dim_;
   const size_t rows = static_cast<size_t>(n) * Hq;
   const bool fold = k_new && v_new;
   lse_main_.resize(rows);
@@ -167,7 +166,7 @@ void RecentWindow::attention(const ContiguousCache& main, int layer, const float
   older.min_key_pos = std::max<int64_t>(params.min_key_pos, sinks_);
   older.exclude_recent = fold ? std::max(window_, 1) : window_;
   older.lse = lse_main_.data();
-  tqkv::attention(main, layer, q, n, pos0, older, out);
+  main(older, out);
   if (window_ > 0) {
     out_recent_.resize(rows * d);
     lse_recent_.resize(rows);

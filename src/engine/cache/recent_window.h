@@ -19,12 +19,26 @@
 // (plus max_batch positions of prefill workspace); docs/FORMAT.md counts the N + S positions.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tqkv/attention.h"
 #include "tqkv/contiguous_cache.h"
 
 namespace tqkv::engine {
+
+// The cache the copies sit beside: its layers' formats (the compressed ones get copies), its
+// heads and the rotation seed of its codecs (a window_format's codec takes the same).
+struct CopiedLayers {
+  std::vector<Format> formats;  // [n_layers]
+  int n_kv_heads = 1;
+  int head_dim = 0;
+  uint64_t seed = kDefaultSeed;
+};
+
+// The compressed part of one layer's attention for the queries RecentWindow::attention was
+// given: it attends them with these params (cuts and lse set) and writes out.
+using CompressedPart = std::function<void(const AttentionParams& params, float* out)>;
 
 class RecentWindow {
  public:
@@ -34,7 +48,7 @@ class RecentWindow {
   // max_batch < 1.
   // window_format: how the window's copies are stored (default f16; an 8-bit Mse pair costs
   // half as much for a near-f16 window). Sinks are always f16.
-  RecentWindow(const ContiguousCache& main, int window, int max_batch = 512, int sinks = 0,
+  RecentWindow(const CopiedLayers& main, int window, int max_batch = 512, int sinks = 0,
                const Format* window_format = nullptr);
 
   int window() const { return window_; }
@@ -48,8 +62,8 @@ class RecentWindow {
   // beyond the fp16 range (tqkv::Error(Overflow), nothing written).
   void write(int layer, int64_t pos0, int n, const float* k, const float* v);
 
-  // Attention of n queries at pos0.. for one covered layer: the sinks' [0, S), the main cache's
-  // positions [S, p - window], the window's (p - window, p], merged.
+  // Attention of n queries at pos0.. for one covered layer: the sinks' [0, S), the compressed
+  // cache's positions [S, p - window] (computed by main), the window's (p - window, p], merged.
   //
   // With k_new and v_new ([n, n_kv_heads, head_dim], the keys and values just written, as the
   // layer computed them): the query at p reads its own key and value from them, exactly, and
@@ -57,7 +71,7 @@ class RecentWindow {
   // into the merge by its score. The query's own token is the one it attends to most sharply,
   // and a decode step then reads nothing the same step's store writes (the GPU runs the store
   // beside the decode, docs/ENGINE.md "The newest position").
-  void attention(const ContiguousCache& main, int layer, const float* q, int n, int64_t pos0,
+  void attention(const CompressedPart& main, int layer, const float* q, int n, int64_t pos0,
                  const AttentionParams& params, float* out, const float* k_new = nullptr,
                  const float* v_new = nullptr);
 

@@ -10,24 +10,51 @@
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
+namespace {
+
+// The pool of the full-attention layers (every layer without a ring): address space for
+// max_seqs sequences of `capacity` positions (pages are touched only when handed out).
+PagedCacheConfig paged_config(const CachePlan& p, const ModelConfig& m) {
+  PagedCacheConfig c;
+  c.n_kv_heads = m.n_kv_heads;
+  c.head_dim = m.head_dim;
+  c.block_size = CpuKvCache::kBlockSize;
+  c.layout = PageLayout::Page;
+  c.layer_formats.clear();
+  for (const LayerPlan& L : p.layers)
+    if (L.ring == 0) c.layer_formats.push_back(L.format);
+  c.n_layers = static_cast<int>(c.layer_formats.size());
+  const int64_t pages_per_seq = (p.capacity + c.block_size - 1) / c.block_size;
+  if (pages_per_seq * p.max_seqs > INT32_MAX)
+    throw Error(ErrorCode::InvalidArgument, "cache: " + std::to_string(p.max_seqs) + " sequences of " +
+                                                std::to_string(p.capacity) + " positions exceed the page pool's block ids");
+  c.num_blocks = static_cast<int>(pages_per_seq * p.max_seqs);
+  return c;
+}
+
+}  // namespace
+
 CpuKvCache::CpuKvCache(const CacheSpec& spec, const CacheShape& shape)
-    : KvCache(spec, shape), centring_(spec, shape.capacity) {
+    : KvCache(spec, shape),
+      centring_(spec, shape.capacity),
+      config_(paged_config(plan(), spec.model)),
+      pages_(config_) {
   const CachePlan& p = plan();
-  config_.n_kv_heads = ring_config_.n_kv_heads = spec.model.n_kv_heads;
-  config_.head_dim = ring_config_.head_dim = spec.model.head_dim;
-  config_.capacity = p.capacity;
+  ring_config_.n_kv_heads = spec.model.n_kv_heads;
+  ring_config_.head_dim = spec.model.head_dim;
   ring_config_.capacity = 0;
-  config_.layer_formats.clear();
   ring_config_.layer_formats.clear();
-  // Full-attention layers in one ContiguousCache, the sliding-window layers with rings in another.
+  int paged = 0;
   for (const LayerPlan& L : p.layers) {
     in_ring_.push_back(L.ring > 0);
-    ContiguousCacheConfig& c = L.ring > 0 ? ring_config_ : config_;
-    index_.push_back(static_cast<int>(c.layer_formats.size()));
-    c.layer_formats.push_back(L.format);
-    c.capacity = std::max<int>(c.capacity, static_cast<int>(L.ring));
+    if (L.ring > 0) {
+      index_.push_back(static_cast<int>(ring_config_.layer_formats.size()));
+      ring_config_.layer_formats.push_back(L.format);
+      ring_config_.capacity = std::max<int>(ring_config_.capacity, static_cast<int>(L.ring));
+    } else {
+      index_.push_back(paged++);
+    }
   }
-  config_.n_layers = static_cast<int>(config_.layer_formats.size());
   ring_config_.n_layers = static_cast<int>(ring_config_.layer_formats.size());
   stored_.resize(spec.model.n_layers);
   fold_newest_ = env_bool("TQKV_FOLD_NEWEST");
@@ -36,21 +63,27 @@ CpuKvCache::CpuKvCache(const CacheSpec& spec, const CacheShape& shape)
 int64_t CpuKvCache::add_sequence() {
   if (static_cast<int>(seqs_.size()) >= max_seqs())
     throw Error(ErrorCode::Capacity, "cache: all " + std::to_string(max_seqs()) + " sequences are in use");
-  Sequence s{ContiguousCache(config_), nullptr, nullptr, nullptr};
+  Sequence s;
   if (ring_config_.n_layers > 0) s.ring = std::make_unique<ContiguousCache>(ring_config_);
   const CachePlan& p = plan();
   if (p.copies()) {
     const Format* wf = p.window_format ? &*p.window_format : nullptr;
-    if (config_.n_layers > 0) s.copies = std::make_unique<RecentWindow>(s.main, p.window, CachePlan::kCopyStepTokens, p.sinks, wf);
-    if (s.ring) s.ring_copies = std::make_unique<RecentWindow>(*s.ring, p.window, CachePlan::kCopyStepTokens, p.sinks, wf);
+    const CopiedLayers paged{config_.layer_formats, config_.n_kv_heads, config_.head_dim, config_.seed};
+    s.copies = std::make_unique<RecentWindow>(paged, p.window, CachePlan::kCopyStepTokens, p.sinks, wf);
+    if (s.ring) {
+      const CopiedLayers ring{ring_config_.layer_formats, ring_config_.n_kv_heads, ring_config_.head_dim,
+                              ring_config_.seed};
+      s.ring_copies = std::make_unique<RecentWindow>(ring, p.window, CachePlan::kCopyStepTokens, p.sinks, wf);
+    }
   }
-  const int64_t id = next_id_++;
+  const int64_t id = pages_.add_sequence();
   seqs_.emplace(id, std::move(s));
   return id;
 }
 
 void CpuKvCache::free_sequence(int64_t seq) {
   at(seq);
+  pages_.free_sequence(seq);
   seqs_.erase(seq);
 }
 
@@ -60,7 +93,10 @@ const CpuKvCache::Sequence& CpuKvCache::at(int64_t seq) const {
   return it->second;
 }
 
-int64_t CpuKvCache::seq_len(int64_t seq) const { return at(seq).main.seq_len(); }
+int64_t CpuKvCache::seq_len(int64_t seq) const {
+  at(seq);
+  return pages_.seq_len(seq);
+}
 
 RecentWindow* CpuKvCache::copies_of(Sequence& s, int layer) const {
   RecentWindow* c = in_ring_[layer] ? s.ring_copies.get() : s.copies.get();
@@ -69,14 +105,15 @@ RecentWindow* CpuKvCache::copies_of(Sequence& s, int layer) const {
 
 void CpuKvCache::check(const Batch& batch) const {
   for (const Batch::Run& r : batch.runs()) {
-    const ContiguousCache& c = at(r.seq).main;
-    if (r.pos0 != c.seq_len())
+    const int64_t held = seq_len(r.seq);
+    if (r.pos0 != held)
       throw Error(ErrorCode::OutOfRange, "forward: position " + std::to_string(r.pos0) + " of sequence " +
                                              std::to_string(r.seq) + " does not follow the cache (" +
-                                             std::to_string(c.seq_len()) + " tokens held)");
-    if (r.count > c.capacity())
-      throw Error(ErrorCode::Capacity, "forward: " + std::to_string(r.count) +
-                                           " tokens exceed the cache capacity of " + std::to_string(c.capacity()));
+                                             std::to_string(held) + " tokens held)");
+    if (r.pos0 + r.count > capacity())
+      throw Error(ErrorCode::Capacity, "forward: " + std::to_string(r.pos0 + r.count) + " positions of sequence " +
+                                           std::to_string(r.seq) + " exceed the cache capacity of " +
+                                           std::to_string(capacity()));
   }
 }
 
@@ -116,7 +153,7 @@ void CpuKvCache::store(int layer, const Batch& batch, float* k, const float* v) 
 
 void CpuKvCache::attend_stored(int layer, const Batch& batch, float* q, float* out) {
   for (const Batch::Run& r : batch.runs())
-    if (r.pos0 + r.count > at(r.seq).main.seq_len())
+    if (r.pos0 + r.count > seq_len(r.seq))
       throw Error(ErrorCode::OutOfRange, "cache: attention at positions not stored yet");
   centring_.apply(layer, batch.size(), nullptr, q);
   // The layer's last store() gives each query's own key and value where it wrote this batch.
@@ -129,37 +166,59 @@ void CpuKvCache::attend_stored(int layer, const Batch& batch, float* q, float* o
   attention(layer, batch, q, out, same ? st.k.data() : nullptr, same ? st.v.data() : nullptr);
 }
 
+const std::vector<int64_t>& CpuKvCache::run_slots(Sequence& s, const Batch::Run& r) {
+  if (r.pos0 == pages_.seq_len(r.seq)) {
+    s.step_slots = pages_.append_slots(r.seq, r.count);
+    s.step_pos0 = r.pos0;
+  } else if (r.pos0 != s.step_pos0 || r.count != static_cast<int>(s.step_slots.size())) {
+    throw Error(ErrorCode::OutOfRange, "cache: positions [" + std::to_string(r.pos0) + ", " +
+                                           std::to_string(r.pos0 + r.count) + ") of sequence " +
+                                           std::to_string(r.seq) + " are neither the next nor this step's");
+  }
+  return s.step_slots;
+}
+
 void CpuKvCache::write(int layer, const Batch& batch, const float* k, const float* v) {
-  const size_t kv_row = static_cast<size_t>(spec().model.n_kv_heads) * spec().model.head_dim;
+  const ModelConfig& m = spec().model;
+  const size_t kv_row = static_cast<size_t>(m.n_kv_heads) * m.head_dim;
   for (const Batch::Run& r : batch.runs()) {
+    if (r.count == 0) continue;
     Sequence& s = seqs_.at(r.seq);
-    const size_t t0 = static_cast<size_t>(r.begin);
+    const float* kr = k + static_cast<size_t>(r.begin) * kv_row;
+    const float* vr = v + static_cast<size_t>(r.begin) * kv_row;
     // A ring layer keeps the window's positions only; the step appends at most max_step_tokens.
-    ContiguousCache& c = in_ring_[layer] ? *s.ring : s.main;
-    c.write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
-    if (RecentWindow* w = copies_of(s, layer)) w->write(index_[layer], r.pos0, r.count, k + t0 * kv_row, v + t0 * kv_row);
+    if (in_ring_[layer]) s.ring->write(index_[layer], r.pos0, r.count, kr, vr);
+    else pages_.store(index_[layer], run_slots(s, r), kr, vr, m.n_kv_heads, m.head_dim);
+    if (RecentWindow* w = copies_of(s, layer)) w->write(index_[layer], r.pos0, r.count, kr, vr);
   }
 }
 
 void CpuKvCache::attention(int layer, const Batch& batch, const float* q, float* out, const float* k_new,
                            const float* v_new) {
   if (!fold_newest_) k_new = v_new = nullptr;
-  const size_t kv_row = static_cast<size_t>(spec().model.n_kv_heads) * spec().model.head_dim;
   const ModelConfig& m = spec().model;
+  const size_t kv_row = static_cast<size_t>(m.n_kv_heads) * m.head_dim;
   AttentionParams ap;
   ap.n_q_heads = m.n_heads;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
   ap.window = m.window(layer);
   const size_t q_row = static_cast<size_t>(m.n_heads) * m.head_dim;
+  const int li = index_[layer];
   for (const Batch::Run& r : batch.runs()) {
     Sequence& s = seqs_.at(r.seq);
     const size_t t0 = static_cast<size_t>(r.begin);
-    const ContiguousCache& c = in_ring_[layer] ? *s.ring : s.main;
+    const float* qr = q + t0 * q_row;
+    float* o = out + t0 * q_row;
+    // The compressed part: the ring of a sliding-window layer, else the sequence's pages.
+    const CompressedPart compressed = [&](const AttentionParams& p, float* part_out) {
+      if (in_ring_[layer]) tqkv::attention(*s.ring, li, qr, r.count, r.pos0, p, part_out);
+      else paged_chunk_attention(pages_, li, r.seq, qr, r.count, r.pos0, p, part_out);
+    };
     if (RecentWindow* w = copies_of(s, layer))
-      w->attention(c, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row,
-                   k_new ? k_new + t0 * kv_row : nullptr, v_new ? v_new + t0 * kv_row : nullptr);
+      w->attention(compressed, li, qr, r.count, r.pos0, ap, o, k_new ? k_new + t0 * kv_row : nullptr,
+                   v_new ? v_new + t0 * kv_row : nullptr);
     else
-      tqkv::attention(c, index_[layer], q + t0 * q_row, r.count, r.pos0, ap, out + t0 * q_row);
+      compressed(ap, o);
   }
 }
 
@@ -167,26 +226,43 @@ bool CpuKvCache::copy_prefix(int64_t src, int64_t dst, int64_t n) {
   const Sequence& a = at(src);
   at(dst);
   Sequence& b = seqs_.at(dst);
-  if (b.main.seq_len() != 0) throw Error(ErrorCode::OutOfRange, "copy_prefix: the target sequence is not empty");
-  if (n < 0 || n > a.main.seq_len())
+  if (seq_len(dst) != 0) throw Error(ErrorCode::OutOfRange, "copy_prefix: the target sequence is not empty");
+  if (n < 0 || n > seq_len(src))
     throw Error(ErrorCode::OutOfRange, "copy_prefix: " + std::to_string(n) + " positions asked, the source holds " +
-                                           std::to_string(a.main.seq_len()));
+                                           std::to_string(seq_len(src)));
   // Everything is checked before anything is copied.
-  if (a.main.first_pos() != 0) return false;
   if (a.ring && a.ring->first_pos() != 0) return false;  // sliding-window layers: only before their ring wraps
   if (a.copies && !b.copies->copy_prefix(*a.copies, n)) return false;  // checks before it copies
   if (a.ring_copies && !b.ring_copies->copy_prefix(*a.ring_copies, n)) return false;
-  b.main.copy_positions(a.main, 0, n);
+  pages_.share_prefix(src, dst, n);  // the pages themselves: shared, copied on their next write
   if (a.ring) b.ring->copy_positions(*a.ring, 0, n);
   return true;
 }
 
-void CpuKvCache::read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const {
+void CpuKvCache::read_stored(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const {
   if (layer < 0 || layer >= spec().model.n_layers)
     throw Error(ErrorCode::OutOfRange, "cache: layer " + std::to_string(layer) + " out of range");
   const Sequence& s = at(seq);
-  (in_ring_[layer] ? *s.ring : s.main).decode(index_[layer], start, count, keys, out);
+  if (in_ring_[layer]) s.ring->decode(index_[layer], start, count, keys, out);
+  else pages_.decode(index_[layer], seq, start, count, keys, out);
+}
+
+void CpuKvCache::read(int layer, int64_t seq, int64_t start, int count, bool keys, float* out) const {
+  read_stored(layer, seq, start, count, keys, out);
   if (keys) centring_.restore(layer, count, out);
+}
+
+std::vector<uint8_t> CpuKvCache::stored_slots(int layer, int64_t seq, int head) const {
+  if (layer < 0 || layer >= spec().model.n_layers)
+    throw Error(ErrorCode::OutOfRange, "cache: layer " + std::to_string(layer) + " out of range");
+  if (in_ring_[layer])
+    throw Error(ErrorCode::InvalidArgument, "cache: layer " + std::to_string(layer) + " is a sliding-window ring");
+  at(seq);
+  const int64_t n = pages_.seq_len(seq);
+  const size_t sb = pages_.slot_bytes(index_[layer]);
+  std::vector<uint8_t> out(static_cast<size_t>(n) * sb);
+  for (int64_t p = 0; p < n; ++p) pages_.read_slot(index_[layer], seq, p, head, out.data() + p * sb);
+  return out;
 }
 
 }  // namespace tqkv::engine
