@@ -82,6 +82,18 @@ def one(url, req, model):
             "end": last - t0, "n_prompt": len(req["prompt"])}
 
 
+def served_model(url):
+    u = urllib.parse.urlparse(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    c.request("GET", "/v1/models")
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    if r.status != 200:
+        raise RuntimeError(f"GET /v1/models: HTTP {r.status}: {body[:200]!r}")
+    return json.loads(body)["data"][0]["id"]
+
+
 def pct(xs, p):
     xs = sorted(x for x in xs if x is not None)
     if not xs:
@@ -116,6 +128,8 @@ def run(url, reqs, conc, model):
         t.join()
     wall = time.perf_counter() - t0
     ok = [r for r in results if r]
+    if not ok:
+        raise RuntimeError(f"no request completed: {errors[:3]}")
     out_tok = sum(r["n_out"] for r in ok)
     return {"concurrency": conc, "requests": len(reqs), "completed": len(ok), "errors": errors[:5],
             "wall_s": wall, "req_per_s": len(ok) / wall, "output_tok_per_s": out_tok / wall,
@@ -129,7 +143,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8080")
     ap.add_argument("--label", default="server")
-    ap.add_argument("--model", default="m")
+    ap.add_argument("--model", help="the model id to ask for (default: the server's first, from /v1/models)")
     ap.add_argument("-n", "--requests", type=int, default=32)
     ap.add_argument("-c", "--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--seed", type=int, default=14)
@@ -142,6 +156,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1, help="requests sent first, not measured")
     ap.add_argument("--json", help="append one JSON line per concurrency to this file")
     a = ap.parse_args()
+    if a.model is None:  # servers refuse a model id they do not serve (tqkv: 404 model_not_found)
+        a.model = served_model(a.url)
     reqs = workload(a.requests, a.seed, a.vocab[0], a.vocab[1], a.system_tokens, a.long_frac, a.prompt,
                     a.long_prompt, a.output)
     for r in reqs[:a.warmup]:

@@ -10,6 +10,12 @@
 # (THREADS), CTX (2048 per
 # sequence), SEQS (32), TQKV_SPECS ("f16 turboquant_4bit_nc tq-4.375"), LLAMA_TYPES ("f16 q8_0 q4_0"),
 # TQKV_ARGS (more `tqkv serve` options, e.g. "--device cuda").
+#
+# PRESET=memory-bound: the cache memory is what limits the server (issue 44's comparison):
+# `--kv-cache-memory` KV_MEMORY bytes (default 1 GiB) for every tqkv cache, CTX 4096, 64
+# sequences, and unless bench options are given 128 requests, 64 at once, prompts of 2,000-3,000
+# tokens and 64-128 out — enough that f16 must preempt (its /metrics count is printed). E.g.
+#   PRESET=memory-bound TQKV_ARGS="--device cuda" LLAMA_SERVER=none scripts/bench_serve.sh out.jsonl
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:?usage: bench_serve.sh OUT.jsonl [bench options]}
@@ -21,6 +27,17 @@ THREADS=${THREADS:-2}
 # ggml's spinning thread barrier needs idle cores (docs/journal/RESULTS-journal.md, "Serving
 # benchmark on the CPU").
 LLAMA_THREADS=${LLAMA_THREADS:-$THREADS}
+PRESET=${PRESET:-}
+case "$PRESET" in
+  "") ;;
+  memory-bound)
+    CTX=${CTX:-4096}
+    SEQS=${SEQS:-64}
+    TQKV_ARGS="${TQKV_ARGS:-} --kv-cache-memory ${KV_MEMORY:-1073741824}"
+    [ $# -gt 0 ] || set -- -n 128 -c 64 --prompt 2000 3000 --long-frac 0 --output 64 128
+    ;;
+  *) echo "PRESET: memory-bound or nothing, not '$PRESET'" >&2; exit 2 ;;
+esac
 CTX=${CTX:-2048}
 SEQS=${SEQS:-32}
 PORT=${PORT:-18300}
