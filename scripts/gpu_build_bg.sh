@@ -8,7 +8,8 @@
 # executables then lie under /tmp/b (tqkv, tqkv_cuda_tests, tqkv_cuda_engine_tests,
 # tqkv_products_bench, tqkv_cuda_bench); run them with LD_LIBRARY_PATH=/tmp/xx/usr/lib/x86_64-linux-gnu, and the
 # tests with TQKV_REQUIRE_CUDA=1 (a test that finds no device then fails rather than skips).
-# Models: copy them to /tmp/src/models (the engine tests look there).
+# Models: copy them to /tmp/src/models (the engine tests look there). BENCH=ON adds the benchmarks
+# (tqkv_cuda_bench ...) to what may be built.
 #   bash scripts/gpu_build_bg.sh [TARGET...]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +24,7 @@ L=/tmp/xx/usr/lib/x86_64-linux-gnu
 [ -e $L/libxxhash.so ] || ln -sf "$(ls $L/libxxhash.so.* | head -1)" $L/libxxhash.so
 rm -f /tmp/build.rc
 cmake -S /tmp/src -B /tmp/b -DCMAKE_BUILD_TYPE=Release -DTQKV_WERROR=ON -DTQKV_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DTQKV_BUILD_BENCH=OFF -DTQKV_BUILD_PYTHON=OFF -DTQKV_XXHASH_LIB=$L/libxxhash.so -DTQKV_XXHASH_INCLUDE=/tmp/xx/usr/include \
+  -DTQKV_BUILD_BENCH=${BENCH:-OFF} -DTQKV_BUILD_PYTHON=OFF -DTQKV_XXHASH_LIB=$L/libxxhash.so -DTQKV_XXHASH_INCLUDE=/tmp/xx/usr/include \
   -DTQKV_HTTPLIB_INCLUDE=/tmp/xx/usr/include -DTQKV_HTTPLIB_LIB=$L/libcpp-httplib.so > /tmp/configure.log 2>&1 ||
   { tail -30 /tmp/configure.log; exit 1; }
 setsid nohup bash -c "cmake --build /tmp/b -j$(nproc) --target ${TARGETS[*]} > /tmp/build.log 2>&1; echo \$? > /tmp/build.rc" \

@@ -96,6 +96,17 @@ Format mse_pair_format(int key_bits, int value_bits);
 
 inline constexpr std::string_view kDefaultFormat = "tq-k4v2";
 
+// The spec pairs k<K>v<V> (Lloyd-Max keys and values) that have a GPU decode kernel at every head
+// dim, whatever model files exist: keys of kKernelMinBits..kKernelMaxKeyBits bits, values of
+// kKernelMinBits..kKernelMaxValueBits, the 1-bit and wider pairs through the generic path (the
+// layer dequantized each step). src/cuda/decode_pairs.cmake reads these three lines; `tqkv
+// calibrate` fits within them. The recent window's k<B>v<B> copies (wq<B>) have kernels for B up
+// to 5 and for kKernelWindowBits (the fused three-part launch too, for every pair above).
+inline constexpr int kKernelMinBits = 2;
+inline constexpr int kKernelMaxKeyBits = 8;
+inline constexpr int kKernelMaxValueBits = 5;
+inline constexpr int kKernelWindowBits = 6;
+
 // The names of named_formats(), joined.
 std::string format_names_joined(std::string_view sep = ", ");
 

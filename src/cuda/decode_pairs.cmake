@@ -1,18 +1,18 @@
-# The decode kernels that are compiled, generated from data (included by src/cuda/CMakeLists.txt).
+# The decode kernels that are compiled: a fixed set, the same whatever model files exist
+# (included by src/cuda/CMakeLists.txt).
 #
 # Pairs (split-KV decode kernel, cuda::run_decode), as "D;key kind;value kind" in the kinds of
-# decode_kernel.cuh (kmse(b), vmse(b), vuni(b), K_FP8, ...):
-#  - at every head dim (64, 128, 256): f16, bf16, fp8, vLLM's presets (turboquant_k8v4,
-#    _4bit_nc, _k3v4_nc, _3bit_nc) and the spec's named pairs tq-k<K>v<V> (K, V in 2..4);
-#  - at the head dim of each recipe file (recipes/*.json, "model": {"head_dim"}): every pair its
-#    specs name (the base k<K>v<V>, every L...=k<K>v<V> override, +vu for uniform values) and
-#    its recent window's copies (wq<B>: k<B>v<B>).
+# decode_kernel.cuh (kmse(b), vmse(b), vuni(b), K_FP8, ...), at every head dim (64, 128, 256):
+# f16, bf16, fp8, vLLM's presets (turboquant_k8v4, _4bit_nc, _k3v4_nc, _3bit_nc) and the spec
+# pairs k<K>v<V> of the widths include/tqkv/format.h names (kKernelMinBits..kKernelMaxKeyBits
+# key bits, ..kKernelMaxValueBits value bits; read from that header, so the library and the
+# recipe fitter agree), plus the recent window's k<W>v<W> (kKernelWindowBits).
 # Fused quadruples (the three-part decode of a layer with copies in one launch,
-# cuda::run_fused_decode), as "D;middle key;middle value;window key;window value": for each
-# recipe spec with sinks or a window, each of its pairs with the spec's window kind (wq<B>, else
-# f16), at the recipe's head dim; and k5v3 with an f16 window at d = 64 (below).
-# Any other pair attends through the generic path of engine::CudaKvCache (the layer dequantized
-# into an f16 page pool, then the f16 kernel); any other quadruple through three launches.
+# cuda::run_fused_decode), as "D;middle key;middle value;window key;window value": every spec
+# pair above with the k<W>v<W> window, at every head dim; and k5v3 with an f16 window at d = 64
+# (below). Any other pair attends through the generic path of engine::CudaKvCache (the layer
+# dequantized into an f16 page pool, then the f16 kernel); any other quadruple through three
+# launches.
 #
 # Output: ${_gen}/decode_pairs.h (the lists as X-macros for decode.cu) and translation units of
 # one head dim each, at most TQKV_DECODE_PER_TU decode (TQKV_FUSED_PER_TU fused) kernels a unit;
@@ -20,70 +20,31 @@
 set(TQKV_DECODE_PER_TU 8 CACHE STRING "At most this many decode kernels per generated translation unit")
 set(TQKV_FUSED_PER_TU 5 CACHE STRING "At most this many fused decode kernels per generated translation unit")
 set(_gen ${CMAKE_CURRENT_BINARY_DIR}/generated)
+set(_format_h ${PROJECT_SOURCE_DIR}/include/tqkv/format.h)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_format_h})
+file(READ ${_format_h} _format_text)
+foreach(_name MinBits MaxKeyBits MaxValueBits WindowBits)
+  if(NOT _format_text MATCHES "inline constexpr int kKernel${_name} = ([0-9]+);")
+    message(FATAL_ERROR "include/tqkv/format.h: no 'inline constexpr int kKernel${_name} = N;' (src/cuda/decode_pairs.cmake reads it)")
+  endif()
+  set(_${_name} ${CMAKE_MATCH_1})
+endforeach()
 set(_pairs "")
+set(_quads "")
 foreach(_d 64 128 256)
   foreach(_p "K_F16,V_F16" "K_BF16,V_BF16" "K_FP8,V_FP8" "K_FP8,vuni(4)" "kmse(4),vuni(4)" "kmse(3),vuni(4)"
              "kmse(3),vuni(3)")
     list(APPEND _pairs "${_d},${_p}")
   endforeach()
-  foreach(_k RANGE 2 4)
-    foreach(_v RANGE 2 4)
+  list(APPEND _pairs "${_d},kmse(${_WindowBits}),vmse(${_WindowBits})")
+  foreach(_k RANGE ${_MinBits} ${_MaxKeyBits})
+    foreach(_v RANGE ${_MinBits} ${_MaxValueBits})
       list(APPEND _pairs "${_d},kmse(${_k}),vmse(${_v})")
-    endforeach()
-  endforeach()
-endforeach()
-set(_quads "")
-file(GLOB _recipes CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/recipes/*.json)
-list(SORT _recipes)
-foreach(_r IN LISTS _recipes)
-  file(READ ${_r} _json)
-  string(JSON _d ERROR_VARIABLE _err GET "${_json}" model head_dim)
-  if(_err)
-    message(FATAL_ERROR "${_r}: no model.head_dim (${_err}); src/cuda/decode_pairs.cmake reads it")
-  endif()
-  string(JSON _n LENGTH "${_json}" recipes)
-  math(EXPR _last "${_n} - 1")
-  foreach(_i RANGE ${_last})
-    string(JSON _spec GET "${_json}" recipes ${_i} spec)
-    string(REPLACE "+" ";" _opts "${_spec}")
-    list(GET _opts 0 _base)
-    if(NOT _base MATCHES "^k[1-8]v[1-8]$")
-      message(FATAL_ERROR "${_r}: spec '${_spec}' starts with '${_base}', not k<K>v<V>: teach src/cuda/decode_pairs.cmake its kinds")
-    endif()
-    set(_vclass vmse)
-    set(_wk K_F16)
-    set(_wv V_F16)
-    set(_copies FALSE)
-    set(_specpairs "")
-    foreach(_o IN LISTS _opts)
-      if(_o STREQUAL "vu")
-        set(_vclass vuni)
-      elseif(_o MATCHES "^wq([2-8])$")
-        set(_wk "kmse(${CMAKE_MATCH_1})")
-        set(_wv "vmse(${CMAKE_MATCH_1})")
-        list(APPEND _pairs "${_d},kmse(${CMAKE_MATCH_1}),vmse(${CMAKE_MATCH_1})")
-      elseif(_o MATCHES "^(sink|fill)[0-9]" OR _o MATCHES "^w[0-9]")
-        set(_copies TRUE)
-      endif()
-      if(_o MATCHES "^(L[0-9.]+=)?k([2-8])v([2-8])$")
-        list(APPEND _specpairs "${CMAKE_MATCH_2}:${CMAKE_MATCH_3}")
-      elseif(_o MATCHES "k[0-9]+v[0-9]+")
-        message(FATAL_ERROR "${_r}: '${_o}' in '${_spec}': 1-bit or unknown codes (src/cuda/decode_pairs.cmake)")
-      endif()
-    endforeach()
-    foreach(_kv IN LISTS _specpairs)
-      string(REPLACE ":" ";" _kv "${_kv}")
-      list(GET _kv 0 _k)
-      list(GET _kv 1 _v)
-      list(APPEND _pairs "${_d},kmse(${_k}),${_vclass}(${_v})")
-      if(_copies)
-        list(APPEND _quads "${_d},kmse(${_k}),${_vclass}(${_v}),${_wk},${_wv}")
-      endif()
+      list(APPEND _quads "${_d},kmse(${_k}),vmse(${_v}),kmse(${_WindowBits}),vmse(${_WindowBits})")
     endforeach()
   endforeach()
 endforeach()
 list(REMOVE_DUPLICATES _pairs)
-list(REMOVE_DUPLICATES _quads)
 list(SORT _pairs COMPARE NATURAL)
 list(SORT _quads COMPARE NATURAL)
 
@@ -151,7 +112,7 @@ set(_quads_sorted ${_quads})
 list(LENGTH _pairs_sorted _n_pairs)
 list(LENGTH _quads_sorted _n_quads)
 file(CONFIGURE OUTPUT ${_gen}/decode_pairs.h @ONLY CONTENT
-"// Generated by src/cuda/decode_pairs.cmake from recipes/*.json and the named formats:
+"// Generated by src/cuda/decode_pairs.cmake (the fixed set of include/tqkv/format.h):
 // ${_n_pairs} decode kernels X(head dim, key kind, value kind) and ${_n_quads} fused ones
 // X(head dim, middle key kind, middle value kind, window key kind, window value kind).
 #pragma once
@@ -159,4 +120,4 @@ file(CONFIGURE OUTPUT ${_gen}/decode_pairs.h @ONLY CONTENT
 ${_pair_text}${_quad_text}")
 set(_decode_sources ${_quad_sources} ${_pair_sources})
 list(LENGTH _decode_sources _n_units)
-message(STATUS "tqkv: ${_n_pairs} decode kernels and ${_n_quads} fused decode kernels in ${_n_units} units (recipes/*.json)")
+message(STATUS "tqkv: ${_n_pairs} decode kernels and ${_n_quads} fused decode kernels in ${_n_units} units")

@@ -625,9 +625,17 @@ TEST(CudaDecode, MatchesReferenceAllFormatsAndDims) {
   for (const NamedFormat& f : named_formats())
     for (int d : {64, 128, 256})
       EXPECT_EQ(tqkv::cuda::CacheCodec(f.format, d).decode_supported(), f.format.key != KeyCodec::F32) << f.name;
-  // Qwen2.5-Coder-1.5B's recipes (d = 128) and their wq6 window: compiled.
-  for (const char* name : {"k5v5", "k6v4", "k5v3", "k5v4", "k3v2", "k2v2", "k6v6"})
-    EXPECT_TRUE(tqkv::cuda::CacheCodec(Format::parse(name), 128).decode_supported()) << name;
+  // The fixed set (tqkv/format.h), whatever recipes exist: every pair the recipe fitter may
+  // choose and the window's k6v6, at every head dim; no other pair of 2-8-bit codes.
+  for (int d : {64, 128, 256}) {
+    for (int k = 2; k <= 8; ++k)
+      for (int v = 2; v <= 8; ++v) {
+        const std::string name = "k" + std::to_string(k) + "v" + std::to_string(v);
+        const bool in_set = (k <= kKernelMaxKeyBits && v <= kKernelMaxValueBits) ||
+                            (k == kKernelWindowBits && v == kKernelWindowBits);
+        EXPECT_EQ(tqkv::cuda::CacheCodec(Format::parse(name), d).decode_supported(), in_set) << name << " d " << d;
+      }
+  }
   const testing::TestResult& result = *testing::UnitTest::GetInstance()->current_test_info()->result();
   std::string failing;
   int kernels = 0;
@@ -758,7 +766,7 @@ TEST(CudaDecode, RejectsSlotLayoutAndBadGroups) {
   const tqkv::cuda::CacheCodec f32(find_format("f32"), 128);
   EXPECT_FALSE(f32.decode_supported());
   // A pair without a compiled kernel is refused by name (the engine takes its generic path).
-  for (const char* name : {"k1v4", "k7v2"}) {
+  for (const char* name : {"k1v4", "k4v7"}) {
     const tqkv::cuda::CacheCodec none(Format::parse(name), 128);
     EXPECT_FALSE(none.decode_supported()) << name;
     try {

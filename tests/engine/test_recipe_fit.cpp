@@ -162,6 +162,7 @@ TEST(RecipeFit, AllocatorCapsTheDistinctPairs) {
     EXPECT_LE(r.predicted_kl, previous + 1e-12) << r.spec;
     previous = r.predicted_kl;
     // Brute force: every assignment of pairs within the cap and the budget, by the additive model.
+    // (The fitter's widths: those with a GPU decode kernel, tqkv/format.h.)
     std::vector<double> D(9);
     for (int b = 2; b <= 8; ++b) D[b] = get_codebook(Law::Sphere, 64, b).mse;
     double slot[9][9];
@@ -184,8 +185,8 @@ TEST(RecipeFit, AllocatorCapsTheDistinctPairs) {
         if (distinct <= cap && bits <= target + 1e-9) brute = std::min(brute, kl);
         return;
       }
-      for (ks[i] = 2; ks[i] <= 8; ++ks[i])
-        for (vs[i] = 2; vs[i] <= 8; ++vs[i]) walk(i + 1);
+      for (ks[i] = kKernelMinBits; ks[i] <= kKernelMaxKeyBits; ++ks[i])
+        for (vs[i] = kKernelMinBits; vs[i] <= kKernelMaxValueBits; ++vs[i]) walk(i + 1);
     };
     walk(0);
     EXPECT_NEAR(r.predicted_kl, brute, 1e-12) << "cap " << cap << ": " << r.spec;

@@ -19,6 +19,27 @@ namespace tqkv::engine {
 // study may rewrite the keys. k: [n, n_kv_heads, head_dim], q: [n, n_heads, head_dim].
 using KeyHook = std::function<void(int layer, int n, float* k, const float* q)>;
 
+struct StepGraph;  // a recorded step: device/cuda_graphs.h (named here, never used)
+
+// What a device needs to record a cache's decode steps once and replay them (CUDA graphs,
+// device/cuda_graphs.h): a replay reads the step's slot mappings, block tables and lengths from
+// fixed buffers of the cache, so the cache prepares them and keeps the recordings.
+class StepRecorder {
+ public:
+  // Prepares the decode step `batch` (every run one token, at most `bucket` runs) padded to
+  // `bucket` rows in the bucket's fixed buffers; the step's attend() calls then take a batch of
+  // `bucket` rows whose first batch.size() are `batch`'s.
+  virtual void prepare_bucket(const Batch& batch, int bucket) = 0;
+  // Forgets a prepare_bucket whose step did not run.
+  virtual void cancel_bucket() = 0;
+  // The recorded step of `model` at `bucket` whose longest sequence then holds `longest`
+  // positions (made empty at first use).
+  virtual StepGraph& step_graph(const void* model, int bucket, int64_t longest) = 0;
+
+ protected:
+  ~StepRecorder() = default;
+};
+
 class KvCache {
  public:
   // Plans the cache (plan_cache; throws its errors).
@@ -78,6 +99,10 @@ class KvCache {
   }
 
   void set_key_hook(KeyHook hook) { hook_ = std::move(hook); }
+
+  // The recorder of this cache's decode steps, where its device can replay them (null: every
+  // step runs op by op, e.g. on the CPU, or with a key hook set).
+  virtual StepRecorder* step_recorder() { return nullptr; }
 
  protected:
   const KeyHook& key_hook() const { return hook_; }

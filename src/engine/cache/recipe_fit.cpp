@@ -10,13 +10,17 @@
 #include <sstream>
 
 #include "tqkv/codebook.h"
+#include "tqkv/format.h"
 #include "tqkv/contiguous_cache.h"
 #include "tqkv/error.h"
 
 namespace tqkv::engine {
 namespace {
 
-constexpr int kMinBits = 2, kMaxBits = 8;
+// The widths fitted are those with a GPU decode kernel (tqkv/format.h): a recipe never sends a
+// layer down the generic path.
+constexpr int kMinBits = kKernelMinBits, kMaxKeyBits = kKernelMaxKeyBits, kMaxValueBits = kKernelMaxValueBits;
+constexpr int max_bits(int side) { return side == 0 ? kMaxKeyBits : kMaxValueBits; }
 
 std::string number_text(double x) {
   std::ostringstream os;
@@ -98,8 +102,8 @@ template <class Term>
 double capped_widths(LayerWidths& w, const Term& term, int d, double target, int max_pairs) {
   const size_t n = w.size();
   std::vector<std::pair<int, int>> pairs;
-  for (int k = kMinBits; k <= kMaxBits; ++k)
-    for (int v = kMinBits; v <= kMaxBits; ++v) pairs.push_back({k, v});
+  for (int k = kMinBits; k <= kMaxKeyBits; ++k)
+    for (int v = kMinBits; v <= kMaxValueBits; ++v) pairs.push_back({k, v});
   const double base = kv_slot_bits(kMinBits, kMinBits, d) - kMinBits;
   for (const auto& [k, v] : pairs)
     if (std::abs(kv_slot_bits(k, v, d) - (base + 0.5 * (k + v))) > 1e-9)
@@ -107,7 +111,7 @@ double capped_widths(LayerWidths& w, const Term& term, int d, double target, int
                                                   " the slots do not grow by half a bit per code bit; cannot cap the pairs");
   const double room = 2.0 * static_cast<double>(n) * (target - base) + 1e-9;
   if (room < 2.0 * kMinBits * static_cast<double>(n)) return 0;  // not even 2/2 bits fit: finish() says why
-  const int cap = static_cast<int>(std::min(room, 2.0 * kMaxBits * static_cast<double>(n)));
+  const int cap = static_cast<int>(std::min(room, double{kMaxKeyBits + kMaxValueBits} * static_cast<double>(n)));
   const size_t np = pairs.size();
   std::vector<double> cost(n * np);  // cost[i * np + j]: layer i's predicted KL at pairs[j]
   for (size_t i = 0; i < n; ++i)
@@ -294,7 +298,7 @@ FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivi
   const int d = cfg.head_dim;
   // Lloyd-Max distortion per width, solved only for the widths the greedy reaches (the wide
   // codebooks are the slow ones to solve).
-  std::vector<double> memo(kMaxBits + 1, -1.0);
+  std::vector<double> memo(std::max(kMaxKeyBits, kMaxValueBits) + 1, -1.0);
   auto D = [&](int b) {
     if (memo[b] < 0) memo[b] = get_codebook(Law::Sphere, d, b).mse;
     return memo[b];
@@ -315,7 +319,7 @@ FitResult allocate_bits(const ModelConfig& cfg, const std::vector<LayerSensitivi
     for (size_t i = 0; i < w.size(); ++i)
       for (int s = 0; s < 2; ++s) {
         const int b = s == 0 ? w[i].second.first : w[i].second.second;
-        if (b >= kMaxBits) continue;
+        if (b >= max_bits(s)) continue;
         const double g = term(i, s, b) - term(i, s, b + 1);
         if (g > gain) best = i, side = s, gain = g;
       }
@@ -357,7 +361,7 @@ std::optional<FitResult> rule_recipe(const ModelConfig& cfg, double budget, bool
     for (int side = 0; side < 2; ++side)
       for (size_t i : order) {
         int& b = side == 0 ? w[i].second.first : w[i].second.second;
-        if (b >= kMaxBits) continue;
+        if (b >= max_bits(side)) continue;
         ++b;
         if (mean_slot_bits(w, cfg.head_dim) > target + 1e-9) {
           --b;

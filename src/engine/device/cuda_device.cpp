@@ -610,9 +610,9 @@ double CudaDevice::attention_seconds() {
 // every length class run over the bucket's activations (StepActivations), so a new class adds
 // none unless the step asks for more than the set holds.
 void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model, const LogitsOut& logits, const StepFn& step) {
-  auto* cc = impl_->graphs ? dynamic_cast<CudaKvCache*>(&cache) : nullptr;
+  StepRecorder* cc = impl_->graphs ? cache.step_recorder() : nullptr;
   const int n = batch.size();
-  bool decode = cc && cc->graphs_supported() && batch.n_logits() == n;
+  bool decode = cc && batch.n_logits() == n;
   if (decode)
     for (const Batch::Run& r : batch.runs()) decode = decode && r.count == 1;
   const int bucket = decode ? graph_bucket(n) : 0;

@@ -20,7 +20,7 @@
 // times, over the copies of [0, S), the compressed [S, p - N] and the copies of (p - N, p], and
 // the parts merge by their log-sum-exps: in one fused launch (cuda::run_fused_decode, whose
 // last CTA per (sequence, kv head) merges every part) where a fused kernel is compiled for the
-// layer's pair and window pair (src/cuda/decode_pairs.cmake: the recipes'), else in three
+// layer's pair and window pair (src/cuda/decode_pairs.cmake: a fixed set), else in three
 // launches and two cuda::merge_attention (also above TQKV_FUSED_MAX_ROWS rows); in a recorded step
 // (CUDA graphs) the three launches' window and sinks are forked onto two side streams, parallel
 // branches beside the compressed one. A pair without a compiled decode kernel takes the three
@@ -47,8 +47,8 @@
 // A plan stays correct for any longer sequence (its last split takes the tiles beyond the
 // plan's length; a part with cuts spreads its splits over its own range), only slower.
 //
-// Pairs without a compiled decode kernel (src/cuda/decode_pairs.cmake compiles the recipes' and
-// the named formats' pairs): without copies they attend through dequantize + the tiled kernel;
+// Pairs without a compiled decode kernel (src/cuda/decode_pairs.cmake compiles a fixed set: the
+// named formats and the widths of tqkv/format.h): without copies they attend through dequantize + the tiled kernel;
 // with copies their compressed middle (or the window's ring) is dequantized each step into an f16
 // pool of the same blocks and read by the f16 decode kernel, then merged with the other parts
 // (Layer::generic). Not on the GPU yet (refused at creation with tqkv::Error(InvalidArgument)):
@@ -82,7 +82,7 @@
 
 namespace tqkv::engine {
 
-class CudaKvCache final : public KvCache {
+class CudaKvCache final : public KvCache, public StepRecorder {
  public:
   static constexpr int kBlockSize = 16;
 
@@ -129,15 +129,12 @@ class CudaKvCache final : public KvCache {
   // CUDA graphs. True where every layer attends through the split-KV decode kernel (no format
   // without a decode kernel; sliding-window layers as rows) and no key hook is set.
   bool graphs_supported() const;
-  // Prepares the decode step `batch` (every run one token, at most `bucket` runs; checked)
-  // padded to `bucket` rows, in the bucket's fixed buffers; the step's attend() calls then take
-  // a batch of `bucket` rows whose first batch.size() are `batch`'s.
-  void prepare_bucket(const Batch& batch, int bucket);
-  // Forgets a prepare_bucket whose step did not run (an error before its first layer).
-  void cancel_bucket() { bucket_pending_ = 0; }
-  // The recorded step of `model` at `bucket` whose longest sequence then holds `longest`
-  // positions (one graph per plan length, plan_len; made empty at first use).
-  StepGraph& step_graph(const void* model, int bucket, int64_t longest);
+  StepRecorder* step_recorder() override { return graphs_supported() ? this : nullptr; }
+  // StepRecorder (kv_cache.h); prepare_bucket checks the batch; step_graph keeps one graph per
+  // plan length (plan_len).
+  void prepare_bucket(const Batch& batch, int bucket) override;
+  void cancel_bucket() override { bucket_pending_ = 0; }
+  StepGraph& step_graph(const void* model, int bucket, int64_t longest) override;
   // The length decode steps whose longest sequence holds `longest` positions are planned for.
   int plan_len(int64_t longest) const;
   static constexpr int kMinPlanLen = 256;
