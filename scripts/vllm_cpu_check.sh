@@ -4,7 +4,9 @@
 # the plugin built into it (nvcc needed: the extension is part of what is checked), then
 # vllm_plugin/tests/test_plugin.py: the entry point, registration through vLLM's own plugin
 # loader (idempotent, TQKV_VLLM kill switch, VLLM_PLUGINS allow-list), the version check, every
-# abstract method of vLLM's AttentionBackend / AttentionImpl implemented, slot sizes = vLLM's.
+# abstract method of vLLM's AttentionBackend / AttentionImpl implemented, slot sizes = vLLM's;
+# and the kernels themselves run on the CPU (vllm_plugin/tests/emu: every CUDA thread a
+# std::thread) against serial references of vLLM's slot (about 2 minutes; EMU=0 skips it).
 #   bash scripts/vllm_cpu_check.sh [VLLM_VERSION]     (default 0.26.0; VENV=build-vllm/venv)
 # The environment is kept for reruns; uv is used where it is installed, else pip.
 set -euo pipefail
@@ -32,3 +34,7 @@ MAX_JOBS=$MAX_JOBS "${PIP[@]}" install -q --no-build-isolation --reinstall-packa
 'tqkv-vllm', tqkv_vllm.__version__, 'cuda device:', torch.cuda.is_available())" 2>&1 | grep -v "^INFO\|^WARNING"
 echo "== pytest vllm_plugin/tests/test_plugin.py"
 cd /tmp && "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/vllm_plugin/tests/test_plugin.py"
+if [ "${EMU:-1}" != 0 ]; then
+  echo "== the kernels on the CPU (vllm_plugin/tests/emu/run.sh)"
+  bash "$ROOT/vllm_plugin/tests/emu/run.sh"
+fi

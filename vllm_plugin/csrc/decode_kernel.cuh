@@ -14,9 +14,11 @@
 //   values: thread (dim) decodes its uniform code per token and accumulates every head.
 // A split writes its normalised partial output and log2-sum-exp to the workspace
 // ([batch, n_q_heads, splits, D + 1], the shape of vLLM's TurboQuant decode workspace); a merge
-// kernel combines them (decode.cu). With one split the CTA writes the output itself.
+// kernel below combines them. With one split the CTA writes the output itself.
 #pragma once
+#if defined(__CUDACC__)
 #include <cuda_pipeline_primitives.h>
+#endif
 
 #include "ops.h"
 #include "device.cuh"
@@ -284,26 +286,39 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
   }
 }
 
-// Launches the decode of one preset and head dim for a GQA group of at most G heads.
-template <int KB, int VB, int D, int G>
-void launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  const dim3 grid(p.num_splits, p.cache.n_kv_heads, p.batch);
-  decode_kernel<KB, VB, D, G><<<grid, kThreads, 0, stream>>>(p);
-}
+constexpr int kMergeThreads = 128;
+constexpr int kMaxSplits = 64;
 
-template <int KB, int VB, int D>
-void launch_decode_group(const DecodeParams& p, int group, cudaStream_t stream) {
-  if (group <= 1) return launch_decode<KB, VB, D, 1>(p, stream);
-  if (group <= 2) return launch_decode<KB, VB, D, 2>(p, stream);
-  if (group <= 4) return launch_decode<KB, VB, D, 4>(p, stream);
-  if (group <= 8) return launch_decode<KB, VB, D, 8>(p, stream);
-  return launch_decode<KB, VB, D, 16>(p, stream);
+// One CTA per (query head, sequence): out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max).
+template <int D>
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams p) {
+  const int hq = blockIdx.x, b = blockIdx.y;
+  const float* w = p.workspace + (static_cast<int64_t>(b) * p.n_q_heads + hq) * p.num_splits * (D + 1);
+  __shared__ float weight[kMaxSplits];
+  __shared__ float total;
+  if (threadIdx.x < 32) {
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < p.num_splits; s += 32) mx = fmaxf(mx, w[s * (D + 1) + D]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int s = threadIdx.x; s < p.num_splits; s += 32) {
+      const float lse = w[s * (D + 1) + D];
+      const float e = lse == -INFINITY ? 0.0f : exp2f(lse - mx);
+      weight[s] = e;
+      sum += e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (threadIdx.x == 0) total = sum;
+  }
+  __syncthreads();
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;  // a sequence of length 0 gives zeros
+  for (int d = threadIdx.x; d < D; d += kMergeThreads) {
+    float o = 0.0f;
+    for (int s = 0; s < p.num_splits; ++s) o = fmaf(weight[s], w[s * (D + 1) + d], o);
+    store_from_float(p.out.data, p.out.dtype, p.out.at(b, hq) + d, o * inv);
+  }
 }
-
-// One translation unit per preset (decode_k*v*.cu) instantiates these.
-#define TQKV_VLLM_DECODE_INSTANCES(KB, VB)                                                     \
-  template void launch_decode_group<KB, VB, 64>(const DecodeParams&, int, cudaStream_t);  \
-  template void launch_decode_group<KB, VB, 128>(const DecodeParams&, int, cudaStream_t); \
-  template void launch_decode_group<KB, VB, 256>(const DecodeParams&, int, cudaStream_t);
 
 }  // namespace tqkv_vllm

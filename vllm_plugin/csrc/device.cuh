@@ -18,11 +18,27 @@ __device__ __forceinline__ int64_t slot_offset(const CacheView& c, int64_t slot,
 }
 
 // Triton lowers a float32 `/` to div.full.f32 (checked on the PTX of vLLM's store kernels,
-// Triton 3.6); the store must divide the same way to write the same codes.
+// Triton 3.6); the store must divide the same way to write the same codes. (The host build of
+// the kernels, tests/emu, divides in IEEE.)
 __device__ __forceinline__ float div_full(float a, float b) {
+#if defined(__CUDA_ARCH__)
   float r;
   asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
+#else
+  return a / b;
+#endif
+}
+
+// Triton's float32 -> float8e4nv on sm_90: round to nearest even, saturate to +-448.
+__device__ __forceinline__ uint8_t fp8_e4m3_of(float x) {
+#if defined(__CUDA_ARCH__)
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+  return static_cast<uint8_t>(r & 0xFF);
+#else
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+#endif
 }
 
 __device__ __forceinline__ float to_float(float x) { return x; }

@@ -1,0 +1,30 @@
+// The decode kernels' launchers (decode_kernel.cuh), instantiated per preset by decode_k*v*.cu
+// so that the presets compile in parallel; decode.cu calls launch_decode_group.
+#pragma once
+#include "decode_kernel.cuh"
+
+namespace tqkv_vllm {
+
+// Launches the decode of one preset and head dim for a GQA group of at most G heads.
+template <int KB, int VB, int D, int G>
+void launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  const dim3 grid(p.num_splits, p.cache.n_kv_heads, p.batch);
+  decode_kernel<KB, VB, D, G><<<grid, kThreads, 0, stream>>>(p);
+}
+
+template <int KB, int VB, int D>
+void launch_decode_group(const DecodeParams& p, int group, cudaStream_t stream) {
+  if (group <= 1) return launch_decode<KB, VB, D, 1>(p, stream);
+  if (group <= 2) return launch_decode<KB, VB, D, 2>(p, stream);
+  if (group <= 4) return launch_decode<KB, VB, D, 4>(p, stream);
+  if (group <= 8) return launch_decode<KB, VB, D, 8>(p, stream);
+  return launch_decode<KB, VB, D, 16>(p, stream);
+}
+
+// One translation unit per preset (decode_k*v*.cu) instantiates these.
+#define TQKV_VLLM_DECODE_INSTANCES(KB, VB)                                                     \
+  template void launch_decode_group<KB, VB, 64>(const DecodeParams&, int, cudaStream_t);  \
+  template void launch_decode_group<KB, VB, 128>(const DecodeParams&, int, cudaStream_t); \
+  template void launch_decode_group<KB, VB, 256>(const DecodeParams&, int, cudaStream_t);
+
+}  // namespace tqkv_vllm
