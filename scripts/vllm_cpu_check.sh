@@ -5,8 +5,9 @@
 # vllm_plugin/tests/test_plugin.py: the entry point, registration through vLLM's own plugin
 # loader (idempotent, TQKV_VLLM kill switch, VLLM_PLUGINS allow-list), the version check, every
 # abstract method of vLLM's AttentionBackend / AttentionImpl implemented, slot sizes = vLLM's;
-# and the kernels themselves run on the CPU (vllm_plugin/tests/emu: every CUDA thread a
-# std::thread) against serial references of vLLM's slot (about 2 minutes; EMU=0 skips it).
+# and the kernels themselves on the CPU (vllm_plugin/tests/emu: every CUDA thread a std::thread):
+# against serial references of vLLM's slot (emu/run.sh), and against vLLM's own Triton kernels run
+# by Triton's interpreter on the same tensors (emu/vs_vllm.py); about 4 minutes, EMU=0 skips them.
 #   bash scripts/vllm_cpu_check.sh [VLLM_VERSION]     (default 0.26.0; VENV=build-vllm/venv)
 # The environment is kept for reruns; uv is used where it is installed, else pip.
 set -euo pipefail
@@ -35,6 +36,8 @@ MAX_JOBS=$MAX_JOBS "${PIP[@]}" install -q --no-build-isolation --reinstall-packa
 echo "== pytest vllm_plugin/tests/test_plugin.py"
 cd /tmp && "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/vllm_plugin/tests/test_plugin.py"
 if [ "${EMU:-1}" != 0 ]; then
-  echo "== the kernels on the CPU (vllm_plugin/tests/emu/run.sh)"
+  echo "== the kernels on the CPU against serial references (vllm_plugin/tests/emu/run.sh)"
   bash "$ROOT/vllm_plugin/tests/emu/run.sh"
+  echo "== the kernels on the CPU against vLLM's Triton kernels in Triton's interpreter (emu/vs_vllm.py)"
+  "$VENV/bin/python" "$ROOT/vllm_plugin/tests/emu/vs_vllm.py" 2>&1 | grep -vE "^INFO|RuntimeWarning|^  (output|return)"
 fi
