@@ -2,8 +2,10 @@
 TurboQuant decode (taken from vLLM, tests/vllm_peer.py) and a bf16 FlashAttention decode over an
 uncompressed cache of the same shape, for every preset at batch x context.
 
-Each call is captured in a CUDA graph (as vLLM runs its decode steps) and replayed; the time is
-the median of CUDA-event intervals around single replays, with the L2 cache flushed before each.
+tqkv's column is the plugin's default kernel (tensor cores for these GQA groups); the one beside
+it, its CUDA-core kernel. Each call is captured in a CUDA graph (as vLLM runs its decode steps)
+and replayed; the time is the median of CUDA-event intervals around single replays, with the L2
+cache flushed before each.
 The caches hold random bytes in vLLM's layout (head-major pages, a scattered block table): the
 time of these kernels does not depend on the values.
 The bf16 baseline is flash_attn_with_kvcache where the flash-attn package is installed, else
@@ -71,23 +73,28 @@ def bf16_decode(b, ctx, hq, hk, d, gen):
     k = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn_like(k)
     qt = q.transpose(1, 2)
-
-    def run():
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            return torch.nn.functional.scaled_dot_product_attention(qt, k, v, enable_gqa=True)
-
-    return run, "torch SDPA (flash, bf16)"
+    # The first SDPA backend that takes GQA at this shape (no K/V expansion: same bytes as vLLM's).
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        def run(backend=backend):
+            with sdpa_kernel([backend]):
+                return torch.nn.functional.scaled_dot_product_attention(qt, k, v, enable_gqa=True)
+        try:
+            run()
+            return run, f"torch SDPA ({backend.name.lower()}, bf16, GQA)"
+        except RuntimeError:
+            continue
+    return (lambda: torch.nn.functional.scaled_dot_product_attention(qt, k, v, enable_gqa=True)), "torch SDPA (bf16)"
 
 
 def report(rows, version, dev, fa_name, args) -> str:
     head = (f"Decode attention, {dev}, {time.strftime('%Y-%m-%d')}: {args.hq} query / {args.hk} kv heads, head dim "
             f"{args.d}, block size {args.block_size}, bf16 queries; CUDA-graph replays, L2 flushed, median of "
             f"{args.iters} (vLLM Triton: of {max(3, args.iters // 4)}). vLLM {version}; bf16 baseline: {fa_name}.\n\n")
-    table = ("| preset | batch | context | tqkv µs | vLLM Triton µs | bf16 µs | × Triton | × bf16 |\n"
-             "|---|---:|---:|---:|---:|---:|---:|---:|\n")
+    table = ("| preset | batch | context | tqkv µs | (CUDA cores) | vLLM Triton µs | bf16 µs | × Triton | × bf16 |\n"
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     for r in rows:
-        table += (f"| {r['preset']} | {r['batch']} | {r['context']} | {r['tqkv_us']:.1f} | {r['vllm_triton_us']:.1f} | "
-                  f"{r['bf16_us']:.1f} | {r['vs_triton']:.2f} | {r['vs_bf16']:.2f} |\n")
+        table += (f"| {r['preset']} | {r['batch']} | {r['context']} | {r['tqkv_us']:.1f} | {r['tqkv_scalar_us']:.1f} | "
+                  f"{r['vllm_triton_us']:.1f} | {r['bf16_us']:.1f} | {r['vs_triton']:.2f} | {r['vs_bf16']:.2f} |\n")
     return head + table
 
 
@@ -137,8 +144,8 @@ def main() -> int:
                 obuf = torch.empty_like(q)
                 lse = torch.empty(b, hq, dtype=torch.float32, device="cuda")
 
-                def ours():
-                    ops.decode(q, cache, bt, lens, cent, out, ws, kb, vb, nc, 1 / math.sqrt(d), splits)
+                def ours(kernel=0):
+                    ops.decode(q, cache, bt, lens, cent, out, ws, kb, vb, nc, 1 / math.sqrt(d), splits, kernel)
 
                 def theirs():
                     peer.decode.triton_turboquant_decode_attention(
@@ -148,17 +155,20 @@ def main() -> int:
                         output_buf=obuf, lse_buf=lse, max_num_kv_splits=32)
 
                 t_ours = time_us(graph_of(ours), args.iters, flush)
+                t_scalar = time_us(graph_of(lambda: ours(ops.KERNELS["scalar"])), args.iters, flush)
                 t_theirs = time_us(graph_of(theirs), max(3, args.iters // 4), flush)
                 t_fa = baseline[(b, ctx)]
-                row = dict(preset=preset, batch=b, context=ctx, tqkv_us=t_ours, vllm_triton_us=t_theirs, bf16_us=t_fa,
+                row = dict(preset=preset, batch=b, context=ctx, tqkv_us=t_ours, tqkv_scalar_us=t_scalar,
+                           vllm_triton_us=t_theirs, bf16_us=t_fa,
                            vs_triton=t_theirs / t_ours, vs_bf16=t_fa / t_ours, splits=splits,
                            cache_gb=raw.numel() / 1e9)
                 rows.append(row)
                 if args.out:  # after every row, so that a run cut short keeps what it measured
                     Path(args.out).write_text(report(rows, peer.version, dev, fa_name, args))
                     Path(args.out).with_suffix(".json").write_text(json.dumps(dict(device=dev, rows=rows), indent=1))
-                print(f"{preset:20s} B={b:3d} ctx={ctx:6d}  tqkv {t_ours:9.1f} us  vLLM Triton {t_theirs:10.1f} us  "
-                      f"bf16 {t_fa:9.1f} us  {row['vs_triton']:6.2f}x Triton  {row['vs_bf16']:5.2f}x bf16", flush=True)
+                print(f"{preset:20s} B={b:3d} ctx={ctx:6d}  tqkv {t_ours:9.1f} us ({t_scalar:9.1f})  "
+                      f"vLLM Triton {t_theirs:10.1f} us  bf16 {t_fa:9.1f} us  {row['vs_triton']:6.2f}x Triton  "
+                      f"{row['vs_bf16']:5.2f}x bf16", flush=True)
                 raw = cache = None  # frees the cache before the next one (the closures hold the names)
                 torch.cuda.empty_cache()
 

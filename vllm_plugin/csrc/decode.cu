@@ -16,6 +16,9 @@ void decode(const DecodeParams& p, const Preset& preset, cudaStream_t stream) {
   if (group < 1 || group > 16 || group * p.cache.n_kv_heads != p.n_q_heads)
     throw std::invalid_argument("tqkv_vllm: GQA group " + std::to_string(p.n_q_heads) + "/" +
                                 std::to_string(p.cache.n_kv_heads) + " (whole groups of at most 16 heads)");
+  if (p.kernel == DecodeKernel::Mma && group > 8)
+    throw std::invalid_argument("tqkv_vllm: the tensor-core decode takes GQA groups of at most 8 heads, not " +
+                                std::to_string(group));
   if (p.num_splits < 1 || p.num_splits > kMaxSplits)
     throw std::invalid_argument("tqkv_vllm: num_splits " + std::to_string(p.num_splits) + " (1.." +
                                 std::to_string(kMaxSplits) + ")");

@@ -30,13 +30,23 @@ constexpr int kTile = 16;
 constexpr int kStages = 3;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// n-bit field at bit `off` of a little-endian word array.
-template <int NW>
-__device__ __forceinline__ uint32_t field(const uint32_t (&w)[NW], int off, int n) {
-  const int i = off >> 5, sh = off & 31;
-  uint32_t v = w[i] >> sh;
-  if (sh + n > 32 && i + 1 < NW) v |= w[i + 1] << (32 - sh);
-  return v & ((1u << n) - 1u);
+// The tiles [lo, hi) that split `split` of sequence b reads: its 16-token tiles shared evenly.
+struct SplitTiles {
+  int len, lo, hi;
+};
+__device__ __forceinline__ SplitTiles split_tiles(const DecodeParams& p, int b, int split) {
+  const int len = p.seq_lens[b];
+  const int n_tiles = (len + kTile - 1) / kTile;
+  const int per = (n_tiles + p.num_splits - 1) / p.num_splits;
+  return SplitTiles{len, split * per, min(n_tiles, split * per + per)};
+}
+
+// The first byte of tile `tile` (16 tokens, one page) of kv head kvh in a sequence's pages bt.
+__device__ __forceinline__ const uint8_t* tile_source(const DecodeParams& p, const int32_t* bt, int kvh, int tile) {
+  const int tok0 = tile * kTile;
+  const int64_t page = bt[tok0 / p.cache.block_size];
+  return p.cache.base + page * p.cache.stride_block + static_cast<int64_t>(tok0 % p.cache.block_size) * p.cache.stride_pos +
+         static_cast<int64_t>(kvh) * p.cache.stride_head;
 }
 
 template <int KB, int VB, int D, int G>
@@ -72,10 +82,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
   const int tid = threadIdx.x;
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int group = p.n_q_heads / p.cache.n_kv_heads;
-  const int len = p.seq_lens[b];
-  const int n_tiles = (len + kTile - 1) / kTile;
-  const int per = (n_tiles + p.num_splits - 1) / p.num_splits;
-  const int tile_lo = split * per, tile_hi = min(n_tiles, tile_lo + per);
+  const SplitTiles st = split_tiles(p, b, split);
+  const int len = st.len, tile_lo = st.lo, tile_hi = st.hi;
 
   // Query heads of this kv head, rotated (MSE keys) into the codes' domain.
   for (int i = tid; i < G * D; i += kThreads) {
@@ -100,13 +108,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
   // vLLM's rotation is H / sqrt(D); the transform above is H.
   const float factor = p.scale * kLog2e * (S::kFp8 ? 1.0f : rsqrtf(static_cast<float>(D)));
 
-  const uint8_t* cache = p.cache.base;
   const int32_t* bt = p.block_table + b * p.bt_stride;
   auto issue = [&](int tile, int stage) {
-    const int tok0 = tile * kTile;
-    const int64_t page = bt[tok0 / p.cache.block_size];
-    const uint8_t* src = cache + page * p.cache.stride_block + static_cast<int64_t>(tok0 % p.cache.block_size) * p.cache.stride_pos +
-                         static_cast<int64_t>(kvh) * p.cache.stride_head;
+    const uint8_t* src = tile_source(p, bt, kvh, tile);
     if (p.contiguous_tiles) {
       for (int k = tid; k < kTile * SB / 16; k += kThreads) __pipeline_memcpy_async(&tiles[stage][16 * k], src + 16 * k, 16);
     } else {
@@ -153,12 +157,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
 #pragma unroll
         for (int j = 0; j < CD; ++j) kv[j] = fp8_e4m3_to_float(kp[j]);
       } else {
-        constexpr int NW = (Sh::kChunkBytes + 3) / 4 + 1;
-        uint32_t w[NW];
-#pragma unroll
-        for (int i = 0; i < NW; ++i) w[i] = 0;
-#pragma unroll
-        for (int i = 0; i < Sh::kChunkBytes; ++i) w[i / 4] |= static_cast<uint32_t>(kp[i]) << (8 * (i % 4));
+        uint32_t w[(Sh::kChunkBytes + 3) / 4 + 1];
+        load_words<Sh::kChunkBytes>(w, kp);
 #pragma unroll
         for (int j = 0; j < CD; ++j) {
           kv[j] = cent_s[field(w, j * KB, KB)];

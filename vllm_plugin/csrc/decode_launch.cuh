@@ -1,7 +1,8 @@
-// The decode kernels' launchers (decode_kernel.cuh), instantiated per preset by decode_k*v*.cu
+// The decode kernels' launchers (decode_kernel.cuh, decode_mma_kernel.cuh), instantiated per preset by decode_k*v*.cu
 // so that the presets compile in parallel; decode.cu calls launch_decode_group.
 #pragma once
 #include "decode_kernel.cuh"
+#include "decode_mma_kernel.cuh"
 
 namespace tqkv_vllm {
 
@@ -13,7 +14,22 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
 }
 
 template <int KB, int VB, int D>
+void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
+  constexpr int smem = MmaShape<KB, VB, D>::kSmem;
+  if constexpr (smem > 48 * 1024) {
+    // Per device and cheap; set at every launch so that no device is assumed.
+    const cudaError_t err =
+        cudaFuncSetAttribute(decode_mma_kernel<KB, VB, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) throw std::runtime_error(std::string("tqkv_vllm: ") + cudaGetErrorString(err));
+  }
+  const dim3 grid(p.num_splits, p.cache.n_kv_heads, p.batch);
+  decode_mma_kernel<KB, VB, D><<<grid, 32 * kMmaWarps, smem, stream>>>(p);
+}
+
+template <int KB, int VB, int D>
 void launch_decode_group(const DecodeParams& p, int group, cudaStream_t stream) {
+  if (p.kernel == DecodeKernel::Mma || (p.kernel == DecodeKernel::Auto && group <= 8))
+    return launch_decode_mma<KB, VB, D>(p, stream);
   if (group <= 1) return launch_decode<KB, VB, D, 1>(p, stream);
   if (group <= 2) return launch_decode<KB, VB, D, 2>(p, stream);
   if (group <= 4) return launch_decode<KB, VB, D, 4>(p, stream);

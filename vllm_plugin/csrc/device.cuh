@@ -7,10 +7,56 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "slot.h"
 
 namespace tqkv_vllm {
+
+#if !defined(__CUDACC__)
+// The host build of the kernels (tests/emu) provides these: a warp's mma.m16n8k16 from its
+// lanes' fragments, and the block's dynamic shared memory.
+void host_mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1);
+uint8_t* host_dynamic_smem();
+#define TQKV_VLLM_DYNAMIC_SMEM(name) uint8_t* name = ::tqkv_vllm::host_dynamic_smem()
+#else
+#define TQKV_VLLM_DYNAMIC_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
+#endif
+
+// D += A B on tensor cores, mma.m16n8k16 with fp16 operands and float32 accumulators. Fragments
+// of lane (g = lane / 4, c = lane % 4), each register two fp16, the lower first:
+//   a0 = A[g][2c, 2c+1], a1 = A[g+8][2c, 2c+1], a2 = A[g][2c+8, 2c+9], a3 = A[g+8][2c+8, 2c+9];
+//   b0 = B[2c, 2c+1][g], b1 = B[2c+8, 2c+9][g];  d = D[g][2c, 2c+1], D[g+8][2c, 2c+1].
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#elif !defined(__CUDACC__)
+  host_mma_m16n8k16(d, a0, a1, a2, a3, b0, b1);
+#endif
+}
+
+// Two floats as an fp16 pair (a in the lower half), and two small codes (< 2048) likewise.
+__device__ __forceinline__ uint32_t pack_h2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  uint32_t r;
+  memcpy(&r, &h, 4);
+  return r;
+}
+__device__ __forceinline__ uint32_t pack_codes(uint32_t a, uint32_t b) {
+  return static_cast<uint32_t>(__half_as_ushort(__ushort2half_rn(static_cast<unsigned short>(a)))) |
+         static_cast<uint32_t>(__half_as_ushort(__ushort2half_rn(static_cast<unsigned short>(b)))) << 16;
+}
+// Two FP8 E4M3 bytes (the lower first) as an fp16 pair.
+__device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t two_bytes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xFFFF), __NV_E4M3);
+  uint32_t r;
+  memcpy(&r, &h, 4);
+  return r;
+}
 
 __device__ __forceinline__ int64_t slot_offset(const CacheView& c, int64_t slot, int head) {
   const int64_t blk = slot / c.block_size, off = slot % c.block_size;
@@ -66,6 +112,32 @@ __device__ __forceinline__ float fp16_bits_to_float(uint32_t lo, uint32_t hi) {
 __device__ __forceinline__ float fp8_e4m3_to_float(uint8_t b) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
   return __half2float(__half(h));
+}
+
+// n-bit field at bit `off` of a little-endian word array.
+template <int NW>
+__device__ __forceinline__ uint32_t field(const uint32_t (&w)[NW], int off, int n) {
+  const int i = off >> 5, sh = off & 31;
+  uint32_t v = w[i] >> sh;
+  if (sh + n > 32 && i + 1 < NW) v |= w[i + 1] << (32 - sh);
+  return v & ((1u << n) - 1u);
+}
+
+// N bytes at p (2-byte aligned where N is even; any alignment otherwise) as little-endian words,
+// zero beyond them.
+template <int N, int NW>
+__device__ __forceinline__ void load_words(uint32_t (&w)[NW], const uint8_t* p) {
+  static_assert(NW >= (N + 3) / 4, "room for N bytes");
+#pragma unroll
+  for (int i = 0; i < NW; ++i) w[i] = 0;
+  if constexpr (N % 2 == 0) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) w[i / 2] |= static_cast<uint32_t>(h[i]) << (16 * (i % 2));
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i / 4] |= static_cast<uint32_t>(p[i]) << (8 * (i % 4));
+  }
 }
 
 // The `bits`-wide code of element j of a little-endian code field at p (any byte alignment;

@@ -123,7 +123,7 @@ void store_op(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cac
 void decode_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_table,
                const at::Tensor& seq_lens, const std::optional<at::Tensor>& centroids, at::Tensor& out,
                at::Tensor& workspace, int64_t key_bits, int64_t value_bits, bool norm_correction, double scale,
-               int64_t num_splits) {
+               int64_t num_splits, int64_t kernel) {
   check_cuda(query, "query");
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "tqkv_vllm.decode: query [batch, n_q_heads, head_dim]");
   TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1, "tqkv_vllm.decode: out ", out.sizes(),
@@ -156,6 +156,8 @@ void decode_op(const at::Tensor& query, const at::Tensor& kv_cache, const at::Te
   }
   p.scale = static_cast<float>(scale);
   p.norm_correction = norm_correction;
+  TORCH_CHECK(kernel >= 0 && kernel <= 2, "tqkv_vllm.decode: kernel 0 (auto), 1 (CUDA cores) or 2 (tensor cores)");
+  p.kernel = static_cast<DecodeKernel>(kernel);
   p.contiguous_tiles = p.cache.stride_pos == kv_cache.size(3) && p.cache.stride_block % 16 == 0 &&
                        p.cache.stride_head % 16 == 0 && reinterpret_cast<uintptr_t>(p.cache.base) % 16 == 0;
   decode(p, preset, at::cuda::getCurrentCUDAStream());
@@ -196,7 +198,7 @@ TORCH_LIBRARY(tqkv_vllm, m) {
   m.def(
       "decode(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? centroids, "
       "Tensor(a!) out, Tensor(b!) workspace, int key_bits, int value_bits, bool norm_correction, float scale, "
-      "int num_splits) -> ()");
+      "int num_splits, int kernel=0) -> ()");
   m.def(
       "dequant(Tensor kv_cache, Tensor block_table, Tensor? centroids, Tensor(a!) k_out, Tensor(b!) v_out, "
       "int n_tokens, int key_bits, int value_bits, bool norm_correction) -> ()");

@@ -68,6 +68,11 @@ struct StoreParams {
 };
 void store(const StoreParams& p, const Preset& preset, cudaStream_t stream);
 
+// Which decode kernel runs: Auto takes the tensor-core one (decode_mma_kernel.cuh) for GQA groups
+// of up to 8 heads and the CUDA-core one (decode_kernel.cuh) above; Scalar and Mma force one
+// (Mma refuses groups over 8). Same results within float rounding.
+enum class DecodeKernel : int { Auto = 0, Scalar = 1, Mma = 2 };
+
 // Split-KV decode, one query row per entry of seq_lens (its last position), GQA group
 // n_q_heads / n_kv_heads <= 16. The row of query head h reads kv head h / group.
 struct DecodeParams {
@@ -85,6 +90,7 @@ struct DecodeParams {
   float scale = 0.0f;  // softmax scale
   bool norm_correction = true;    // MSE keys: scale by 1 / |centroid vector| (vLLM's _nc presets)
   bool contiguous_tiles = false;  // 16 slots of a head lie back to back, 16-byte aligned (cp.async)
+  DecodeKernel kernel = DecodeKernel::Auto;
 };
 void decode(const DecodeParams& p, const Preset& preset, cudaStream_t stream);
 int max_splits();  // the most splits decode takes (the merge's shared-memory bound)

@@ -3,7 +3,8 @@ them from vLLM), on vLLM's cache tensor as vLLM 0.26+ allocates it (head-major, 
 [num_blocks, block_size, num_kv_heads, slot]), every preset at head dims 64, 128, 256, with
 scattered block tables:
   store        bytes identical to vLLM's store on the same inputs and cache;
-  decode       within tolerance of vLLM's decode, eagerly and replayed in a CUDA graph;
+  decode       within tolerance of vLLM's decode, eagerly and replayed in a CUDA graph, both of
+               tqkv's decode kernels (CUDA cores, tensor cores);
   continuation the short-chunk path (a decode per query row over one block-table row) and the
                long-chunk dequantize, within tolerance of vLLM's.
 Skipped without a GPU or the extension, unless TQKV_REQUIRE_CUDA=1 (then they fail).
@@ -165,14 +166,17 @@ def vllm_decode(peer, layer: Layer, q, cache_view, bt, lens):
         max_num_kv_splits=32)
 
 
-def tqkv_decode(layer: Layer, q, cache_view, bt, lens, splits=None, out=None, workspace=None):
+KERNELS = [1, 2]  # ops.KERNELS: CUDA cores, tensor cores (GQA groups of up to 8)
+
+
+def tqkv_decode(layer: Layer, q, cache_view, bt, lens, splits=None, out=None, workspace=None, kernel=0):
     b, hq, d = q.shape
     splits = splits or ops.num_splits(b, cache_view.shape[2], q.device)
     out = torch.empty_like(q) if out is None else out
     if workspace is None:
         workspace = torch.empty(b, hq, splits, d + 1, dtype=torch.float32, device=q.device)
     return ops.decode(q, cache_view, bt, lens, layer.centroids, out, workspace, layer.kb, layer.vb, layer.nc,
-                      1.0 / math.sqrt(d), splits)
+                      1.0 / math.sqrt(d), splits, kernel)
 
 
 def close(ours: torch.Tensor, theirs: torch.Tensor, what: str):
@@ -181,11 +185,8 @@ def close(ours: torch.Tensor, theirs: torch.Tensor, what: str):
     assert err <= 2e-2 * max(1.0, mag), f"{what}: max |tqkv - vLLM| = {err:.3g} (|vLLM| up to {mag:.3g})"
 
 
-@pytest.mark.parametrize("group", [1, 4, 7])
-@pytest.mark.parametrize("d", DIMS)
-@pytest.mark.parametrize("preset", PRESETS)
-def test_decode_matches_vllm(peer, preset, d, group):
-    gen = torch.Generator(device="cuda").manual_seed(2000 + d + group)
+def check_decode(peer, preset: str, d: int, group: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     layer = Layer(peer, preset, d)
     hk, bs = 2, 16
     lens = [1, 15, 16, 17, 333, 2100]
@@ -193,24 +194,39 @@ def test_decode_matches_vllm(peer, preset, d, group):
     q = torch.randn(len(lens), hk * group, d, device="cuda", generator=gen).to(torch.bfloat16)
     lens_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
     theirs = vllm_decode(peer, layer, q, view(raw), bt, lens_t)
-    for splits in (None, 1, 13):
-        ours = tqkv_decode(layer, q, view(raw), bt, lens_t, splits)
-        close(ours, theirs, f"splits={splits}")
+    for kernel in KERNELS if group <= 8 else [0]:
+        for splits in (None, 1, 13):
+            ours = tqkv_decode(layer, q, view(raw), bt, lens_t, splits, kernel=kernel)
+            close(ours, theirs, f"kernel={kernel} splits={splits}")
 
 
+@pytest.mark.parametrize("d", DIMS)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_decode_matches_vllm(peer, preset, d):
+    check_decode(peer, preset, d, 4, 2000 + d)
+
+
+@pytest.mark.parametrize("group", [1, 7, 16])
+def test_decode_gqa_groups(peer, group):
+    check_decode(peer, "turboquant_4bit_nc", 128, group, 2100 + group)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("block_size", [32, 128])
-def test_decode_block_sizes(peer, block_size):
+def test_decode_block_sizes(peer, block_size, kernel):
     gen = torch.Generator(device="cuda").manual_seed(block_size)
     layer = Layer(peer, "turboquant_4bit_nc", 128)
     lens = [5, 200, 1025]
     raw, bt = filled_cache(peer, layer, lens, 4, 16, block_size, gen)
     q = torch.randn(len(lens), 16, 128, device="cuda", generator=gen).to(torch.float16)
     lens_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    close(tqkv_decode(layer, q, view(raw), bt, lens_t), vllm_decode(peer, layer, q, view(raw), bt, lens_t), "decode")
+    theirs = vllm_decode(peer, layer, q, view(raw), bt, lens_t)
+    close(tqkv_decode(layer, q, view(raw), bt, lens_t, kernel=kernel), theirs, "decode")
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("preset", PRESETS)
-def test_decode_in_cuda_graph(peer, preset):
+def test_decode_in_cuda_graph(peer, preset, kernel):
     """Captured once, replayed with other lengths, pages and queries: what vLLM's decode graphs do.
     The op allocates nothing (the workspace is the caller's) and never waits for the device."""
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -225,12 +241,12 @@ def test_decode_in_cuda_graph(peer, preset):
     out = torch.empty_like(q)
     splits = ops.num_splits(b, hk, q.device)
     ws = torch.empty(b, hq, splits, 129, dtype=torch.float32, device="cuda")
-    tqkv_decode(layer, q, view(raw), bt_s, lens_t, splits, out, ws)  # warm-up outside the capture
+    tqkv_decode(layer, q, view(raw), bt_s, lens_t, splits, out, ws, kernel)  # warm-up outside the capture
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        tqkv_decode(layer, q, view(raw), bt_s, lens_t, splits, out, ws)
+        tqkv_decode(layer, q, view(raw), bt_s, lens_t, splits, out, ws, kernel)
     assert torch.cuda.memory_allocated() == before
     for trial in range(2):
         q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
@@ -242,9 +258,10 @@ def test_decode_in_cuda_graph(peer, preset):
         close(out, vllm_decode(peer, layer, q, view(raw), bt_s, lens_t), f"graph replay {trial}")
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("d", DIMS)
 @pytest.mark.parametrize("preset", PRESETS)
-def test_continuation_short_chunk(peer, preset, d):
+def test_continuation_short_chunk(peer, preset, d, kernel):
     """A chunk of q_len <= 128 queries after `cached` tokens: one decode row per query, lengths
     cached + 1 .. seq_len over the request's block-table row (stride 0), as vLLM's backend runs it."""
     gen = torch.Generator(device="cuda").manual_seed(4000 + d)
@@ -254,7 +271,8 @@ def test_continuation_short_chunk(peer, preset, d):
     q = torch.randn(q_len, hk * group, d, device="cuda", generator=gen).to(torch.bfloat16)
     lens = torch.arange(cached + 1, cached + q_len + 1, dtype=torch.int32, device="cuda")
     row = bt[0:1].expand(q_len, -1)
-    close(tqkv_decode(layer, q, view(raw), row, lens), vllm_decode(peer, layer, q, view(raw), row, lens), "chunk")
+    close(tqkv_decode(layer, q, view(raw), row, lens, kernel=kernel), vllm_decode(peer, layer, q, view(raw), row, lens),
+          "chunk")
 
 
 @pytest.mark.parametrize("d", DIMS)

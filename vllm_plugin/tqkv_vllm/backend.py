@@ -65,6 +65,7 @@ class TqkvTurboQuantImpl(_tq.TurboQuantAttentionImpl):
         self._key_bits = 8 if cfg.key_fp8 else cfg.key_mse_bits
         self._value_bits = cfg.effective_value_quant_bits
         self._norm_correction = bool(cfg.norm_correction)
+        self._kernel = ops.kernel_from_env()
         why = kernels_cover(self.head_size, self.num_heads, self.num_kv_heads)
         self._tqkv = why is None
         if why is not None:
@@ -82,7 +83,7 @@ class TqkvTurboQuantImpl(_tq.TurboQuantAttentionImpl):
     def _decode_into(self, query, kv_cache, block_table, seq_lens, centroids, out, workspace, splits):
         return ops.decode(query, kv_cache, block_table, seq_lens, None if self._key_bits == 8 else centroids,
                           out, workspace, self._key_bits, self._value_bits, self._norm_correction, self.scale,
-                          splits)
+                          splits, self._kernel)
 
     def _decode_attention(self, query, kv_cache, attn_metadata, Pi, centroids, PiT=None, layer=None):
         if not self._tqkv:

@@ -11,12 +11,24 @@ operations, the same as vLLM's, so that the bytes are vLLM's).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 from . import _C  # noqa: F401  (registers torch.ops.tqkv_vllm)
 
 MAX_SPLITS: int = torch.ops.tqkv_vllm.max_splits()
+# The decode kernels (csrc/ops.h, DecodeKernel): auto takes the tensor-core kernel for GQA groups
+# of up to 8 query heads and the CUDA-core one above.
+KERNELS = {"auto": 0, "scalar": 1, "mma": 2}
+
+
+def kernel_from_env() -> int:
+    """TQKV_VLLM_DECODE: auto (default), scalar (CUDA cores) or mma (tensor cores)."""
+    name = os.environ.get("TQKV_VLLM_DECODE", "auto").strip().lower()
+    if name not in KERNELS:
+        raise ValueError(f"TQKV_VLLM_DECODE={name!r}: one of {', '.join(KERNELS)}")
+    return KERNELS[name]
 # CTAs per SM the split count aims at: splits = ceil(this * SMs / (batch * kv heads)).
 _CTAS_PER_SM = 4
 
@@ -28,7 +40,7 @@ def _store_fake(key, value, kv_cache, slot_mapping, y, norms, midpoints, key_bit
 
 @torch.library.register_fake("tqkv_vllm::decode")
 def _decode_fake(query, kv_cache, block_table, seq_lens, centroids, out, workspace, key_bits, value_bits,
-                 norm_correction, scale, num_splits):
+                 norm_correction, scale, num_splits, kernel=0):
     return None
 
 
@@ -69,12 +81,12 @@ def store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_m
 
 def decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
            centroids: torch.Tensor | None, out: torch.Tensor, workspace: torch.Tensor, key_bits: int,
-           value_bits: int, norm_correction: bool, scale: float, splits: int) -> torch.Tensor:
+           value_bits: int, norm_correction: bool, scale: float, splits: int, kernel: int = 0) -> torch.Tensor:
     """Attention of query [batch, n_q_heads, head_dim] (row b at position seq_lens[b] - 1) over
     the cached keys [0, seq_lens[b]) of block_table's row b, into out [batch, n_q_heads,
-    head_dim]. workspace: float32, at least batch * n_q_heads * splits * (head_dim + 1)."""
+    head_dim]. workspace: float32, at least batch * n_q_heads * splits * (head_dim + 1). kernel: KERNELS."""
     torch.ops.tqkv_vllm.decode(query, kv_cache, block_table, seq_lens, centroids, out, workspace, key_bits,
-                               value_bits, norm_correction, float(scale), int(splits))
+                               value_bits, norm_correction, float(scale), int(splits), int(kernel))
     return out
 
 

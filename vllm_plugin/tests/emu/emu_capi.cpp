@@ -1,12 +1,7 @@
 // The plugin's kernels on the CPU (emu.h) behind a C interface, for vs_vllm.py, which runs them
 // beside vLLM's own Triton kernels in Triton's interpreter on the same tensors. Float32 K/V/Q/out,
 // contiguous; the cache through its byte strides; returns 0, or 1 with the message on stderr.
-#include "emu.h"
-// clang-format off
-#include "store_kernel.cuh"
-#include "decode_kernel.cuh"
-#include "dequant_kernel.cuh"
-// clang-format on
+#include "launch.h"
 
 #include <cstdio>
 #include <exception>
@@ -45,17 +40,15 @@ int tqkv_emu_store(uint8_t* cache, int64_t sb, int64_t sp, int64_t sh, int bs, i
     p.k = Rows{const_cast<float*>(k), DType::F32, static_cast<int64_t>(hk) * d, d};
     p.v = Rows{const_cast<float*>(v), DType::F32, static_cast<int64_t>(hk) * d, d};
     p.y = y, p.norms = norms, p.midpoints = mids;
-    const int rows = n_tokens * hk;
-    dispatch_preset(Preset{kb, vb, d, true}, [&](auto KB, auto VB, auto D) {
-      emu::launch(dim3((rows + kStoreWarps - 1) / kStoreWarps), dim3(32 * kStoreWarps),
-                  [&] { store_kernel<decltype(KB)::value, decltype(VB)::value, decltype(D)::value>(p); });
+    launch_rows(kb, vb, d, n_tokens * hk, kStoreWarps, [&](auto KB, auto VB, auto D) {
+      store_kernel<decltype(KB)::value, decltype(VB)::value, decltype(D)::value>(p);
     });
   });
 }
 
 int tqkv_emu_decode(uint8_t* cache, int64_t sb, int64_t sp, int64_t sh, int bs, int hk, const float* q, float* out,
                     const int32_t* bt, int64_t bt_stride, const int32_t* lens, const float* cent, float* ws, int batch,
-                    int hq, int splits, float scale, int nc, int kb, int vb, int d) {
+                    int hq, int splits, float scale, int nc, int kb, int vb, int d, int kernel) {
   return guarded([&] {
     DecodeParams p;
     p.cache = view(cache, sb, sp, sh, bs, hk);
@@ -65,20 +58,11 @@ int tqkv_emu_decode(uint8_t* cache, int64_t sb, int64_t sp, int64_t sh, int bs, 
     p.batch = batch, p.n_q_heads = hq, p.num_splits = splits, p.scale = scale, p.norm_correction = nc != 0;
     // As ops.cpp decides it: 16 slots of a head back to back, 16-byte aligned.
     p.contiguous_tiles = sb % 16 == 0 && sh % 16 == 0 && reinterpret_cast<uintptr_t>(cache) % 16 == 0;
-    const int group = hq / hk;
+    p.kernel = static_cast<DecodeKernel>(kernel);
     dispatch_preset(Preset{kb, vb, d, nc != 0}, [&](auto KB, auto VB, auto D) {
       constexpr int kKB = decltype(KB)::value, kVB = decltype(VB)::value, kD = decltype(D)::value;
       p.contiguous_tiles = p.contiguous_tiles && sp == Slot<kKB, kVB, kD>::kAligned;
-      auto run = [&](auto gc) {
-        emu::launch(dim3(splits, hk, batch), dim3(kThreads),
-                    [&] { decode_kernel<kKB, kVB, kD, decltype(gc)::value>(p); });
-      };
-      if (group <= 1) run(std::integral_constant<int, 1>{});
-      else if (group <= 2) run(std::integral_constant<int, 2>{});
-      else if (group <= 4) run(std::integral_constant<int, 4>{});
-      else if (group <= 8) run(std::integral_constant<int, 8>{});
-      else run(std::integral_constant<int, 16>{});
-      if (splits > 1) emu::launch(dim3(hq, batch), dim3(kMergeThreads), [&] { merge_kernel<kD>(p); });
+      launch_decode_emu<kKB, kVB, kD>(p, hq / hk);
     });
   });
 }
@@ -91,10 +75,8 @@ int tqkv_emu_dequant(uint8_t* cache, int64_t sb, int64_t sp, int64_t sh, int bs,
     p.block_table = bt, p.centroids = cent, p.n_tokens = n_tokens, p.norm_correction = nc != 0;
     p.k_out = Rows{k_out, DType::F32, static_cast<int64_t>(hk) * d, d};
     p.v_out = Rows{v_out, DType::F32, static_cast<int64_t>(hk) * d, d};
-    const int rows = n_tokens * hk;
-    dispatch_preset(Preset{kb, vb, d, nc != 0}, [&](auto KB, auto VB, auto D) {
-      emu::launch(dim3((rows + kDequantWarps - 1) / kDequantWarps), dim3(32 * kDequantWarps),
-                  [&] { dequant_kernel<decltype(KB)::value, decltype(VB)::value, decltype(D)::value>(p); });
+    launch_rows(kb, vb, d, n_tokens * hk, kDequantWarps, [&](auto KB, auto VB, auto D) {
+      dequant_kernel<decltype(KB)::value, decltype(VB)::value, decltype(D)::value>(p);
     });
   });
 }

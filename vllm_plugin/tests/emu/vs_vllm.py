@@ -5,7 +5,8 @@ vLLM (or TQKV_VLLM_PEER). Every preset at head dims 64, 128, 256:
   store    the bytes of the whole cache identical (both divide in IEEE here: Triton's interpreter
            in NumPy, tqkv's host build; on the GPU both use div.full.f32); FP8 keys are held to
            torch's round-to-nearest-even cast, as the interpreter's FP8 cast is not the GPU's;
-  decode   within bf16 tolerance of vLLM's decode (scattered pages, GQA 2, several splits);
+  decode   within bf16 tolerance of vLLM's decode (scattered pages, GQA 2, one and three splits,
+           the CUDA-core and the tensor-core kernel);
   dequant  within fp16 tolerance of vLLM's _tq_full_dequant_kv followed by its rotation.
 This is where the byte contract is checked without a GPU; the GPU run
 (tests/test_vs_vllm_gpu.py) is the one that counts for the sm_90 instructions and CUDA graphs.
@@ -164,17 +165,17 @@ def check_decode(lib, case: Case) -> str:
         value_quant_bits=case.vb, key_fp8=case.cfg.key_fp8, norm_correction=case.nc, PiT=case.H,
         max_num_kv_splits=4)
     errs = []
-    for splits in (1, 3):
+    for kernel, splits in ((1, 1), (1, 3), (2, 1), (2, 3)):  # 1: CUDA-core kernel, 2: tensor cores
         out = torch.full((len(lens), hq, d), float("nan"))
         ws = torch.empty(len(lens), hq, splits, d + 1)
         qf = q.float().contiguous()
         rc = lib.tqkv_emu_decode(*cache_args(view), ptr(qf), ptr(out), ptr(bt), I64(bt.stride(0)), ptr(lens_t),
                                  ptr(case.cent), ptr(ws), I32(len(lens)), I32(hq), I32(splits), F32(1 / math.sqrt(d)),
-                                 I32(int(case.nc)), I32(case.kb), I32(case.vb), I32(d))
+                                 I32(int(case.nc)), I32(case.kb), I32(case.vb), I32(d), I32(kernel))
         assert rc == 0
         err = (out - theirs.float()).abs().max().item()
         if not err <= 2e-2 * max(1.0, theirs.float().abs().max().item()):
-            errs.append(f"decode splits={splits}: max err {err:.3g}")
+            errs.append(f"decode kernel={kernel} splits={splits}: max err {err:.3g}")
     return "; ".join(errs)
 
 
