@@ -8,7 +8,9 @@
 #      store, decode / CUDA-graph replay / continuation chunks within tolerance of vLLM's kernels,
 #      every preset at head dims 64, 128, 256;
 #   4. times decode: tqkv vs vLLM's Triton TurboQuant decode vs bf16 FlashAttention, batch 1/16/64 x
-#      8K/32K (vllm_plugin/bench/bench_decode.py).
+#      8K/32K (vllm_plugin/bench/bench_decode.py);
+#   5. where a full vLLM is installed (not on the bare machine: scripts/stage_vllm_wheels.sh), vLLM
+#      end to end with and without the plugin (vllm_plugin/tests/e2e_greedy.py).
 # Each step writes its own log under $OUT (default build-vllm/out) and a line to $OUT/summary.txt;
 # a failing step does not stop the later ones (the bench needs the build only).
 #   bash scripts/gpu_vllm_check.sh                 (carry: .peer/vllm-0.26.0-py.tgz)
@@ -76,6 +78,14 @@ if [ "$BUILT" = 1 ]; then
     > "$OUT/bench.log" 2>&1
   note "bench: rc $? ($(since))"
   tail -30 "$OUT/bench.log"
+fi
+# 5. End to end, only where a full vLLM is installed (scripts/stage_vllm_wheels.sh stages one).
+if [ "$BUILT" = 1 ] && "$PY" -c "import vllm._C_stable_libtorch" > /dev/null 2>&1; then
+  PYTHONPATH="$SITE" timeout "${E2E_TIMEOUT:-900}" "$PY" vllm_plugin/tests/e2e_greedy.py ${E2E_ARGS:-} \
+    > "$OUT/e2e.log" 2>&1
+  note "e2e: rc $? ($(since)); $(grep -c '"ok": true' "$OUT/e2e.log") runs equal"
+else
+  note "e2e: skipped (no full vLLM installed here)"
 fi
 echo "== summary"
 cat "$OUT/summary.txt"

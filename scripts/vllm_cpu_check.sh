@@ -7,7 +7,9 @@
 # abstract method of vLLM's AttentionBackend / AttentionImpl implemented, slot sizes = vLLM's;
 # and the kernels themselves on the CPU (vllm_plugin/tests/emu: every CUDA thread a std::thread):
 # against serial references of vLLM's slot (emu/run.sh), and against vLLM's own Triton kernels run
-# by Triton's interpreter on the same tensors (emu/vs_vllm.py); about 4 minutes, EMU=0 skips them.
+# by Triton's interpreter on the same tensors (emu/vs_vllm.py), and the backend subclass against
+# vLLM's own impl over the steps of a serving run (emu/backend_vs_vllm.py); about 12 minutes,
+# EMU=0 skips them.
 #   bash scripts/vllm_cpu_check.sh [VLLM_VERSION]     (default 0.26.0; VENV=build-vllm/venv)
 # The environment is kept for reruns; uv is used where it is installed, else pip.
 set -euo pipefail
@@ -40,4 +42,7 @@ if [ "${EMU:-1}" != 0 ]; then
   bash "$ROOT/vllm_plugin/tests/emu/run.sh"
   echo "== the kernels on the CPU against vLLM's Triton kernels in Triton's interpreter (emu/vs_vllm.py)"
   "$VENV/bin/python" "$ROOT/vllm_plugin/tests/emu/vs_vllm.py" 2>&1 | grep -vE "^INFO|RuntimeWarning|^  (output|return)"
+  echo "== the backend subclass against vLLM's impl, step by step (emu/backend_vs_vllm.py)"
+  "$VENV/bin/python" "$ROOT/vllm_plugin/tests/emu/backend_vs_vllm.py" 2>&1 |
+    grep -vE "^INFO|RuntimeWarning|^  (output|return)|^W[0-9]{4} "
 fi
