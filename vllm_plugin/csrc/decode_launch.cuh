@@ -17,9 +17,12 @@ template <int KB, int VB, int D>
 void launch_decode_mma(const DecodeParams& p, cudaStream_t stream) {
   constexpr int smem = MmaShape<KB, VB, D>::kSmem;
   if constexpr (smem > 48 * 1024) {
-    // Per device and cheap; set at every launch so that no device is assumed.
-    const cudaError_t err =
-        cudaFuncSetAttribute(decode_mma_kernel<KB, VB, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    // Per device, so set at every launch outside a stream capture (no device is assumed); a
+    // captured launch follows an eager one on its device (vLLM warms up before it captures).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+    if (err == cudaSuccess && capture == cudaStreamCaptureStatusNone)
+      err = cudaFuncSetAttribute(decode_mma_kernel<KB, VB, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) throw std::runtime_error(std::string("tqkv_vllm: ") + cudaGetErrorString(err));
   }
   const dim3 grid(p.num_splits, p.cache.n_kv_heads, p.batch);
