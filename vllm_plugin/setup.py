@@ -9,7 +9,13 @@ from setuptools import setup
 
 ext_modules, cmdclass = [], {}
 if os.environ.get("TQKV_VLLM_NO_CUDA", "0") != "1":
+    import torch
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+    # The torch the extension is built against: register() refuses another one at run time
+    # (a C++ extension is tied to its torch's ABI).
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tqkv_vllm", "_build_info.py"), "w") as f:
+        f.write(f"# Written by setup.py.\nTORCH_VERSION = {torch.__version__!r}\n")
 
     archs = os.environ.get("TQKV_VLLM_CUDA_ARCH", "90").replace(";", ",").split(",")
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs if a]

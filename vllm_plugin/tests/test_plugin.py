@@ -188,3 +188,11 @@ def test_ops_trace_under_fake_tensors():
         torch.ops.tqkv_vllm.store(q[:, :2], q[:, :2], cache, lens.long(), None, None, None, 8, 4)
         torch.ops.tqkv_vllm.dequant(cache, bt[0], cent, out, out, 16, 4, 4, True)
     assert ops.MAX_SPLITS >= 32  # vLLM's default tq_max_kv_splits_for_cuda_graph
+
+
+def test_extension_built_for_another_torch_is_refused(monkeypatch):
+    import tqkv_vllm._build_info as info
+
+    monkeypatch.setattr(info, "TORCH_VERSION", "2.99.0+cu999")
+    reason = tqkv_vllm.unsupported_reason()
+    assert reason is not None and "built against torch 2.99.0" in reason

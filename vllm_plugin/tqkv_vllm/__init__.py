@@ -23,9 +23,9 @@ import os
 __version__ = "0.1.0"
 
 # The vLLM releases whose TurboQuant cache (slot layout, plain Hadamard rotation, centroids,
-# store arithmetic) and backend methods this plugin was checked against: 0.26.0 to 0.27.x
-# (their Triton store and decode files are identical; 0.25 lays the cache out token-major and
-# 0.28 moves to torch 2.13 and rewrites the backend).
+# store arithmetic) and backend methods this plugin was checked against: 0.26.0 (torch 2.11) to
+# 0.27.x (torch 2.13); their Triton store and decode files are identical. 0.25 lays the cache out
+# token-major; 0.28 rewrites the backend.
 VLLM_MIN = (0, 26, 0)
 VLLM_BELOW = (0, 28, 0)
 BACKEND_CLASS = "tqkv_vllm.backend.TqkvTurboQuantBackend"
@@ -60,6 +60,14 @@ def unsupported_reason(vllm_version: str | None = None) -> str | None:
     if importlib.util.find_spec("tqkv_vllm._C") is None:
         return ("the CUDA extension tqkv_vllm._C was not built (reinstall with nvcc on the PATH: "
                 "pip install --no-build-isolation tqkv-vllm)")
+    try:
+        from ._build_info import TORCH_VERSION as built
+        runtime = importlib.metadata.version("torch")
+    except (ImportError, importlib.metadata.PackageNotFoundError):
+        return None
+    if built.split("+")[0] != runtime.split("+")[0]:
+        return (f"tqkv_vllm._C was built against torch {built}, this environment has torch {runtime} "
+                "(reinstall: pip install --no-build-isolation --force-reinstall tqkv-vllm)")
     return None
 
 
