@@ -1,12 +1,14 @@
-// A small byte-level tokenizer as GGUF bytes (gguf_builder.h), for tests and fuzz targets that
-// need a tokenizer and no model file: GPT-2's 256 byte tokens, one merge ("Ġt"), and the ChatML
-// turn markers as control tokens with a ChatML chat template. Any text encodes (one token per
-// byte at worst); the vocabulary is 260 tokens.
+// A small byte-level tokenizer, as GGUF bytes (gguf_builder.h) and built, for tests and fuzz
+// targets that need a tokenizer and no model file: GPT-2's 256 byte tokens, one merge ("Ġt"),
+// and the ChatML turn markers as control tokens with a ChatML chat template. Any text encodes
+// (one token per byte at worst); the vocabulary is 260 tokens.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/tokenizer.h"
 #include "gguf_builder.h"
 
 namespace tqkv::engine::test {
@@ -44,6 +46,14 @@ inline std::vector<uint8_t> tiny_tokenizer_gguf() {
            "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
            "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
       .build();
+}
+
+// The tokenizer of those bytes, built once.
+inline const Tokenizer& tiny_tokenizer() {
+  static const std::vector<uint8_t> bytes = tiny_tokenizer_gguf();
+  static const GgufFile file = GgufFile::parse(bytes);
+  static const Tokenizer tok = Tokenizer::from_gguf(file);
+  return tok;
 }
 
 }  // namespace tqkv::engine::test

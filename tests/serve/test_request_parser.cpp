@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "engine/gguf/gguf.h"
 #include "engine/tiny_tokenizer.h"
 #include "tqkv/error.h"
 
@@ -20,12 +22,7 @@ using json = nlohmann::json;
 
 constexpr int kCtx = 64;
 
-const engine::Tokenizer& tokenizer() {
-  static const std::vector<uint8_t> bytes = engine::test::tiny_tokenizer_gguf();
-  static const engine::GgufFile file = engine::GgufFile::parse(bytes);
-  static const engine::Tokenizer tok = engine::Tokenizer::from_gguf(file);
-  return tok;
-}
+const engine::Tokenizer& tokenizer() { return engine::test::tiny_tokenizer(); }
 
 const Limits kLimits{kCtx, engine::test::kTinyTokenizerVocab, "tiny"};
 
@@ -260,6 +257,35 @@ TEST(RequestParser, GoodValuesReachTheOptions) {
                                     {{"role", "assistant"}, {"content", ""}},
                                     {{"role", "user"}, {"content", "hi"}}}}};
   EXPECT_EQ(good(parts.dump(), true).prompt, good(plain.dump(), true).prompt);
+}
+
+// The request fuzzer's corpus (tests/serve/fuzz/fuzz_request.cpp) replayed in every build: each
+// body is accepted or refused with a 4xx by both endpoints, and the seeds named for one are
+// accepted by it.
+TEST(RequestParser, FuzzCorpusRegression) {
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(TQKV_SERVE_FUZZ_CORPUS)) {
+    if (!e.is_regular_file()) continue;
+    SCOPED_TRACE(e.path().string());
+    ++files;
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string name = e.path().stem().string();
+    for (bool chat : {false, true}) {
+      const bool must_pass = name.rfind(chat ? "seed_chat" : "seed_completion", 0) == 0 &&
+                             name.find("refused") == std::string::npos;
+      try {
+        parse(body, chat);
+      } catch (const BadRequest& b) {
+        EXPECT_TRUE(b.status >= 400 && b.status < 500 && !b.message.empty()) << b.status << " " << b.message;
+        EXPECT_FALSE(must_pass) << b.message;
+      } catch (const Error& err) {
+        EXPECT_FALSE(must_pass) << err.what();
+      }
+    }
+  }
+  EXPECT_GE(files, 9);
+  EXPECT_LT(files, 200);  // kept small: run_fuzz.sh --grow merges only what adds coverage
 }
 
 }  // namespace
