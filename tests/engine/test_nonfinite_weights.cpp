@@ -106,6 +106,13 @@ TEST(NonFiniteWeights, ModelLoadNamesTheTensorAndElement) {
   EXPECT_NE(e.find("'blk.0.ffn_norm.weight'"), std::string::npos) << e;
   EXPECT_NE(e.find("element 5"), std::string::npos) << e;
 
+  // The very first element too (a part's first element is index 0 of its scan).
+  std::vector<uint8_t> nan_first = test::tiny_f32(test::kTinyDim);
+  std::memcpy(&nan_first[0], &nan, 4);
+  e = load_error(test::tiny_llama_gguf({{"output_norm.weight", TinyTensor{0, nan_first}}}));
+  EXPECT_NE(e.find("'output_norm.weight'"), std::string::npos) << e;
+  EXPECT_NE(e.find("element 0)"), std::string::npos) << e;
+
   const int64_t n = int64_t{test::kTinyDim} * test::kTinyFf;
   std::vector<uint8_t> inf_matrix = test::tiny_f32(static_cast<size_t>(n));
   std::memcpy(&inf_matrix[4 * 1000], &inf, 4);
