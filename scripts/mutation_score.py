@@ -212,6 +212,7 @@ def main():
             print(f"{f.id:4} {f.file:40} {f.what}")
         return
 
+    start = time.time()
     scratch = os.path.abspath(args.scratch)
     head, build_dir = prepare(scratch)
     env = "TQKV_REQUIRE_REFERENCE=1 "  # the NumPy reference tests must run, not skip
@@ -270,7 +271,8 @@ def main():
     stale = len(rows) - len(counted)
     print(f"\n{len(killed)} of {len(counted)} faults killed, {len(survived)} survived"
           + (f", {stale} stale or not building" if stale else "")
-          + f"; {datetime.date.today()}, HEAD {head[:10]}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}")
+          + f"; {datetime.date.today()}, HEAD {head[:10]}, {os.cpu_count()} cores, {platform.machine()},"
+          f" {(time.time() - start) / 60:.1f} min")
     if survived:
         print("survivors: " + ", ".join(f.id for f, _, _ in survived))
     sys.exit(1 if survived or stale else 0)
