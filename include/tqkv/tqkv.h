@@ -12,6 +12,10 @@
  * fa_tq_last_error_message() its text. A call that fails changes nothing: NaN/Inf input,
  * an out-of-range layer, head or position, or a norm beyond fp16 range leave the cache as it
  * was. Every successful call resets the status to FA_TQ_OK.
+ *
+ * A NULL state, cache, vector or output, and a cache passed with a state other than the one it
+ * was created with, are FA_TQ_ERR_INVALID_ARGUMENT (never dereferenced). fa_tq_free(NULL) and
+ * fa_tq_cache_free(NULL) do nothing.
  */
 #ifndef TQKV_TQKV_H
 #define TQKV_TQKV_H

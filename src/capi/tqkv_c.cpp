@@ -71,12 +71,24 @@ bool guarded(F&& f) {
   return false;
 }
 
-bool check_cache(const fa_tq_state* state, const fa_tq_cache* cache) {
+bool check_cache(const fa_tq_cache* cache) {
   if (!cache || !cache->cache) {
     set_error(FA_TQ_ERR_INVALID_ARGUMENT, "null cache");
     return false;
   }
-  if (state && state != cache->state) {
+  return true;
+}
+
+// A call that takes a state needs the one its cache was made with: another state may differ in
+// head_dim, bits or seed (codes read with another rotation are silently wrong), and a null one
+// is a caller's slip the cache could hide.
+bool check_cache(const fa_tq_state* state, const fa_tq_cache* cache) {
+  if (!check_cache(cache)) return false;
+  if (!state) {
+    set_error(FA_TQ_ERR_INVALID_ARGUMENT, "null state");
+    return false;
+  }
+  if (state != cache->state) {
     set_error(FA_TQ_ERR_INVALID_ARGUMENT, "cache was created with a different state");
     return false;
   }
@@ -127,23 +139,23 @@ fa_tq_cache* fa_tq_cache_new(fa_tq_state* state, int num_layers, int num_heads, 
 void fa_tq_cache_free(fa_tq_cache* cache) { delete cache; }
 
 void fa_tq_cache_clear(fa_tq_cache* cache) {
-  if (check_cache(nullptr, cache)) guarded([&] { cache->cache->clear(); });
+  if (check_cache(cache)) guarded([&] { cache->cache->clear(); });
 }
 
 int fa_tq_cache_seq_len(fa_tq_cache* cache) {
-  if (!check_cache(nullptr, cache)) return -1;
+  if (!check_cache(cache)) return -1;
   set_ok();
   return static_cast<int>(cache->cache->seq_len());
 }
 
 int fa_tq_cache_first_pos(fa_tq_cache* cache) {
-  if (!check_cache(nullptr, cache)) return -1;
+  if (!check_cache(cache)) return -1;
   set_ok();
   return static_cast<int>(cache->cache->first_pos());
 }
 
 int fa_tq_cache_bytes_per_token(fa_tq_cache* cache) {
-  if (!check_cache(nullptr, cache)) return -1;
+  if (!check_cache(cache)) return -1;
   set_ok();
   return static_cast<int>(cache->cache->bytes_per_token());
 }
@@ -173,7 +185,7 @@ fa_tq_status fa_tq_last_error(void) { return g_status; }
 const char* fa_tq_last_error_message(void) { return g_message.c_str(); }
 
 int fa_tq_cache_evict(fa_tq_cache* cache, int n) {
-  if (!check_cache(nullptr, cache)) return -1;
+  if (!check_cache(cache)) return -1;
   return guarded([&] { cache->cache->evict_oldest(n); }) ? 0 : -1;
 }
 

@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "tqkv/tqkv.h"
@@ -243,6 +246,113 @@ TEST(CApi, BadInputReportsErrorAndChangesNothing) {
   EXPECT_EQ(fa_tq_attention(st.get(), cache.get(), 0, 1, q.data(), 2, 0.0f, out.data()), -1);  // pos not held
   EXPECT_EQ(fa_tq_last_error(), FA_TQ_ERR_OUT_OF_RANGE);
   EXPECT_EQ(out[0], 9.0f);
+}
+
+// Every pointer argument may be NULL: the call reports FA_TQ_ERR_INVALID_ARGUMENT, touches
+// nothing, and the next good call resets the status.
+TEST(CApi, NullPointersAreReported) {
+  const int d = 64, H = 2;
+  fa_tq_free(nullptr);
+  fa_tq_cache_free(nullptr);
+  StatePtr st(fa_tq_init(d, fa_tq_config_default(), 5));
+  CachePtr cache(fa_tq_cache_new(st.get(), 1, H, 8));
+  std::vector<float> x(static_cast<size_t>(H) * d, 0.5f), out(x.size(), 9.0f), q(x.size(), 1.0f);
+  auto expect_invalid = [](const char* call) {
+    EXPECT_EQ(fa_tq_last_error(), FA_TQ_ERR_INVALID_ARGUMENT) << call;
+    EXPECT_NE(std::strlen(fa_tq_last_error_message()), 0u) << call;
+  };
+  auto reset = [&] {
+    EXPECT_EQ(fa_tq_cache_seq_len(cache.get()), 0);  // nothing was written
+    EXPECT_EQ(fa_tq_last_error(), FA_TQ_OK);
+  };
+
+  fa_tq_cache_clear(nullptr);
+  expect_invalid("clear");
+  reset();
+  EXPECT_EQ(fa_tq_cache_seq_len(nullptr), -1);
+  expect_invalid("seq_len");
+  EXPECT_EQ(fa_tq_cache_first_pos(nullptr), -1);
+  expect_invalid("first_pos");
+  EXPECT_EQ(fa_tq_cache_bytes_per_token(nullptr), -1);
+  expect_invalid("bytes_per_token");
+  EXPECT_EQ(fa_tq_cache_evict(nullptr, 1), -1);
+  expect_invalid("evict");
+  reset();
+
+  fa_tq_quantize(st.get(), nullptr, 0, 0, x.data(), true);
+  expect_invalid("quantize: null cache");
+  fa_tq_quantize(nullptr, cache.get(), 0, 0, x.data(), true);
+  expect_invalid("quantize: null state");
+  fa_tq_quantize(st.get(), cache.get(), 0, 0, nullptr, false);
+  expect_invalid("quantize: null vector");
+  reset();
+
+  EXPECT_EQ(fa_tq_dequantize(st.get(), nullptr, 0, 0, 1, true, out.data()), nullptr);
+  expect_invalid("dequantize: null cache");
+  EXPECT_EQ(fa_tq_dequantize(nullptr, cache.get(), 0, 0, 1, true, out.data()), nullptr);
+  expect_invalid("dequantize: null state");
+  fa_tq_quantize(st.get(), cache.get(), 0, 0, x.data(), true);
+  ASSERT_EQ(fa_tq_last_error(), FA_TQ_OK) << fa_tq_last_error_message();
+  EXPECT_EQ(fa_tq_dequantize(st.get(), cache.get(), 0, 0, 1, true, nullptr), nullptr);
+  expect_invalid("dequantize: null output");
+
+  fa_tq_quantize(st.get(), cache.get(), 0, 0, x.data(), false);
+  ASSERT_EQ(fa_tq_last_error(), FA_TQ_OK) << fa_tq_last_error_message();
+  EXPECT_EQ(fa_tq_attention(st.get(), nullptr, 0, 0, q.data(), H, 0.0f, out.data()), -1);
+  expect_invalid("attention: null cache");
+  EXPECT_EQ(fa_tq_attention(nullptr, cache.get(), 0, 0, q.data(), H, 0.0f, out.data()), -1);
+  expect_invalid("attention: null state");
+  EXPECT_EQ(fa_tq_attention(st.get(), cache.get(), 0, 0, nullptr, H, 0.0f, out.data()), -1);
+  expect_invalid("attention: null query");
+  EXPECT_EQ(fa_tq_attention(st.get(), cache.get(), 0, 0, q.data(), H, 0.0f, nullptr), -1);
+  expect_invalid("attention: null output");
+  EXPECT_EQ(fa_tq_attention(st.get(), cache.get(), 0, 0, q.data(), 0, 0.0f, out.data()), -1);
+  EXPECT_NE(fa_tq_last_error(), FA_TQ_OK) << "attention: no query heads";
+  EXPECT_EQ(out[0], 9.0f);  // a failed attention leaves out as it was
+  ASSERT_EQ(fa_tq_attention(st.get(), cache.get(), 0, 0, q.data(), H, 0.0f, out.data()), 0);
+  EXPECT_EQ(fa_tq_last_error(), FA_TQ_OK);
+}
+
+// A cache used with a state other than the one it was created with (here of another seed, so
+// the same shape and bits but another rotation: its codes would decode to other vectors) is
+// refused, and nothing is written or read.
+TEST(CApi, CacheOfAnotherStateIsRefused) {
+  const int d = 64, H = 2;
+  StatePtr st(fa_tq_init(d, fa_tq_config_default(), 5));
+  StatePtr other(fa_tq_init(d, fa_tq_config_default(), 6));
+  CachePtr cache(fa_tq_cache_new(st.get(), 1, H, 8));
+  std::vector<float> x(static_cast<size_t>(H) * d, 0.5f), out(x.size(), 9.0f);
+  auto expect_mismatch = [](const char* call) {
+    EXPECT_EQ(fa_tq_last_error(), FA_TQ_ERR_INVALID_ARGUMENT) << call;
+    EXPECT_NE(std::string(fa_tq_last_error_message()).find("different state"), std::string::npos)
+        << call << ": " << fa_tq_last_error_message();
+  };
+  fa_tq_quantize(other.get(), cache.get(), 0, 0, x.data(), true);
+  expect_mismatch("quantize");
+  EXPECT_EQ(fa_tq_cache_seq_len(cache.get()), 0);
+  fa_tq_quantize(st.get(), cache.get(), 0, 0, x.data(), true);
+  fa_tq_quantize(st.get(), cache.get(), 0, 0, x.data(), false);
+  ASSERT_EQ(fa_tq_last_error(), FA_TQ_OK) << fa_tq_last_error_message();
+  EXPECT_EQ(fa_tq_dequantize(other.get(), cache.get(), 0, 0, 1, true, out.data()), nullptr);
+  expect_mismatch("dequantize");
+  EXPECT_EQ(fa_tq_attention(other.get(), cache.get(), 0, 0, x.data(), H, 0.0f, out.data()), -1);
+  expect_mismatch("attention");
+  EXPECT_EQ(out[0], 9.0f);
+}
+
+// Sizes whose byte count wraps past size_t are refused before anything is allocated
+// (src/cpu/checked_size.h), as are empty ones.
+TEST(CApi, CacheSizesAreChecked) {
+  StatePtr st(fa_tq_init(128, fa_tq_config_default(), 1));
+  const int big = std::numeric_limits<int>::max();
+  EXPECT_EQ(fa_tq_cache_new(st.get(), 1, big, big), nullptr);
+  EXPECT_EQ(fa_tq_last_error(), FA_TQ_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_tq_last_error_message()).find("overflows"), std::string::npos) << fa_tq_last_error_message();
+  for (const auto& [layers, heads, len] : {std::tuple{1, 0, 8}, std::tuple{1, 2, 0}, std::tuple{1, -3, 8},
+                                          std::tuple{-1, 2, 8}, std::tuple{1, 2, -8}}) {
+    EXPECT_EQ(fa_tq_cache_new(st.get(), layers, heads, len), nullptr) << layers << " " << heads << " " << len;
+    EXPECT_EQ(fa_tq_last_error(), FA_TQ_ERR_INVALID_ARGUMENT);
+  }
 }
 
 // Ring buffer: writing past max_seq_len evicts the oldest positions; what remains decodes

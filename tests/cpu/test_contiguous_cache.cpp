@@ -2,6 +2,7 @@
 
 #include "../common/test_data.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -57,6 +58,32 @@ TEST(ContiguousCache, WriteDecodeAndWindow) {
   EXPECT_EQ(std::vector<float>(v.begin() + 6 * 3 * 64, v.end()), one);
   EXPECT_THROW(cache.decode(0, 1, 1, true, one.data()), Error);
   EXPECT_EQ(cache.bytes_per_token(), 3 * (512 + find_format("tq-k4v4").slot_bytes(64)));
+}
+
+// Appended one position at a time, the ring holds exactly its capacity: the position one past
+// it is evicted at once (its slot is the newest's), and every held one decodes as written.
+TEST(ContiguousCache, TheRingHoldsExactlyItsCapacity) {
+  ContiguousCacheConfig cfg;
+  cfg.n_layers = 1;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.capacity = 4;
+  cfg.layer_formats = {find_format("f32")};
+  ContiguousCache cache(cfg);
+  const size_t row = 2 * 64;
+  const auto k = gaussian(10 * row, 5), v = gaussian(10 * row, 6);
+  std::vector<float> out(row);
+  for (int t = 0; t < 10; ++t) {
+    cache.write(0, t, 1, k.data() + t * row, v.data() + t * row);
+    EXPECT_EQ(cache.first_pos(), std::max(0, t + 1 - cfg.capacity)) << "after writing " << t;
+    for (int p = cache.first_pos(); p <= t; ++p) {
+      cache.decode(0, p, 1, true, out.data());
+      EXPECT_EQ(std::vector<float>(k.begin() + p * row, k.begin() + (p + 1) * row), out) << p << " after " << t;
+    }
+    if (cache.first_pos() > 0) {
+      EXPECT_THROW(cache.decode(0, cache.first_pos() - 1, 1, true, out.data()), Error);
+    }
+  }
 }
 
 TEST(ContiguousCache, BadWritesChangeNothing) {

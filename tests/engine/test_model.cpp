@@ -407,6 +407,36 @@ TEST(Model, RefusesArchitecturesItCannotRun) {
   }
 }
 
+// The model-loading fuzzer's corpus (tests/engine/fuzz/fuzz_model.cpp) replayed on the CPU
+// device, the one the fuzzer cannot build: every input loads or is refused with tqkv::Error, and
+// the seeds (tests/integration/make_fuzz_seeds.py) are whole models that load and run.
+TEST(Model, FuzzCorpusRegression) {
+  int seeds = 0, files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(TQKV_ENGINE_FUZZ_CORPUS_MODEL)) {
+    if (!e.is_regular_file()) continue;
+    SCOPED_TRACE(e.path().string());
+    ++files;
+    const bool seed = e.path().filename().string().rfind("seed_", 0) == 0;
+    try {
+      GgufFile f = GgufFile::open(e.path().string());
+      const Model m = Model::load(f);
+      if (!seed) continue;
+      ++seeds;
+      const Tokenizer tok = Tokenizer::from_gguf(f);
+      const int32_t ids[] = {1, 2, 3};
+      auto cache = m.make_cache("f32", 8);
+      std::vector<float> logits(static_cast<size_t>(m.config().n_vocab));
+      m.forward(cache->add_sequence(), ids, 3, *cache, logits.data(), false);
+      for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+      EXPECT_FALSE(tok.encode("ab a", false, false).empty());
+    } catch (const Error& err) {
+      EXPECT_FALSE(seed) << "a seed does not load: " << err.what();
+    }
+  }
+  EXPECT_GE(seeds, 7);
+  EXPECT_LT(files, 200);  // kept small: run_fuzz.sh --grow merges only what adds coverage
+}
+
 // Tiny random models (tests/integration/make_tiny_models.py) cover what SmolLM2 does not:
 // Qwen2 (QKV bias, NeoX-halves RoPE, untied output head) and weights in Q4_K, Q6_K, Q5_0,
 // Q5_1, Q4_0, BF16, F16, F32. Both the batched path (BLAS on expanded weights) and the
@@ -452,10 +482,12 @@ TEST(TinyModels, MatchNumpyReference) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(Model, MissingTensorsAreFormatErrors) {
+// A Llama header of `layers` layers with only the embedding and the final norm: every layer's
+// tensors are missing. Its load error, which must be Format.
+std::string header_only_load_error(uint32_t layers) {
   const std::vector<uint8_t> bytes = test::GgufBuilder()
                                          .str("general.architecture", "llama")
-                                         .u32("llama.block_count", 1)
+                                         .u32("llama.block_count", layers)
                                          .u32("llama.embedding_length", 8)
                                          .u32("llama.attention.head_count", 2)
                                          .u32("llama.feed_forward_length", 16)
@@ -466,14 +498,28 @@ TEST(Model, MissingTensorsAreFormatErrors) {
   GgufFile f = GgufFile::parse(bytes);
   try {
     Model::load(f);
-    FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::Format);
-    EXPECT_NE(std::string(e.what()).find("blk.0.attn_norm.weight"), std::string::npos) << e.what();
+    return e.what();
   }
+  ADD_FAILURE() << "loaded";
+  return "";
+}
+
+TEST(Model, MissingTensorsAreFormatErrors) {
+  const std::string e = header_only_load_error(1);
+  EXPECT_NE(e.find("blk.0.attn_norm.weight"), std::string::npos) << e;
   const std::vector<uint8_t> gemma = test::GgufBuilder().str("general.architecture", "bert").build();
   GgufFile g = GgufFile::parse(gemma);
   EXPECT_THROW(Model::load(g), Error);
+}
+
+// Found by the model-loading fuzzer: a small file claiming 2^24 layers had 2 GB allocated for
+// their weights before the first missing tensor was noticed. The layer count is now held to the
+// file's tensors before anything is sized by it.
+TEST(Model, LayerCountBeyondTheFilesTensorsIsRefusedFirst) {
+  const std::string e = header_only_load_error(1 << 24);
+  EXPECT_NE(e.find("block_count = 16777216 but the file holds only 2 tensors"), std::string::npos) << e;
 }
 
 }  // namespace

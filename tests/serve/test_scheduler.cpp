@@ -131,6 +131,29 @@ TEST(Scheduler, PreemptsTheYoungestAndRecomputesItLater) {
   EXPECT_EQ(s.n_generated(2), 2);
 }
 
+// A preempted request is first in line again, ahead of requests that arrived after it and were
+// waiting already; none of them jumps ahead while it cannot be admitted.
+TEST(Scheduler, APreemptedRequestIsFirstInLineAgain) {
+  SchedulerConfig cfg{.block_size = 4, .num_pages = 4, .max_seqs = 4, .max_seq_len = 64, .token_budget = 64};
+  Scheduler s(cfg);
+  s.add(req(1, 7, 6));
+  s.add(req(2, 7, 6, 500));
+  s.add(req(3, 3, 2, 900));  // one page, none free: it waits behind 1 and 2
+  s.schedule();
+  EXPECT_EQ(s.waiting(), (Ids{3}));
+  for (int step = 0; step < 2; ++step) {
+    s.append_token(1, 11);
+    s.append_token(2, 22);
+    s.schedule();
+  }
+  EXPECT_EQ(s.running(), (Ids{1}));  // 1 needed a third page: 2 was preempted
+  EXPECT_EQ(s.waiting(), (Ids{2, 3}));
+  s.append_token(1, 11);
+  const StepPlan p = s.schedule();  // 2 needs 3 pages, 1 is free: 3 would fit, but waits its turn
+  EXPECT_EQ(chunks(p), (std::vector<Chunk>{{1, 9, 1, true}}));
+  EXPECT_EQ(s.waiting(), (Ids{2, 3}));
+}
+
 TEST(Scheduler, PreemptsItselfWhenItIsTheYoungest) {
   SchedulerConfig cfg{.block_size = 2, .num_pages = 4, .max_seqs = 4, .max_seq_len = 64, .token_budget = 64};
   Scheduler s(cfg);

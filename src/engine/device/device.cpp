@@ -3,12 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/device/cpu_device.h"
 #include "engine/core/sampler.h"
-#include "tqkv/error.h"
-#ifdef TQKV_HAS_CUDA
-#include "engine/device/cuda_device.h"
-#endif
 
 namespace tqkv::engine {
 
@@ -69,20 +64,6 @@ void Device::rope_qk(float* q, int q_heads, float* k, int k_heads, int n, int he
                      const RopeParams& p) {
   rope(q, n, q_heads, head_dim, positions, p);
   rope(k, n, k_heads, head_dim, positions, p);
-}
-
-std::shared_ptr<Device> make_device(std::string_view name) {
-  if (name == "cpu") return std::make_shared<CpuDevice>();
-#ifdef TQKV_HAS_CUDA
-  if (name == "cuda") return make_cuda_device();  // throws when no GPU is present
-  if (name == "auto") return cuda_device_present() ? make_cuda_device() : std::make_shared<CpuDevice>();
-#else
-  if (name == "auto") return std::make_shared<CpuDevice>();
-  if (name == "cuda")
-    throw Error(ErrorCode::InvalidArgument, "device 'cuda': this build has no CUDA (configure with -DTQKV_CUDA=ON on a "
-                                            "machine with nvcc); use --device cpu");
-#endif
-  throw Error(ErrorCode::InvalidArgument, "unknown device '" + std::string(name) + "' (cpu, cuda, auto)");
 }
 
 }  // namespace tqkv::engine

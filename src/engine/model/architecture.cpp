@@ -70,12 +70,16 @@ bool WeightLoader::has(const std::string& name) const { return f_.find_tensor(na
 
 std::unique_ptr<DeviceMatrix> WeightLoader::matrix(const std::string& name, int cols, int rows) const {
   used_.insert(name);
-  return dev_.load_matrix(f_.tensor(name), rows, cols);
+  const GgufTensor& t = f_.tensor(name);
+  check_tensor_finite(t);
+  return dev_.load_matrix(t, rows, cols);
 }
 
 DeviceBuffer WeightLoader::vec(const std::string& name, int n) const {
   used_.insert(name);
-  const std::vector<float> v = expand_tensor(f_.tensor(name), n);
+  const GgufTensor& t = f_.tensor(name);
+  check_tensor_finite(t);
+  const std::vector<float> v = expand_tensor(t, n);
   return dev_.load_vector(v.data(), v.size());
 }
 

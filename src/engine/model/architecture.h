@@ -43,7 +43,7 @@ struct ModelWeights {
 };
 
 // Loads weights by GGUF tensor name onto a device; throws tqkv::Error(Format) naming a missing
-// or mis-shaped tensor.
+// or mis-shaped tensor, or one holding NaN or infinity.
 class WeightLoader {
  public:
   WeightLoader(const GgufFile& f, Device& dev) : f_(f), dev_(dev) {}

@@ -97,6 +97,12 @@ ModelConfig read_config(const GgufFile& f, const Architecture& arch) {
     return static_cast<int>(v);
   };
   c.n_layers = cfg_int("block_count");
+  // Every layer has tensors of its own, so a count beyond the file's tensors is a damaged
+  // header, refused before anything is sized by it (a small file claiming 2^24 layers had
+  // 2 GB allocated for their weights before the first missing tensor was noticed).
+  if (static_cast<size_t>(c.n_layers) > f.tensors().size())
+    bad("metadata " + a + ".block_count = " + std::to_string(c.n_layers) + " but the file holds only " +
+        std::to_string(f.tensors().size()) + " tensors");
   c.d_model = cfg_int("embedding_length");
   c.n_heads = cfg_int("attention.head_count");
   c.n_kv_heads = f.has(a + ".attention.head_count_kv") ? cfg_int("attention.head_count_kv") : c.n_heads;

@@ -22,8 +22,8 @@ class GgufFile;
 class Model {
  public:
   // Reads the config and loads every weight onto the device (the CPU by default), nothing else.
-  // Throws tqkv::Error(Format) for a missing or mis-shaped tensor, metadata the engine does not
-  // implement, or an architecture it cannot run correctly. Recipes are a separate step: the
+  // Throws tqkv::Error(Format) for a missing or mis-shaped tensor, a weight that is NaN or
+  // infinite, metadata the engine does not implement, or an architecture it cannot run correctly. Recipes are a separate step: the
   // model's recipes and key statistics (model_spec_sources in model_recipes.h: the recipe files
   // keyed by the weights' hash) are given by set_spec_sources; without them only plain formats
   // and specs resolve.

@@ -16,6 +16,15 @@ void dequantize(uint32_t type, const uint8_t* src, float* dst, int64_t n);
 // Whole tensor -> float vector of n_elements() (row-major, ne[0] contiguous).
 void dequantize_tensor(const GgufTensor& t, float* dst);
 
+// The index of the first of n elements (a multiple of the type's block size) at src that is NaN
+// or infinite, or -1: for a quantized type, the first element of the first block whose fp16
+// scale or minimum is (its codes are integers). Throws tqkv::Error(Format) for an unknown type.
+int64_t first_non_finite(uint32_t type, const uint8_t* src, int64_t n);
+
+// Throws tqkv::Error(Format) naming the tensor and an element when a weight is NaN or infinite
+// (split over the thread pool): such a model gives NaN logits, which no sampler can read.
+void check_tensor_finite(const GgufTensor& t);
+
 // Throws tqkv::Error(Format) naming the tensor unless its shape is [cols (contiguous), rows].
 void check_tensor_shape(const GgufTensor& t, int64_t cols, int64_t rows = 1);
 

@@ -1,4 +1,4 @@
-// expand_tensor (dequant.h): a whole GGUF tensor to float32 rows, split over the thread pool.
+// expand_tensor and check_tensor_finite (dequant.h): whole GGUF tensors, split over the thread pool.
 // Apart from dequant.cpp so that the GGUF reader and its fuzz target need no thread pool.
 #include <string>
 #include <vector>
@@ -16,6 +16,24 @@ void check_tensor_shape(const GgufTensor& t, int64_t cols, int64_t rows) {
     throw Error(ErrorCode::Format, "model: tensor '" + t.name + "' has shape [" + s + "], expected [" +
                                        std::to_string(cols) + (rows > 1 ? " x " + std::to_string(rows) : "") + "]");
   }
+}
+
+void check_tensor_finite(const GgufTensor& t) {
+  const TensorTypeTraits* tr = tensor_type_traits(t.type);
+  if (!tr) throw Error(ErrorCode::Format, "model: tensor '" + t.name + "' has type " + tensor_type_name(t.type));
+  const int64_t blocks = t.n_elements() / tr->block_elems;
+  const int parts = blocks >= (int64_t{1} << 16) ? cpu::pool_threads() : 1;
+  std::vector<int64_t> first(static_cast<size_t>(parts), -1);
+  cpu::parallel_for(parts, [&](int p) {
+    const int64_t b0 = blocks * p / parts, b1 = blocks * (p + 1) / parts;
+    const int64_t i = first_non_finite(t.type, t.data + b0 * tr->block_bytes, (b1 - b0) * tr->block_elems);
+    if (i >= 0) first[static_cast<size_t>(p)] = b0 * tr->block_elems + i;
+  });
+  for (int64_t i : first)  // the parts in order: the first one found is the tensor's first
+    if (i >= 0)
+      throw Error(ErrorCode::Format, "model: tensor '" + t.name + "' holds NaN or infinity (element " +
+                                         std::to_string(i) + (tr->block_elems > 1 ? ", in a block's scale" : "") +
+                                         "): the file is damaged");
 }
 
 std::vector<float> expand_tensor(const GgufTensor& t, int64_t cols, int64_t rows) {
