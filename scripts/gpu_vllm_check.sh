@@ -48,6 +48,12 @@ else
   note "peer: FAILED (carry .peer/vllm-$V-py.tgz, made by scripts/fetch_vllm_kernels.sh $V)"
 fi
 
+# vLLM's Python files without its distribution: importlib.metadata.version("vllm") would raise
+# (an ImportError), and vllm/triton_utils/importing.py then disables Triton and hands vLLM's
+# kernels a placeholder module. The files' own version, as metadata, lets them find Triton.
+mkdir -p "$PEER/vllm-$V.dist-info"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$V" > "$PEER/vllm-$V.dist-info/METADATA"
+
 # 2. The extension.
 start=$(date +%s)
 if MAX_JOBS="$(nproc)" TQKV_VLLM_CUDA_ARCH=90 "$PY" -m pip install -q --no-build-isolation --no-deps --upgrade \
