@@ -73,7 +73,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--formats", o.formats, "comma-separated cache specs (src/engine/cache/cache_spec.h grammar)")->capture_default_str();
   cmd->add_option("--ctx", o.ctx, "comma-separated context sizes")->capture_default_str();
   cmd->add_option("--tokens", o.tokens, "text tokens per context size (floor(tokens/ctx) chunks)")->capture_default_str();
-  cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("-b,--batch", o.batch, "most tokens of a forward pass (the unscored first half runs as a fresh prompt, the scored half as chunks reading the cache)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--json", o.json, "write the results as JSON to this file (updated after every chunk)");
   cmd->add_option("--markdown", o.markdown, "write the Markdown table to this file");
   cmd->callback([] {

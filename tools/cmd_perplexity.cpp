@@ -32,7 +32,7 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("-f,--file", o.text, "text file (default: $TQKV_TEXT or data/kjv-genesis.txt)");
   cmd->add_option("-c,--ctx", o.ctx, "tokens per chunk")->check(CLI::Range(16, 1 << 20))->capture_default_str();
   cmd->add_option("--chunks", o.chunks, "score at most this many chunks (0: all)")->capture_default_str();
-  cmd->add_option("-b,--batch", o.batch, "prefill micro-batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("-b,--batch", o.batch, "most tokens of a forward pass (the unscored first half runs as a fresh prompt, the scored half as chunks reading the cache)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o.format, tqkv::engine::cache_spec_help(tqkv::engine::known_recipe_names()))->capture_default_str();
   cmd->add_option("--kv-skip-layers", o.skip, "first and last N layers keep an f16 cache (default: the formats')");
   cmd->add_flag("--no-compare", o.no_compare, "skip the f32-cache run (no KL / top-1)");

@@ -94,6 +94,10 @@ class ContiguousCache {
   void copy_positions(const ContiguousCache& src, int64_t start, int64_t end);
 
   void evict_oldest(int64_t n);  // drops the n oldest positions (n <= held)
+  // Drops every position held and moves the window's start to pos (>= seq_len, else
+  // tqkv::Error(OutOfRange)): the next write appends at pos. A ring that keeps the last positions
+  // of a long run writes only those.
+  void skip_to(int64_t pos);
   void clear();                  // empties the cache (bytes are zeroed)
 
   size_t bytes() const;                   // memory held by the slots

@@ -73,6 +73,8 @@ void scatter_rows(const float* x, int d, const int32_t* rows, int n, float* y, c
 // Round to nearest even, NaN kept.
 void f32_to_bf16(const float* x, uint16_t* y, size_t n, cudaStream_t stream = nullptr);
 void bf16_to_f32(const uint16_t* x, float* y, size_t n, cudaStream_t stream = nullptr);
+// Round to nearest even (beyond the fp16 range: infinity), NaN kept.
+void f32_to_f16(const float* x, uint16_t* y, size_t n, cudaStream_t stream = nullptr);
 
 // Skinny products for decode steps (ops/skinny_gemm.cu): y[n, rows] = x[n, cols] * w[rows, cols]^T
 // (+ bias[rows]) on the tensor cores, bf16 weights (raw patterns), float32 accumulation and

@@ -445,7 +445,7 @@ class TQLayer(_LayerBase):
     is_croppable = False
 
     def __init__(self, store: _Store, index: int, fmt, n_kv_heads: int, head_dim: int, capacity: int,
-                 attention_on_codes: bool, prefill_on_codes: bool = False, key_order: Optional[torch.Tensor] = None,
+                 attention_on_codes: bool, key_order: Optional[torch.Tensor] = None,
                  cuda_store=None):
         if _LayerBase is not object:
             super().__init__()
@@ -454,7 +454,7 @@ class TQLayer(_LayerBase):
         self.store, self.index, self.format = store, index, fmt
         self.cuda_store = cuda_store  # () -> the TQCache's _CudaStore (made on first use)
         self.n_kv_heads, self.head_dim, self.capacity = n_kv_heads, head_dim, capacity
-        self.attention_on_codes, self.prefill_on_codes = attention_on_codes, prefill_on_codes
+        self.attention_on_codes = attention_on_codes
         self.seq_len = 0
         self.dtype, self.device = torch.float32, torch.device("cpu")
         # Keys (and queries) in the GGUF's channel order: channel j of the cache is key_order[j].
@@ -489,7 +489,7 @@ class TQLayer(_LayerBase):
         if start + n_new > self.capacity:
             raise ValueError(f"TQCache: {start + n_new} positions exceed the capacity {self.capacity} "
                              "(pass max_cache_len)")
-        raw_prefill = start == 0 and not self.prefill_on_codes
+        raw_prefill = start == 0  # the prompt attends to its own keys and values, as in the engine
         if self.attention_on_codes and not raw_prefill:
             # Stored by the attention function, piece by piece with the queries, as the engine
             # does: the recent window's ring holds at most max_step_tokens new positions.
@@ -521,7 +521,7 @@ class TQLayer(_LayerBase):
         if start + n_new > self.capacity:
             raise ValueError(f"TQCache: {start + n_new} positions exceed the capacity {self.capacity} "
                              "(pass max_cache_len)")
-        raw_prefill = start == 0 and not self.prefill_on_codes
+        raw_prefill = start == 0  # the prompt attends to its own keys and values, as in the engine
         # The window's copies of a chunk that attends on the codes are written by the attention
         # function, piece by piece with the queries (the ring holds window + STEP positions).
         defer = self.attention_on_codes and not raw_prefill and st.covered[self.index] and st.window > 0
@@ -680,8 +680,8 @@ class TQCache(Cache):
     one per layer. max_cache_len: positions each layer can hold (default: the model's context,
     at most 4096). attention_on_codes: hand the ``tqkv`` attention function the new keys only
     (default: when ``config._attn_implementation == "tqkv"``); otherwise ``update`` returns the
-    decoded history, for any attention implementation. prefill_on_codes: the first chunk too
-    attends over the compressed cache (as the engine does) rather than over its float keys.
+    decoded history, for any attention implementation. The first chunk (the prompt) attends to its
+    own float keys and values, as the engine's fresh prompts do; later chunks read the cache.
     recipe_file: a recipe file to use first.
     """
 
@@ -689,7 +689,7 @@ class TQCache(Cache):
 
     def __init__(self, config, spec: Union[str, Sequence[Any]] = "tq-4.375", max_cache_len: Optional[int] = None,
                  attention_on_codes: Optional[bool] = None, seed: int = _core.DEFAULT_SEED,
-                 recipe_file: Optional[str] = None, prefill_on_codes: bool = False):
+                 recipe_file: Optional[str] = None):
         arch, n_layers, n_kv, head_dim = _model_shape(config)
         if seed != _core.DEFAULT_SEED:
             raise ValueError("TQCache: the engine's cache layer rotates with the engine's seed (DEFAULT_SEED)")
@@ -713,7 +713,7 @@ class TQCache(Cache):
         self._cuda = None
         self._cuda_args = (config, recipe_file)
         order = _gguf_key_order(arch, head_dim)
-        layers = [TQLayer(self._store, i, f, n_kv, head_dim, self.capacity, attention_on_codes, prefill_on_codes, order,
+        layers = [TQLayer(self._store, i, f, n_kv, head_dim, self.capacity, attention_on_codes, order,
                           self._cuda_store) for i, f in enumerate(self.formats)]
         try:
             super().__init__(layers=layers)

@@ -175,6 +175,13 @@ void ContiguousCache::copy_positions(const ContiguousCache& src, int64_t start, 
   seq_len_ = end;
 }
 
+void ContiguousCache::skip_to(int64_t pos) {
+  if (pos < seq_len_)
+    throw Error(ErrorCode::OutOfRange, "skip_to " + std::to_string(pos) + " before the end of the held positions (" +
+                                           std::to_string(seq_len_) + ")");
+  first_pos_ = seq_len_ = pos;
+}
+
 void ContiguousCache::evict_oldest(int64_t n) {
   if (n < 0 || n > seq_len_ - first_pos_)
     throw Error(ErrorCode::OutOfRange, "cannot evict " + std::to_string(n) + " of " +

@@ -150,6 +150,29 @@ TEST(ContiguousCache, CopyPositionsCopiesSlotsExactly) {
   EXPECT_EQ(narrow.seq_len(), 0);
 }
 
+// skip_to moves the window's start past everything held: the next write appends there and the
+// positions before it are gone; it never goes back.
+TEST(ContiguousCache, SkipToStartsTheWindowLater) {
+  ContiguousCache cache(two_layers_of_16());
+  const auto k = gaussian(12 * 2 * 64, 7), v = gaussian(12 * 2 * 64, 8);
+  for (int l = 0; l < 2; ++l) cache.write(l, 0, 4, k.data(), v.data());
+  EXPECT_THROW(cache.skip_to(3), Error);
+  cache.skip_to(30);
+  EXPECT_EQ(cache.first_pos(), 30);
+  EXPECT_EQ(cache.seq_len(), 30);
+  std::vector<float> out(12 * 2 * 64), want(out.size());
+  EXPECT_THROW(cache.decode(0, 0, 1, true, out.data()), Error);
+  EXPECT_THROW(cache.write(0, 31, 1, k.data(), v.data()), Error);  // no gaps
+  for (int l = 0; l < 2; ++l) cache.write(l, 30, 12, k.data(), v.data());
+  EXPECT_EQ(cache.first_pos(), 30);
+  EXPECT_EQ(cache.seq_len(), 42);
+  ContiguousCache fresh(two_layers_of_16());
+  for (int l = 0; l < 2; ++l) fresh.write(l, 0, 12, k.data(), v.data());
+  cache.decode(1, 30, 12, false, out.data());
+  fresh.decode(1, 0, 12, false, want.data());
+  EXPECT_EQ(out, want);
+}
+
 // Evicting drops the oldest positions without touching the others: what remains decodes to the
 // same floats, attention sees only the window, and clear() empties everything.
 TEST(ContiguousCache, EvictOldestKeepsTheRestBitExactAndClearEmpties) {

@@ -22,6 +22,7 @@ TEST(CachePlan, PlainFormatsHaveNoCopiesNoRingsNoStepLimit) {
   EXPECT_FALSE(p.copies());
   EXPECT_FALSE(p.rings());
   EXPECT_EQ(p.step_tokens, INT_MAX);
+  EXPECT_EQ(p.fresh_step_tokens, INT_MAX);
   ASSERT_EQ(p.layers.size(), 6u);
   for (const LayerPlan& L : p.layers) EXPECT_FALSE(L.copies);
 }
@@ -34,6 +35,10 @@ TEST(CachePlan, CopiesCoverTheCompressedLayersAndBoundTheStep) {
   EXPECT_EQ(p.window, 64);
   ASSERT_TRUE(p.window_format.has_value());
   EXPECT_EQ(p.step_tokens, CachePlan::kCopyStepTokens);
+  // A fresh sequence's run reads none of the copies: any length in one step.
+  EXPECT_EQ(p.fresh_step_tokens, INT_MAX);
+  EXPECT_EQ(p.step_limit(0), INT_MAX);
+  EXPECT_EQ(p.step_limit(1), CachePlan::kCopyStepTokens);
   for (int l = 0; l < 6; ++l) EXPECT_EQ(p.layers[l].copies, l > 0 && l < 5) << l;
 }
 
@@ -44,10 +49,12 @@ TEST(CachePlan, SlidingLayersKeepRingsShorterThanTheCapacity) {
     EXPECT_EQ(p.layers[l].ring, (l + 1) % 3 ? 128 + CacheSpec::kWindowStepTokens - 1 : 0) << l;
   }
   EXPECT_EQ(p.step_tokens, CacheSpec::kWindowStepTokens);
+  EXPECT_EQ(p.fresh_step_tokens, CacheSpec::kWindowStepTokens);  // the rings bound a fresh run too
   // A ring no shorter than the capacity: every position kept, no step limit.
   const CachePlan small = plan_cache(resolve_cache_spec("f16", tiny_config(6, 3, 128)), {256, 1});
   EXPECT_FALSE(small.rings());
   EXPECT_EQ(small.step_tokens, INT_MAX);
+  EXPECT_EQ(small.fresh_step_tokens, INT_MAX);
 }
 
 TEST(CachePlan, BadShapesAreErrors) {

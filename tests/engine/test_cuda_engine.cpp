@@ -176,6 +176,49 @@ TEST_F(CudaSmol, LogitsMatchCpu) {
   }
 }
 
+// A fresh prompt attends to its own keys and values (f16 on the GPU, f32 on the CPU), whatever
+// the spec stores, in one step at any length — 600 positions here, past the copies' 512 a
+// step — and the decode steps after it read the cache: the prompt's logits are the f16 cache's
+// bit for bit on the GPU (same kernel, same rounding) and the CPU's up to the uncompressed
+// cross-device rule; the decode steps are held to LogitsMatchCpu's rule for compressed caches.
+TEST_F(CudaSmol, FreshPromptOfAnyLengthMatchesCpu) {
+  const std::vector<int32_t> q = chat("Tell me a short story about a robot who learns to paint.");
+  std::vector<int32_t> ids;
+  while (ids.size() < 604) ids.insert(ids.end(), q.begin(), q.end());
+  ids.resize(604);
+  const int V = cpu_->config().n_vocab, n = 600, decode = 4;
+  auto run_long = [&](const Model& m, const std::string& spec) {
+    auto cache = m.make_cache(spec, 1024);
+    const int64_t seq = cache->add_sequence();
+    std::vector<float> logits(static_cast<size_t>(n + decode) * V);
+    m.forward(seq, ids.data(), n, *cache, logits.data(), true);
+    for (int t = n; t < n + decode; ++t)
+      m.forward(seq, &ids[t], 1, *cache, logits.data() + static_cast<size_t>(t) * V, false);
+    return logits;
+  };
+  const size_t tail = static_cast<size_t>(decode) * V;
+  auto prompt_part = [&](const std::vector<float>& x) { return std::vector<float>(x.begin(), x.end() - tail); };
+  auto decode_part = [&](const std::vector<float>& x) { return std::vector<float>(x.end() - tail, x.end()); };
+  const std::vector<float> g16 = run_long(*gpu_, "f16"), c32 = run_long(*cpu_, "f32"), g32 = run_long(*gpu_, "f32");
+  for (const std::string spec : {"turboquant_4bit_nc", "tq-4.375"}) {
+    SCOPED_TRACE(spec);
+    const std::vector<float> c = run_long(*cpu_, spec), g = run_long(*gpu_, spec);
+    if (spec == "turboquant_4bit_nc") {
+      EXPECT_EQ(prompt_part(g), prompt_part(g16));  // no centring: the same keys
+    }
+    const Agreement p = compare(prompt_part(c), prompt_part(g), V);
+    std::printf("[ fresh prompt ] %-20s cpu vs gpu over %d positions: mean KL %.3g  top-1 %.3f\n", spec.c_str(), n,
+                p.mean_kl, p.top1);
+    EXPECT_LE(p.mean_kl, 1e-3);
+    EXPECT_GE(p.top1, 0.9);
+    const double kl_cpu = compare(decode_part(c32), decode_part(c), V).mean_kl;
+    const double kl_gpu = compare(decode_part(g32), decode_part(g), V).mean_kl;
+    std::printf("[ fresh prompt ] %-20s decode KL vs own f32: cpu %.3g  gpu %.3g\n", spec.c_str(), kl_cpu, kl_gpu);
+    EXPECT_LE(kl_gpu, 1.5 * kl_cpu + 0.01);
+    EXPECT_LE(compare(decode_part(c), decode_part(g), V).mean_kl, 2.0 * (kl_cpu + kl_gpu) + 0.01);
+  }
+}
+
 // The grouped products (Q, K, V; gate, up) convert their input to bf16 once and run the same
 // cuBLAS GEMMs on it: the logits equal one product at a time bit for bit, prefill and decode.
 TEST_F(CudaSmol, GroupedProductsLeaveLogitsUnchanged) {

@@ -317,17 +317,21 @@ TEST_F(SmolEval, ReadUndoesCentring) {
   EXPECT_THROW(centred->read(7, b, 0, n + 1, true, kb.data()), Error);
 }
 
-// Centring must matter for a compressed cache (otherwise the option would be a no-op).
+// Centring must matter for a compressed cache (otherwise the option would be a no-op): the
+// logits of a chunk that reads the cache (after a fresh prompt, which reads only itself).
 TEST_F(SmolEval, CentringChangesCompressedLogits) {
   const std::vector<int32_t> ids = tok_->encode("And God said, Let there be light: and there was light.", false);
-  const int n = static_cast<int>(ids.size()), V = model_->config().n_vocab;
+  const int n = static_cast<int>(ids.size()), V = model_->config().n_vocab, lead = n / 2;
   SpecSources src = model_->spec_sources();
   src.key_stats = calibrated(*model_, *tok_);
-  std::vector<float> a(static_cast<size_t>(n) * V), b(a.size());
+  std::vector<float> a(static_cast<size_t>(n - lead) * V), b(a.size());
   auto c1 = model_->make_cache(resolve_cache_spec("tq-k3v3", model_->config(), src), 64);
   auto c2 = model_->make_cache(resolve_cache_spec("tq-k3v3+c", model_->config(), src), 64);
-  model_->forward(c1->add_sequence(), ids.data(), n, *c1, a.data(), true);
-  model_->forward(c2->add_sequence(), ids.data(), n, *c2, b.data(), true);
+  const int64_t s1 = c1->add_sequence(), s2 = c2->add_sequence();
+  model_->forward(s1, ids.data(), lead, *c1, a.data(), false);
+  model_->forward(s2, ids.data(), lead, *c2, b.data(), false);
+  model_->forward(s1, ids.data() + lead, n - lead, *c1, a.data(), true);
+  model_->forward(s2, ids.data() + lead, n - lead, *c2, b.data(), true);
   double diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(double(a[i]) - b[i]));
   EXPECT_GT(diff, 1e-3);
@@ -335,9 +339,10 @@ TEST_F(SmolEval, CentringChangesCompressedLogits) {
 
 // +w<N>: with a window longer than the text every compressed layer reads f16 copies only, so
 // the logits are those of an f16 cache; a short window moves the logits towards the f16
-// cache's; an input longer than the window's max_batch is split exactly as a caller would.
-// (Runs that batch differently are not compared: 1-2 token batches take the quantized-weight
-// products, and 2-bit codes turn their rounding differences into visible logit changes.)
+// cache's. Each run is a fresh prompt of `lead` tokens (which reads only itself, so it is not
+// compared) and then the rest in one chunk that reads the cache. (Runs that batch differently
+// are not compared: 1-2 token batches take the quantized-weight products, and 2-bit codes turn
+// their rounding differences into visible logit changes.)
 TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
   const std::vector<int32_t> ids = tok_->encode(
       "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
@@ -345,14 +350,13 @@ TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
       false);
   const int n = static_cast<int>(ids.size()), V = model_->config().n_vocab;
   const ModelConfig& cfg = model_->config();
-  auto run = [&](const std::string& spec_name, int piece) {
+  const int lead = 8;
+  auto run = [&](const std::string& spec_name) {
     auto cache = model_->make_cache(spec_name, 64);
     const int64_t seq = cache->add_sequence();
-    std::vector<float> logits(static_cast<size_t>(n) * V);
-    for (int p = 0; p < n; p += piece) {
-      const int m = std::min(piece, n - p);
-      model_->forward(seq, ids.data() + p, m, *cache, logits.data() + static_cast<size_t>(p) * V, true);
-    }
+    std::vector<float> logits(static_cast<size_t>(n - lead) * V);
+    model_->forward(seq, ids.data(), lead, *cache, logits.data(), false);
+    model_->forward(seq, ids.data() + lead, n - lead, *cache, logits.data(), true);
     return logits;
   };
   auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
@@ -365,14 +369,14 @@ TEST_F(SmolEval, RecentWindowReadsUncompressedCopies) {
     for (size_t i = 0; i < a.size(); ++i) m += std::abs(double(a[i]) - b[i]);
     return m / static_cast<double>(a.size());
   };
-  const auto f16 = run("f16", n);
+  const auto f16 = run("f16");
   {  // every position read back from its f16 copy: the f16 cache's logits
     ScopedEnv no_fold("TQKV_FOLD_NEWEST", "0");
-    EXPECT_LT(max_diff(run("tq-k2v2+w1000", n), f16), 2e-3);
+    EXPECT_LT(max_diff(run("tq-k2v2+w1000"), f16), 2e-3);
   }
   // Each query's own position folded in exactly (f32): between the f16 and the f32 cache.
-  EXPECT_LT(max_diff(run("tq-k2v2+w1000", n), f16), 0.75 * max_diff(run("f32", n), f16));
-  const auto plain = run("tq-k2v2", n), windowed = run("tq-k2v2+w8", n);
+  EXPECT_LT(max_diff(run("tq-k2v2+w1000"), f16), 0.75 * max_diff(run("f32"), f16));
+  const auto plain = run("tq-k2v2"), windowed = run("tq-k2v2+w8");
   EXPECT_GT(max_diff(plain, f16), 0.1);  // 2-bit codes do move the logits
   EXPECT_LT(mean_diff(windowed, f16), 0.8 * mean_diff(plain, f16));
   // The window's bytes are counted: 16 bits per element for W of ctx positions.
@@ -414,6 +418,74 @@ TEST_F(SmolEval, StoreThenAttendStoredEqualsAttend) {
     }
     pos += m;
   }
+}
+
+// A fresh prompt (the sequence held nothing) attends to its own keys and values as computed,
+// whatever the spec stores: its logits are those of the f32 cache, bit for bit, for every spec
+// without centring; the steps after it read the cache. A fresh prompt longer than the copies'
+// ring (512 positions a step) runs as one step, its copies keeping its last positions.
+TEST_F(SmolEval, FreshPromptReadsOnlyItsOwnKeysAndValues) {
+  std::ifstream in(kRepo + "/data/kjv-genesis.txt");
+  if (!in) GTEST_SKIP() << "no text";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::vector<int32_t> ids = tok_->encode(ss.str().substr(0, 4000), false, false);
+  ASSERT_GT(ids.size(), 700u);
+  const int V = model_->config().n_vocab;
+  auto prompt_then_decode = [&](const std::string& spec, int n, std::vector<int>* steps = nullptr) {
+    auto cache = model_->make_cache(spec, 1024);
+    if (steps) cache->set_key_hook([steps](int layer, int m, float*, const float*) {
+      if (layer == 0) steps->push_back(m);
+    });
+    const int64_t seq = cache->add_sequence();
+    std::vector<float> prompt(static_cast<size_t>(V)), next(static_cast<size_t>(4) * V);
+    model_->forward(seq, ids.data(), n, *cache, prompt.data(), false);
+    for (int t = 0; t < 4; ++t)
+      model_->forward(seq, ids.data() + n + t, 1, *cache, next.data() + static_cast<size_t>(t) * V, false);
+    return std::pair{prompt, next};
+  };
+  auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double m = 0;
+    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+    return m;
+  };
+  const auto [f32_prompt, f32_next] = prompt_then_decode("f32", 40);
+  for (const char* spec : {"tq-k2v2+sink1+w4", "turboquant_3bit_nc", "f16"}) {
+    const auto [prompt, next] = prompt_then_decode(spec, 40);
+    EXPECT_EQ(prompt, f32_prompt) << spec;
+    EXPECT_GT(max_diff(next, f32_next), 1e-3) << spec << ": the decode steps read the cache";
+  }
+  std::vector<int> steps;
+  const auto [long_prompt, long_next] = prompt_then_decode("tq-k2v2+sink2+w16", 600, &steps);
+  EXPECT_EQ(steps, (std::vector<int>{600, 1, 1, 1, 1}));
+  const auto [f32_long, f32_long_next] = prompt_then_decode("f32", 600);
+  EXPECT_EQ(long_prompt, f32_long);
+  // The decode steps read the sinks, the compressed middle and the window's last positions:
+  // nearer the f32 cache than the same codes without copies.
+  const auto [bare_prompt, bare_next] = prompt_then_decode("tq-k2v2", 600);
+  EXPECT_EQ(bare_prompt, f32_long);
+  EXPECT_LT(max_diff(long_next, f32_long_next), max_diff(bare_next, f32_long_next));
+  // Continuations of a sequence with history are still cut at the ring's 512 positions a step.
+  steps.clear();
+  auto cache = model_->make_cache("tq-k2v2+sink2+w16", 1024);
+  cache->set_key_hook([&steps](int layer, int m, float*, const float*) {
+    if (layer == 0) steps.push_back(m);
+  });
+  const int64_t seq = cache->add_sequence();
+  std::vector<float> logits(static_cast<size_t>(V));
+  model_->forward(seq, ids.data(), 10, *cache, logits.data(), false);
+  model_->forward(seq, ids.data() + 10, 600, *cache, logits.data(), false);
+  EXPECT_EQ(steps, (std::vector<int>{10, 512, 88}));
+}
+
+// The scored half of a context runs as continuation chunks after an unscored fresh prompt.
+TEST(ScoredContextPasses, FirstHalfFreshThenChunksOfTheScoredHalf) {
+  using Passes = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(scored_context_passes(10, 4), (Passes{{0, 4}, {4, 5}, {5, 9}, {9, 10}}));
+  EXPECT_EQ(scored_context_passes(512, 512), (Passes{{0, 256}, {256, 512}}));
+  EXPECT_EQ(scored_context_passes(2, 1), (Passes{{0, 1}, {1, 2}}));
+  EXPECT_THROW(scored_context_passes(1, 4), Error);
+  EXPECT_THROW(scored_context_passes(8, 0), Error);
 }
 
 TEST_F(SmolEval, LockstepEvaluation) {

@@ -162,6 +162,46 @@ TEST(RecentWindow, OwnPositionFoldedInExactly) {
   }
 }
 
+// A fresh run (pos0 0) longer than the ring (window + max_batch) is taken whole: its queries
+// read none of the copies, and the ring keeps its last positions — all that the queries of
+// the steps after it read, merged exactly as after short steps.
+TEST(RecentWindow, FreshRunLongerThanTheRingKeepsItsLastPositions) {
+  testing_util::ScoresGuard exact(KeyScores::Exact);
+  const int fresh = 30, n_total = 34, H = TwoLayerCache::H, Hq = TwoLayerCache::Hq, d = TwoLayerCache::d;
+  const auto k = gaussian(static_cast<size_t>(n_total) * H * d, 21), v = gaussian(k.size(), 22);
+  const auto q = gaussian(static_cast<size_t>(n_total) * Hq * d, 23);
+  for (auto [S, W] : {std::pair{0, 5}, std::pair{2, 5}, std::pair{3, 0}}) {
+    TwoLayerCache s("tq-k2v2");
+    RecentWindow rw(s.layers(), W, 8, S);  // a ring of W + 8 < 30 positions
+    for (int l = 0; l < 2; ++l) {
+      s.cache.write(l, 0, fresh, k.data(), v.data());
+      rw.write(l, 0, fresh, k.data(), v.data());
+    }
+    AttentionParams ap;
+    ap.n_q_heads = Hq;
+    for (int64_t p = fresh; p < n_total; ++p) {  // then decode steps
+      const size_t kv_off = static_cast<size_t>(p) * H * d, q_off = static_cast<size_t>(p) * Hq * d;
+      for (int l = 0; l < 2; ++l) {
+        s.cache.write(l, p, 1, k.data() + kv_off, v.data() + kv_off);
+        rw.write(l, p, 1, k.data() + kv_off, v.data() + kv_off);
+      }
+      const std::vector<float> qp(q.begin() + static_cast<int64_t>(q_off), q.begin() + static_cast<int64_t>(q_off) + Hq * d);
+      std::vector<float> out(qp.size());
+      rw.attention(s.part(1, qp.data(), 1, p), 1, qp.data(), 1, p, ap, out.data());
+      // The oracle wants the query's keys from position 0: hand it the whole prefix.
+      const std::vector<float> q_all(q.begin(), q.begin() + static_cast<int64_t>(q_off) + Hq * d);
+      const auto want = oracle(s.cache, 1, k, v, q_all, static_cast<int>(p) + 1, 0, S, W);
+      const std::vector<float> want_p(want.begin() + static_cast<int64_t>(q_off), want.end());
+      EXPECT_LT(rel_error(out, want_p), 1e-5) << "S=" << S << " W=" << W << " p=" << p;
+    }
+  }
+  // A run of more than max_batch after the first is still refused.
+  TwoLayerCache s("tq-k2v2");
+  RecentWindow rw(s.layers(), 5, 8, 0);
+  rw.write(1, 0, fresh, k.data(), v.data());
+  EXPECT_THROW(rw.write(1, fresh, 9, k.data(), v.data()), Error);
+}
+
 TEST(RecentWindow, BadArgumentsAndOverflowChangeNothing) {
   TwoLayerCache s("tq-k4v4");
   EXPECT_THROW(RecentWindow(s.layers(), 0, 8, 0), Error);
@@ -179,8 +219,9 @@ TEST(RecentWindow, BadArgumentsAndOverflowChangeNothing) {
   EXPECT_THROW(rw.write(1, 0, 2, bad.data(), v.data()), Error);
   bad[d + 3] = NAN;
   EXPECT_THROW(rw.write(1, 0, 2, bad.data(), v.data()), Error);
-  EXPECT_THROW(rw.write(1, 0, 9, k.data(), v.data()), Error);  // more than max_batch
   rw.write(1, 0, 2, k.data(), v.data());
+  const auto k9 = gaussian(static_cast<size_t>(9) * H * d, 7);
+  EXPECT_THROW(rw.write(1, 2, 9, k9.data(), k9.data()), Error);  // more than max_batch after the first step
   AttentionParams ap;
   ap.n_q_heads = Hq;
   std::vector<float> out(q.size());

@@ -68,10 +68,10 @@ def check_greedy(want, got, margin=1e-3, rel=1e-2):
 
 
 def layer_outputs(config, spec, device, layer=5, steps=(20, 9, 1, 1, 1, 1, 1, 1, 1, 1)):
-    """One layer of a TQCache (attention on the codes, the first chunk too) fed the same seeded
+    """One layer of a TQCache (attention on the codes; the first chunk on its own keys) fed the same seeded
     keys, values and queries, chunk by chunk: the attention outputs [B, T, n_q_heads, D] of every
     chunk, float32 on the CPU. Chunks and decode steps move the window past the sinks."""
-    cache = tt.TQCache(config, spec=spec, max_cache_len=CAPACITY, attention_on_codes=True, prefill_on_codes=True)
+    cache = tt.TQCache(config, spec=spec, max_cache_len=CAPACITY, attention_on_codes=True)
     g = torch.Generator().manual_seed(3)
     n_q, n_kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     outs, start = [], 0

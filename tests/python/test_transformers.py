@@ -133,11 +133,12 @@ def engine_run(spec, ctx, batch, tmp_path):
     return json.loads(out.strip().splitlines()[-1]), np.fromfile(path, dtype=np.float32).reshape(ctx, -1)
 
 
-def hf_run(model, tok, spec, ctx, batch, prefill_on_codes=True):
+def hf_run(model, tok, spec, ctx, batch):
     """The engine's protocol (tools/eval/perplexity.cpp): the first ctx tokens of the text (SmolLM2
-    adds no BOS), fed in micro-batches, the second half scored. Returns (perplexity, logits [ctx, V])."""
+    adds no BOS), fed in micro-batches (ctx / 2 a multiple of batch: the engine's passes), the
+    second half scored. Returns (perplexity, logits [ctx, V])."""
     toks = tok(open(TEXT, encoding="utf-8").read(), add_special_tokens=False, return_tensors="pt").input_ids[0, :ctx]
-    cache = tt.TQCache(model.config, spec=spec, max_cache_len=ctx, prefill_on_codes=prefill_on_codes)
+    cache = tt.TQCache(model.config, spec=spec, max_cache_len=ctx)
     logits = forward_logits(model, toks, cache, batch)
     logp = torch.log_softmax(logits.double(), dim=-1)
     first = ctx // 2
@@ -176,7 +177,8 @@ def test_compressed_cache_near_the_engine(smol, tmp_path, spec):
 
 
 def test_sinks_and_window_are_the_engines(rng):
-    """tqkv.ModelCache (what TQCache stores into) with sinks and a recent window: attention equals
+    """tqkv.ModelCache (what TQCache stores into) with sinks and a recent window: after the first
+    chunk (a fresh prompt: its own keys and values), attention equals
     float attention over the sinks' f16 copies for positions [0, S), the window's f16 copies for
     (p - N, p), the compressed slots' decoded keys and values in between, and the query's own key
     and value as stored (exact: the fold); with TQKV_FOLD_NEWEST=0 position p from its copy too."""
@@ -211,6 +213,8 @@ def _check_copies(rng, fold):
             kk[copies], vv[copies] = f16(k[0, copies]), f16(v[0, copies])
             if fold:
                 kk[pos], vv[pos] = k[0, pos], v[0, pos]
+            if p == 0:  # the first chunk is a fresh prompt: its own keys and values as given
+                kk, vv = k[0, :pos + 1], v[0, :pos + 1]
             want, _ = softmax_attention(q[0, pos:pos + 1], kk, vv, pos)
             np.testing.assert_allclose(out[0, i], want[0], atol=2e-5)
     assert c.bytes(seq)[1] == (S + N) * 2 * n_kv * d * 2  # f16 copies: sinks and window

@@ -2,8 +2,9 @@
 // absent): greedy answers of requests batched together equal each request run alone through
 // generate() with the same model and cache spec (the forward pass is batch-invariant: each
 // run gets the matrix products it would get alone). A prompt split into chunks (chunked
-// prefill) sums in a different order than the whole prompt at once, so the equality is
-// checked with every prompt in one chunk; the scheduler tests cover chunking.
+// prefill) is not the whole prompt at once (its first chunk attends to itself, the later ones
+// read the compressed cache), so the equality is checked with every prompt in one chunk; the
+// scheduler tests cover chunking.
 #include "serve/model_runner.h"
 
 #include <gtest/gtest.h>
@@ -226,7 +227,11 @@ TEST_F(ModelRunnerTest, LogitBiasAndPenaltiesSteerSampling) {
 }
 
 TEST_F(ModelRunnerTest, EngineLoopServesConcurrentRequestsAndCancels) {
-  SchedulerConfig cfg{.block_size = 16, .num_pages = 256, .max_seqs = 4, .max_seq_len = kCtx, .token_budget = 64};
+  // Every prompt in one chunk and computed whole, as alone(): a chunked prompt's later chunks,
+  // like the rest of a prompt after a shared prefix, read the compressed cache (the prefix
+  // sharing test has its own reference).
+  SchedulerConfig cfg{.block_size = 16, .num_pages = 256, .max_seqs = 4, .max_seq_len = kCtx, .token_budget = 512,
+                      .prefix_sharing = false};
   EngineLoop loop(*model_, *tok_, model_->resolve(kSpec), cfg);
   std::mutex mu;
   std::condition_variable cv;

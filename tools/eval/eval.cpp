@@ -46,7 +46,8 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
   std::vector<float> lref(static_cast<size_t>(opt.batch) * V), lt(static_cast<size_t>(opt.batch) * V);
   std::vector<int32_t> chunk(ctx);
   std::vector<int32_t> ref_top(opt.batch);
-  const int64_t total_passes = static_cast<int64_t>(n_chunks) * n_rows * ((ctx + opt.batch - 1) / opt.batch);
+  const std::vector<std::pair<int, int>> passes_of_chunk = scored_context_passes(ctx, opt.batch);
+  const int64_t total_passes = static_cast<int64_t>(n_chunks) * n_rows * static_cast<int64_t>(passes_of_chunk.size());
   int64_t passes = 0;
   for (int c = 0; c < n_chunks; ++c) {
     std::copy_n(tokens.begin() + static_cast<int64_t>(c) * ctx, ctx, chunk.begin());
@@ -59,8 +60,8 @@ std::vector<EvalRow> evaluate(const Model& model, const std::vector<int32_t>& to
       seqs.push_back(caches.back()->add_sequence());
       rows[i].bytes_per_token = s.bytes(ctx, ctx).per_token();  // copies counted over a full chunk
     }
-    for (int p = 0; p < ctx; p += opt.batch) {
-      const int m = std::min(opt.batch, ctx - p);
+    for (const auto& [p, pass_end] : passes_of_chunk) {
+      const int m = pass_end - p;
       const int j0 = std::max(p, first), j1 = std::min(p + m, ctx - 1);  // scored rows [j0, j1)
       for (size_t i = 0; i < n_rows; ++i) {
         float* out = i == 0 ? lref.data() : lt.data();

@@ -2,7 +2,8 @@
 //
 // evaluate() runs the f32-cache reference once per micro-batch of each chunk and every spec in
 // lockstep against it, so a chunk costs (1 + specs) forward passes; it scores the second half
-// of each chunk like perplexity.h.
+// of each chunk like perplexity.h (scored_context_passes: the first half a fresh prompt, the
+// scored half chunks that read the cache).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -22,7 +23,7 @@ using engine::Tokenizer;
 struct EvalOptions {
   int ctx = 512;
   int max_tokens = 20480;  // text tokens used: floor(max_tokens / ctx) chunks
-  int batch = 512;
+  int batch = 512;         // most tokens of a forward pass (scored_context_passes)
   int32_t bos = -1;        // replaces each chunk's first token when >= 0
   // Called after every forward pass: passes done of (1 + specs) * micro-batches * chunks.
   std::function<void(int64_t done, int64_t total)> on_pass;

@@ -18,13 +18,20 @@ void run_chunk(const Model& model, const int32_t* toks, int n, const engine::Cac
   std::unique_ptr<engine::KvCache> cache = model.make_cache(spec, n);
   const int64_t seq = cache->add_sequence();
   logits.resize(static_cast<size_t>(n) * V);
-  for (int p = 0; p < n; p += batch) {
-    const int m = std::min(batch, n - p);
-    model.forward(seq, toks + p, m, *cache, logits.data() + static_cast<size_t>(p) * V, true);
-  }
+  for (const auto& [p, end] : scored_context_passes(n, batch))
+    model.forward(seq, toks + p, end - p, *cache, logits.data() + static_cast<size_t>(p) * V, true);
 }
 
 }  // namespace
+
+std::vector<std::pair<int, int>> scored_context_passes(int ctx, int batch) {
+  if (ctx < 2 || batch < 1) throw Error(ErrorCode::InvalidArgument, "a scored context needs 2 tokens and batch >= 1");
+  std::vector<std::pair<int, int>> passes;
+  const int first = ctx / 2;
+  for (int p = 0; p < first; p += batch) passes.emplace_back(p, std::min(p + batch, first));
+  for (int p = first; p < ctx; p += batch) passes.emplace_back(p, std::min(p + batch, ctx));
+  return passes;
+}
 
 void log_softmax(float* v, int n) {
   float mx = v[0];

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/model/model.h"
@@ -19,7 +20,7 @@ struct PerplexityOptions {
   std::string format = "f32";  // a cache spec (cache_spec.h): a format name, a recipe, options
   int skip_layers = -1;     // uncompressed boundary layers (the spec's +skip<N>); < 0: the spec's
   bool compare_to_f32 = true;
-  int batch = 512;          // prefill micro-batch: later batches attend to earlier ones through the cache
+  int batch = 512;          // most tokens of a forward pass (scored_context_passes)
   int32_t bos = -1;         // when >= 0, each chunk's first token is replaced by it (models that want BOS)
   // When set: receives the first chunk's raw logits [ctx, n_vocab] (other implementations of
   // the same model and cache, e.g. tqkv.transformers, are compared with them).
@@ -40,6 +41,13 @@ struct PerplexityResult {
 // kl_divergence: KL(p_ref || p) of two log-softmax rows, nats.
 void log_softmax(float* v, int n);
 double kl_divergence(const float* logp_ref, const float* logp, int n);
+
+// The forward passes [begin, end) of one context of ctx tokens whose second half [ctx / 2, ctx)
+// is scored: the first half as a fresh prompt, then the scored half as continuation chunks that
+// read the (compressed) history as decode does, each pass at most `batch` tokens. (A fresh
+// prompt's queries attend to their own keys and values, not to the cache: scoring them would
+// measure nothing of the cache.)
+std::vector<std::pair<int, int>> scored_context_passes(int ctx, int batch);
 
 // Scores the second half of each chunk (positions ctx/2 .. ctx-2 predicting the next token),
 // so that every scored token has at least ctx/2 tokens of context, as llama.cpp's

@@ -26,7 +26,10 @@ CachePlan plan_cache(const CacheSpec& spec, const CacheShape& shape) {
     p.layers.push_back({f, spec.model.window(l), spec.ring_positions(l, shape.capacity), p.copies() && f.compressed()});
   }
   if (p.copies()) p.step_tokens = CachePlan::kCopyStepTokens;
-  if (p.rings()) p.step_tokens = std::min(p.step_tokens, CacheSpec::kWindowStepTokens);
+  if (p.rings()) {
+    p.step_tokens = std::min(p.step_tokens, CacheSpec::kWindowStepTokens);
+    p.fresh_step_tokens = CacheSpec::kWindowStepTokens;
+  }
   return p;
 }
 

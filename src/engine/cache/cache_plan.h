@@ -33,14 +33,21 @@ struct CachePlan {
   int sinks = 0;   // first positions copied (f16)
   int window = 0;  // recent positions copied (f16, or window_format)
   std::optional<Format> window_format;
-  // The most tokens of one sequence one step may append: the copies' ring (kCopyStepTokens) and
-  // the sliding-window layers' rings (CacheSpec::kWindowStepTokens) bound it; the model runs
-  // longer batches in pieces.
+  // The most tokens of one sequence one step may append to a sequence that holds some already:
+  // the copies' ring (kCopyStepTokens) and the sliding-window layers' rings
+  // (CacheSpec::kWindowStepTokens) bound it; the model runs longer batches in pieces.
   int step_tokens = INT_MAX;
+  // The same for a fresh sequence (it holds nothing yet): a fresh run's queries attend to the
+  // run's own keys and values as computed, never to the cache (docs/ENGINE.md, "Fresh
+  // prompts"), so the copies do not bound it (they keep the run's last positions); only the
+  // sliding-window layers' rings do.
+  int fresh_step_tokens = INT_MAX;
   std::vector<LayerPlan> layers;  // [n_layers]
 
   bool copies() const { return sinks > 0 || window > 0; }
   bool rings() const;
+  // The bound on a run of one sequence starting at pos0 (a fresh run at 0).
+  int step_limit(int64_t pos0) const { return pos0 == 0 ? fresh_step_tokens : step_tokens; }
 };
 
 // Throws tqkv::Error(InvalidArgument) for a capacity or sequence count below 1 or a spec without a

@@ -59,9 +59,11 @@ class KvCache {
   virtual void free_sequence(int64_t seq) = 0;
   virtual int64_t seq_len(int64_t seq) const = 0;
 
-  // The most tokens of one sequence a single step may append (CachePlan::step_tokens); the
-  // model splits longer batches, and attend() refuses them.
+  // The most tokens of one sequence a single step may append to a sequence holding some
+  // (CachePlan::step_tokens), and to a fresh one (CachePlan::fresh_step_tokens); the model
+  // splits longer batches, and attend() refuses them.
   int max_step_tokens() const { return plan_.step_tokens; }
+  int max_fresh_step_tokens() const { return plan_.fresh_step_tokens; }
 
   // Checks a whole batch before a forward changes anything (however many steps it then takes):
   // known sequences, each run starting at the sequence's length, room for it. Throws
@@ -71,7 +73,9 @@ class KvCache {
   // One layer of a step (the batch passed check()): centres k and scales q as the spec asks,
   // stores k and v at the batch's positions, then computes the causal attention of every query
   // over its sequence's cached positions, the new ones included (GQA; the layer's sliding
-  // window). Device memory:
+  // window) — except a fresh run's (pos0 0: the sequence held nothing), whose queries attend to
+  // the run's own k and v as computed, whatever the spec stores (docs/ENGINE.md, "Fresh
+  // prompts"). Device memory:
   //   q: [n, n_heads, head_dim] (scaled in place by channel scales), k: [n, n_kv_heads,
   //   head_dim] (centred in place), v: [n, n_kv_heads, head_dim], out: [n, n_heads, head_dim].
   virtual void attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) = 0;

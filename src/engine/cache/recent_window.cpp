@@ -79,7 +79,7 @@ bool RecentWindow::copy_prefix(const RecentWindow& src, int64_t n) {
 }
 
 void RecentWindow::write(int layer, int64_t pos0, int n, const float* k, const float* v) {
-  if (n > max_batch_)
+  if (n > max_batch_ && pos0 != 0)
     throw Error(ErrorCode::Capacity, "recent window: a batch of " + std::to_string(n) + " tokens exceeds max_batch " +
                                          std::to_string(max_batch_));
   if (!covers(layer)) return;
@@ -89,7 +89,14 @@ void RecentWindow::write(int layer, int64_t pos0, int n, const float* k, const f
   for (size_t i = 0; i < static_cast<size_t>(n_sink) * row; ++i)  // check before anything is written
     if (!(std::fabs(k[i]) <= 65504.0f) || !(std::fabs(v[i]) <= 65504.0f))
       throw Error(ErrorCode::Overflow, "attention sink: key or value element beyond the fp16 range (or NaN)");
-  if (window_ > 0) copies_.write(layer, pos0, n, k, v);
+  if (window_ > 0) {
+    // A fresh run (pos0 0) may be longer than the ring: its queries read none of the copies, and
+    // the ring keeps its last positions, all that later queries read.
+    const int keep = std::min(n, copies_.capacity());
+    const int64_t from = pos0 + n - keep;
+    if (from > copies_.seq_len()) copies_.skip_to(from);
+    copies_.write(layer, from, keep, k + static_cast<size_t>(n - keep) * row, v + static_cast<size_t>(n - keep) * row);
+  }
   for (int t = 0; t < n_sink; ++t)
     for (int h = 0; h < H; ++h) {
       const size_t dst = ((static_cast<size_t>(layer) * H + h) * sinks_ + static_cast<size_t>(pos0 + t)) * d;

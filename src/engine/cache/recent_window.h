@@ -58,8 +58,10 @@ class RecentWindow {
 
   // Mirrors what was just written to the main cache for one layer (same positions, same
   // centred keys). Positions must follow on from the previous call; a batch of more than
-  // max_batch tokens throws (Model::forward splits its input instead), so does a sink element
-  // beyond the fp16 range (tqkv::Error(Overflow), nothing written).
+  // max_batch tokens throws (Model::forward splits its input instead) unless it is a fresh run
+  // (pos0 0, whose queries attend to their own keys and values, not to the copies: the ring
+  // keeps its last window + max_batch positions), so does a sink element beyond the fp16 range
+  // (tqkv::Error(Overflow), nothing written).
   void write(int layer, int64_t pos0, int n, const float* k, const float* v);
 
   // Attention of n queries at pos0.. for one covered layer: the sinks' [0, S), the compressed

@@ -120,28 +120,44 @@ void CpuKvCache::check(const Batch& batch) const {
 namespace {
 
 // Throws before anything is written when a run exceeds what one step may append.
-void check_step(const std::vector<Batch::Run>& runs, int max_step) {
+void check_step(const std::vector<Batch::Run>& runs, const CachePlan& plan) {
   for (const Batch::Run& r : runs)  // (Model::forward splits longer runs)
-    if (r.count > max_step)
+    if (r.count > plan.step_limit(r.pos0))
       throw Error(ErrorCode::Capacity, "cache: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
-                                           "this cache takes at most " + std::to_string(max_step));
+                                           "this cache takes at most " + std::to_string(plan.step_limit(r.pos0)) +
+                                           (r.pos0 == 0 ? " of a fresh sequence" : " after the first step"));
+}
+
+// A fresh run's attention: its n queries over the run's own keys and values as computed (f32,
+// causal, within the params' window), read by the same kernels as an f32 cache.
+void fresh_attention(const ModelConfig& m, const float* q, const float* k, const float* v, int n,
+                     const AttentionParams& ap, float* out) {
+  ContiguousCacheConfig c;
+  c.n_layers = 1;
+  c.n_kv_heads = m.n_kv_heads;
+  c.head_dim = m.head_dim;
+  c.capacity = n;
+  c.layer_formats = {find_format("f32")};
+  ContiguousCache own(c);
+  own.write(0, 0, n, k, v);
+  tqkv::attention(own, 0, q, n, 0, ap, out);
 }
 
 }  // namespace
 
 void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
-  check_step(batch.runs(), max_step_tokens());
+  check_step(batch.runs(), plan());
   centring_.apply(layer, batch.size(), k, q);
   if (key_hook()) key_hook()(layer, batch.size(), k, q);
   // The new keys and values go into the (possibly compressed) cache first; attention then
   // reads every earlier position from the cache, exactly as decode will, and (layers with
-  // copies) each query's own key and value as computed.
+  // copies) each query's own key and value as computed — a fresh run reads only its own.
   write(layer, batch, k, v);
   attention(layer, batch, q, out, k, v);
 }
 
 void CpuKvCache::store(int layer, const Batch& batch, float* k, const float* v) {
-  check_step(batch.runs(), max_step_tokens());
+  check_step(batch.runs(), plan());
   centring_.apply(layer, batch.size(), k, nullptr);
   write(layer, batch, k, v);
   Stored& st = stored_.at(layer);
@@ -163,6 +179,11 @@ void CpuKvCache::attend_stored(int layer, const Batch& batch, float* q, float* o
                                [](const Batch::Run& a, const Batch::Run& b) {
                                  return a.seq == b.seq && a.pos0 == b.pos0 && a.count == b.count && a.begin == b.begin;
                                });
+  if (!same)
+    for (const Batch::Run& r : runs)
+      if (r.pos0 == 0)
+        throw Error(ErrorCode::InvalidArgument, "cache: a fresh sequence's queries attend to their own keys and values: "
+                                                "store() them in the same batch before attend_stored()");
   attention(layer, batch, q, out, same ? st.k.data() : nullptr, same ? st.v.data() : nullptr);
 }
 
@@ -195,7 +216,8 @@ void CpuKvCache::write(int layer, const Batch& batch, const float* k, const floa
 
 void CpuKvCache::attention(int layer, const Batch& batch, const float* q, float* out, const float* k_new,
                            const float* v_new) {
-  if (!fold_newest_) k_new = v_new = nullptr;
+  const float* k_fold = fold_newest_ ? k_new : nullptr;
+  const float* v_fold = fold_newest_ ? v_new : nullptr;
   const ModelConfig& m = spec().model;
   const size_t kv_row = static_cast<size_t>(m.n_kv_heads) * m.head_dim;
   AttentionParams ap;
@@ -209,14 +231,18 @@ void CpuKvCache::attention(int layer, const Batch& batch, const float* q, float*
     const size_t t0 = static_cast<size_t>(r.begin);
     const float* qr = q + t0 * q_row;
     float* o = out + t0 * q_row;
+    if (r.pos0 == 0) {  // fresh: the run's own keys and values, whatever the cache stores
+      fresh_attention(m, qr, k_new + t0 * kv_row, v_new + t0 * kv_row, r.count, ap, o);
+      continue;
+    }
     // The compressed part: the ring of a sliding-window layer, else the sequence's pages.
     const CompressedPart compressed = [&](const AttentionParams& p, float* part_out) {
       if (in_ring_[layer]) tqkv::attention(*s.ring, li, qr, r.count, r.pos0, p, part_out);
       else paged_chunk_attention(pages_, li, r.seq, qr, r.count, r.pos0, p, part_out);
     };
     if (RecentWindow* w = copies_of(s, layer))
-      w->attention(compressed, li, qr, r.count, r.pos0, ap, o, k_new ? k_new + t0 * kv_row : nullptr,
-                   v_new ? v_new + t0 * kv_row : nullptr);
+      w->attention(compressed, li, qr, r.count, r.pos0, ap, o, k_fold ? k_fold + t0 * kv_row : nullptr,
+                   v_fold ? v_fold + t0 * kv_row : nullptr);
     else
       compressed(ap, o);
   }

@@ -41,9 +41,11 @@ class CpuKvCache final : public KvCache {
   // queries (tqkv.transformers): store() centres k in place and writes k, v at the batch's
   // positions; attend_stored() scales q in place and computes the attention of the batch's
   // queries over what is stored, those positions included. attend() = store + attend_stored
-  // (no key hook here). A sequence may take at most max_step_tokens() positions between the two.
-  // The layer's last store() is kept (its keys and values as given), so that attend_stored()
-  // folds each query's own position in from it as attend() does (RecentWindow::attention).
+  // (no key hook here). A sequence may take at most plan().step_limit() positions between the
+  // two. The layer's last store() is kept (its keys and values as given), so that
+  // attend_stored() folds each query's own position in from it as attend() does
+  // (RecentWindow::attention), and a fresh run attends to them; attend_stored() of a fresh run
+  // that its layer's last store() did not write throws tqkv::Error(InvalidArgument).
   void store(int layer, const Batch& batch, float* k, const float* v);
   void attend_stored(int layer, const Batch& batch, float* q, float* out);
 
@@ -72,8 +74,10 @@ class CpuKvCache final : public KvCache {
   // The slots of a run at a paged layer: appended when the run starts the step, else the step's.
   const std::vector<int64_t>& run_slots(Sequence& s, const Batch::Run& r);
   void write(int layer, const Batch& batch, const float* k, const float* v);
-  // k_new, v_new: the batch's keys and values as written, folded in exactly at each query's own
-  // position (layers with copies; null: every position read back from the cache).
+  // k_new, v_new: the batch's keys and values as written: a fresh run's queries attend to them
+  // alone; with TQKV_FOLD_NEWEST they are folded in exactly at each query's own position
+  // (layers with copies). Null (attend_stored of another batch, never a fresh run): every
+  // position read back from the cache.
   void attention(int layer, const Batch& batch, const float* q, float* out, const float* k_new, const float* v_new);
 
   // A layer's last store(): the batch it wrote and its keys (centred) and values.

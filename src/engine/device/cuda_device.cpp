@@ -613,8 +613,9 @@ void CudaDevice::run_step(const Batch& batch, KvCache& cache, const void* model,
   StepRecorder* cc = impl_->graphs ? cache.step_recorder() : nullptr;
   const int n = batch.size();
   bool decode = cc && batch.n_logits() == n;
+  // (A fresh sequence's first token attends to itself through the tiled kernel, not as a row.)
   if (decode)
-    for (const Batch::Run& r : batch.runs()) decode = decode && r.count == 1;
+    for (const Batch::Run& r : batch.runs()) decode = decode && r.count == 1 && r.pos0 > 0;
   const int bucket = decode ? graph_bucket(n) : 0;
   if (bucket == 0) return step(batch, logits);
 

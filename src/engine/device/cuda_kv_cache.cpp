@@ -340,14 +340,19 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
   for (size_t j = 0; j < n_runs; ++j) {
     const Batch::Run& r = step_.runs[j];
     const Sequence* s = r.seq == kPadSeq ? nullptr : &seqs_.at(r.seq);
-    const bool as_rows = prefill_rows(r.count);
+    // A fresh run attends to its own keys and values (attend_fresh), never as rows.
+    const bool as_rows = !fresh(r) && prefill_rows(r.count);
     step_.as_rows.push_back(as_rows);
+    // The window's ring of R blocks keeps the run's last (R - 1) blocks' worth of positions (a
+    // fresh run may be longer than the ring; none of its queries read the ring).
+    const int64_t ring_from = r.pos0 + r.count - static_cast<int64_t>(std::max(R - 1, 0)) * kBlockSize;
     for (int i = 0; i < r.count; ++i) {
       const int64_t pos = r.pos0 + i;
       if (s) {
         const int64_t slot = s->slot;
         slots[r.begin + i] = static_cast<int64_t>(s->blocks[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
-        if (R > 0) slots[n + r.begin + i] = (slot * R + (pos / kBlockSize) % R) * kBlockSize + pos % kBlockSize;
+        if (R > 0 && pos >= ring_from)
+          slots[n + r.begin + i] = (slot * R + (pos / kBlockSize) % R) * kBlockSize + pos % kBlockSize;
         if (pos < sinks_) slots[2 * n + r.begin + i] = (slot * SB + pos / kBlockSize) * kBlockSize + pos % kBlockSize;
         if (RS > 0) slots[slide_at + r.begin + i] = int64_t{slide_block(s->slot, pos / kBlockSize)} * kBlockSize + pos % kBlockSize;
       }
@@ -653,9 +658,10 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     if (n != bucket) throw Error(ErrorCode::InvalidArgument, "cache: the step is not the size of its prepared bucket");
   } else if (layer == 0) {
     for (const Batch::Run& r : batch.runs())  // before anything is written (Model::forward splits longer runs)
-      if (r.count > max_step_tokens())
+      if (r.count > plan().step_limit(r.pos0))
         throw Error(ErrorCode::Capacity, "cache: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
-                                             "this cache takes at most " + std::to_string(max_step_tokens()));
+                                             "this cache takes at most " + std::to_string(plan().step_limit(r.pos0)) +
+                                             (r.pos0 == 0 ? " of a fresh sequence" : " after the first step"));
     prepare(batch);
   }
   const int D = m.head_dim, hq = m.n_heads, hkv = m.n_kv_heads;
@@ -801,6 +807,10 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
   for (size_t j = 0; j < step_.runs.size(); ++j) {
     const Batch::Run& r = step_.runs[j];
     if (rows && step_.as_rows[j]) continue;  // attended as decode rows
+    if (fresh(r)) {
+      attend_fresh(L, r, q, k, v, out, scale, window);
+      continue;
+    }
     if (covered) {
       prefill_parts(L, j, q, k, v, out, scale, centre_in_store ? mean_ + centring_off : nullptr, fold_newest_);
       continue;
@@ -826,6 +836,38 @@ void CudaKvCache::attend_prefill(cuda::PrefillArgs& pa) {
     pa.workspace_bytes = split_ws_bytes_;
   }
   cuda::prefill_attention(pa, stream_);
+}
+
+// A fresh run's queries over its own keys and values as computed (k centred as the queries
+// expect, or not at all where the store centres: a shift of every key by one vector moves each
+// query's scores by one constant, which the softmax does not see): rounded to f16 for the tensor
+// cores, or as they are (the exact scalar kernel) in f32 layers, whose cache is the reference.
+void CudaKvCache::attend_fresh(const Layer& L, const Batch::Run& r, const float* q, const float* k, const float* v,
+                               float* out, float scale, int window) {
+  const ModelConfig& m = spec().model;
+  const size_t kv_row = static_cast<size_t>(m.n_kv_heads) * m.head_dim, q_row = static_cast<size_t>(m.n_heads) * m.head_dim;
+  const float* kr = k + static_cast<size_t>(r.begin) * kv_row;
+  const float* vr = v + static_cast<size_t>(r.begin) * kv_row;
+  const bool exact = workspace_dtype(L.codec.format(), workspace_bf16_) == cuda::DType::F32;
+  cuda::PrefillArgs pa = workspace_prefill(r, q + static_cast<size_t>(r.begin) * q_row,
+                                           out + static_cast<size_t>(r.begin) * q_row, cuda::DType::F32, scale);
+  if (exact) {
+    pa.k = kr;
+    pa.v = vr;
+  } else {
+    const size_t n = static_cast<size_t>(r.count) * kv_row;
+    auto* kh = static_cast<uint16_t*>(grow(kws_, kws_bytes_, n * sizeof(uint16_t)));
+    auto* vh = static_cast<uint16_t*>(grow(vws_, vws_bytes_, n * sizeof(uint16_t)));
+    cuda::f32_to_f16(kr, kh, n, stream_);
+    cuda::f32_to_f16(vr, vh, n, stream_);
+    pa.k = kh;
+    pa.v = vh;
+    pa.kv_dtype = cuda::DType::F16;
+  }
+  pa.n_kv = r.count;
+  pa.kv_start = 0;
+  pa.window = window;
+  attend_prefill(pa);
 }
 
 cuda::PrefillArgs CudaKvCache::workspace_prefill(const Batch::Run& r, const float* q, float* out, cuda::DType dtype,

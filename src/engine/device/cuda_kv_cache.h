@@ -27,7 +27,9 @@
 // launches over an f16 conversion of its pool (Layer::generic), without graphs. Copies need no
 // sliding-window layers.
 //
-// Prefill chunks take one of two paths, chosen per chunk (prefill_rows();
+// A fresh run (the sequence held nothing: attend_fresh) attends to its own keys and values,
+// rounded to f16 (f32 layers: as they are), through the tiled kernel, at any length; the window's
+// ring keeps its last positions. Other prefill chunks take one of two paths, chosen per chunk (prefill_rows();
 // TQKV_PREFILL_PATH=auto|tiled|rows): every query as a row of the split-KV decode kernel over
 // the pages, or dequantize + the tiled kernel, above (with copies: each part of the layer,
 // prefill_parts). Auto
@@ -232,6 +234,11 @@ class CudaKvCache final : public KvCache, public StepRecorder {
   // cuda::prefill_attention(pa) on the step's stream, with the split workspace (split_ws_) it asks
   // for where a run is too short to fill the GPU.
   void attend_prefill(cuda::PrefillArgs& pa);
+  // A run of a sequence that held nothing before this step (pos0 0; not a bucket's padding).
+  static bool fresh(const Batch::Run& r) { return r.seq >= 0 && r.pos0 == 0; }
+  // A fresh run (fresh(r)): its queries through the tiled kernel over the run's own k and v.
+  void attend_fresh(const Layer& L, const Batch::Run& r, const float* q, const float* k, const float* v, float* out,
+                    float scale, int window);
   // A prefill run (step_.runs[run]) of a layer with copies through the tiled kernel: its parts
   // as the rows see them, merged into out (the run's rows of [n, n_heads, head_dim]).
   void prefill_parts(const Layer& L, size_t run, const float* q, const float* k, const float* v, float* out,

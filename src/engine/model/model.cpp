@@ -170,29 +170,43 @@ void Model::forward(const Batch& batch, KvCache& cache, const LogitsOut& logits)
     if (batch.tokens[t] < 0 || batch.tokens[t] >= cfg_.n_vocab)
       throw Error(ErrorCode::OutOfRange, "forward: token id " + std::to_string(batch.tokens[t]) + " out of range");
   cache.check(batch);  // the whole batch's room, before anything changes
-  const int step = cache.max_step_tokens();
+  const CachePlan& plan = cache.plan();
   const std::vector<Batch::Run> runs = batch.runs();
-  int longest = 0;
-  for (const Batch::Run& r : runs) longest = std::max(longest, r.count);
-  if (longest <= step) {
+  bool fits = true;
+  for (const Batch::Run& r : runs) fits = fits && r.count <= plan.step_limit(r.pos0);
+  if (fits) {
     device_->run_step(batch, cache, &weights_, logits, [&](const Batch& b, const LogitsOut& out) {
       arch_->forward(cfg_, weights_, *device_, b, cache, out);
     });
     return;
   }
-  // The cache takes at most `step` new tokens of a sequence at a time (its copies' ring): run
-  // the batch in pieces of at most `step` tokens; a later piece attends to the earlier ones
-  // through the cache.
+  // The cache takes at most plan.step_limit(pos0) new tokens of a sequence at a time (the rings
+  // of its copies and sliding-window layers): the batch runs in pieces, each a span of its
+  // tokens in batch order, cut where a run reaches its limit; a later piece attends to the
+  // earlier ones through the cache.
+  std::vector<int> cuts;  // token offsets where a piece ends
+  for (const Batch::Run& r : runs) {
+    int64_t pos = r.pos0;
+    for (int done = 0; done < r.count;) {
+      const int take = static_cast<int>(std::min<int64_t>(r.count - done, plan.step_limit(pos)));
+      done += take;
+      pos += take;
+      if (done < r.count) cuts.push_back(r.begin + done);
+    }
+  }
+  cuts.push_back(n);
   size_t logit_row = 0;
-  for (int t0 = 0; t0 < n; t0 += step) {
-    const int m = std::min(step, n - t0);
+  int t0 = 0;
+  for (int t1 : cuts) {
+    if (t1 <= t0) continue;
     Batch piece;
-    piece.tokens.assign(batch.tokens.begin() + t0, batch.tokens.begin() + t0 + m);
-    piece.positions.assign(batch.positions.begin() + t0, batch.positions.begin() + t0 + m);
-    piece.seqs.assign(batch.seqs.begin() + t0, batch.seqs.begin() + t0 + m);
-    piece.logits.assign(batch.logits.begin() + t0, batch.logits.begin() + t0 + m);
+    piece.tokens.assign(batch.tokens.begin() + t0, batch.tokens.begin() + t1);
+    piece.positions.assign(batch.positions.begin() + t0, batch.positions.begin() + t1);
+    piece.seqs.assign(batch.seqs.begin() + t0, batch.seqs.begin() + t1);
+    piece.logits.assign(batch.logits.begin() + t0, batch.logits.begin() + t1);
     arch_->forward(cfg_, weights_, *device_, piece, cache, logits.from_row(logit_row, cfg_.n_vocab));
     logit_row += piece.n_logits();
+    t0 = t1;
   }
 }
 

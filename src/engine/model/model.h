@@ -48,7 +48,7 @@ class Model {
   // out: logits [batch.n_logits(), n_vocab] host floats, rows in batch order of the tokens whose
   // logits flag is set, or (LogitsOut::greedy) only each such row's argmax — on a GPU picked
   // there, so that a decode step copies one id per sequence rather than its logits. Checks the whole batch (token ids, positions, capacity) before
-  // anything changes; batches longer than the cache's max_step_tokens() run in pieces.
+  // anything changes; a run longer than the cache plan's step_limit() runs in pieces.
   void forward(const Batch& batch, KvCache& cache, const LogitsOut& out) const;
 
   // One sequence: n tokens appended at its end; logits [n, n_vocab] when all_logits, else
