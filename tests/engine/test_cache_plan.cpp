@@ -39,6 +39,11 @@ TEST(CachePlan, CopiesCoverTheCompressedLayersAndBoundTheStep) {
   EXPECT_EQ(p.fresh_step_tokens, INT_MAX);
   EXPECT_EQ(p.step_limit(0), INT_MAX);
   EXPECT_EQ(p.step_limit(1), CachePlan::kCopyStepTokens);
+  // The window's ring: the window and one step; a longer fresh run leaves it its last positions.
+  EXPECT_EQ(p.copy_ring_positions(), 64 + CachePlan::kCopyStepTokens);
+  EXPECT_EQ(p.copy_ring_from(0, 100), 0);
+  EXPECT_EQ(p.copy_ring_from(0, 1000), 1000 - 64 - CachePlan::kCopyStepTokens);
+  EXPECT_EQ(p.copy_ring_from(700, 512), 700);
   for (int l = 0; l < 6; ++l) EXPECT_EQ(p.layers[l].copies, l > 0 && l < 5) << l;
 }
 

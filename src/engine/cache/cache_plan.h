@@ -2,6 +2,7 @@
 // (cache_spec.h) and shape, the same for every device. The CPU and CUDA caches (device/) build
 // storage and run kernels for a plan; neither decides any of it again.
 #pragma once
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <optional>
@@ -45,6 +46,14 @@ struct CachePlan {
   std::vector<LayerPlan> layers;  // [n_layers]
 
   bool copies() const { return sinks > 0 || window > 0; }
+  // Positions the recent window's ring of copies holds: the window and one step, so that every
+  // query of a step finds its window there (0 without a window; RecentWindow's window + max_batch).
+  int64_t copy_ring_positions() const { return window > 0 ? int64_t{window} + kCopyStepTokens : 0; }
+  // The first position of a run [pos0, pos0 + count) the window's ring keeps: the whole run, or
+  // the last copy_ring_positions() of a longer (fresh) run, whose queries read none of them.
+  int64_t copy_ring_from(int64_t pos0, int count) const {
+    return std::max(pos0, pos0 + count - copy_ring_positions());
+  }
   bool rings() const;
   // The bound on a run of one sequence starting at pos0 (a fresh run at 0).
   int step_limit(int64_t pos0) const { return pos0 == 0 ? fresh_step_tokens : step_tokens; }

@@ -69,6 +69,7 @@ int64_t CpuKvCache::add_sequence() {
   if (p.copies()) {
     const Format* wf = p.window_format ? &*p.window_format : nullptr;
     const CopiedLayers paged{config_.layer_formats, config_.n_kv_heads, config_.head_dim, config_.seed};
+    // (a ring of window + kCopyStepTokens positions: the plan's copy_ring_positions())
     s.copies = std::make_unique<RecentWindow>(paged, p.window, CachePlan::kCopyStepTokens, p.sinks, wf);
     if (s.ring) {
       const CopiedLayers ring{ring_config_.layer_formats, ring_config_.n_kv_heads, ring_config_.head_dim,

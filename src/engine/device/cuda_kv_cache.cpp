@@ -24,8 +24,6 @@ void ck(cudaError_t e, const char* what) {
   throw Error(ErrorCode::InvalidArgument, "cache spec: " + what + " is not on the GPU yet (use --device cpu)");
 }
 
-constexpr int kCopyStepTokens = CachePlan::kCopyStepTokens;  // the copies' ring holds the window and one step
-
 // Prefill runs, TQKV_PREFILL_PATH=auto: runs of at least this many queries dequantize their
 // history and take the tiled kernel (tensor cores), shorter ones attend as decode rows. Measured
 // on the H200 (SmolLM2-135M: d = 64, 9 query : 3 kv heads; `tqkv bench decode --prefill-chunk
@@ -95,7 +93,7 @@ CudaKvCache::CudaKvCache(const CacheSpec& spec, const CacheShape& shape, std::sh
     }
     if (slide_ > 0 && sinks_ > 1) not_yet("more than one attention sink with sliding-window layers");
     if (m.n_heads / m.n_kv_heads > 8) not_yet("attention sinks or a recent window with more than 8 query heads per kv head");
-    ring_blocks_ = window_ > 0 ? (window_ + kCopyStepTokens + kBlockSize - 1) / kBlockSize + 1 : 0;
+    ring_blocks_ = window_ > 0 ? static_cast<int>((plan().copy_ring_positions() + kBlockSize - 1) / kBlockSize) + 1 : 0;
     sink_blocks_ = (sinks_ + kBlockSize - 1) / kBlockSize;
   }
   if (m.head_dim != 64 && m.head_dim != 128 && m.head_dim != 256)
@@ -343,9 +341,9 @@ void CudaKvCache::prepare(const Batch& batch, int bucket) {
     // A fresh run attends to its own keys and values (attend_fresh), never as rows.
     const bool as_rows = !fresh(r) && prefill_rows(r.count);
     step_.as_rows.push_back(as_rows);
-    // The window's ring of R blocks keeps the run's last (R - 1) blocks' worth of positions (a
-    // fresh run may be longer than the ring; none of its queries read the ring).
-    const int64_t ring_from = r.pos0 + r.count - static_cast<int64_t>(std::max(R - 1, 0)) * kBlockSize;
+    // The window's ring keeps the run's last positions (a fresh run may be longer than the ring;
+    // none of its queries read it): at most copy_ring_positions() <= (R - 1) blocks, distinct slots.
+    const int64_t ring_from = plan().copy_ring_from(r.pos0, r.count);
     for (int i = 0; i < r.count; ++i) {
       const int64_t pos = r.pos0 + i;
       if (s) {
