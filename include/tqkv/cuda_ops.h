@@ -76,6 +76,12 @@ void bf16_to_f32(const uint16_t* x, float* y, size_t n, cudaStream_t stream = nu
 // Round to nearest even (beyond the fp16 range: infinity), NaN kept.
 void f32_to_f16(const float* x, uint16_t* y, size_t n, cudaStream_t stream = nullptr);
 
+// GGUF weights kept quantized on the device: n elements (whole blocks) of type `type` (a GGUF
+// type id: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) at `blocks` expanded to bf16 into out,
+// bit for bit the CPU's dequantize rounded by float_to_bf16 (tqkv/gguf_blocks.h decodes both).
+bool dequant_weights_supports(uint32_t type);
+void dequant_weights_bf16(uint32_t type, const void* blocks, size_t n, uint16_t* out, cudaStream_t stream = nullptr);
+
 // Skinny products for decode steps (ops/skinny_gemm.cu): y[n, rows] = x[n, cols] * w[rows, cols]^T
 // (+ bias[rows]) on the tensor cores, bf16 weights (raw patterns), float32 accumulation and
 // output, for n <= kSkinnyMaxRows rows of x and cols a multiple of 8 (skinny_gemm_supports). The

@@ -54,6 +54,9 @@ constexpr OptionInfo kOptions[] = {
      "the fused operations (residual add + RMSNorm, RoPE + store, ...) rather than their plain ones (set_fused_ops)"},
     {"TQKV_CUDA_SKINNY_MAX", K::Count, "16", "GPU",
      "products of at most this many rows take the skinny kernel, not cuBLAS (0: always cuBLAS)", 0, 64},
+    {"TQKV_CUDA_WEIGHTS", K::Choice, "bf16", "GPU",
+     "the layers' weight matrices in GPU memory: bf16, or kept in their GGUF blocks (Q4_0/1, Q5_0/1, Q8_0, Q4_K, "
+     "Q6_K) and expanded to bf16 by each product", 0, 0, "bf16|quantized"},
     // The GPU cache.
     {"TQKV_FUSED_MAX_ROWS", K::Count, "256", "GPU",
      "steps of at most this many decode rows take the fused launch; larger ones the three launches", 0, INT_MAX},

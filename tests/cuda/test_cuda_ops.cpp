@@ -16,6 +16,7 @@
 #include "../common/scoped_env.h"
 #include "tqkv/cuda_ops.h"
 #include "tqkv/error.h"
+#include "tqkv/gguf_blocks.h"
 #include "tqkv/half.h"
 
 namespace {
@@ -250,6 +251,59 @@ TEST(CudaOps, Bf16Conversion) {
   cuda::bf16_to_f32(dh.p, back.p, x.size());
   const std::vector<float> b = back.host();
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(b[i], bf16_to_float(h[i]));
+}
+
+// Weights kept quantized: every GGUF block type the GPU decodes, random blocks (finite fp16
+// scales), expanded on the device bit for bit as the CPU's decoder of the same header and
+// float_to_bf16 give them; f32 -> f16 as float_to_half rounds (the fresh prompts' K/V).
+template <gguf::TensorType T>
+void check_dequant_weights(std::mt19937_64& rng) {
+  constexpr int be = gguf::block_elems(T), bb = gguf::block_bytes(T);
+  const int nb = 37;
+  std::vector<uint8_t> blocks(static_cast<size_t>(nb) * bb);
+  for (uint8_t& b : blocks) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-0.5f, 0.5f);
+  for (int i = 0; i < nb; ++i) {  // the fp16 scales: finite (Q6_K's at byte 208, the others' at 0 and 2)
+    uint8_t* b = blocks.data() + static_cast<size_t>(i) * bb;
+    for (int at : T == gguf::TensorType::Q6_K ? std::vector<int>{208} : std::vector<int>{0, 2}) {
+      const uint16_t h = float_to_half(scale(rng));
+      b[at] = static_cast<uint8_t>(h & 0xff);
+      b[at + 1] = static_cast<uint8_t>(h >> 8);
+    }
+  }
+  const size_t n = static_cast<size_t>(nb) * be;
+  Dev<uint8_t> d_blocks(blocks);
+  Dev<uint16_t> out(n, 0);
+  ASSERT_TRUE(cuda::dequant_weights_supports(static_cast<uint32_t>(T)));
+  cuda::dequant_weights_bf16(static_cast<uint32_t>(T), d_blocks.p, n, out.p);
+  const std::vector<uint16_t> got = out.host();
+  for (size_t i = 0; i < n; ++i) {
+    const float want = gguf::element<T>(blocks.data() + (i / be) * bb, static_cast<int>(i % be));
+    ASSERT_EQ(got[i], float_to_bf16(want)) << "type " << static_cast<int>(T) << " element " << i;
+  }
+  EXPECT_THROW(cuda::dequant_weights_bf16(static_cast<uint32_t>(T), d_blocks.p, n - 1, out.p), Error);
+}
+
+TEST(CudaOps, DequantWeightsMatchTheHostDecoder) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(11);
+  using gguf::TensorType;
+  check_dequant_weights<TensorType::Q4_0>(rng);
+  check_dequant_weights<TensorType::Q4_1>(rng);
+  check_dequant_weights<TensorType::Q5_0>(rng);
+  check_dequant_weights<TensorType::Q5_1>(rng);
+  check_dequant_weights<TensorType::Q8_0>(rng);
+  check_dequant_weights<TensorType::Q4_K>(rng);
+  check_dequant_weights<TensorType::Q6_K>(rng);
+  EXPECT_FALSE(cuda::dequant_weights_supports(static_cast<uint32_t>(TensorType::F32)));
+  EXPECT_FALSE(cuda::dequant_weights_supports(static_cast<uint32_t>(TensorType::Q5_K)));
+  // f32 -> f16, round to nearest even, beyond the range to infinity.
+  const std::vector<float> x = {0.0f, -0.0f, 1.0f / 3, 65504.0f, 65520.0f, -1e6f, 6e-8f, 1e-3f};
+  Dev<float> dx(x);
+  Dev<uint16_t> dh(x.size(), 0);
+  cuda::f32_to_f16(dx.p, dh.p, x.size());
+  const std::vector<uint16_t> h = dh.host();
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(h[i], float_to_half(x[i])) << x[i];
 }
 
 TEST(CudaOps, CentreKeys) {

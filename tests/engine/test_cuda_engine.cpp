@@ -176,6 +176,29 @@ TEST_F(CudaSmol, LogitsMatchCpu) {
   }
 }
 
+// TQKV_CUDA_WEIGHTS=quantized: the layers' matrices stay in their GGUF blocks (SmolLM2's Q4_1),
+// and each product expands them to the very bf16 the default holds, so the logits are the
+// default's bit for bit — prefill, decode steps op by op and replayed graphs — in less memory.
+TEST_F(CudaSmol, QuantizedWeightsGiveTheBf16Logits) {
+  std::unique_ptr<Model> q;
+  {
+    testing_util::ScopedEnv env("TQKV_CUDA_WEIGHTS", "quantized");
+    q = std::make_unique<Model>(Model::load(*file_, make_device("cuda")));
+  }
+  q->set_spec_sources(cpu_->spec_sources());
+  std::printf("[ weights ] bf16 %.1f MiB, quantized %.1f MiB\n", gpu_->weight_bytes() / 1048576.0,
+              q->weight_bytes() / 1048576.0);
+  EXPECT_LT(static_cast<double>(q->weight_bytes()), 0.6 * static_cast<double>(gpu_->weight_bytes()));
+  const std::vector<int32_t> ids = chat("Tell me a short story about a robot who learns to paint.");
+  for (const std::string spec : {"f16", "tq-4.375"}) {
+    SCOPED_TRACE(spec);
+    EXPECT_EQ(run(*q, ids, spec, 8), run(*gpu_, ids, spec, 8));
+    EXPECT_EQ(greedy(*q, ids, spec, 24), greedy(*gpu_, ids, spec, 24));
+  }
+  testing_util::ScopedEnv bad("TQKV_CUDA_WEIGHTS", "int4");
+  EXPECT_THROW(make_device("cuda"), Error);
+}
+
 // A fresh prompt attends to its own keys and values (f16 on the GPU, f32 on the CPU), whatever
 // the spec stores, in one step at any length — 600 positions here, past the copies' 512 a
 // step — and the decode steps after it read the cache: the prompt's logits are the f16 cache's

@@ -119,11 +119,23 @@ CudaMatrix::CudaMatrix(int rows, int cols, const float* host) : DeviceMatrix(row
   const size_t n = static_cast<size_t>(rows) * cols;
   std::vector<uint16_t> b(n);
   for (size_t i = 0; i < n; ++i) b[i] = float_to_bf16(host[i]);
+  bytes_ = n * 2;
   ck(cudaMalloc(reinterpret_cast<void**>(&w_), std::max<size_t>(n, 1) * 2), "allocating a weight matrix");
   ck(cudaMemcpy(w_, b.data(), n * 2, cudaMemcpyHostToDevice), "uploading a weight matrix");
 }
 
-CudaMatrix::~CudaMatrix() { cudaFree(w_); }
+CudaMatrix::CudaMatrix(int rows, int cols, uint32_t type, const void* blocks, size_t bytes)
+    : DeviceMatrix(rows, cols), type_(type), bytes_(bytes) {
+  if (!cuda::dequant_weights_supports(type) || bytes == 0)
+    throw Error(ErrorCode::InvalidArgument, "cuda: weights of GGUF type " + std::to_string(type) + " cannot stay quantized");
+  ck(cudaMalloc(&blocks_, bytes), "allocating a quantized weight matrix");
+  ck(cudaMemcpy(blocks_, blocks, bytes, cudaMemcpyHostToDevice), "uploading a quantized weight matrix");
+}
+
+CudaMatrix::~CudaMatrix() {
+  cudaFree(w_);
+  cudaFree(blocks_);
+}
 
 // cuBLAS's workspace, fixed so that a recorded product uses the one it will replay with.
 constexpr size_t kBlasWorkspace = size_t{32} << 20;
@@ -157,6 +169,12 @@ struct CudaDevice::Impl {
   uint16_t* xb_alt = nullptr;  // a second one: a fused product that reads xb writes its output's copy here
   size_t xb_alt_n = 0;         // (matmul_glu swaps the two)
   std::vector<uint16_t*> old_xb;  // outgrown copies: recorded graphs may still read them
+  // Quantized weights (TQKV_CUDA_WEIGHTS=quantized): bf16 scratch slots a product's matrices are
+  // expanded into, each of the largest quantized matrix's elements, sized as the model loads (a
+  // recorded graph reads them where it read them).
+  bool quantized_weights = false;
+  uint16_t* wscratch[cuda::kMaxSkinnyProducts] = {};
+  size_t wscratch_n = 0;
   void* ints = nullptr;  // uploaded host metadata (token ids, positions, rows)
   size_t ints_bytes = 0;
   int32_t* picks = nullptr;  // argmax ids of a step's rows (logits_out, run_step)
@@ -257,12 +275,14 @@ CudaDevice::CudaDevice(int ordinal) : impl_(std::make_unique<Impl>()) {
   impl_->graphs = env_bool("TQKV_CUDA_GRAPHS");  // 0: every step op by op
   impl_->fused = env_bool("TQKV_FUSE_OPS");      // 0: the fused operations as their plain ones
   impl_->skinny_max = static_cast<int>(env_count("TQKV_CUDA_SKINNY_MAX", kSkinnyDefault));
+  impl_->quantized_weights = env_choice("TQKV_CUDA_WEIGHTS") == "quantized";
 }
 
 CudaDevice::~CudaDevice() {
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
   cudaFree(impl_->xb);
   cudaFree(impl_->xb_alt);
+  for (uint16_t* p : impl_->wscratch) cudaFree(p);
   for (uint16_t* p : impl_->old_xb) cudaFree(p);
   cudaFree(impl_->ints);
   cudaFree(impl_->picks);
@@ -315,16 +335,46 @@ void CudaDevice::logits_out(const float* src, int rows, int cols, const LogitsOu
   ck(cudaStreamSynchronize(impl_->stream), "copying logits");
 }
 
+// With TQKV_CUDA_WEIGHTS=quantized the layers' matrices stay in their GGUF blocks (those of a
+// type the GPU decodes); the token embedding and the output head stay bf16 (the embedding's rows
+// are gathered as bf16, and a tied head is the same matrix).
 std::unique_ptr<DeviceMatrix> CudaDevice::load_matrix(const GgufTensor& t, int rows, int cols) {
+  const TensorTypeTraits* tr = tensor_type_traits(t.type);
+  if (impl_->quantized_weights && t.name.rfind("blk.", 0) == 0 && cuda::dequant_weights_supports(t.type) && tr &&
+      cols % tr->block_elems == 0) {
+    check_tensor_shape(t, cols, rows);
+    check_tensor_finite(t);
+    const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+    if (n > impl_->wscratch_n) {  // at load, before any step: no graph reads the old slots yet
+      ck(cudaDeviceSynchronize(), "growing the weights' scratch");
+      for (uint16_t*& p : impl_->wscratch) {
+        cudaFree(p);
+        p = nullptr;
+        ck(cudaMalloc(reinterpret_cast<void**>(&p), n * 2), "allocating the weights' scratch");
+      }
+      impl_->wscratch_n = n;
+    }
+    const size_t bytes = n / tr->block_elems * tr->block_bytes;
+    return std::make_unique<CudaMatrix>(rows, cols, t.type, t.data, bytes);
+  }
   const std::vector<float> f = expand_tensor(t, cols, rows);
   return std::make_unique<CudaMatrix>(rows, cols, f.data());
 }
 
+const uint16_t* CudaDevice::weights(const DeviceMatrix& dm, int slot) {
+  const auto& m = static_cast<const CudaMatrix&>(dm);
+  if (!m.quantized()) return m.bf16();
+  const size_t n = static_cast<size_t>(m.rows()) * static_cast<size_t>(m.cols());
+  if (slot < 0 || slot >= cuda::kMaxSkinnyProducts || n > impl_->wscratch_n)
+    throw Error(ErrorCode::InvalidArgument, "cuda: no scratch slot for a quantized matrix");
+  cuda::dequant_weights_bf16(m.type(), m.blocks(), n, impl_->wscratch[slot], impl_->stream);
+  return impl_->wscratch[slot];
+}
+
 void CudaDevice::embed(const DeviceMatrix& table, const int32_t* tokens, int n, float scale, float* x) {
   impl_->unstage();
-  const auto& m = static_cast<const CudaMatrix&>(table);
   const auto* d_tokens = static_cast<const int32_t*>(impl_->input(tokens, static_cast<size_t>(n) * sizeof(int32_t)));
-  cuda::embed_rows(m.bf16(), m.cols(), d_tokens, n, scale, x, impl_->stream);
+  cuda::embed_rows(weights(table, 0), table.cols(), d_tokens, n, scale, x, impl_->stream);
 }
 
 // The products' bf16 input buffer, grown to at least nx elements.
@@ -351,14 +401,14 @@ void CudaDevice::stage_input(const float* x, size_t nx) {
 
 // y[n, out] = staged x[n, in] * W[out, in]^T: in cuBLAS's column-major terms y^T = W^T(op T) * x^T.
 void CudaDevice::gemm_staged(int n, const DeviceMatrix& wm, float* y, const float* bias) {
-  const auto& w = static_cast<const CudaMatrix&>(wm);
-  const int in = w.cols(), out = w.rows();
+  const int in = wm.cols(), out = wm.rows();
+  const uint16_t* w = weights(wm, 0);
   if (skinny_single(n, out, in)) {
-    const cuda::SkinnyProduct p{w.bf16(), out, y, bias};
+    const cuda::SkinnyProduct p{w, out, y, bias};
     return cuda::skinny_gemm(impl_->xb, nullptr, n, in, &p, 1, impl_->stream);
   }
   const float one = 1.0f, zero = 0.0f;
-  ck_blas(cublasGemmEx(impl_->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w.bf16(), CUDA_R_16BF, in, impl_->xb,
+  ck_blas(cublasGemmEx(impl_->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, CUDA_R_16BF, in, impl_->xb,
                        CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "GemmEx");
   if (bias) cuda::add_bias(y, bias, n, out, impl_->stream);
@@ -383,9 +433,8 @@ void CudaDevice::matmul(const float* x, int n, const DeviceMatrix& w, float* y, 
   const size_t nx = static_cast<size_t>(n) * w.cols();
   if (skinny_single(n, w.rows(), w.cols()) && !(impl_->staged == x && impl_->staged_n == nx)) {  // reads x as it is
     impl_->unstage();
-    const auto& m = static_cast<const CudaMatrix&>(w);
-    const cuda::SkinnyProduct p{m.bf16(), m.rows(), y, bias};
-    return cuda::skinny_gemm(nullptr, x, n, m.cols(), &p, 1, impl_->stream);
+    const cuda::SkinnyProduct p{weights(w, 0), w.rows(), y, bias};
+    return cuda::skinny_gemm(nullptr, x, n, w.cols(), &p, 1, impl_->stream);
   }
   stage_input(x, nx);
   gemm_staged(n, w, y, bias);
@@ -405,8 +454,7 @@ void CudaDevice::matmul_group(const float* x, int n, const GroupProduct* product
     impl_->unstage();
     cuda::SkinnyProduct ps[cuda::kMaxSkinnyProducts];
     for (int i = 0; i < count; ++i)
-      ps[i] = {static_cast<const CudaMatrix*>(products[i].w)->bf16(), products[i].w->rows(), products[i].y,
-               products[i].bias};
+      ps[i] = {weights(*products[i].w, i), products[i].w->rows(), products[i].y, products[i].bias};
     return cuda::skinny_gemm(staged ? impl_->xb : nullptr, staged ? nullptr : x, n, in, ps, count, impl_->stream);
   }
   stage_input(x, static_cast<size_t>(n) * in);
@@ -455,8 +503,7 @@ void CudaDevice::matmul_glu(Glu kind, const float* x, int n, const DeviceMatrix&
     xb = impl_->xb_alt;
   }
   uint16_t* yb = product_input ? this->product_input(ny) : nullptr;
-  cuda::skinny_gemm_glu(kind == Glu::Gelu, xb, xb ? nullptr : x, n, in,
-                        static_cast<const CudaMatrix&>(w_gate).bf16(), static_cast<const CudaMatrix&>(w_up).bf16(),
+  cuda::skinny_gemm_glu(kind == Glu::Gelu, xb, xb ? nullptr : x, n, in, weights(w_gate, 0), weights(w_up, 1),
                         w_gate.rows(), gate, yb, impl_->stream);
   if (yb) {
     impl_->staged = gate;

@@ -1,5 +1,7 @@
 // The CUDA device (built with TQKV_CUDA): float32 activations in GPU memory, weights
-// dequantized at load (dequant.h, every GGUF type the CPU reads) and held as bf16, matrix
+// dequantized at load (dequant.h, every GGUF type the CPU reads) and held as bf16 — or, with
+// TQKV_CUDA_WEIGHTS=quantized, the layers' matrices kept in their GGUF blocks and expanded to the
+// same bf16 by each product into a scratch slot (cuda::dequant_weights_bf16) — matrix
 // products through cuBLAS (bf16 x bf16 with float32 accumulation and output) or, at a decode
 // step's few rows (<= 16 by default, TQKV_CUDA_SKINNY_MAX), the skinny tensor-core products of
 // cuda::skinny_gemm (a layer's Q, K, V and biases in one launch; gate, up and the GLU in one; a
@@ -35,17 +37,28 @@ namespace tqkv::engine {
 // True where the CUDA runtime reports at least one device.
 bool cuda_device_present();
 
+// A weight matrix [rows, cols] in device memory: bf16, or kept quantized as the GGUF file's
+// blocks (TQKV_CUDA_WEIGHTS=quantized), which each product expands to bf16 just before it reads
+// them (CudaDevice::weights).
 class CudaMatrix final : public DeviceMatrix {
  public:
-  CudaMatrix(int rows, int cols, const float* host);  // host: [rows, cols] float32
+  CudaMatrix(int rows, int cols, const float* host);  // host: [rows, cols] float32, held as bf16
+  // The blocks of a GGUF tensor of `type` (cuda::dequant_weights_supports), rows of cols elements.
+  CudaMatrix(int rows, int cols, uint32_t type, const void* blocks, size_t bytes);
   ~CudaMatrix() override;
   CudaMatrix(const CudaMatrix&) = delete;
   CudaMatrix& operator=(const CudaMatrix&) = delete;
-  size_t bytes() const override { return static_cast<size_t>(rows()) * cols() * 2; }
-  const uint16_t* bf16() const { return w_; }  // [rows, cols], device memory
+  size_t bytes() const override { return bytes_; }
+  bool quantized() const { return blocks_ != nullptr; }
+  const uint16_t* bf16() const { return w_; }  // [rows, cols], device memory (null when quantized)
+  uint32_t type() const { return type_; }
+  const void* blocks() const { return blocks_; }
 
  private:
   uint16_t* w_ = nullptr;
+  void* blocks_ = nullptr;
+  uint32_t type_ = 0;
+  size_t bytes_ = 0;
 };
 
 class CudaDevice final : public Device {
@@ -96,6 +109,9 @@ class CudaDevice final : public Device {
 
  private:
   uint16_t* product_input(size_t nx);                                       // the bf16 input, >= nx
+  // The bf16 weights a product reads: the matrix's own, or (quantized) expanded into scratch slot
+  // `slot` (one per matrix a single launch reads: a group's products, gate and up).
+  const uint16_t* weights(const DeviceMatrix& m, int slot);
   void stage_input(const float* x, size_t nx);                              // x -> bf16 input
   void gemm_staged(int n, const DeviceMatrix& w, float* y, const float* bias);  // on the staged input
   bool skinny(int n, int cols) const;  // whether a group of products of n rows runs as skinny products

@@ -16,6 +16,8 @@
 #include <variant>
 #include <vector>
 
+#include "tqkv/gguf_blocks.h"
+
 namespace tqkv::engine {
 
 // GGUF metadata value types, numbered as in the file.
@@ -26,10 +28,8 @@ enum class GgufType : uint32_t {
 
 // Tensor element types (ggml_type numbering). Only the ones listed in tensor_type_traits()
 // can be loaded; the others are rejected with a clear error naming the type.
-enum class TensorType : uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
-  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15, BF16 = 30,
-};
+// The type ids, with the block layouts the CPU and GPU decode (tqkv/gguf_blocks.h).
+using TensorType = gguf::TensorType;
 
 struct TensorTypeTraits {
   const char* name;

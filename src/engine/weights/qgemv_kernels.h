@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "tqkv/gguf_blocks.h"
+
 namespace tqkv::engine::detail {
 
 // One kernel call: rows [r0, r1) of W times n activation rows at once (1 <= n <= kQgemmRows).
@@ -66,15 +68,7 @@ struct RowSums {
 };
 
 // Q4_K's 6-bit scale and min of sub-block j (0-7) from the block's 12 packed bytes.
-inline void q4_k_scale_min(const uint8_t* sc, int j, int& s, int& m) {
-  if (j < 4) {
-    s = sc[j] & 63;
-    m = sc[j + 4] & 63;
-  } else {
-    s = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4);
-    m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-  }
-}
+using gguf::q4_k_scale_min;
 
 // All 8 of Q4_K's 6-bit scales (out[0..7]) and mins (out[8..15]) at once, as q4_k_scale_min
 // gives them, by whole-word masks and shifts over the 12 packed bytes.
