@@ -81,6 +81,14 @@ void f32_to_f16(const float* x, uint16_t* y, size_t n, cudaStream_t stream = nul
 // bit for bit the CPU's dequantize rounded by float_to_bf16 (tqkv/gguf_blocks.h decodes both).
 bool dequant_weights_supports(uint32_t type);
 void dequant_weights_bf16(uint32_t type, const void* blocks, size_t n, uint16_t* out, cudaStream_t stream = nullptr);
+// Decode's products on those blocks: y[t, r] = x[t] . W[r] (+ bias[r]) for n <= kQgemvMaxRows
+// input rows, W [rows, cols] in GGUF blocks of `type`, each weight decoded as the CPU decodes it,
+// float32 accumulation (so not bf16 weights: near the expanded product, not bit for bit). The
+// input is float32 (x_f32) or bf16 (x_bf16): give exactly one.
+inline constexpr int kQgemvMaxRows = 8;
+bool qgemv_supports(uint32_t type, int n, int cols);
+void qgemv(uint32_t type, const void* w, int rows, int cols, const float* x_f32, const uint16_t* x_bf16, int n, float* y,
+           const float* bias, cudaStream_t stream = nullptr);
 
 // Skinny products for decode steps (ops/skinny_gemm.cu): y[n, rows] = x[n, cols] * w[rows, cols]^T
 // (+ bias[rows]) on the tensor cores, bf16 weights (raw patterns), float32 accumulation and

@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../common/require_cuda.h"
@@ -253,6 +254,23 @@ TEST(CudaOps, Bf16Conversion) {
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(b[i], bf16_to_float(h[i]));
 }
 
+// nb random blocks of type T whose fp16 scales are finite, in [-s, s] (Q6_K's at byte 208, the
+// others' at 0 and 2).
+template <gguf::TensorType T>
+std::vector<uint8_t> random_blocks(size_t nb, float s, std::mt19937_64& rng) {
+  constexpr int bb = gguf::block_bytes(T);
+  std::vector<uint8_t> blocks(nb * bb);
+  for (uint8_t& b : blocks) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-s, s);
+  for (size_t i = 0; i < nb; ++i)
+    for (int at : T == gguf::TensorType::Q6_K ? std::vector<int>{208} : std::vector<int>{0, 2}) {
+      const uint16_t h = float_to_half(scale(rng));
+      blocks[i * bb + at] = static_cast<uint8_t>(h & 0xff);
+      blocks[i * bb + at + 1] = static_cast<uint8_t>(h >> 8);
+    }
+  return blocks;
+}
+
 // Weights kept quantized: every GGUF block type the GPU decodes, random blocks (finite fp16
 // scales), expanded on the device bit for bit as the CPU's decoder of the same header and
 // float_to_bf16 give them; f32 -> f16 as float_to_half rounds (the fresh prompts' K/V).
@@ -260,17 +278,7 @@ template <gguf::TensorType T>
 void check_dequant_weights(std::mt19937_64& rng) {
   constexpr int be = gguf::block_elems(T), bb = gguf::block_bytes(T);
   const int nb = 37;
-  std::vector<uint8_t> blocks(static_cast<size_t>(nb) * bb);
-  for (uint8_t& b : blocks) b = static_cast<uint8_t>(rng());
-  std::uniform_real_distribution<float> scale(-0.5f, 0.5f);
-  for (int i = 0; i < nb; ++i) {  // the fp16 scales: finite (Q6_K's at byte 208, the others' at 0 and 2)
-    uint8_t* b = blocks.data() + static_cast<size_t>(i) * bb;
-    for (int at : T == gguf::TensorType::Q6_K ? std::vector<int>{208} : std::vector<int>{0, 2}) {
-      const uint16_t h = float_to_half(scale(rng));
-      b[at] = static_cast<uint8_t>(h & 0xff);
-      b[at + 1] = static_cast<uint8_t>(h >> 8);
-    }
-  }
+  const std::vector<uint8_t> blocks = random_blocks<T>(nb, 0.5f, rng);
   const size_t n = static_cast<size_t>(nb) * be;
   Dev<uint8_t> d_blocks(blocks);
   Dev<uint16_t> out(n, 0);
@@ -284,17 +292,76 @@ void check_dequant_weights(std::mt19937_64& rng) {
   EXPECT_THROW(cuda::dequant_weights_bf16(static_cast<uint32_t>(T), d_blocks.p, n - 1, out.p), Error);
 }
 
+// Decode's products on the blocks against the host's decoder and a double-precision product:
+// 1-8 input rows (float32 and bf16 inputs), 37 output rows (not a multiple of the warps a
+// block takes), with and without bias.
+template <gguf::TensorType T>
+void check_qgemv(std::mt19937_64& rng) {
+  constexpr int be = gguf::block_elems(T), bb = gguf::block_bytes(T);
+  const int rows = 37, cols = 2 * std::max(be, 128);
+  const size_t nb = static_cast<size_t>(rows) * cols / be;
+  const std::vector<uint8_t> blocks = random_blocks<T>(nb, 0.05f, rng);
+  std::vector<float> w(static_cast<size_t>(rows) * cols);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = gguf::element<T>(blocks.data() + (i / be) * bb, static_cast<int>(i % be));
+  const std::vector<float> bias = randn(rows, rng);
+  Dev<uint8_t> d_blocks(blocks);
+  Dev<float> d_bias(bias);
+  for (int n : {1, 2, 3, 5, 8})
+    for (bool bf16_in : {false, true})
+      for (bool with_bias : {false, true}) {
+        std::vector<float> x = randn(static_cast<size_t>(n) * cols, rng);
+        std::vector<uint16_t> xb(x.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+          xb[i] = float_to_bf16(x[i]);
+          if (bf16_in) x[i] = bf16_to_float(xb[i]);
+        }
+        Dev<float> dx(x);
+        Dev<uint16_t> dxb(xb);
+        Dev<float> dy(static_cast<size_t>(n) * rows, NAN);
+        ASSERT_TRUE(cuda::qgemv_supports(static_cast<uint32_t>(T), n, cols));
+        cuda::qgemv(static_cast<uint32_t>(T), d_blocks.p, rows, cols, bf16_in ? nullptr : dx.p, bf16_in ? dxb.p : nullptr,
+                    n, dy.p, with_bias ? d_bias.p : nullptr);
+        const std::vector<float> y = dy.host();
+        for (int t = 0; t < n; ++t)
+          for (int r = 0; r < rows; ++r) {
+            double want = with_bias ? bias[r] : 0.0, mag = std::fabs(want);
+            for (int c = 0; c < cols; ++c) {
+              const double p = static_cast<double>(w[static_cast<size_t>(r) * cols + c]) * x[static_cast<size_t>(t) * cols + c];
+              want += p;
+              mag += std::fabs(p);
+            }
+            ASSERT_NEAR(y[static_cast<size_t>(t) * rows + r], want, 1e-5 * mag + 1e-6)
+                << "type " << static_cast<int>(T) << " n " << n << " row " << r << " input " << t;
+          }
+      }
+  EXPECT_FALSE(cuda::qgemv_supports(static_cast<uint32_t>(T), cuda::kQgemvMaxRows + 1, cols));
+  EXPECT_FALSE(cuda::qgemv_supports(static_cast<uint32_t>(T), 1, cols + 1));
+}
+
+// f(std::integral_constant<TensorType, T>) for every block type the GPU decodes.
+template <typename F>
+void for_each_gpu_block_type(F&& f) {
+  using gguf::TensorType;
+  f(std::integral_constant<TensorType, TensorType::Q4_0>{});
+  f(std::integral_constant<TensorType, TensorType::Q4_1>{});
+  f(std::integral_constant<TensorType, TensorType::Q5_0>{});
+  f(std::integral_constant<TensorType, TensorType::Q5_1>{});
+  f(std::integral_constant<TensorType, TensorType::Q8_0>{});
+  f(std::integral_constant<TensorType, TensorType::Q4_K>{});
+  f(std::integral_constant<TensorType, TensorType::Q6_K>{});
+}
+
+TEST(CudaOps, QgemvMatchesTheDecodedProduct) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(12);
+  for_each_gpu_block_type([&](auto type) { check_qgemv<decltype(type)::value>(rng); });
+}
+
 TEST(CudaOps, DequantWeightsMatchTheHostDecoder) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(11);
   using gguf::TensorType;
-  check_dequant_weights<TensorType::Q4_0>(rng);
-  check_dequant_weights<TensorType::Q4_1>(rng);
-  check_dequant_weights<TensorType::Q5_0>(rng);
-  check_dequant_weights<TensorType::Q5_1>(rng);
-  check_dequant_weights<TensorType::Q8_0>(rng);
-  check_dequant_weights<TensorType::Q4_K>(rng);
-  check_dequant_weights<TensorType::Q6_K>(rng);
+  for_each_gpu_block_type([&](auto type) { check_dequant_weights<decltype(type)::value>(rng); });
   EXPECT_FALSE(cuda::dequant_weights_supports(static_cast<uint32_t>(TensorType::F32)));
   EXPECT_FALSE(cuda::dequant_weights_supports(static_cast<uint32_t>(TensorType::Q5_K)));
   // f32 -> f16, round to nearest even, beyond the range to infinity.

@@ -361,6 +361,15 @@ std::unique_ptr<DeviceMatrix> CudaDevice::load_matrix(const GgufTensor& t, int r
   return std::make_unique<CudaMatrix>(rows, cols, f.data());
 }
 
+bool CudaDevice::quantized_product(const DeviceMatrix& dm, int n, const float* x, bool staged, float* y,
+                                   const float* bias) {
+  const auto& m = static_cast<const CudaMatrix&>(dm);
+  if (!m.quantized() || !cuda::qgemv_supports(m.type(), n, m.cols())) return false;
+  cuda::qgemv(m.type(), m.blocks(), m.rows(), m.cols(), staged ? nullptr : x, staged ? impl_->xb : nullptr, n, y, bias,
+              impl_->stream);
+  return true;
+}
+
 const uint16_t* CudaDevice::weights(const DeviceMatrix& dm, int slot) {
   const auto& m = static_cast<const CudaMatrix&>(dm);
   if (!m.quantized()) return m.bf16();
@@ -401,6 +410,7 @@ void CudaDevice::stage_input(const float* x, size_t nx) {
 
 // y[n, out] = staged x[n, in] * W[out, in]^T: in cuBLAS's column-major terms y^T = W^T(op T) * x^T.
 void CudaDevice::gemm_staged(int n, const DeviceMatrix& wm, float* y, const float* bias) {
+  if (quantized_product(wm, n, nullptr, true, y, bias)) return;
   const int in = wm.cols(), out = wm.rows();
   const uint16_t* w = weights(wm, 0);
   if (skinny_single(n, out, in)) {
@@ -431,6 +441,12 @@ bool CudaDevice::skinny_single(int n, int rows, int cols) const {
 void CudaDevice::matmul(const float* x, int n, const DeviceMatrix& w, float* y, const float* bias) {
   if (n <= 0) return;
   const size_t nx = static_cast<size_t>(n) * w.cols();
+  if (static_cast<const CudaMatrix&>(w).quantized()) {  // decode's rows on the blocks, else expanded + GEMM
+    const bool staged = impl_->staged == x && impl_->staged_n == nx;
+    if (!staged && quantized_product(w, n, x, false, y, bias)) return impl_->unstage();
+    stage_input(x, nx);
+    return gemm_staged(n, w, y, bias);
+  }
   if (skinny_single(n, w.rows(), w.cols()) && !(impl_->staged == x && impl_->staged_n == nx)) {  // reads x as it is
     impl_->unstage();
     const cuda::SkinnyProduct p{weights(w, 0), w.rows(), y, bias};
@@ -448,6 +464,13 @@ void CudaDevice::matmul_group(const float* x, int n, const GroupProduct* product
   for (int i = 1; i < count; ++i)
     if (products[i].w->cols() != in)
       throw Error(ErrorCode::InvalidArgument, "matmul_group: products over inputs of different widths");
+  bool any_quantized = false;
+  for (int i = 0; i < count; ++i) any_quantized = any_quantized || static_cast<const CudaMatrix*>(products[i].w)->quantized();
+  if (any_quantized) {  // each product on its own (cuda::qgemv at decode's rows), the one staged input
+    stage_input(x, static_cast<size_t>(n) * in);
+    for (int i = 0; i < count; ++i) gemm_staged(n, *products[i].w, products[i].y, products[i].bias);
+    return;
+  }
   if (impl_->fused && count <= cuda::kMaxSkinnyProducts && skinny(n, in)) {  // one launch, biases included
     const size_t nx = static_cast<size_t>(n) * in;
     const bool staged = impl_->staged == x && impl_->staged_n == nx;
@@ -482,7 +505,8 @@ void CudaDevice::matmul_group(const float* x, int n, const GroupProduct* product
 void CudaDevice::matmul_glu(Glu kind, const float* x, int n, const DeviceMatrix& w_gate, const DeviceMatrix& w_up,
                             float* gate, float* up, bool product_input) {
   const int in = w_gate.cols();
-  if (!impl_->fused || n <= 0 || w_up.cols() != in || w_up.rows() != w_gate.rows() || !skinny(n, in))
+  const bool quantized = static_cast<const CudaMatrix&>(w_gate).quantized() || static_cast<const CudaMatrix&>(w_up).quantized();
+  if (quantized || !impl_->fused || n <= 0 || w_up.cols() != in || w_up.rows() != w_gate.rows() || !skinny(n, in))
     return Device::matmul_glu(kind, x, n, w_gate, w_up, gate, up, product_input);
   const size_t nx = static_cast<size_t>(n) * in, ny = static_cast<size_t>(n) * w_gate.rows();
   if (!skinny_size_allows(n, 2 * static_cast<size_t>(w_gate.rows()) * static_cast<size_t>(in))) {

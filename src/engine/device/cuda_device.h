@@ -112,6 +112,10 @@ class CudaDevice final : public Device {
   // The bf16 weights a product reads: the matrix's own, or (quantized) expanded into scratch slot
   // `slot` (one per matrix a single launch reads: a group's products, gate and up).
   const uint16_t* weights(const DeviceMatrix& m, int slot);
+  // A product of n rows over a quantized matrix that cuda::qgemv takes (decode's few rows),
+  // reading x (float32) or, with `staged`, the bf16 input buffer: runs it and returns true;
+  // anything else returns false and runs nothing.
+  bool quantized_product(const DeviceMatrix& m, int n, const float* x, bool staged, float* y, const float* bias);
   void stage_input(const float* x, size_t nx);                              // x -> bf16 input
   void gemm_staged(int n, const DeviceMatrix& w, float* y, const float* bias);  // on the staged input
   bool skinny(int n, int cols) const;  // whether a group of products of n rows runs as skinny products
