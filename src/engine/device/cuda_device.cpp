@@ -342,8 +342,7 @@ std::unique_ptr<DeviceMatrix> CudaDevice::load_matrix(const GgufTensor& t, int r
   const TensorTypeTraits* tr = tensor_type_traits(t.type);
   if (impl_->quantized_weights && t.name.rfind("blk.", 0) == 0 && cuda::dequant_weights_supports(t.type) && tr &&
       cols % tr->block_elems == 0) {
-    check_tensor_shape(t, cols, rows);
-    check_tensor_finite(t);
+    check_tensor_shape(t, cols, rows);  // (WeightLoader::matrix checked its values)
     const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
     if (n > impl_->wscratch_n) {  // at load, before any step: no graph reads the old slots yet
       ck(cudaDeviceSynchronize(), "growing the weights' scratch");
