@@ -19,7 +19,7 @@ ratio to f16, and the step time each part adds (recipe minus the variant without
 
   python3 scripts/cost_model.py --tqkv build/release/tqkv [--model M] [--recipe tq-4.375]
       [--device cpu|cuda] [--depths 1024,4096] [--batch 1,16] [-n 16] [--threads 2] [--rounds 2]
-      [--prefill-chunk 0] [--json OUT]
+      [--prefill-chunk 0] [--json OUT] [--replay OUT]
 """
 import argparse
 import json
@@ -88,13 +88,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prefill-chunk", type=int, default=0)
     ap.add_argument("--json", help="write every round's rows here")
+    ap.add_argument("--replay", help="print the tables of an earlier --json instead of measuring")
     args = ap.parse_args()
 
     v = variants(recipe_spec(args.model, args.recipe))
     names = ["f16", args.preset] + list(v)
     specs = ["f16", args.preset] + list(v.values())
     rounds = []
-    for r in range(args.rounds):
+    if args.replay:
+        with open(args.replay, encoding="utf-8") as fh:
+            rounds = json.load(fh)["rounds"]
+    for r in range(0 if args.replay else args.rounds):
         order = list(range(len(specs))) if r % 2 == 0 else list(reversed(range(len(specs))))
         rows = bench(args, specs, order)
         rounds.append(rows)
@@ -112,6 +116,15 @@ def main():
         return {k: sum(x) / len(x) for k, x in acc.items()}
 
     dec, pre = mean("decode_tokens_per_s"), mean("prefill_tokens_per_s")
+    # Attention's part of a decode step (µs): the bench's attention share of the step's time. The
+    # parts are attention work; the whole step's time also carries the weights' products, whose
+    # noise on a shared machine is larger than a part's cost.
+    attn = {}
+    for rows in rounds:
+        for row in rows:
+            key = (row["format"], row["batch"], row["depth"])
+            attn.setdefault(key, []).append(row["attention_share"] * 1e6 * row["batch"] / row["decode_tokens_per_s"])
+    attn = {k: sum(x) / len(x) for k, x in attn.items()}
     cells = sorted({(b, d) for (_, b, d) in dec})
     print(f"{args.recipe} = `{v['recipe']}`; {args.device}, {args.rounds} rounds, -n {args.n}"
           + (f", {args.threads} threads" if args.device == "cpu" else "") + "\n")
@@ -126,24 +139,18 @@ def main():
         b, d = cells[-1]
         p, pf = pre[(spec, b, d)], pre[("f16", b, d)]
         print(f"| {name} | " + " | ".join(out) + f" | {p:,.0f} ({p / pf:.2f}) |")
-    print("\nStep time a part adds (µs per decode step, the recipe minus the variant without it):\n")
-    parts = [("recent window", "-window"), ("sinks", "-sinks"), ("copies (both)", "-copies"),
-             ("centring", None), ("per-layer pairs vs one pair", None)]
-    print("| part | " + " | ".join(f"b{b} x {d}" for b, d in cells) + " |")
+    print("\nAttention's time in a decode step, µs (the step's attention share x its time), and what a part adds "
+          "(the variant with it minus the one without):\n")
+    print("| attention µs / step | " + " | ".join(f"b{b} x {d}" for b, d in cells) + " |")
     print("|---" * (len(cells) + 1) + "|")
-    for label, var in parts:
-        out = []
-        for b, d in cells:
-            def us(s):
-                return 1e6 * b / dec[(s, b, d)]  # µs a step takes (b tokens)
-            if label == "centring":
-                delta = us(v["-copies"]) - us(v["-copies-centring"])
-            elif label.startswith("per-layer"):
-                delta = us(v["-copies-centring"]) - us(v["uniform"])
-            else:
-                delta = us(v["recipe"]) - us(v[var])
-            out.append(f"{delta:+.0f}")
-        print(f"| {label} | " + " | ".join(out) + " |")
+    for name, spec in zip(names, specs):
+        print(f"| {name} | " + " | ".join(f"{attn[(spec, b, d)]:,.0f}" for b, d in cells) + " |")
+    parts = [("recent window", "recipe", "-window"), ("sinks", "recipe", "-sinks"),
+             ("copies (both)", "recipe", "-copies"), ("centring", "-copies", "-copies-centring"),
+             ("per-layer pairs vs one pair", "-copies-centring", "uniform")]
+    for label, a, b_ in parts:
+        out = [f"{attn[(v[a], b, d)] - attn[(v[b_], b, d)]:+,.0f}" for b, d in cells]
+        print(f"| + {label} | " + " | ".join(out) + " |")
 
 
 if __name__ == "__main__":
