@@ -14,8 +14,9 @@ the f16 sinks (`+sink<S>`) and the recent window (`+wq6+fill<B>` or `+w<N>`). Th
   -copies-centring  and no centring
   uniform           the recipe's base pair on every layer (`k5v4+skip0`): the per-layer pairs' cost
 
-Prints a markdown table: decode tokens/s per (batch, depth) and prefill tokens/s, each variant's
-ratio to f16, and the step time each part adds (recipe minus the variant without it, per token).
+Prints markdown tables: decode tokens/s per (batch, depth) and prefill tokens/s, each variant's
+ratio to f16; attention's time in a decode step, and what each part adds to it (the variant with
+it minus the one without).
 
   python3 scripts/cost_model.py --tqkv build/release/tqkv [--model M] [--recipe tq-4.375]
       [--device cpu|cuda] [--depths 1024,4096] [--batch 1,16] [-n 16] [--threads 2] [--rounds 2]
@@ -106,25 +107,20 @@ def main():
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"names": names, "specs": specs, "rounds": rounds}, fh, indent=1)
 
-    # Mean over rounds of tokens/s per (spec, batch, depth); the bench labels rows by their spec.
-    def mean(field):
+    # Mean over rounds of value(row) per (spec, batch, depth); the bench labels rows by their spec.
+    def mean(value):
         acc = {}
         for rows in rounds:
             for row in rows:
-                key = (row["format"], row["batch"], row["depth"])
-                acc.setdefault(key, []).append(row[field])
+                acc.setdefault((row["format"], row["batch"], row["depth"]), []).append(value(row))
         return {k: sum(x) / len(x) for k, x in acc.items()}
 
-    dec, pre = mean("decode_tokens_per_s"), mean("prefill_tokens_per_s")
+    dec = mean(lambda row: row["decode_tokens_per_s"])
+    pre = mean(lambda row: row["prefill_tokens_per_s"])
     # Attention's part of a decode step (µs): the bench's attention share of the step's time. The
     # parts are attention work; the whole step's time also carries the weights' products, whose
     # noise on a shared machine is larger than a part's cost.
-    attn = {}
-    for rows in rounds:
-        for row in rows:
-            key = (row["format"], row["batch"], row["depth"])
-            attn.setdefault(key, []).append(row["attention_share"] * 1e6 * row["batch"] / row["decode_tokens_per_s"])
-    attn = {k: sum(x) / len(x) for k, x in attn.items()}
+    attn = mean(lambda row: row["attention_share"] * 1e6 * row["batch"] / row["decode_tokens_per_s"])
     cells = sorted({(b, d) for (_, b, d) in dec})
     print(f"{args.recipe} = `{v['recipe']}`; {args.device}, {args.rounds} rounds, -n {args.n}"
           + (f", {args.threads} threads" if args.device == "cpu" else "") + "\n")

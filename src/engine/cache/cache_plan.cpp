@@ -1,6 +1,7 @@
 #include "engine/cache/cache_plan.h"
 
 #include <algorithm>
+#include <string>
 
 #include "tqkv/error.h"
 
@@ -8,6 +9,14 @@ namespace tqkv::engine {
 
 bool CachePlan::rings() const {
   return std::any_of(layers.begin(), layers.end(), [](const LayerPlan& L) { return L.ring > 0; });
+}
+
+void CachePlan::check_steps(const std::vector<Batch::Run>& runs) const {
+  for (const Batch::Run& r : runs)
+    if (r.count > step_limit(r.pos0))
+      throw Error(ErrorCode::Capacity, "cache: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
+                                           "this cache takes at most " + std::to_string(step_limit(r.pos0)) +
+                                           (r.pos0 == 0 ? " of a fresh sequence" : " after the first step"));
 }
 
 CachePlan plan_cache(const CacheSpec& spec, const CacheShape& shape) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/cache/cache_spec.h"
+#include "engine/core/batch.h"
 
 namespace tqkv::engine {
 
@@ -57,6 +58,9 @@ struct CachePlan {
   bool rings() const;
   // The bound on a run of one sequence starting at pos0 (a fresh run at 0).
   int step_limit(int64_t pos0) const { return pos0 == 0 ? fresh_step_tokens : step_tokens; }
+  // Throws tqkv::Error(Capacity) for a run longer than its step_limit (Model::forward splits
+  // longer runs; the caches check before anything is written).
+  void check_steps(const std::vector<Batch::Run>& runs) const;
 };
 
 // Throws tqkv::Error(InvalidArgument) for a capacity or sequence count below 1 or a spec without a

@@ -60,10 +60,9 @@ class KvCache {
   virtual int64_t seq_len(int64_t seq) const = 0;
 
   // The most tokens of one sequence a single step may append to a sequence holding some
-  // (CachePlan::step_tokens), and to a fresh one (CachePlan::fresh_step_tokens); the model
-  // splits longer batches, and attend() refuses them.
+  // (CachePlan::step_tokens; a fresh one: CachePlan::step_limit); the model splits longer
+  // batches, and attend() refuses them (CachePlan::check_steps).
   int max_step_tokens() const { return plan_.step_tokens; }
-  int max_fresh_step_tokens() const { return plan_.fresh_step_tokens; }
 
   // Checks a whole batch before a forward changes anything (however many steps it then takes):
   // known sequences, each run starting at the sequence's length, room for it. Throws

@@ -120,15 +120,6 @@ void CpuKvCache::check(const Batch& batch) const {
 
 namespace {
 
-// Throws before anything is written when a run exceeds what one step may append.
-void check_step(const std::vector<Batch::Run>& runs, const CachePlan& plan) {
-  for (const Batch::Run& r : runs)  // (Model::forward splits longer runs)
-    if (r.count > plan.step_limit(r.pos0))
-      throw Error(ErrorCode::Capacity, "cache: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
-                                           "this cache takes at most " + std::to_string(plan.step_limit(r.pos0)) +
-                                           (r.pos0 == 0 ? " of a fresh sequence" : " after the first step"));
-}
-
 // A fresh run's attention: its n queries over the run's own keys and values as computed (f32,
 // causal, within the params' window), read by the same kernels as an f32 cache.
 void fresh_attention(const ModelConfig& m, const float* q, const float* k, const float* v, int n,
@@ -147,7 +138,7 @@ void fresh_attention(const ModelConfig& m, const float* q, const float* k, const
 }  // namespace
 
 void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const float* v, float* out) {
-  check_step(batch.runs(), plan());
+  plan().check_steps(batch.runs());  // before anything is written
   centring_.apply(layer, batch.size(), k, q);
   if (key_hook()) key_hook()(layer, batch.size(), k, q);
   // The new keys and values go into the (possibly compressed) cache first; attention then
@@ -158,7 +149,7 @@ void CpuKvCache::attend(int layer, const Batch& batch, float* q, float* k, const
 }
 
 void CpuKvCache::store(int layer, const Batch& batch, float* k, const float* v) {
-  check_step(batch.runs(), plan());
+  plan().check_steps(batch.runs());  // before anything is written
   centring_.apply(layer, batch.size(), k, nullptr);
   write(layer, batch, k, v);
   Stored& st = stored_.at(layer);

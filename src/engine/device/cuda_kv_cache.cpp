@@ -655,11 +655,7 @@ void CudaKvCache::attend(int layer, const Batch& batch, float* q, float* k, cons
     bucket_pending_ = 0;
     if (n != bucket) throw Error(ErrorCode::InvalidArgument, "cache: the step is not the size of its prepared bucket");
   } else if (layer == 0) {
-    for (const Batch::Run& r : batch.runs())  // before anything is written (Model::forward splits longer runs)
-      if (r.count > plan().step_limit(r.pos0))
-        throw Error(ErrorCode::Capacity, "cache: " + std::to_string(r.count) + " tokens of one sequence in one step; " +
-                                             "this cache takes at most " + std::to_string(plan().step_limit(r.pos0)) +
-                                             (r.pos0 == 0 ? " of a fresh sequence" : " after the first step"));
+    plan().check_steps(batch.runs());  // before anything is written
     prepare(batch);
   }
   const int D = m.head_dim, hq = m.n_heads, hkv = m.n_kv_heads;
